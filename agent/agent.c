@@ -1,0 +1,289 @@
+/* sandgym-agent: the first process of every sandbox.
+ *
+ * It serves the node side over two inherited fds (3 requests, 4 responses), framed
+ * msgpack. It exposes no socket, is not dumpable (so no process in the sandbox, root included,
+ * can open its fds through /proc or ptrace it), and never calls the image's shell for its own
+ * work. When the request pipe closes, the sandbox has no owner: it kills everything and exits.
+ *
+ * The same binary has a host-side mode, `launch`, documented in launch.c. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include "channel.h"
+#include "files.h"
+#include "jobs.h"
+
+#define AGENT_PROTOCOL_VERSION 1
+#define DEFAULT_CAP_BYTES (1u << 20)
+#define DEFAULT_READ_LIMIT (64u << 20)
+
+int launch_main(int argc, char **argv);
+int mount_erofs_main(int argc, char **argv);
+
+static int request_fd = -1;
+static uint8_t *inbuf;
+static size_t inbuf_len, inbuf_cap;
+
+static void send_ready(void) {
+  mp_writer w;
+  mp_writer_init(&w);
+  mp_map(&w, 3);
+  mp_str(&w, "t");
+  mp_str(&w, "ready");
+  mp_str(&w, "version");
+  mp_uint(&w, AGENT_PROTOCOL_VERSION);
+  mp_str(&w, "pid");
+  mp_uint(&w, (uint64_t)getpid());
+  channel_send(&w);
+}
+
+static void send_ok(uint32_t id) {
+  mp_writer w;
+  mp_writer_init(&w);
+  mp_map(&w, 2);
+  mp_str(&w, "t");
+  mp_str(&w, "ok");
+  mp_str(&w, "id");
+  mp_uint(&w, id);
+  channel_send(&w);
+}
+
+/* The fields any request may carry; which ones matter depends on op. */
+typedef struct {
+  mp_item op, path, data, cwd, stdin_data;
+  uint32_t id;
+  uint64_t timeout_ms, cap_bytes, max_bytes, mode, target;
+  char **argv, **env;
+  bool bad;
+} request;
+
+static uint64_t as_uint(const mp_item *it, bool *bad) {
+  if ((it->type != MP_INT && it->type != MP_FLOAT) || it->i < 0) {
+    *bad = true;
+    return 0;
+  }
+  return (uint64_t)it->i;
+}
+
+static bool parse_request(const uint8_t *p, size_t n, request *req) {
+  mp_reader r = {p, p + n};
+  mp_item map, key, value;
+  memset(req, 0, sizeof *req);
+  req->cap_bytes = DEFAULT_CAP_BYTES;
+  req->max_bytes = DEFAULT_READ_LIMIT;
+  req->mode = 0644;
+  if (!mp_next(&r, &map) || map.type != MP_MAP) return false;
+  for (uint32_t i = 0; i < map.len; i++) {
+    if (!mp_next(&r, &key) || key.type != MP_STR) return false;
+    if (mp_item_is(&key, "argv") || mp_item_is(&key, "env")) {
+      if (!mp_next(&r, &value)) return false;
+      if (value.type == MP_NIL) continue;
+      if (value.type != MP_ARRAY) return false;
+      char **v = read_strv(&r, &value);
+      if (!v) return false;
+      if (mp_item_is(&key, "argv")) req->argv = v;
+      else req->env = v;
+      continue;
+    }
+    if (!mp_next(&r, &value)) return false;
+    if (value.type == MP_ARRAY || value.type == MP_MAP) {
+      /* a field this agent does not know: skip its contents */
+      for (uint32_t k = 0; k < value.len * (value.type == MP_MAP ? 2u : 1u); k++)
+        if (!mp_skip(&r)) return false;
+      continue;
+    }
+    if (value.type == MP_NIL) continue;
+    if (mp_item_is(&key, "op")) req->op = value;
+    else if (mp_item_is(&key, "id")) req->id = (uint32_t)as_uint(&value, &req->bad);
+    else if (mp_item_is(&key, "path")) req->path = value;
+    else if (mp_item_is(&key, "data")) req->data = value;
+    else if (mp_item_is(&key, "cwd")) req->cwd = value;
+    else if (mp_item_is(&key, "stdin")) req->stdin_data = value;
+    else if (mp_item_is(&key, "timeoutMs")) req->timeout_ms = as_uint(&value, &req->bad);
+    else if (mp_item_is(&key, "outputCapBytes")) req->cap_bytes = as_uint(&value, &req->bad);
+    else if (mp_item_is(&key, "maxBytes")) req->max_bytes = as_uint(&value, &req->bad);
+    else if (mp_item_is(&key, "mode")) req->mode = as_uint(&value, &req->bad);
+    else if (mp_item_is(&key, "target")) req->target = as_uint(&value, &req->bad);
+  }
+  return true;
+}
+
+static void request_free(request *req) {
+  for (int k = 0; k < 2; k++) {
+    char **v = k ? req->env : req->argv;
+    if (!v) continue;
+    for (char **s = v; *s; s++) free(*s);
+    free(v);
+  }
+}
+
+static void handle_exec(request *req) {
+  if (!req->argv || !req->argv[0] || !req->argv[0][0])
+    return send_error(req->id, "bad_request", "exec needs a non-empty argv");
+  exec_request ex;
+  memset(&ex, 0, sizeof ex);
+  ex.id = req->id;
+  ex.argv = req->argv;
+  ex.env = req->env;
+  req->argv = req->env = NULL;
+  if (req->cwd.type == MP_STR) ex.cwd = strndup((const char *)req->cwd.ptr, req->cwd.len);
+  if ((req->stdin_data.type == MP_BIN || req->stdin_data.type == MP_STR) && req->stdin_data.len) {
+    ex.stdin_data = malloc(req->stdin_data.len);
+    if (ex.stdin_data) {
+      memcpy(ex.stdin_data, req->stdin_data.ptr, req->stdin_data.len);
+      ex.stdin_len = req->stdin_data.len;
+    }
+  }
+  ex.timeout_ms = req->timeout_ms;
+  ex.cap_bytes = req->cap_bytes;
+  job_start(&ex);
+  exec_request_free(&ex);
+}
+
+static void handle_frame(const uint8_t *p, size_t n) {
+  request req;
+  if (!parse_request(p, n, &req) || req.bad || req.op.type != MP_STR) {
+    send_error(req.id, "bad_request", "malformed request");
+  } else if (mp_item_is(&req.op, "exec")) {
+    handle_exec(&req);
+  } else if (mp_item_is(&req.op, "cancel")) {
+    job *j = job_by_id((uint32_t)req.target);
+    if (j) job_kill(j, false);
+    send_ok(req.id);
+  } else if (mp_item_is(&req.op, "read")) {
+    file_read(req.id, &req.path, req.max_bytes);
+  } else if (mp_item_is(&req.op, "write")) {
+    file_write(req.id, &req.path, &req.data, (uint32_t)req.mode);
+  } else if (mp_item_is(&req.op, "list")) {
+    file_list(req.id, &req.path);
+  } else if (mp_item_is(&req.op, "ping")) {
+    send_ok(req.id);
+  } else {
+    send_error(req.id, "bad_request", "unknown op");
+  }
+  request_free(&req);
+}
+
+/* Owner gone: end every process of the sandbox. As pid 1 of its namespace, kill(-1) reaches all
+ * of them and nothing else; anywhere else it would reach the whole host, so there only the
+ * commands' own process groups are ended. */
+static void shutdown_sandbox(void) {
+  if (getpid() == 1) {
+    kill(-1, SIGKILL);
+  } else {
+    for (int i = 0; i < MAX_JOBS; i++)
+      if (jobs[i].used) kill(-jobs[i].pid, SIGKILL);
+  }
+  _exit(0);
+}
+
+static void read_requests(void) {
+  if (inbuf_cap - inbuf_len < 65536) {
+    size_t cap = inbuf_cap ? inbuf_cap * 2 : 262144;
+    uint8_t *grown = realloc(inbuf, cap);
+    if (!grown) shutdown_sandbox();
+    inbuf = grown;
+    inbuf_cap = cap;
+  }
+  ssize_t n = read(request_fd, inbuf + inbuf_len, inbuf_cap - inbuf_len);
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+  if (n <= 0) shutdown_sandbox();
+  inbuf_len += (size_t)n;
+  size_t off = 0;
+  while (inbuf_len - off >= 4) {
+    const uint8_t *h = inbuf + off;
+    uint32_t len = (uint32_t)h[0] << 24 | (uint32_t)h[1] << 16 | (uint32_t)h[2] << 8 | h[3];
+    if (len > CHANNEL_MAX_FRAME) shutdown_sandbox(); /* the stream cannot be trusted any more */
+    if (inbuf_len - off - 4 < len) break;
+    handle_frame(h + 4, len);
+    off += 4 + (size_t)len;
+  }
+  memmove(inbuf, inbuf + off, inbuf_len - off);
+  inbuf_len -= off;
+}
+
+/* Moves the channel to close-on-exec fds so that no command can inherit it. The runtime hands
+ * it over as fds 3 and 4 (crun --preserve-fds), apart from stdio, which the runtime itself reads. */
+static void take_channel(void) {
+  request_fd = fcntl(3, F_DUPFD_CLOEXEC, 100);
+  int out = fcntl(4, F_DUPFD_CLOEXEC, 100);
+  if (request_fd < 0 || out < 0) _exit(111);
+  close(3);
+  close(4);
+  fcntl(request_fd, F_SETFL, fcntl(request_fd, F_GETFL) | O_NONBLOCK);
+  channel_init(out);
+}
+
+static _Noreturn void agent_main(void) {
+  prctl(PR_SET_DUMPABLE, 0);
+  take_channel();
+  files_init();
+  signal(SIGPIPE, SIG_IGN);
+  sigset_t chld;
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &chld, NULL);
+  int sigfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+  send_ready();
+  struct pollfd fds[2 + 3 * MAX_JOBS];
+  job *owners[2 + 3 * MAX_JOBS];
+  int streams[2 + 3 * MAX_JOBS];
+  for (;;) {
+    int n = 0;
+    fds[n++] = (struct pollfd){.fd = request_fd, .events = POLLIN};
+    fds[n++] = (struct pollfd){.fd = sigfd, .events = POLLIN};
+    for (int i = 0; i < MAX_JOBS; i++) {
+      job *j = &jobs[i];
+      if (!j->used) continue;
+      for (int s = 0; s < 2; s++) {
+        if (j->fds[s] < 0) continue;
+        owners[n] = j, streams[n] = s;
+        fds[n++] = (struct pollfd){.fd = j->fds[s], .events = POLLIN};
+      }
+      if (j->stdin_fd >= 0) {
+        owners[n] = j, streams[n] = 2;
+        fds[n++] = (struct pollfd){.fd = j->stdin_fd, .events = POLLOUT};
+      }
+    }
+    int64_t deadline = jobs_next_deadline();
+    int timeout = -1;
+    if (deadline) {
+      int64_t wait_us = deadline - now_us();
+      timeout = wait_us <= 0 ? 0 : (int)((wait_us + 999) / 1000);
+    }
+    if (poll(fds, (nfds_t)n, timeout) < 0 && errno != EINTR) shutdown_sandbox();
+    for (int k = 2; k < n; k++) {
+      if (!fds[k].revents) continue;
+      if (streams[k] == 2) job_feed_stdin(owners[k]);
+      else job_pump(owners[k], streams[k], 4);
+    }
+    if (fds[1].revents) {
+      struct signalfd_siginfo info;
+      while (read(sigfd, &info, sizeof info) > 0) {}
+      jobs_reap();
+    }
+    jobs_expire(now_us());
+    if (fds[0].revents) read_requests();
+  }
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && strcmp(argv[1], "launch") == 0) return launch_main(argc - 1, argv + 1);
+  if (argc > 1 && strcmp(argv[1], "mount-erofs") == 0) return mount_erofs_main(argc - 1, argv + 1);
+  if (argc > 1) {
+    fprintf(stderr, "usage: sandgym-agent            (as a sandbox's first process)\n"
+                    "       sandgym-agent launch ...  (host side; see launch.c)\n"
+                    "       sandgym-agent mount-erofs IMAGE TARGET\n");
+    return 2;
+  }
+  agent_main();
+}

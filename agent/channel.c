@@ -1,0 +1,68 @@
+#include "channel.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+static int channel_out = -1;
+
+void channel_init(int out_fd) { channel_out = out_fd; }
+
+static void write_all(const uint8_t *p, size_t n) {
+  while (n > 0) {
+    ssize_t k = write(channel_out, p, n);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      /* The host side is gone: nothing is left to report to. */
+      _exit(0);
+    }
+    p += k;
+    n -= (size_t)k;
+  }
+}
+
+void channel_send(mp_writer *w) {
+  if (w->failed) {
+    mp_writer_free(w);
+    return;
+  }
+  uint8_t header[4] = {(uint8_t)(w->len >> 24), (uint8_t)(w->len >> 16), (uint8_t)(w->len >> 8), (uint8_t)w->len};
+  write_all(header, 4);
+  write_all(w->data, w->len);
+  mp_writer_free(w);
+}
+
+void send_error(uint32_t id, const char *code, const char *message) {
+  mp_writer w;
+  mp_writer_init(&w);
+  mp_map(&w, 4);
+  mp_str(&w, "t");
+  mp_str(&w, "error");
+  mp_str(&w, "id");
+  mp_uint(&w, id);
+  mp_str(&w, "code");
+  mp_str(&w, code);
+  mp_str(&w, "message");
+  mp_str(&w, message);
+  channel_send(&w);
+}
+
+static const char *errno_code(int err) {
+  switch (err) {
+    case ENOENT: return "not_found";
+    case EACCES: case EPERM: case EROFS: return "permission_denied";
+    case EISDIR: return "is_directory";
+    case ENOTDIR: return "not_directory";
+    case ELOOP: case EXDEV: return "path_escape";
+    case ENOSPC: case EDQUOT: return "no_space";
+    case EFBIG: return "file_too_large";
+    default: return "io_error";
+  }
+}
+
+void send_errno(uint32_t id, int err, const char *what) {
+  char message[512];
+  snprintf(message, sizeof message, "%s: %s", what, strerror(err));
+  send_error(id, errno_code(err), message);
+}

@@ -1,0 +1,15 @@
+/* Framed msgpack over the inherited channel fds: a 4-byte big-endian length, then one map. */
+#ifndef SANDGYM_CHANNEL_H
+#define SANDGYM_CHANNEL_H
+
+#include "msgpack.h"
+
+#define CHANNEL_MAX_FRAME (80u * 1024u * 1024u)
+
+void channel_init(int out_fd);
+/* Sends the writer's bytes as one frame and resets the writer. */
+void channel_send(mp_writer *w);
+void send_error(uint32_t id, const char *code, const char *message);
+void send_errno(uint32_t id, int err, const char *what);
+
+#endif

@@ -1,0 +1,213 @@
+/* File requests: read, write and list inside the sandbox root. Paths are absolute, contain no
+ * ".." component, and are resolved with openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS) so that
+ * neither a symlink nor a /proc magic link can lead out of the root. */
+#define _GNU_SOURCE
+#include "files.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "channel.h"
+
+static int root_fd = -1;
+
+void files_init(void) { root_fd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC); }
+
+/* Copies the path into buf without its leading slashes, or explains why it is refused. */
+static const char *checked_path(const mp_item *path, char *buf, size_t size) {
+  if (path->type != MP_STR || path->len == 0) return "path must be a non-empty string";
+  if (path->len >= size) return "path is too long";
+  if (path->ptr[0] != '/') return "path must be absolute";
+  if (memchr(path->ptr, 0, path->len)) return "path contains a NUL byte";
+  memcpy(buf, path->ptr, path->len);
+  buf[path->len] = 0;
+  for (char *c = buf; *c;) {
+    char *end = strchr(c, '/');
+    size_t n = end ? (size_t)(end - c) : strlen(c);
+    if (n == 2 && c[0] == '.' && c[1] == '.') return "path must not contain a '..' component";
+    c += n;
+    while (*c == '/') c++;
+  }
+  size_t skip = strspn(buf, "/");
+  memmove(buf, buf + skip, strlen(buf + skip) + 1);
+  if (buf[0] == 0) strcpy(buf, ".");
+  return NULL;
+}
+
+static int open_in_root(const char *rel, int flags, mode_t mode) {
+  struct open_how how;
+  memset(&how, 0, sizeof how);
+  how.flags = (uint64_t)(flags | O_CLOEXEC);
+  how.mode = (flags & O_CREAT) ? mode : 0;
+  how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS;
+  return (int)syscall(SYS_openat2, root_fd, rel, &how, sizeof how);
+}
+
+static void send_ok_header(mp_writer *w, uint32_t id, uint32_t extra) {
+  mp_writer_init(w);
+  mp_map(w, 2 + extra);
+  mp_str(w, "t");
+  mp_str(w, "ok");
+  mp_str(w, "id");
+  mp_uint(w, id);
+}
+
+void file_read(uint32_t id, const mp_item *path, uint64_t max_bytes) {
+  char rel[4096];
+  const char *why = checked_path(path, rel, sizeof rel);
+  if (why) return send_error(id, "invalid_path", why);
+  int fd = open_in_root(rel, O_RDONLY | O_NOFOLLOW, 0);
+  if (fd < 0) return send_errno(id, errno, "cannot open file");
+  struct stat st;
+  if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return send_error(id, S_ISDIR(st.st_mode) ? "is_directory" : "not_regular_file", "path is not a regular file");
+  }
+  size_t cap = 65536, len = 0;
+  uint8_t *buf = malloc(cap);
+  for (;;) {
+    if (!buf) break;
+    if (len == cap) {
+      if (cap > max_bytes) break;
+      uint8_t *grown = realloc(buf, cap * 2);
+      if (!grown) {
+        free(buf);
+        buf = NULL;
+        break;
+      }
+      buf = grown;
+      cap *= 2;
+    }
+    ssize_t k = read(fd, buf + len, cap - len);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) break;
+    len += (size_t)k;
+  }
+  close(fd);
+  if (!buf) return send_error(id, "io_error", "out of memory while reading the file");
+  if (len > max_bytes) {
+    free(buf);
+    char message[128];
+    snprintf(message, sizeof message, "file is larger than the %llu-byte read limit", (unsigned long long)max_bytes);
+    return send_error(id, "file_too_large", message);
+  }
+  mp_writer w;
+  send_ok_header(&w, id, 1);
+  mp_str(&w, "data");
+  mp_bin(&w, buf, len);
+  free(buf);
+  channel_send(&w);
+}
+
+/* Creates every missing parent directory of rel, one component at a time inside the root. */
+static int make_parents(char *rel) {
+  for (char *slash = strchr(rel, '/'); slash; slash = strchr(slash + 1, '/')) {
+    *slash = 0;
+    int fd = open_in_root(rel, O_PATH | O_DIRECTORY, 0);
+    if (fd >= 0) {
+      close(fd);
+    } else if (errno == ENOENT) {
+      if (mkdirat(root_fd, rel, 0755) < 0 && errno != EEXIST) {
+        *slash = '/';
+        return -1;
+      }
+    } else {
+      *slash = '/';
+      return -1;
+    }
+    *slash = '/';
+  }
+  return 0;
+}
+
+void file_write(uint32_t id, const mp_item *path, const mp_item *data, uint32_t mode) {
+  char rel[4096], tmp[4200];
+  const char *why = checked_path(path, rel, sizeof rel);
+  if (why) return send_error(id, "invalid_path", why);
+  if (data->type != MP_BIN && data->type != MP_STR) return send_error(id, "bad_request", "data must be binary");
+  if (make_parents(rel) < 0) return send_errno(id, errno, "cannot create parent directory");
+  const char *slash = strrchr(rel, '/');
+  int dir_len = slash ? (int)(slash - rel + 1) : 0;
+  snprintf(tmp, sizeof tmp, "%.*s.sandgym-write-%d", dir_len, rel, (int)getpid());
+  int fd = open_in_root(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, mode & 07777);
+  if (fd < 0) return send_errno(id, errno, "cannot create file");
+  const uint8_t *p = data->ptr;
+  size_t n = data->len;
+  while (n > 0) {
+    ssize_t k = write(fd, p, n);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) {
+      int err = errno;
+      close(fd);
+      unlinkat(root_fd, tmp, 0);
+      return send_errno(id, err, "cannot write file");
+    }
+    p += k;
+    n -= (size_t)k;
+  }
+  fchmod(fd, mode & 07777); /* the umask must not narrow the mode the caller asked for */
+  close(fd);
+  if (renameat(root_fd, tmp, root_fd, rel) < 0) {
+    int err = errno;
+    unlinkat(root_fd, tmp, 0);
+    return send_errno(id, err, "cannot replace file");
+  }
+  mp_writer w;
+  send_ok_header(&w, id, 0);
+  channel_send(&w);
+}
+
+static const char *type_name(mode_t mode) {
+  if (S_ISREG(mode)) return "file";
+  if (S_ISDIR(mode)) return "dir";
+  if (S_ISLNK(mode)) return "symlink";
+  return "other";
+}
+
+void file_list(uint32_t id, const mp_item *path) {
+  char rel[4096];
+  const char *why = checked_path(path, rel, sizeof rel);
+  if (why) return send_error(id, "invalid_path", why);
+  int fd = open_in_root(rel, O_RDONLY | O_DIRECTORY, 0);
+  if (fd < 0) return send_errno(id, errno, "cannot open directory");
+  DIR *dir = fdopendir(fd);
+  if (!dir) {
+    close(fd);
+    return send_errno(id, errno, "cannot read directory");
+  }
+  mp_writer entries;
+  mp_writer_init(&entries);
+  uint32_t count = 0;
+  for (struct dirent *e; (e = readdir(dir));) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+    struct stat st;
+    if (fstatat(dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) continue;
+    mp_map(&entries, 4);
+    mp_str(&entries, "name");
+    mp_str(&entries, e->d_name);
+    mp_str(&entries, "type");
+    mp_str(&entries, type_name(st.st_mode));
+    mp_str(&entries, "size");
+    mp_uint(&entries, (uint64_t)st.st_size);
+    mp_str(&entries, "mode");
+    mp_uint(&entries, st.st_mode & 07777);
+    count++;
+  }
+  closedir(dir);
+  /* the entries were encoded apart because their count is known only at the end */
+  mp_writer w;
+  send_ok_header(&w, id, 1);
+  mp_str(&w, "entries");
+  mp_array(&w, count);
+  mp_raw(&w, entries.data, entries.len);
+  mp_writer_free(&entries);
+  channel_send(&w);
+}

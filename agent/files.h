@@ -1,0 +1,12 @@
+/* File requests inside the sandbox root. */
+#ifndef SANDGYM_FILES_H
+#define SANDGYM_FILES_H
+
+#include "msgpack.h"
+
+void files_init(void);
+void file_read(uint32_t id, const mp_item *path, uint64_t max_bytes);
+void file_write(uint32_t id, const mp_item *path, const mp_item *data, uint32_t mode);
+void file_list(uint32_t id, const mp_item *path);
+
+#endif

@@ -1,0 +1,20 @@
+// Lint rules: typescript-eslint's recommended type-aware set, plus the project's own bans.
+import js from '@eslint/js';
+import tseslint from 'typescript-eslint';
+
+export default tseslint.config(
+  { ignores: ['dist/', 'build/', 'node_modules/', '.sandgym/', 'agent/'] },
+  js.configs.recommended,
+  ...tseslint.configs.recommendedTypeChecked,
+  {
+    languageOptions: { parserOptions: { projectService: true, tsconfigRootDir: import.meta.dirname } },
+    rules: {
+      'no-console': 'error',
+      '@typescript-eslint/consistent-type-imports': 'error',
+      '@typescript-eslint/no-floating-promises': 'error',
+      '@typescript-eslint/no-unused-vars': ['error', { argsIgnorePattern: '^_' }],
+    },
+  },
+  { files: ['src/cli/**', 'examples/**', 'benchmarks/**', 'scripts/**', 'test/**'], rules: { 'no-console': 'off' } },
+  { files: ['eslint.config.js'], ...tseslint.configs.disableTypeChecked },
+);

@@ -1,0 +1,287 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { existsSync, openSync, closeSync } from 'node:fs';
+import { mkdir, readdir, readFile, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import type { Readable, Writable } from 'node:stream';
+import { setTimeout as sleep } from 'node:timers/promises';
+import {
+  SandgymError,
+  createMsgpackCodec,
+  messageOf,
+  silentLogger,
+  type Codec,
+  type Logger,
+} from '../../common/index.ts';
+import type {
+  Backend,
+  BackendCapabilities,
+  CallOptions,
+  GcReport,
+  SandboxRecord,
+  SandboxSpec,
+} from '../contract.ts';
+import { SandboxCgroup, detectCgroupLayout, listSandboxCgroups, type CgroupLayout } from '../host/cgroups.ts';
+import { LayerMounts } from '../host/layer-mounts.ts';
+import { agentBinaryPath, hostProgram } from '../host/paths.ts';
+import { isAlive, processIdentity, signalProcess, type ProcessIdentity } from '../host/processes.ts';
+import { runProgram } from '../host/run-program.ts';
+import { AgentChannel } from '../internal/agent-channel.ts';
+import { ContainerSandbox } from './container-sandbox.ts';
+import { buildOciConfig } from './oci-config.ts';
+import { removeContainerResidue, type ContainerPaths } from './residue.ts';
+import { readContainerState, writeContainerState } from './sandbox-record.ts';
+
+/** Options for {@link ContainerBackend.create}. */
+export interface ContainerBackendOptions {
+  /** The node's data folder: sandboxes, layer mounts and runtime state live below it. */
+  dataDir: string;
+  logger?: Logger;
+  codec?: Codec;
+  /** How long a sandbox may take to report ready. */
+  startTimeoutMs?: number;
+  /** How long a closing sandbox gets to exit before it is killed. */
+  stopGraceMs?: number;
+}
+
+const CAPABILITIES: BackendCapabilities = {
+  pause: true,
+  hibernate: false,
+  checkpoint: 'none',
+  fork: false,
+  shellSessions: false,
+  ownNetwork: true,
+};
+
+/**
+ * Containers launched by crun: the agent as pid 1 on an overlay of shared EROFS layer mounts,
+ * in new pid, mount, network, ipc, uts and cgroup namespaces, with cgroup limits, dropped
+ * capabilities and a seccomp filter.
+ */
+export class ContainerBackend implements Backend {
+  readonly name = 'container' as const;
+  readonly capabilities = CAPABILITIES;
+  private readonly live = new Set<ContainerSandbox>();
+  private readonly logger: Logger;
+  private readonly codec: Codec;
+  private isClosed = false;
+
+  private constructor(
+    private readonly options: ContainerBackendOptions,
+    private readonly layout: CgroupLayout,
+    private readonly owner: ProcessIdentity,
+    private readonly agentPath: string,
+    private readonly runtime: string,
+    private readonly mounts: LayerMounts,
+  ) {
+    this.logger = (options.logger ?? silentLogger()).child({ component: 'container-backend' });
+    this.codec = options.codec ?? createMsgpackCodec();
+  }
+
+  /** Checks the host (agent binary, crun, cgroups) and prepares the data folder. */
+  static async create(options: ContainerBackendOptions): Promise<ContainerBackend> {
+    if (process.getuid?.() !== 0) {
+      throw new SandgymError('permission_denied', 'The container backend needs root: run sandgym as root');
+    }
+    const agentPath = agentBinaryPath();
+    const runtime = hostProgram('crun');
+    const layout = await detectCgroupLayout();
+    const owner = await processIdentity(process.pid);
+    if (!owner) throw new SandgymError('platform_error', 'Cannot read this process\'s identity from /proc');
+    await Promise.all(['sandboxes', 'layers', 'runtime'].map((d) => mkdir(join(options.dataDir, d), { recursive: true })));
+    const mounts = new LayerMounts(join(options.dataDir, 'layers'), agentPath);
+    return new ContainerBackend(options, layout, owner, agentPath, runtime, mounts);
+  }
+
+  private pathsOf(id: string): ContainerPaths {
+    return {
+      dir: join(this.options.dataDir, 'sandboxes', id),
+      runtimeRoot: join(this.options.dataDir, 'runtime'),
+      runtime: this.runtime,
+    };
+  }
+
+  async create(spec: SandboxSpec, options: CallOptions = {}): Promise<ContainerSandbox> {
+    if (this.isClosed) throw new SandgymError('failed_precondition', 'The container backend is closed');
+    if (spec.layers.length === 0) {
+      throw new SandgymError('invalid_argument', 'A container needs at least one layer: name an environment');
+    }
+    const paths = this.pathsOf(spec.id);
+    const cgroup = new SandboxCgroup(this.layout, spec.id);
+    let launcher: ChildProcess | undefined;
+    try {
+      await Promise.all(['upper', 'work', 'rootfs'].map((d) => mkdir(join(paths.dir, d), { recursive: true })));
+      await writeContainerState(paths.dir, {
+        id: spec.id,
+        backend: 'container',
+        owner: this.owner,
+        createdAt: new Date().toISOString(),
+        layers: spec.layers.map((l) => l.digest),
+        labels: spec.labels,
+      });
+      const points = await this.mounts.acquire(spec.layers);
+      const joins = await cgroup.prepare();
+      const config = buildOciConfig({ spec, agentHostPath: this.agentPath, cgroupsPath: `/${cgroup.relativePath}` });
+      await writeFile(join(paths.dir, 'config.json'), JSON.stringify(config));
+      launcher = this.launch(spec.id, paths, points, joins);
+      const [, , , requests, responses] = launcher.stdio as [unknown, unknown, unknown, Writable, Readable];
+      const channel = new AgentChannel(requests, responses, this.codec);
+      const sandbox = new ContainerSandbox({ spec, launcher, channel, cgroup, destroy: (s) => this.destroy(s) });
+      this.live.add(sandbox);
+      await this.waitReady(spec.id, channel, sandbox, paths, options);
+      this.logger.debug({ id: spec.id }, 'sandbox ready');
+      return sandbox;
+    } catch (error) {
+      const live = [...this.live].find((s) => s.id === spec.id);
+      if (live) await live.close().catch(() => undefined);
+      else {
+        if (launcher) signalProcess(launcher.pid ?? 0, 'SIGKILL');
+        await removeContainerResidue(spec.id, cgroup, paths).catch(() => undefined);
+        this.mounts.release(spec.layers);
+      }
+      throw error;
+    }
+  }
+
+  private launch(id: string, paths: ContainerPaths, points: string[], joins: string[]): ChildProcess {
+    const args = ['launch'];
+    for (const file of joins) args.push('--join-cgroup', file);
+    // overlay lists lower dirs top first; layers come base first
+    const lowers = [...points].reverse().join(':');
+    args.push('--overlay', lowers, join(paths.dir, 'upper'), join(paths.dir, 'work'), join(paths.dir, 'rootfs'));
+    if (this.layout.kind === 'v1' && this.layout.unified) args.push('--umount', this.layout.unified);
+    args.push('--', this.runtime, '--root', paths.runtimeRoot, 'run', '--preserve-fds', '2', '--bundle', paths.dir, id);
+    const log = openSync(join(paths.dir, 'runtime.log'), 'a');
+    try {
+      // detached: a Ctrl-C meant for the CLI must not reach the sandbox before the CLI tears it down
+      // the channel is fds 3 and 4; stdio carries only the runtime's and the agent's own messages
+      return spawn(this.agentPath, args, { stdio: ['ignore', log, log, 'pipe', 'pipe'], detached: true });
+    } finally {
+      closeSync(log);
+    }
+  }
+
+  private async waitReady(
+    id: string,
+    channel: AgentChannel,
+    sandbox: ContainerSandbox,
+    paths: ContainerPaths,
+    options: CallOptions,
+  ): Promise<void> {
+    const timeoutMs = options.timeoutMs ?? this.options.startTimeoutMs ?? 30_000;
+    const timeout = sleep(timeoutMs, 'timeout', { ref: false });
+    const outcome = await Promise.race([
+      channel.ready.then(() => 'ready' as const, () => 'exited' as const),
+      sandbox.launcherExited.then(() => 'exited' as const),
+      timeout,
+    ]);
+    if (outcome === 'ready') return;
+    const log = await readFile(join(paths.dir, 'runtime.log'), 'utf8').catch(() => '');
+    const tail = log.trim().split('\n').slice(-3).join(' | ') || 'no output';
+    throw new SandgymError(
+      outcome === 'timeout' ? 'timeout' : 'platform_error',
+      outcome === 'timeout'
+        ? `Sandbox ${id} did not become ready within ${timeoutMs} ms (raise startTimeoutMs); runtime said: ${tail}`
+        : `Sandbox ${id} failed to start: ${tail}`,
+      { retryable: outcome === 'timeout' },
+    );
+  }
+
+  /** Graceful first: closing the channel makes the agent end every process and exit; then force. */
+  private async destroy(sandbox: ContainerSandbox): Promise<void> {
+    if (!sandbox.beginStop()) return;
+    const cgroup = new SandboxCgroup(this.layout, sandbox.id);
+    const errors: unknown[] = [];
+    try {
+      await cgroup.setFrozen(false).catch(() => undefined); // a frozen agent cannot exit
+      sandbox.disconnect();
+      const graceMs = this.options.stopGraceMs ?? 5_000;
+      const exited = await Promise.race([sandbox.launcherExited.then(() => true), sleep(graceMs, false, { ref: false })]);
+      if (!exited) this.logger.warn({ id: sandbox.id }, 'sandbox did not stop in time; killing it');
+      await removeContainerResidue(sandbox.id, cgroup, this.pathsOf(sandbox.id));
+    } catch (error) {
+      errors.push(error);
+    } finally {
+      this.mounts.release(sandbox.layers);
+      this.live.delete(sandbox);
+      sandbox.markStopped();
+    }
+    if (errors.length) throw errors[0];
+  }
+
+  async list(): Promise<SandboxRecord[]> {
+    const dir = join(this.options.dataDir, 'sandboxes');
+    const records: SandboxRecord[] = [];
+    for (const id of await readdir(dir).catch(() => [] as string[])) {
+      const state = await readContainerState(join(dir, id));
+      if (!state) continue;
+      const cgroup = new SandboxCgroup(this.layout, id);
+      const alive = await isAlive(state.owner);
+      records.push({
+        id,
+        backend: 'container',
+        state: !alive ? 'orphaned' : (await cgroup.isFrozen()) ? 'paused' : 'running',
+        ownerPid: state.owner.pid,
+        createdAt: state.createdAt,
+        labels: state.labels,
+      });
+    }
+    return records;
+  }
+
+  async kill(id: string): Promise<void> {
+    const mine = [...this.live].find((s) => s.id === id);
+    if (mine) return mine.close();
+    const paths = this.pathsOf(id);
+    const cgroup = new SandboxCgroup(this.layout, id);
+    if (!existsSync(paths.dir) && (await cgroup.processes()).length === 0) {
+      throw new SandgymError('not_found', `No sandbox "${id}" on this node: see "sandgym ps"`);
+    }
+    await removeContainerResidue(id, cgroup, paths);
+  }
+
+  async gc(): Promise<GcReport> {
+    const report: GcReport = { sandboxes: [], mounts: [], cgroups: [] };
+    const sandboxesDir = join(this.options.dataDir, 'sandboxes');
+    const mine = new Set([...this.live].map((s) => s.id));
+    for (const id of await readdir(sandboxesDir).catch(() => [] as string[])) {
+      if (mine.has(id)) continue;
+      const state = await readContainerState(join(sandboxesDir, id));
+      if (state && (await isAlive(state.owner))) continue;
+      await removeContainerResidue(id, new SandboxCgroup(this.layout, id), this.pathsOf(id));
+      report.sandboxes.push(id);
+    }
+    // cgroups whose sandbox folder is gone: a crash between the two removals
+    for (const id of await listSandboxCgroups(this.layout)) {
+      if (mine.has(id) || existsSync(join(sandboxesDir, id))) continue;
+      const cgroup = new SandboxCgroup(this.layout, id);
+      await removeContainerResidue(id, cgroup, this.pathsOf(id));
+      report.cgroups.push(...cgroup.allPaths());
+    }
+    await this.removeOrphanRuntimeState(mine);
+    report.mounts = await this.mounts.unmountIdle();
+    return report;
+  }
+
+  private async removeOrphanRuntimeState(mine: Set<string>): Promise<void> {
+    const root = join(this.options.dataDir, 'runtime');
+    for (const id of await readdir(root).catch(() => [] as string[])) {
+      if (mine.has(id) || existsSync(this.pathsOf(id).dir)) continue;
+      await runProgram(this.runtime, ['--root', root, 'delete', '--force', id]).catch((error: unknown) => {
+        this.logger.warn({ id, error: messageOf(error) }, 'cannot delete orphaned runtime state');
+      });
+    }
+  }
+
+  async close(): Promise<void> {
+    if (this.isClosed) return;
+    this.isClosed = true;
+    const results = await Promise.allSettled([...this.live].map((s) => s.close()));
+    await this.mounts.unmountIdle().catch(() => undefined);
+    const failed = results.filter((r): r is PromiseRejectedResult => r.status === 'rejected');
+    if (failed.length) throw new AggregateError(failed.map((f) => f.reason), 'Some sandboxes did not close cleanly');
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
+  }
+}

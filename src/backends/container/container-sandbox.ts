@@ -1,0 +1,228 @@
+import type { ChildProcess } from 'node:child_process';
+import { constants } from 'node:os';
+import { SandgymError, type FailureReason } from '../../common/index.ts';
+import type {
+  BackendSandbox,
+  CallOptions,
+  DirEntry,
+  ExecChunk,
+  ExecOptions,
+  ExecResult,
+  ExecStream,
+  ReadFileOptions,
+  SandboxSpec,
+  SandboxState,
+  SandboxStats,
+  WriteFileOptions,
+} from '../contract.ts';
+import type { SandboxCgroup } from '../host/cgroups.ts';
+import type { AgentChannel } from '../internal/agent-channel.ts';
+import type { AgentExit } from '../internal/agent-protocol.ts';
+import { AsyncQueue } from '../internal/async-queue.ts';
+import { checkArgv, checkSandboxPath, throwIfAborted } from '../internal/checks.ts';
+
+const SIGNAL_NAMES = new Map<number, string>(
+  Object.entries(constants.signals).map(([name, number]) => [number, name]),
+);
+
+/** What a container sandbox needs from its backend. */
+export interface ContainerSandboxParts {
+  spec: SandboxSpec;
+  launcher: ChildProcess;
+  channel: AgentChannel;
+  cgroup: SandboxCgroup;
+  /** Tears the sandbox down; called once, by close(). */
+  destroy(sandbox: ContainerSandbox): Promise<void>;
+}
+
+/** One live container: a handle over its agent channel and its cgroups. */
+export class ContainerSandbox implements BackendSandbox {
+  readonly backend = 'container' as const;
+  readonly id: string;
+  private currentState: SandboxState = 'running';
+  private failureReason: FailureReason | undefined;
+  private seenOomKills = 0;
+  private closing: Promise<void> | undefined;
+  private readonly exited: Promise<void>;
+
+  constructor(private readonly parts: ContainerSandboxParts) {
+    this.id = parts.spec.id;
+    this.exited = new Promise((resolve) => {
+      if (parts.launcher.exitCode !== null || parts.launcher.signalCode !== null) return resolve();
+      parts.launcher.once('exit', () => resolve());
+    });
+    void this.exited.then(() => this.onLauncherExit());
+  }
+
+  get state(): SandboxState {
+    return this.currentState;
+  }
+
+  get failure(): FailureReason | undefined {
+    return this.failureReason;
+  }
+
+  /** Resolves when the runtime process has exited. */
+  get launcherExited(): Promise<void> {
+    return this.exited;
+  }
+
+  get layers(): SandboxSpec['layers'] {
+    return this.parts.spec.layers;
+  }
+
+  private onLauncherExit(): void {
+    if (this.currentState === 'stopping' || this.currentState === 'stopped') return;
+    this.currentState = 'failed';
+    this.failureReason = 'agent_crash';
+    this.parts.channel.fail(new SandgymError('agent_crash', `Sandbox ${this.id} stopped unexpectedly`));
+  }
+
+  /** Makes the sandbox ready for a request: a paused sandbox resumes transparently. */
+  private async ready(what: string, signal: AbortSignal | undefined): Promise<void> {
+    throwIfAborted(signal, what);
+    if (this.currentState === 'paused') await this.resume();
+    if (this.currentState !== 'running') {
+      const why = this.failureReason ? ` (${this.failureReason})` : '';
+      throw new SandgymError('failed_precondition', `Cannot ${what}: sandbox ${this.id} is ${this.currentState}${why}`);
+    }
+  }
+
+  async exec(argv: string[], options: ExecOptions = {}): Promise<ExecResult> {
+    const out: Buffer[] = [];
+    const err: Buffer[] = [];
+    const result = await this.run(argv, options, (chunk) => (chunk.stream === 'stdout' ? out : err).push(chunk.data));
+    return { ...result, stdout: Buffer.concat(out).toString('utf8'), stderr: Buffer.concat(err).toString('utf8') };
+  }
+
+  execStream(argv: string[], options: ExecOptions = {}): ExecStream {
+    const queue = new AsyncQueue<ExecChunk>();
+    const result = this.run(argv, options, (chunk) => queue.push(chunk)).then(
+      (done) => {
+        queue.end();
+        return done;
+      },
+      (error: unknown) => {
+        queue.end(error);
+        throw error;
+      },
+    );
+    result.catch(() => undefined); // the caller may read only the output; the error reaches it there
+    return { output: queue, result };
+  }
+
+  private async run(argv: string[], options: ExecOptions, onChunk: (chunk: ExecChunk) => void): Promise<ExecResult> {
+    checkArgv(argv);
+    await this.ready('run a command', options.signal);
+    const stdin = typeof options.stdin === 'string' ? Buffer.from(options.stdin) : options.stdin;
+    const { id, exit } = this.parts.channel.exec(
+      {
+        op: 'exec',
+        argv,
+        env: Object.entries(options.env ?? {}).map(([key, value]) => `${key}=${value}`),
+        cwd: options.cwd,
+        stdin: stdin && stdin.length > 0 ? stdin : undefined,
+        timeoutMs: options.timeoutMs ?? 0,
+        outputCapBytes: options.outputCapBytes ?? this.parts.spec.resources.outputCapBytes,
+      },
+      (stream, data) => onChunk({ stream, data }),
+    );
+    const onAbort = (): void => this.parts.channel.cancel(id);
+    options.signal?.addEventListener('abort', onAbort, { once: true });
+    try {
+      const ended = await exit;
+      if (ended.cancelled) throw new SandgymError('cancelled', `Command ${argv[0]} was cancelled`);
+      return { ...(await this.describeExit(ended)), stdout: '', stderr: '' };
+    } finally {
+      options.signal?.removeEventListener('abort', onAbort);
+    }
+  }
+
+  private async describeExit(ended: AgentExit): Promise<Omit<ExecResult, 'stdout' | 'stderr'>> {
+    const signal = ended.signal === null ? null : (SIGNAL_NAMES.get(ended.signal) ?? `SIG${ended.signal}`);
+    let oomKilled = false;
+    if (signal === 'SIGKILL' && !ended.timedOut) {
+      // A SIGKILL nobody asked for: the memory cgroup's OOM counter tells whether the kernel sent it.
+      const { oomKills } = await this.parts.cgroup.usage();
+      oomKilled = oomKills > this.seenOomKills;
+      this.seenOomKills = oomKills;
+    }
+    return {
+      exitCode: ended.exitCode,
+      signal,
+      stdoutBytes: ended.stdoutBytes,
+      stderrBytes: ended.stderrBytes,
+      stdoutTruncated: ended.stdoutTruncated,
+      stderrTruncated: ended.stderrTruncated,
+      timedOut: ended.timedOut,
+      oomKilled,
+      durationMs: ended.durationUs / 1000,
+    };
+  }
+
+  async readFile(path: string, options: ReadFileOptions = {}): Promise<Buffer> {
+    checkSandboxPath(path);
+    await this.ready('read a file', options.signal);
+    const reply = await this.parts.channel.call({ op: 'read', path, maxBytes: options.maxBytes ?? 64 * 1024 * 1024 });
+    return Buffer.from(reply.data ?? new Uint8Array());
+  }
+
+  async writeFile(path: string, data: string | Uint8Array, options: WriteFileOptions = {}): Promise<void> {
+    checkSandboxPath(path);
+    await this.ready('write a file', options.signal);
+    const bytes = typeof data === 'string' ? Buffer.from(data) : data;
+    await this.parts.channel.call({ op: 'write', path, data: bytes, mode: options.mode ?? 0o644 });
+  }
+
+  async listDir(path: string, options: CallOptions = {}): Promise<DirEntry[]> {
+    checkSandboxPath(path);
+    await this.ready('list a directory', options.signal);
+    const reply = await this.parts.channel.call({ op: 'list', path });
+    return (reply.entries ?? []).sort((a, b) => a.name.localeCompare(b.name));
+  }
+
+  async pause(options: CallOptions = {}): Promise<void> {
+    throwIfAborted(options.signal, 'Pause');
+    if (this.currentState === 'paused') return;
+    await this.ready('pause', undefined);
+    await this.parts.cgroup.setFrozen(true);
+    this.currentState = 'paused';
+  }
+
+  async resume(options: CallOptions = {}): Promise<void> {
+    throwIfAborted(options.signal, 'Resume');
+    if (this.currentState !== 'paused') return;
+    await this.parts.cgroup.setFrozen(false);
+    this.currentState = 'running';
+  }
+
+  async stats(options: CallOptions = {}): Promise<SandboxStats> {
+    throwIfAborted(options.signal, 'Stats');
+    return { state: this.currentState, ...(await this.parts.cgroup.usage()) };
+  }
+
+  /** Marks the sandbox as going away; returns false when it already is. */
+  beginStop(): boolean {
+    if (this.currentState === 'stopping' || this.currentState === 'stopped') return false;
+    this.currentState = 'stopping';
+    return true;
+  }
+
+  /** Closes the agent channel; the agent then ends every process of the sandbox and exits. */
+  disconnect(): void {
+    this.parts.channel.fail(new SandgymError('failed_precondition', `Sandbox ${this.id} is closed`));
+  }
+
+  markStopped(): void {
+    this.currentState = 'stopped';
+  }
+
+  close(): Promise<void> {
+    this.closing ??= this.parts.destroy(this);
+    return this.closing;
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
+  }
+}

@@ -1,0 +1,117 @@
+import type { SandboxSpec } from '../contract.ts';
+import { defaultSeccompProfile } from './seccomp-profile.ts';
+
+/** Where the agent binary appears inside every container: on /dev's tmpfs, so it never lands in the upper dir. */
+export const AGENT_PATH_IN_SANDBOX = '/dev/.sandgym-agent';
+
+/** Docker's default set, less NET_RAW and MKNOD: enough for package managers, nothing to escape with. */
+const CAPABILITIES = [
+  'CAP_CHOWN',
+  'CAP_DAC_OVERRIDE',
+  'CAP_FOWNER',
+  'CAP_FSETID',
+  'CAP_KILL',
+  'CAP_SETGID',
+  'CAP_SETUID',
+  'CAP_SETPCAP',
+  'CAP_NET_BIND_SERVICE',
+  'CAP_SYS_CHROOT',
+  'CAP_AUDIT_WRITE',
+  'CAP_SETFCAP',
+];
+
+/** The OCI runtime spec's default masked and read-only paths. */
+const MASKED_PATHS = [
+  '/proc/acpi',
+  '/proc/asound',
+  '/proc/kcore',
+  '/proc/keys',
+  '/proc/latency_stats',
+  '/proc/timer_list',
+  '/proc/timer_stats',
+  '/proc/sched_debug',
+  '/proc/scsi',
+  '/proc/kpagecgroup',
+  '/proc/kpagecount',
+  '/proc/kpageflags',
+  '/sys/firmware',
+  '/sys/devices/virtual/powercap',
+];
+const READONLY_PATHS = ['/proc/bus', '/proc/fs', '/proc/irq', '/proc/sys', '/proc/sysrq-trigger'];
+
+const CPU_PERIOD_US = 100_000;
+
+/** Inputs of {@link buildOciConfig} besides the spec. */
+export interface OciConfigInputs {
+  spec: SandboxSpec;
+  agentHostPath: string;
+  cgroupsPath: string;
+}
+
+/** The bundle's config.json: the agent as pid 1 over an overlay root, isolated and limited. */
+export function buildOciConfig({ spec, agentHostPath, cgroupsPath }: OciConfigInputs): Record<string, unknown> {
+  const env = {
+    PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
+    HOME: '/root',
+    LANG: 'C.UTF-8',
+    ...spec.env,
+  };
+  const memoryBytes = spec.resources.memoryMib * 1024 * 1024;
+  return {
+    ociVersion: '1.0.2',
+    process: {
+      terminal: false,
+      user: { uid: 0, gid: 0 },
+      args: [AGENT_PATH_IN_SANDBOX],
+      env: Object.entries(env).map(([key, value]) => `${key}=${value}`),
+      cwd: spec.workdir,
+      capabilities: {
+        bounding: CAPABILITIES,
+        effective: CAPABILITIES,
+        permitted: CAPABILITIES,
+      },
+      noNewPrivileges: true,
+    },
+    root: { path: 'rootfs', readonly: false },
+    hostname: 'sandbox',
+    mounts: [
+      { destination: '/proc', type: 'proc', source: 'proc', options: ['nosuid', 'noexec', 'nodev'] },
+      { destination: '/dev', type: 'tmpfs', source: 'tmpfs', options: ['nosuid', 'strictatime', 'mode=755', 'size=65536k'] },
+      {
+        destination: '/dev/pts',
+        type: 'devpts',
+        source: 'devpts',
+        options: ['nosuid', 'noexec', 'newinstance', 'ptmxmode=0666', 'mode=0620'],
+      },
+      { destination: '/dev/shm', type: 'tmpfs', source: 'shm', options: ['nosuid', 'noexec', 'nodev', 'mode=1777', 'size=65536k'] },
+      { destination: '/dev/mqueue', type: 'mqueue', source: 'mqueue', options: ['nosuid', 'noexec', 'nodev'] },
+      { destination: '/sys', type: 'sysfs', source: 'sysfs', options: ['nosuid', 'noexec', 'nodev', 'ro'] },
+      { destination: '/sys/fs/cgroup', type: 'cgroup', source: 'cgroup', options: ['nosuid', 'noexec', 'nodev', 'relatime', 'ro'] },
+      { destination: AGENT_PATH_IN_SANDBOX, type: 'bind', source: agentHostPath, options: ['bind', 'ro', 'nosuid', 'nodev'] },
+    ],
+    linux: {
+      namespaces: [
+        { type: 'pid' },
+        { type: 'network' },
+        { type: 'ipc' },
+        { type: 'uts' },
+        { type: 'mount' },
+        { type: 'cgroup' },
+      ],
+      cgroupsPath: cgroupsPath,
+      resources: {
+        devices: [{ allow: false, access: 'rwm' }],
+        memory: { limit: memoryBytes, swap: memoryBytes },
+        pids: { limit: spec.resources.pids },
+        cpu: {
+          quota: Math.max(1000, Math.round(spec.resources.cpu * CPU_PERIOD_US)),
+          period: CPU_PERIOD_US,
+          shares: spec.qos === 'latency' ? 1024 : 2,
+        },
+      },
+      maskedPaths: MASKED_PATHS,
+      readonlyPaths: READONLY_PATHS,
+      seccomp: defaultSeccompProfile(),
+    },
+  };
+}

@@ -1,0 +1,37 @@
+import { readFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { z } from 'zod';
+import { parseAt, writeFileAtomic } from '../../common/index.ts';
+
+/** What a container sandbox's folder records about it, so any process can list, kill or reap it. */
+export const containerStateSchema = z.object({
+  id: z.string(),
+  backend: z.literal('container'),
+  owner: z.object({ pid: z.number().int(), startTime: z.number() }),
+  createdAt: z.string(),
+  layers: z.array(z.string()),
+  labels: z.record(z.string(), z.string()),
+});
+
+export type ContainerState = z.infer<typeof containerStateSchema>;
+
+export const STATE_FILE = 'state.json';
+
+export function writeContainerState(dir: string, state: ContainerState): Promise<void> {
+  return writeFileAtomic(join(dir, STATE_FILE), JSON.stringify(state, null, 2));
+}
+
+/** The recorded state, or undefined for a folder whose creation never got that far. */
+export async function readContainerState(dir: string): Promise<ContainerState | undefined> {
+  let text: string;
+  try {
+    text = await readFile(join(dir, STATE_FILE), 'utf8');
+  } catch {
+    return undefined;
+  }
+  try {
+    return parseAt(containerStateSchema, JSON.parse(text), `sandbox state ${join(dir, STATE_FILE)}`);
+  } catch {
+    return undefined;
+  }
+}

@@ -1,0 +1,172 @@
+import type { FailureReason } from '../common/index.ts';
+
+/** The four kinds of sandbox behind one API. */
+export type BackendName = 'container' | 'fncall' | 'microvm' | 'vm';
+
+/** Latency-sensitive sandboxes get the CPU first; best-effort ones yield to them. */
+export type QosClass = 'latency' | 'best_effort';
+
+/** Lifecycle states, as in design.md. */
+export type SandboxState = 'creating' | 'running' | 'paused' | 'hibernated' | 'stopping' | 'stopped' | 'failed';
+
+/** Cancellation and deadline for any async call. */
+export interface CallOptions {
+  signal?: AbortSignal;
+  timeoutMs?: number;
+}
+
+/** An EROFS layer image in the store, as a backend needs it. */
+export interface LayerImage {
+  digest: string;
+  path: string;
+}
+
+/** Resource caps of one sandbox, already validated. */
+export interface SandboxResources {
+  /** CPU cores (fractions allowed); enforced as a CFS quota. */
+  cpu: number;
+  memoryMib: number;
+  pids: number;
+  /** Bytes captured per command and stream; the rest is counted and reported as truncated. */
+  outputCapBytes: number;
+}
+
+/** A fully resolved sandbox request, as a backend receives it. */
+export interface SandboxSpec {
+  id: string;
+  /** Base first, top last. */
+  layers: LayerImage[];
+  env: Record<string, string>;
+  workdir: string;
+  resources: SandboxResources;
+  qos: QosClass;
+  labels: Record<string, string>;
+}
+
+/** What a backend can and cannot do. An operation it cannot do fails with `unsupported`. */
+export interface BackendCapabilities {
+  pause: boolean;
+  hibernate: boolean;
+  /** How deep a checkpoint goes: nothing, the filesystem, or memory and processes too. */
+  checkpoint: 'none' | 'disk' | 'memory';
+  fork: boolean;
+  shellSessions: boolean;
+  /** Whether a sandbox has its own network namespace (loopback only unless a policy opens it). */
+  ownNetwork: boolean;
+}
+
+/** Options of one command. */
+export interface ExecOptions extends CallOptions {
+  cwd?: string;
+  env?: Record<string, string>;
+  stdin?: string | Uint8Array;
+  /** Bytes captured per stream; defaults to the sandbox's cap. */
+  outputCapBytes?: number;
+}
+
+/** How a command ended. `stdout`/`stderr` hold at most the output cap, decoded as UTF-8. */
+export interface ExecResult {
+  exitCode: number | null;
+  /** The signal that ended it, e.g. "SIGKILL", or null. */
+  signal: string | null;
+  stdout: string;
+  stderr: string;
+  stdoutBytes: number;
+  stderrBytes: number;
+  stdoutTruncated: boolean;
+  stderrTruncated: boolean;
+  timedOut: boolean;
+  /** Killed by the kernel's OOM killer at the sandbox's memory limit. */
+  oomKilled: boolean;
+  durationMs: number;
+}
+
+/** A piece of a running command's output. */
+export interface ExecChunk {
+  stream: 'stdout' | 'stderr';
+  data: Buffer;
+}
+
+/** A running command: its output as it arrives, and its result when it ends. */
+export interface ExecStream {
+  output: AsyncIterable<ExecChunk>;
+  result: Promise<ExecResult>;
+}
+
+/** One entry of a directory listing. */
+export interface DirEntry {
+  name: string;
+  type: 'file' | 'dir' | 'symlink' | 'other';
+  size: number;
+  mode: number;
+}
+
+/** Measured use of one sandbox. */
+export interface SandboxStats {
+  state: SandboxState;
+  memoryBytes: number;
+  pids: number;
+  cpuUsageMs: number;
+  oomKills: number;
+}
+
+/** Options for {@link BackendSandbox.writeFile}. */
+export interface WriteFileOptions extends CallOptions {
+  mode?: number;
+}
+
+/** Options for {@link BackendSandbox.readFile}. */
+export interface ReadFileOptions extends CallOptions {
+  maxBytes?: number;
+}
+
+/** One live sandbox of a backend. */
+export interface BackendSandbox extends AsyncDisposable {
+  readonly id: string;
+  readonly backend: BackendName;
+  readonly state: SandboxState;
+  /** Set once the sandbox failed. */
+  readonly failure: FailureReason | undefined;
+  exec(argv: string[], options?: ExecOptions): Promise<ExecResult>;
+  execStream(argv: string[], options?: ExecOptions): ExecStream;
+  readFile(path: string, options?: ReadFileOptions): Promise<Buffer>;
+  writeFile(path: string, data: string | Uint8Array, options?: WriteFileOptions): Promise<void>;
+  listDir(path: string, options?: CallOptions): Promise<DirEntry[]>;
+  pause(options?: CallOptions): Promise<void>;
+  resume(options?: CallOptions): Promise<void>;
+  stats(options?: CallOptions): Promise<SandboxStats>;
+  /** Destroys the sandbox and everything it holds. Idempotent. */
+  close(): Promise<void>;
+}
+
+/** What a garbage collection removed. */
+export interface GcReport {
+  sandboxes: string[];
+  mounts: string[];
+  cgroups: string[];
+}
+
+/** A sandbox found on this node, owned by this process or another. */
+export interface SandboxRecord {
+  id: string;
+  backend: BackendName;
+  state: 'running' | 'paused' | 'orphaned';
+  ownerPid: number;
+  createdAt: string;
+  labels: Record<string, string>;
+}
+
+/** One kind of sandbox. Every backend passes the same conformance suite. */
+export interface Backend extends AsyncDisposable {
+  readonly name: BackendName;
+  readonly capabilities: BackendCapabilities;
+  create(spec: SandboxSpec, options?: CallOptions): Promise<BackendSandbox>;
+  /** Sandboxes of this backend on this node, from every process that shares the data dir. */
+  list(): Promise<SandboxRecord[]>;
+  /** Destroys a sandbox by id, whichever process owns it. */
+  kill(id: string): Promise<void>;
+  /** Removes what dead owners left behind: sandboxes, mounts, cgroups. */
+  gc(): Promise<GcReport>;
+  /** Destroys this process's sandboxes. Idempotent. */
+  close(): Promise<void>;
+}

@@ -1,0 +1,218 @@
+import { readFile, writeFile, rmdir, mkdir, readdir } from 'node:fs/promises';
+import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { SandgymError } from '../../common/index.ts';
+import { readMounts } from './mountinfo.ts';
+
+/**
+ * Where this host keeps its cgroups. Detected, never assumed:
+ * - `v2`: one unified hierarchy at /sys/fs/cgroup;
+ * - `v1`: one hierarchy per controller, and maybe (hybrid) a controller-less cgroup2 mount.
+ */
+export type CgroupLayout =
+  | { kind: 'v2'; root: string }
+  | { kind: 'v1'; controllers: Record<string, string>; unified: string | undefined };
+
+/** Reads the host's cgroup mounts. */
+export async function detectCgroupLayout(): Promise<CgroupLayout> {
+  const mounts = await readMounts();
+  const rootV2 = mounts.find((m) => m.fsType === 'cgroup2' && m.mountPoint === '/sys/fs/cgroup');
+  if (rootV2) return { kind: 'v2', root: rootV2.mountPoint };
+  const controllers: Record<string, string> = {};
+  let unified: string | undefined;
+  for (const m of mounts) {
+    if (m.fsType === 'cgroup2') unified ??= m.mountPoint;
+    if (m.fsType !== 'cgroup') continue;
+    const name = m.mountPoint.split('/').pop() ?? '';
+    for (const controller of name.split(',')) controllers[controller] ??= m.mountPoint;
+  }
+  for (const needed of ['memory', 'pids', 'cpu']) {
+    if (!controllers[needed]) {
+      throw new SandgymError('failed_precondition', `The cgroup v1 "${needed}" controller is not mounted on this host`);
+    }
+  }
+  return { kind: 'v1', controllers, unified };
+}
+
+/** The cgroup folder all sandgym sandboxes live under, in every hierarchy. */
+export const CGROUP_PARENT = 'sandgym';
+
+async function readText(path: string): Promise<string | undefined> {
+  try {
+    return await readFile(path, 'utf8');
+  } catch {
+    return undefined;
+  }
+}
+
+function counter(text: string | undefined, key: string): number {
+  const line = text?.split('\n').find((l) => l.startsWith(`${key} `));
+  return line ? Number(line.slice(key.length + 1)) : 0;
+}
+
+/** Measured use of one sandbox cgroup. */
+export interface CgroupUsage {
+  memoryBytes: number;
+  pids: number;
+  cpuUsageMs: number;
+  oomKills: number;
+}
+
+/**
+ * The cgroups of one sandbox. The OCI runtime creates and limits them from the bundle's
+ * `cgroupsPath`; this class reads them, freezes them and removes what a crash left behind.
+ */
+export class SandboxCgroup {
+  /** Relative path inside each hierarchy, as the runtime's cgroupsPath. */
+  readonly relativePath: string;
+
+  constructor(
+    private readonly layout: CgroupLayout,
+    sandboxId: string,
+  ) {
+    this.relativePath = `${CGROUP_PARENT}/${sandboxId}`;
+  }
+
+  /**
+   * The cgroup2 leaf used for freezing on a hybrid host. The runtime manages only the v1
+   * hierarchies there, so the launcher joins this leaf itself (see agent/launch.c).
+   */
+  get freezeLeaf(): string | undefined {
+    return this.layout.kind === 'v1' && this.layout.unified ? join(this.layout.unified, this.relativePath) : undefined;
+  }
+
+  /** Creates what the runtime does not: the hybrid freeze leaf. Returns files the launcher joins. */
+  async prepare(): Promise<string[]> {
+    const leaf = this.freezeLeaf;
+    if (!leaf) return [];
+    await mkdir(leaf, { recursive: true });
+    return [join(leaf, 'cgroup.procs')];
+  }
+
+  /** Every folder of this sandbox, in every hierarchy. */
+  allPaths(): string[] {
+    if (this.layout.kind === 'v2') return [join(this.layout.root, this.relativePath)];
+    const paths = [...new Set(Object.values(this.layout.controllers))].map((m) => join(m, this.relativePath));
+    const leaf = this.freezeLeaf;
+    return leaf ? [...paths, leaf] : paths;
+  }
+
+  private v1(controller: string, file: string): string {
+    if (this.layout.kind !== 'v1') throw new Error('not a v1 host');
+    return join(this.layout.controllers[controller] ?? '', this.relativePath, file);
+  }
+
+  private v2(file: string): string {
+    if (this.layout.kind !== 'v2') throw new Error('not a v2 host');
+    return join(this.layout.root, this.relativePath, file);
+  }
+
+  /** Memory, pids, CPU time and OOM kills, straight from the kernel's counters. */
+  async usage(): Promise<CgroupUsage> {
+    if (this.layout.kind === 'v2') {
+      const [memory, pids, cpu, events] = await Promise.all([
+        readText(this.v2('memory.current')),
+        readText(this.v2('pids.current')),
+        readText(this.v2('cpu.stat')),
+        readText(this.v2('memory.events')),
+      ]);
+      return {
+        memoryBytes: Number(memory ?? 0),
+        pids: Number(pids ?? 0),
+        cpuUsageMs: counter(cpu, 'usage_usec') / 1000,
+        oomKills: counter(events, 'oom_kill'),
+      };
+    }
+    const [memory, pids, cpu, oom] = await Promise.all([
+      readText(this.v1('memory', 'memory.usage_in_bytes')),
+      readText(this.v1('pids', 'pids.current')),
+      readText(this.v1('cpuacct', 'cpuacct.usage')),
+      readText(this.v1('memory', 'memory.oom_control')),
+    ]);
+    return {
+      memoryBytes: Number(memory ?? 0),
+      pids: Number(pids ?? 0),
+      cpuUsageMs: Number(cpu ?? 0) / 1e6,
+      oomKills: counter(oom, 'oom_kill'),
+    };
+  }
+
+  /** Freezes (or thaws) every process of the sandbox and waits until the kernel reports it done. */
+  async setFrozen(frozen: boolean): Promise<void> {
+    const v2Dir = this.layout.kind === 'v2' ? join(this.layout.root, this.relativePath) : this.freezeLeaf;
+    if (v2Dir) {
+      await writeFile(join(v2Dir, 'cgroup.freeze'), frozen ? '1' : '0');
+      await this.waitFor(join(v2Dir, 'cgroup.events'), (t) => counter(t, 'frozen') === (frozen ? 1 : 0));
+      return;
+    }
+    const state = this.v1('freezer', 'freezer.state');
+    await writeFile(state, frozen ? 'FROZEN' : 'THAWED');
+    await this.waitFor(state, (t) => t.trim() === (frozen ? 'FROZEN' : 'THAWED'));
+  }
+
+  /** True while the sandbox is frozen. */
+  async isFrozen(): Promise<boolean> {
+    const v2Dir = this.layout.kind === 'v2' ? join(this.layout.root, this.relativePath) : this.freezeLeaf;
+    if (v2Dir) return counter(await readText(join(v2Dir, 'cgroup.events')), 'frozen') === 1;
+    return (await readText(this.v1('freezer', 'freezer.state')))?.trim() === 'FROZEN';
+  }
+
+  private async waitFor(file: string, done: (text: string) => boolean): Promise<void> {
+    for (let delayMs = 1; delayMs < 2000; delayMs *= 2) {
+      if (done((await readText(file)) ?? '')) return;
+      await sleep(delayMs);
+    }
+    throw new SandgymError('platform_error', `Timed out waiting for ${file} to change state`, { retryable: true });
+  }
+
+  /** Pids of every process in the sandbox, from all hierarchies. */
+  async processes(): Promise<number[]> {
+    const pids = new Set<number>();
+    for (const dir of this.allPaths()) {
+      const text = await readText(join(dir, 'cgroup.procs'));
+      for (const line of text?.split('\n') ?? []) if (line) pids.add(Number(line));
+    }
+    return [...pids];
+  }
+
+  /** Removes the sandbox's folders; a folder still holding processes is retried briefly. */
+  async remove(): Promise<string[]> {
+    const removed: string[] = [];
+    for (const dir of this.allPaths()) {
+      for (let attempt = 0; ; attempt++) {
+        try {
+          await rmdir(dir);
+          removed.push(dir);
+          break;
+        } catch (error) {
+          const code = (error as NodeJS.ErrnoException).code;
+          if (code === 'ENOENT') break;
+          if (code !== 'EBUSY' || attempt >= 40) {
+            throw new SandgymError('platform_error', `Cannot remove cgroup ${dir}: ${code}`, { cause: error });
+          }
+          await sleep(25);
+        }
+      }
+    }
+    return removed;
+  }
+}
+
+/** Sandbox ids that have a cgroup folder in any hierarchy of this host. */
+export async function listSandboxCgroups(layout: CgroupLayout): Promise<string[]> {
+  const roots =
+    layout.kind === 'v2'
+      ? [layout.root]
+      : [...new Set(Object.values(layout.controllers)), ...(layout.unified ? [layout.unified] : [])];
+  const ids = new Set<string>();
+  for (const root of roots) {
+    try {
+      for (const entry of await readdir(join(root, CGROUP_PARENT), { withFileTypes: true })) {
+        if (entry.isDirectory()) ids.add(entry.name);
+      }
+    } catch {
+      // no sandgym folder in this hierarchy
+    }
+  }
+  return [...ids];
+}

@@ -1,0 +1,93 @@
+import { mkdir, readdir, rmdir, statfs } from 'node:fs/promises';
+import { join } from 'node:path';
+import { SandgymError } from '../../common/index.ts';
+import type { LayerImage } from '../contract.ts';
+import { runProgram } from './run-program.ts';
+
+const EROFS_MAGIC = 0xe0f5e1e2;
+
+async function isErofsMount(path: string): Promise<boolean> {
+  try {
+    return (await statfs(path)).type === EROFS_MAGIC;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * The node's layer mounts: each EROFS image is mounted once, read-only, straight from the store
+ * file, and every sandbox on the node stacks the same mount. Read-only data is in the page cache
+ * once. Unmounting is left to {@link LayerMounts.unmountIdle}; the kernel refuses to unmount a
+ * layer that a live overlay still uses, which makes it safe across processes.
+ */
+export class LayerMounts {
+  private readonly inFlight = new Map<string, Promise<string>>();
+  private readonly users = new Map<string, number>();
+
+  constructor(
+    private readonly mountsDir: string,
+    private readonly helperPath: string,
+  ) {}
+
+  /** Mount points for the layers, base first; mounts what is not mounted yet. */
+  async acquire(layers: LayerImage[]): Promise<string[]> {
+    const points = await Promise.all(layers.map((layer) => this.mountOnce(layer)));
+    for (const layer of layers) this.users.set(layer.digest, (this.users.get(layer.digest) ?? 0) + 1);
+    return points;
+  }
+
+  /** Drops this process's use of the layers. */
+  release(layers: LayerImage[]): void {
+    for (const layer of layers) {
+      const left = (this.users.get(layer.digest) ?? 1) - 1;
+      if (left > 0) this.users.set(layer.digest, left);
+      else this.users.delete(layer.digest);
+    }
+  }
+
+  private mountOnce(layer: LayerImage): Promise<string> {
+    const existing = this.inFlight.get(layer.digest);
+    if (existing) return existing;
+    const mounting = this.mount(layer).finally(() => this.inFlight.delete(layer.digest));
+    this.inFlight.set(layer.digest, mounting);
+    return mounting;
+  }
+
+  private async mount(layer: LayerImage): Promise<string> {
+    const point = join(this.mountsDir, layer.digest.replace(/^sha256:/, ''));
+    if (await isErofsMount(point)) return point;
+    await mkdir(point, { recursive: true });
+    try {
+      await runProgram(this.helperPath, ['mount-erofs', layer.path, point], { timeoutMs: 30_000 });
+    } catch (error) {
+      throw new SandgymError('platform_error', `Cannot mount layer ${layer.digest} from ${layer.path}`, { cause: error });
+    }
+    return point;
+  }
+
+  /** Unmounts every layer no sandbox uses; returns the mount points it removed. */
+  async unmountIdle(): Promise<string[]> {
+    let names: string[];
+    try {
+      names = await readdir(this.mountsDir);
+    } catch {
+      return [];
+    }
+    const removed: string[] = [];
+    for (const name of names) {
+      if (this.users.has(`sha256:${name}`)) continue;
+      const point = join(this.mountsDir, name);
+      let busy = false;
+      while (!busy && (await isErofsMount(point))) {
+        try {
+          await runProgram('umount', [point], { timeoutMs: 30_000 });
+          removed.push(point);
+        } catch {
+          busy = true; // a live sandbox, perhaps of another process, still stacks it
+        }
+      }
+      if (!busy) await rmdir(point).catch(() => undefined);
+    }
+    return removed;
+  }
+}

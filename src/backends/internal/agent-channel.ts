@@ -1,0 +1,143 @@
+import type { Readable, Writable } from 'node:stream';
+import { SandgymError, parseAt, type Codec, type SandgymErrorCode } from '../../common/index.ts';
+import {
+  MAX_FRAME_BYTES,
+  agentMessageSchema,
+  type AgentExit,
+  type AgentOk,
+  type AgentReady,
+} from './agent-protocol.ts';
+import { FrameReader, frame } from './frame-reader.ts';
+
+type OutputHandler = (stream: 'stdout' | 'stderr', data: Buffer) => void;
+
+interface Pending {
+  resolve(message: AgentOk | AgentExit): void;
+  reject(error: Error): void;
+  onOutput?: OutputHandler;
+}
+
+/** How the agent's error codes read to callers. */
+const AGENT_ERROR_CODES: Record<string, SandgymErrorCode> = {
+  invalid_path: 'invalid_argument',
+  bad_request: 'invalid_argument',
+  not_found: 'not_found',
+  permission_denied: 'permission_denied',
+  path_escape: 'permission_denied',
+  is_directory: 'failed_precondition',
+  not_directory: 'failed_precondition',
+  not_regular_file: 'failed_precondition',
+  file_too_large: 'resource_exhausted',
+  no_space: 'resource_exhausted',
+  busy: 'resource_exhausted',
+};
+
+/** Drops undefined fields: msgpack has no such type, and encoders disagree on how to send it. */
+function withoutUndefined(request: Record<string, unknown>): Record<string, unknown> {
+  return Object.fromEntries(Object.entries(request).filter(([, value]) => value !== undefined));
+}
+
+/** A request the host sends; the agent reads the fields its op needs. */
+export type AgentRequest = Record<string, unknown> & { op: string };
+
+/**
+ * The host end of the agent channel: framed msgpack over the pipes the sandbox's first process
+ * inherited. Requests carry ids, so any number of commands and file calls may be in flight.
+ */
+export class AgentChannel {
+  readonly ready: Promise<AgentReady>;
+  private readonly pending = new Map<number, Pending>();
+  private readonly reader = new FrameReader(MAX_FRAME_BYTES);
+  private nextId = 1;
+  private closedError: Error | undefined;
+  private settleReady!: { resolve(ready: AgentReady): void; reject(error: Error): void };
+
+  constructor(
+    private readonly input: Writable,
+    output: Readable,
+    private readonly codec: Codec,
+  ) {
+    this.ready = new Promise<AgentReady>((resolve, reject) => (this.settleReady = { resolve, reject }));
+    this.ready.catch(() => undefined); // observed by whoever awaits it; never an unhandled rejection
+    output.on('data', (chunk: Buffer) => this.receive(chunk));
+    output.on('close', () => this.fail(new SandgymError('agent_crash', 'The sandbox agent closed its channel')));
+    output.on('error', (error) => this.fail(new SandgymError('agent_crash', 'The agent channel failed', { cause: error })));
+    input.on('error', (error) => this.fail(new SandgymError('agent_crash', 'The agent channel failed', { cause: error })));
+  }
+
+  /** True once the channel is gone. */
+  get isClosed(): boolean {
+    return this.closedError !== undefined;
+  }
+
+  /** Sends a file or control request and resolves with the agent's `ok` reply. */
+  call(request: AgentRequest): Promise<AgentOk> {
+    return this.send(request).reply as Promise<AgentOk>;
+  }
+
+  /** Starts a command; output arrives through `onOutput`, the result when it ends. */
+  exec(request: AgentRequest, onOutput: OutputHandler): { id: number; exit: Promise<AgentExit> } {
+    const { id, reply } = this.send(request, onOutput);
+    return { id, exit: reply as Promise<AgentExit> };
+  }
+
+  /** Asks the agent to kill a running command. */
+  cancel(id: number): void {
+    if (!this.isClosed) this.send({ op: 'cancel', target: id }).reply.catch(() => undefined);
+  }
+
+  /** Rejects everything in flight. Later calls fail at once with the same error. */
+  fail(error: Error): void {
+    if (this.closedError) return;
+    this.closedError = error;
+    this.settleReady.reject(error);
+    for (const pending of this.pending.values()) pending.reject(error);
+    this.pending.clear();
+    this.input.destroy();
+  }
+
+  private send(request: AgentRequest, onOutput?: OutputHandler): { id: number; reply: Promise<AgentOk | AgentExit> } {
+    const id = this.nextId++;
+    const closed = this.closedError;
+    if (closed) return { id, reply: Promise.reject(closed) };
+    const reply = new Promise<AgentOk | AgentExit>((resolve, reject) => {
+      this.pending.set(id, onOutput ? { resolve, reject, onOutput } : { resolve, reject });
+      this.input.write(frame(this.codec.encode(withoutUndefined({ ...request, id }))));
+    });
+    return { id, reply };
+  }
+
+  /** Forgets a request whose caller gave up, so its late answer is dropped. */
+  forget(id: number, error: Error): void {
+    const pending = this.pending.get(id);
+    this.pending.delete(id);
+    pending?.reject(error);
+  }
+
+  private receive(chunk: Buffer): void {
+    try {
+      for (const body of this.reader.push(chunk)) this.dispatch(body);
+    } catch (error) {
+      this.fail(error instanceof Error ? error : new Error(String(error)));
+    }
+  }
+
+  private dispatch(body: Buffer): void {
+    const message = parseAt(agentMessageSchema, this.codec.decode(body), 'message from the sandbox agent');
+    if (message.t === 'ready') return this.settleReady.resolve(message);
+    const pending = this.pending.get(message.id);
+    if (!pending) return; // the caller gave up on it (abort); a late answer is dropped
+    switch (message.t) {
+      case 'out':
+        pending.onOutput?.(message.fd === 1 ? 'stdout' : 'stderr', Buffer.from(message.data));
+        return;
+      case 'error':
+        this.pending.delete(message.id);
+        pending.reject(new SandgymError(AGENT_ERROR_CODES[message.code] ?? 'platform_error', message.message));
+        return;
+      default:
+        this.pending.delete(message.id);
+        pending.resolve(message);
+    }
+  }
+}

@@ -1,0 +1,65 @@
+import { z } from 'zod';
+
+/** Schemas of what the in-sandbox agent sends. Its messages cross a trust boundary: validate all. */
+const bytes = z.instanceof(Uint8Array);
+const count = z.number().int().nonnegative();
+
+export const agentReadySchema = z.object({ t: z.literal('ready'), version: count, pid: count });
+
+export const agentOutputSchema = z.object({
+  t: z.literal('out'),
+  id: count,
+  fd: z.union([z.literal(1), z.literal(2)]),
+  data: bytes,
+});
+
+export const agentExitSchema = z.object({
+  t: z.literal('exit'),
+  id: count,
+  exitCode: z.number().int().nullable(),
+  signal: z.number().int().nullable(),
+  timedOut: z.boolean(),
+  cancelled: z.boolean(),
+  durationUs: count,
+  stdoutBytes: count,
+  stderrBytes: count,
+  stdoutTruncated: z.boolean(),
+  stderrTruncated: z.boolean(),
+});
+
+export const agentDirEntrySchema = z.object({
+  name: z.string(),
+  type: z.enum(['file', 'dir', 'symlink', 'other']),
+  size: count,
+  mode: count,
+});
+
+export const agentOkSchema = z.object({
+  t: z.literal('ok'),
+  id: count,
+  data: bytes.optional(),
+  entries: z.array(agentDirEntrySchema).optional(),
+});
+
+export const agentErrorSchema = z.object({
+  t: z.literal('error'),
+  id: count,
+  code: z.string(),
+  message: z.string(),
+});
+
+export const agentMessageSchema = z.discriminatedUnion('t', [
+  agentReadySchema,
+  agentOutputSchema,
+  agentExitSchema,
+  agentOkSchema,
+  agentErrorSchema,
+]);
+
+export type AgentReady = z.infer<typeof agentReadySchema>;
+export type AgentExit = z.infer<typeof agentExitSchema>;
+export type AgentOk = z.infer<typeof agentOkSchema>;
+export type AgentMessage = z.infer<typeof agentMessageSchema>;
+
+/** The largest frame either side sends; matches CHANNEL_MAX_FRAME in agent/channel.h. */
+export const MAX_FRAME_BYTES = 80 * 1024 * 1024;

@@ -1,0 +1,28 @@
+import { open, rename, rm } from 'node:fs/promises';
+import { dirname, basename, join } from 'node:path';
+import { randomBytes } from 'node:crypto';
+
+/**
+ * Writes a file so that a crash leaves either the old content or the new, never a torn file:
+ * write to a temp file beside it, fsync, rename over the target, fsync the directory.
+ */
+export async function writeFileAtomic(path: string, data: string | Uint8Array): Promise<void> {
+  const temp = join(dirname(path), `.${basename(path)}.${randomBytes(6).toString('hex')}.tmp`);
+  const file = await open(temp, 'w', 0o644);
+  try {
+    await file.writeFile(data);
+    await file.sync();
+  } catch (error) {
+    await file.close();
+    await rm(temp, { force: true });
+    throw error;
+  }
+  await file.close();
+  await rename(temp, path);
+  const dir = await open(dirname(path), 'r');
+  try {
+    await dir.sync();
+  } finally {
+    await dir.close();
+  }
+}

@@ -1,0 +1,32 @@
+import { randomBytes } from 'node:crypto';
+import { SandgymError } from './errors.ts';
+
+/** Node ids are short lowercase names, so sandbox ids stay valid cgroup, path and runtime names. */
+const NODE_ID = /^[a-z0-9]{1,32}$/;
+const SANDBOX_ID = /^sg-([a-z0-9]{1,32})-([a-z0-9]{12})$/;
+const ALPHABET = 'abcdefghijklmnopqrstuvwxyz0123456789';
+
+/** A new sandbox id that names its owning node, so any replica can route a call for it. */
+export function newSandboxId(nodeId: string): string {
+  if (!NODE_ID.test(nodeId)) {
+    throw new SandgymError('invalid_argument', `Node id "${nodeId}" must be 1-32 lowercase letters or digits`);
+  }
+  const bytes = randomBytes(12);
+  let suffix = '';
+  for (const byte of bytes) suffix += ALPHABET[byte % ALPHABET.length];
+  return `sg-${nodeId}-${suffix}`;
+}
+
+/** True for a well-formed sandbox id. */
+export function isSandboxId(id: string): boolean {
+  return SANDBOX_ID.test(id);
+}
+
+/** The node that owns a sandbox id, or a typed error that names the malformed id. */
+export function nodeOfSandboxId(id: string): string {
+  const match = SANDBOX_ID.exec(id);
+  if (!match?.[1]) {
+    throw new SandgymError('invalid_argument', `"${id}" is not a sandbox id (expected sg-<node>-<12 chars>)`);
+  }
+  return match[1];
+}

@@ -1,0 +1,15 @@
+import type { z } from 'zod';
+import { SandgymError } from './errors.ts';
+
+/**
+ * Parses `value` at a trust boundary. On failure the error names where the value came from and
+ * every field that is wrong, so the caller knows what to change.
+ */
+export function parseAt<T extends z.ZodType>(schema: T, value: unknown, where: string): z.infer<T> {
+  const result = schema.safeParse(value);
+  if (result.success) return result.data;
+  const problems = result.error.issues
+    .map((issue) => `${issue.path.length ? issue.path.join('.') : '(root)'}: ${issue.message}`)
+    .join('; ');
+  throw new SandgymError('invalid_argument', `Invalid ${where}: ${problems}`);
+}
