@@ -23,3 +23,11 @@ export type {
   SandboxStats,
   WriteFileOptions,
 } from './contract.ts';
+export { buildErofsImage } from './host/erofs.ts';
+export { buildBusyboxRootfs, buildDebianRootfs } from './host/base-rootfs.ts';
+export type { DebianRootfsOptions } from './host/base-rootfs.ts';
+export { runProgram } from './host/run-program.ts';
+export { prepareHost } from './host/host-setup.ts';
+export type { HostReport } from './host/host-setup.ts';
+export { agentBinaryPath, hostProgram } from './host/paths.ts';
+export { detectCgroupLayout } from './host/cgroups.ts';

@@ -1,0 +1,11 @@
+import { benchCreate } from './create.ts';
+import { benchExec } from './exec.ts';
+import type { BenchOptions, BenchReport } from './report.ts';
+
+/** Every benchmark by name, in the order `sandgym bench` runs them. */
+export const BENCHMARKS: Record<string, (options: BenchOptions) => Promise<BenchReport>> = {
+  create: benchCreate,
+  exec: benchExec,
+};
+
+export type { BenchReport, BenchOptions, Metric } from './report.ts';

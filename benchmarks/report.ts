@@ -1,0 +1,45 @@
+import { cpus, release, totalmem } from 'node:os';
+
+/** One measured figure; `ratio = value / baseline` for a baseline measured in the same run. */
+export interface Metric {
+  value: number;
+  unit: string;
+  baseline?: number;
+  ratio?: number;
+}
+
+/** The JSON document every benchmark writes, as design.md gives it. */
+export interface BenchReport {
+  bench: string;
+  host: { cpus: number; memoryGiB: number; kernel: string; node: string; cpuModel: string };
+  metrics: Record<string, Metric>;
+}
+
+export function hostInfo(): BenchReport['host'] {
+  return {
+    cpus: cpus().length,
+    memoryGiB: Math.round((totalmem() / 2 ** 30) * 10) / 10,
+    kernel: release(),
+    node: process.version,
+    cpuModel: cpus()[0]?.model ?? 'unknown',
+  };
+}
+
+/** The q-quantile (0..1) of samples, nearest-rank. */
+export function quantile(samples: number[], q: number): number {
+  const sorted = [...samples].sort((a, b) => a - b);
+  const rank = Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1));
+  return sorted[rank] ?? Number.NaN;
+}
+
+/** A metric compared with its baseline. */
+export function compared(value: number, baseline: number, unit = 'ms'): Metric {
+  const round = (n: number): number => Math.round(n * 1000) / 1000;
+  return { value: round(value), unit, baseline: round(baseline), ratio: round(value / baseline) };
+}
+
+/** Options every benchmark takes. */
+export interface BenchOptions {
+  /** Progress lines go here (stderr), so stdout stays one JSON document. */
+  progress(message: string): void;
+}

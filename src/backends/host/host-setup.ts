@@ -1,0 +1,59 @@
+import { existsSync } from 'node:fs';
+import { readFile } from 'node:fs/promises';
+import { SandgymError, type Logger } from '../../common/index.ts';
+import { detectCgroupLayout, type CgroupLayout } from './cgroups.ts';
+import { runProgram } from './run-program.ts';
+
+/** Host programs the backends, base layers and benchmarks use, and the Debian package of each. */
+const REQUIRED_PROGRAMS: Record<string, string> = {
+  crun: 'crun',
+  'mkfs.erofs': 'erofs-utils',
+  debootstrap: 'debootstrap',
+  busybox: 'busybox-static',
+  ip: 'iproute2',
+  nsenter: 'util-linux',
+  unshare: 'util-linux',
+  hyperfine: 'hyperfine',
+};
+
+function hasProgram(name: string): boolean {
+  return ['/usr/local/bin', '/usr/bin', '/bin', '/usr/sbin', '/sbin'].some((dir) => existsSync(`${dir}/${name}`));
+}
+
+/** What {@link prepareHost} found and did. */
+export interface HostReport {
+  installedPackages: string[];
+  cgroups: CgroupLayout['kind'];
+  hybridCgroups: boolean;
+}
+
+/**
+ * Prepares this host for sandboxes: installs missing Debian packages with apt-get and checks
+ * the kernel features (overlayfs, EROFS, namespaces, cgroups). Idempotent.
+ */
+export async function prepareHost(logger: Logger): Promise<HostReport> {
+  if (process.getuid?.() !== 0) {
+    throw new SandgymError('permission_denied', 'sandgym setup must run as root: it installs packages and mounts filesystems');
+  }
+  const missing = [...new Set(Object.entries(REQUIRED_PROGRAMS).filter(([p]) => !hasProgram(p)).map(([, pkg]) => pkg))];
+  if (missing.length > 0) {
+    logger.info({ packages: missing }, 'installing Debian packages');
+    const env = { DEBIAN_FRONTEND: 'noninteractive' };
+    await runProgram('apt-get', ['update', '-qq'], { timeoutMs: 10 * 60_000, env });
+    await runProgram('apt-get', ['install', '-y', '-qq', '--no-install-recommends', ...missing], { timeoutMs: 20 * 60_000, env });
+  }
+  for (const fs of ['overlay', 'erofs']) {
+    const known = await readFile('/proc/filesystems', 'utf8');
+    if (known.includes(`\t${fs}\n`)) continue;
+    await runProgram('modprobe', [fs]).catch(() => undefined);
+    if (!(await readFile('/proc/filesystems', 'utf8')).includes(`\t${fs}\n`)) {
+      throw new SandgymError('failed_precondition', `This kernel has no ${fs} filesystem: load its module or use a newer kernel`);
+    }
+  }
+  const layout = await detectCgroupLayout();
+  return {
+    installedPackages: missing,
+    cgroups: layout.kind,
+    hybridCgroups: layout.kind === 'v1' && layout.unified !== undefined,
+  };
+}

@@ -1,0 +1,40 @@
+import { parseArgs, type ParseArgsConfig } from 'node:util';
+import { UsageError } from './exit-codes.ts';
+
+type Options = NonNullable<ParseArgsConfig['options']>;
+
+/** Parsed options and positionals of one subcommand. */
+export interface ParsedCommandArgs {
+  values: Record<string, string | boolean | undefined>;
+  positionals: string[];
+}
+
+/** Parses a subcommand's arguments strictly; anything unknown is a usage error naming it. */
+export function parseCommandArgs(command: string, args: string[], options: Options): ParsedCommandArgs {
+  try {
+    const parsed = parseArgs({ args, options, strict: true, allowPositionals: true });
+    return { values: parsed.values as ParsedCommandArgs['values'], positionals: parsed.positionals };
+  } catch (error) {
+    throw new UsageError(`sandgym ${command}: ${(error as Error).message}`);
+  }
+}
+
+/** Splits arguments at the first "--": options before it, a command after it. */
+export function splitAtDoubleDash(args: string[]): { before: string[]; after: string[] } {
+  const at = args.indexOf('--');
+  return at < 0 ? { before: args, after: [] } : { before: args.slice(0, at), after: args.slice(at + 1) };
+}
+
+/** Reads a positive integer option, or undefined when absent. */
+export function positiveInt(name: string, value: string | undefined): number | undefined {
+  if (value === undefined) return undefined;
+  const n = Number(value);
+  if (!Number.isInteger(n) || n <= 0) throw new UsageError(`--${name} must be a positive integer, got "${value}"`);
+  return n;
+}
+
+/** A string option's value, or undefined when absent. */
+export function text(parsed: ParsedCommandArgs, name: string): string | undefined {
+  const value = parsed.values[name];
+  return typeof value === 'string' ? value : undefined;
+}

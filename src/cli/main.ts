@@ -1,0 +1,49 @@
+#!/usr/bin/env node
+import { benchCommand } from './commands/bench.ts';
+import { gcCommand, killCommand, psCommand } from './commands/ps.ts';
+import { runCommand } from './commands/run.ts';
+import { setupCommand } from './commands/setup.ts';
+import { EXIT, UsageError, describeFailure } from './exit-codes.ts';
+
+const USAGE = `usage: sandgym COMMAND [ARGS]
+
+  setup                                   prepare this host: Debian packages, kernel checks, base layers
+  run [--backend B] [--env E] [--json] [--timeout-ms N] [--memory-mib N] -- CMD ...
+                                          one sandbox, one command: output, exit code, teardown
+  ps [--json]                             live sandboxes on this node
+  kill ID ...                             destroy sandboxes, whichever process owns them
+  gc [--json]                             reap what crashed owners left behind
+  bench [NAME ...] [--json [OUT]]         benchmarks beside their baselines (create, exec)
+
+Exit codes: 0 success, 1 the command failed, 2 bad usage or input, 3 infrastructure failure.`;
+
+const COMMANDS: Record<string, (args: string[]) => Promise<number>> = {
+  setup: setupCommand,
+  run: runCommand,
+  ps: psCommand,
+  kill: killCommand,
+  gc: gcCommand,
+  bench: benchCommand,
+};
+
+async function main(argv: string[]): Promise<number> {
+  const [name, ...args] = argv;
+  if (!name || name === '--help' || name === '-h' || name === 'help') {
+    console.log(USAGE);
+    return name ? EXIT.ok : EXIT.usage;
+  }
+  const command = COMMANDS[name];
+  if (!command) throw new UsageError(`unknown command "${name}"; run sandgym --help`);
+  return command(args);
+}
+
+main(process.argv.slice(2)).then(
+  (code) => {
+    process.exitCode = code;
+  },
+  (error: unknown) => {
+    const { code, message } = describeFailure(error);
+    console.error(`sandgym: ${message}`);
+    process.exitCode = code;
+  },
+);

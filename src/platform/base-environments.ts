@@ -1,0 +1,61 @@
+import { rm } from 'node:fs/promises';
+import { buildBusyboxRootfs, buildDebianRootfs } from '../backends/index.ts';
+import type { Logger } from '../common/index.ts';
+import type { LayerStore } from './layer-store.ts';
+
+/** A base environment that `sandgym setup` builds once and caches in the store. */
+interface BaseEnvironment {
+  ref: string;
+  description: string;
+  build(dir: string): Promise<void>;
+  createdFrom: string;
+}
+
+const DEBIAN_PACKAGES = ['python3', 'git', 'ca-certificates'];
+
+function baseEnvironments(): BaseEnvironment[] {
+  const mirror = process.env['SANDGYM_DEBIAN_MIRROR'] ?? 'http://deb.debian.org/debian';
+  return [
+    {
+      ref: 'busybox:latest',
+      description: 'Debian busybox-static and its applets: a tiny root for fast tests',
+      build: buildBusyboxRootfs,
+      createdFrom: 'busybox-static',
+    },
+    {
+      ref: 'debian:bookworm',
+      description: `Debian 12 minbase with ${DEBIAN_PACKAGES.join(', ')}`,
+      build: (dir) => buildDebianRootfs(dir, { suite: 'bookworm', mirror, packages: DEBIAN_PACKAGES }),
+      createdFrom: `debootstrap --variant=minbase bookworm ${mirror}`,
+    },
+  ];
+}
+
+/** The environment `sandgym run` uses when none is named. */
+export const DEFAULT_ENVIRONMENT = 'debian:bookworm';
+
+/** Builds every base environment the store lacks. Idempotent: a present one is skipped. */
+export async function ensureBaseEnvironments(store: LayerStore, logger: Logger): Promise<string[]> {
+  const built: string[] = [];
+  for (const base of baseEnvironments()) {
+    if (store.hasEnvironment(base.ref)) continue;
+    logger.info({ environment: base.ref }, 'building base environment');
+    const dir = await store.scratch('rootfs');
+    try {
+      await base.build(dir);
+      const layer = await store.addLayerFromDirectory(dir, base.createdFrom);
+      const [name = '', version = ''] = base.ref.split(':');
+      await store.putEnvironment({
+        name,
+        version,
+        layers: [layer.digest],
+        config: { env: {}, workdir: '/', user: 'root' },
+        description: base.description,
+      });
+      built.push(base.ref);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  }
+  return built;
+}

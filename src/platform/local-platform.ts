@@ -1,0 +1,108 @@
+import { resolve, join } from 'node:path';
+import { ContainerBackend, type CallOptions, type GcReport, type SandboxRecord } from '../backends/index.ts';
+import { SandgymError, newSandboxId, parseAt, silentLogger, type Logger } from '../common/index.ts';
+import { LayerStore, type Environment } from './layer-store.ts';
+import type { PlatformClient, Sandbox } from './platform-client.ts';
+import { sandboxRequestSchema, type SandboxRequest } from './sandbox-request.ts';
+
+/** Options for {@link Platform.local}. */
+export interface LocalPlatformOptions {
+  /** Node data: sandboxes, layer mounts, runtime state. Default: $SANDGYM_DATA_DIR or ./.sandgym. */
+  dataDir?: string;
+  /** The layer store. Default: $SANDGYM_STORE or <dataDir>/store. */
+  storeDir?: string;
+  logger?: Logger;
+}
+
+/** Where the embedded platform keeps its data when not told otherwise. */
+export function defaultDataDir(): string {
+  return resolve(process.env['SANDGYM_DATA_DIR'] ?? '.sandgym');
+}
+
+/** Where the layer store is when not told otherwise. */
+export function defaultStoreDir(dataDir: string): string {
+  return resolve(process.env['SANDGYM_STORE'] ?? join(dataDir, 'store'));
+}
+
+const NODE_ID = 'local';
+
+/** The embedded platform: every component in this process, no servers. */
+class LocalPlatform implements PlatformClient {
+  private isClosed = false;
+
+  constructor(
+    readonly store: LayerStore,
+    private readonly container: ContainerBackend,
+    private readonly logger: Logger,
+  ) {}
+
+  async createSandbox(request: SandboxRequest = {}, options: CallOptions = {}): Promise<Sandbox> {
+    if (this.isClosed) throw new SandgymError('failed_precondition', 'The platform is closed');
+    const resolved = parseAt(sandboxRequestSchema, request, 'sandbox request');
+    if (resolved.backend !== 'container') {
+      throw new SandgymError('unsupported', `Backend "${resolved.backend}" is not available yet; use "container"`);
+    }
+    const environment = await this.store.getEnvironment(resolved.environment);
+    const id = newSandboxId(NODE_ID);
+    this.logger.debug({ id, environment: resolved.environment }, 'creating sandbox');
+    return this.container.create(
+      {
+        id,
+        layers: await this.store.layerImages(environment),
+        env: { ...environment.config.env, ...resolved.env },
+        workdir: resolved.workdir ?? environment.config.workdir,
+        resources: resolved.resources,
+        qos: resolved.qos,
+        labels: { ...resolved.labels, environment: `${environment.name}:${environment.version}` },
+      },
+      options,
+    );
+  }
+
+  listSandboxes(): Promise<SandboxRecord[]> {
+    return this.container.list();
+  }
+
+  killSandbox(id: string): Promise<void> {
+    return this.container.kill(id);
+  }
+
+  gc(): Promise<GcReport> {
+    return this.container.gc();
+  }
+
+  listEnvironments(): Promise<Environment[]> {
+    return this.store.listEnvironments();
+  }
+
+  async close(): Promise<void> {
+    if (this.isClosed) return;
+    this.isClosed = true;
+    await this.container.close();
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
+  }
+}
+
+/** Entry points to a platform. */
+export const Platform = {
+  /**
+   * The embedded platform: sandboxes run on this host, driven from this process.
+   *
+   * @example
+   * ```ts
+   * await using platform = await Platform.local();
+   * await using sandbox = await platform.createSandbox({ environment: 'debian:bookworm' });
+   * const result = await sandbox.exec(['python3', '-c', 'print(6*7)']);
+   * ```
+   */
+  async local(options: LocalPlatformOptions = {}): Promise<PlatformClient & { readonly store: LayerStore }> {
+    const dataDir = resolve(options.dataDir ?? defaultDataDir());
+    const logger = (options.logger ?? silentLogger()).child({ component: 'platform' });
+    const store = await LayerStore.open(options.storeDir ?? defaultStoreDir(dataDir));
+    const container = await ContainerBackend.create({ dataDir, logger });
+    return new LocalPlatform(store, container, logger);
+  },
+};

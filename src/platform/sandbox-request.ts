@@ -1,0 +1,37 @@
+import { z } from 'zod';
+import { DEFAULT_ENVIRONMENT } from './base-environments.ts';
+
+/** Below this the agent, the runtime's setup and a shell do not fit. */
+export const MIN_MEMORY_MIB = 16;
+
+/** What a caller asks for. Validated at createSandbox(); every field but the environment has a default. */
+export const sandboxRequestSchema = z.object({
+  backend: z.enum(['container', 'fncall', 'microvm', 'vm']).default('container'),
+  environment: z.string().default(DEFAULT_ENVIRONMENT),
+  resources: z
+    .object({
+      cpu: z.number().positive().max(1024).default(1),
+      memoryMib: z
+        .number()
+        .int()
+        .min(MIN_MEMORY_MIB, `memoryMib must be at least ${MIN_MEMORY_MIB}: the agent and runtime need it`)
+        .default(512),
+      pids: z.number().int().min(8, 'pids must be at least 8').default(512),
+      outputCapBytes: z
+        .number()
+        .int()
+        .positive()
+        .max(64 * 1024 * 1024)
+        .default(1024 * 1024),
+    })
+    .prefault({}),
+  qos: z.enum(['latency', 'best_effort']).default('latency'),
+  env: z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'env names are letters, digits and _'), z.string()).default({}),
+  workdir: z.string().startsWith('/', 'workdir must be absolute').optional(),
+  labels: z.record(z.string(), z.string()).default({}),
+});
+
+/** The caller's form of a sandbox request. */
+export type SandboxRequest = z.input<typeof sandboxRequestSchema>;
+/** A request with every default filled in. */
+export type ResolvedSandboxRequest = z.output<typeof sandboxRequestSchema>;
