@@ -20,7 +20,13 @@ import type {
   SandboxRecord,
   SandboxSpec,
 } from '../contract.ts';
-import { SandboxCgroup, detectCgroupLayout, listSandboxCgroups, type CgroupLayout } from '../host/cgroups.ts';
+import {
+  SandboxCgroup,
+  detectCgroupLayout,
+  listSandboxCgroups,
+  removeIdleParents,
+  type CgroupLayout,
+} from '../host/cgroups.ts';
 import { LayerMounts } from '../host/layer-mounts.ts';
 import { agentBinaryPath, hostProgram } from '../host/paths.ts';
 import { isAlive, processIdentity, signalProcess, type ProcessIdentity } from '../host/processes.ts';
@@ -258,6 +264,7 @@ export class ContainerBackend implements Backend {
       report.cgroups.push(...cgroup.allPaths());
     }
     await this.removeOrphanRuntimeState(mine);
+    if (mine.size === 0) await removeIdleParents(this.layout);
     report.mounts = await this.mounts.unmountIdle();
     return report;
   }

@@ -198,14 +198,21 @@ export class SandboxCgroup {
   }
 }
 
+function hierarchyRoots(layout: CgroupLayout): string[] {
+  return layout.kind === 'v2'
+    ? [layout.root]
+    : [...new Set(Object.values(layout.controllers)), ...(layout.unified ? [layout.unified] : [])];
+}
+
+/** Removes the sandgym parent folders that no sandbox uses any more; a busy one stays. */
+export async function removeIdleParents(layout: CgroupLayout): Promise<void> {
+  for (const root of hierarchyRoots(layout)) await rmdir(join(root, CGROUP_PARENT)).catch(() => undefined);
+}
+
 /** Sandbox ids that have a cgroup folder in any hierarchy of this host. */
 export async function listSandboxCgroups(layout: CgroupLayout): Promise<string[]> {
-  const roots =
-    layout.kind === 'v2'
-      ? [layout.root]
-      : [...new Set(Object.values(layout.controllers)), ...(layout.unified ? [layout.unified] : [])];
   const ids = new Set<string>();
-  for (const root of roots) {
+  for (const root of hierarchyRoots(layout)) {
     try {
       for (const entry of await readdir(join(root, CGROUP_PARENT), { withFileTypes: true })) {
         if (entry.isDirectory()) ids.add(entry.name);

@@ -1,0 +1,69 @@
+import { execFileSync } from 'node:child_process';
+import { mkdirSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import { join } from 'node:path';
+import { Platform } from '../../src/platform/index.ts';
+import { STORE_DIR, TEST_DATA_ROOT } from './platform.ts';
+
+mkdirSync(TEST_DATA_ROOT, { recursive: true });
+
+/** What the suite may not leave behind: mounts, cgroups, network namespaces and processes of ours. */
+function findLeaks(): string[] {
+  const leaks: string[] = [];
+  for (const line of readFileSync('/proc/self/mountinfo', 'utf8').split('\n')) {
+    const [left, right] = line.split(' - ');
+    const fsType = right?.split(' ')[0];
+    if ((fsType === 'overlay' || fsType === 'erofs') && /sandgym/.test(line)) leaks.push(`mount: ${left?.split(' ')[4]} (${fsType})`);
+  }
+  for (const hierarchy of readdirSync('/sys/fs/cgroup')) {
+    const parent = join('/sys/fs/cgroup', hierarchy, 'sandgym');
+    try {
+      for (const entry of readdirSync(parent, { withFileTypes: true })) {
+        if (entry.isDirectory()) leaks.push(`cgroup: ${join(parent, entry.name)}`);
+      }
+    } catch {
+      // no sandgym cgroups in this hierarchy
+    }
+  }
+  try {
+    for (const ns of execFileSync('ip', ['netns', 'list'], { encoding: 'utf8' }).split('\n')) {
+      if (ns.startsWith('sandgym')) leaks.push(`netns: ${ns}`);
+    }
+  } catch {
+    // no iproute2: no named namespaces of ours either
+  }
+  for (const pid of readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
+    try {
+      const cmdline = readFileSync(`/proc/${pid}/cmdline`, 'utf8').replaceAll('\0', ' ');
+      const state = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]?.[0];
+      if (state === 'Z') continue; // a zombie holds nothing; its parent reaps it
+      if (cmdline.includes('.sandgym-agent') || (cmdline.includes('crun') && cmdline.includes('.sandgym'))) {
+        leaks.push(`process ${pid}: ${cmdline.trim()}`);
+      }
+    } catch {
+      // the process ended while we looked
+    }
+  }
+  return leaks;
+}
+
+/** Reaps what an interrupted earlier run left in the test data folders, so this run starts clean. */
+export async function setup(): Promise<void> {
+  for (const name of readdirSync(TEST_DATA_ROOT, { withFileTypes: true })) {
+    if (!name.isDirectory()) continue;
+    const dataDir = join(TEST_DATA_ROOT, name.name);
+    const platform = await Platform.local({ dataDir, storeDir: STORE_DIR });
+    await platform.gc();
+    await platform.close();
+    rmSync(dataDir, { recursive: true, force: true });
+  }
+}
+
+export function teardown(): void {
+  const leaks = findLeaks();
+  if (leaks.length) {
+    console.error(`Leak check failed: the suite left these behind:\n${leaks.join("\n")}`);
+    process.exitCode = 1;
+    return;
+  }
+  console.log('leak check: no mounts, cgroups, network namespaces or processes left behind');
+}

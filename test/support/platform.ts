@@ -1,0 +1,32 @@
+import { randomBytes } from 'node:crypto';
+import { rm } from 'node:fs/promises';
+import { join, resolve } from 'node:path';
+import { Platform, defaultStoreDir, type PlatformClient } from '../../src/platform/index.ts';
+
+/** Each test file's platform has a data folder of its own below this; the layer store is shared. */
+export const TEST_DATA_ROOT = resolve('.sandgym/tests');
+
+/** The store `sandgym setup` filled (npm test runs it first). */
+export const STORE_DIR = defaultStoreDir(resolve('.sandgym'));
+
+/** An embedded platform in a fresh data folder; dispose it to destroy its sandboxes and the folder. */
+export interface TestPlatform extends AsyncDisposable {
+  platform: PlatformClient;
+  dataDir: string;
+}
+
+export async function createTestPlatform(name: string): Promise<TestPlatform> {
+  const dataDir = join(TEST_DATA_ROOT, `${name}-${randomBytes(4).toString('hex')}`);
+  const platform = await Platform.local({ dataDir, storeDir: STORE_DIR });
+  return {
+    platform,
+    dataDir,
+    async [Symbol.asyncDispose]() {
+      try {
+        await platform.close();
+      } finally {
+        await rm(dataDir, { recursive: true, force: true });
+      }
+    },
+  };
+}

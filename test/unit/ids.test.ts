@@ -1,0 +1,20 @@
+import { describe, expect, it } from 'vitest';
+import { isSandboxId, newSandboxId, nodeOfSandboxId } from '../../src/common/index.ts';
+
+describe('sandbox ids', () => {
+  it('encode the owning node', () => {
+    const id = newSandboxId('node7');
+    expect(isSandboxId(id)).toBe(true);
+    expect(nodeOfSandboxId(id)).toBe('node7');
+  });
+
+  it('are unique', () => {
+    const ids = new Set(Array.from({ length: 1000 }, () => newSandboxId('local')));
+    expect(ids.size).toBe(1000);
+  });
+
+  it('reject malformed ids and node names with a message naming them', () => {
+    expect(() => nodeOfSandboxId('container-1')).toThrow(/"container-1" is not a sandbox id/);
+    expect(() => newSandboxId('Bad Node')).toThrow(/Node id "Bad Node"/);
+  });
+});
