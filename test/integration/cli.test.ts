@@ -1,0 +1,104 @@
+import { spawn, spawnSync } from 'node:child_process';
+import { existsSync, readdirSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Platform } from '../../src/platform/index.ts';
+import { STORE_DIR, createTestPlatform, type TestPlatform } from '../support/platform.ts';
+
+const CLI = resolve('dist/src/cli/main.js');
+
+describe('the sandgym command line', () => {
+  let env: TestPlatform;
+  let cliEnv: NodeJS.ProcessEnv;
+
+  beforeAll(async () => {
+    if (!existsSync(CLI)) throw new Error(`${CLI} is missing: run "npm run build" (npm test does)`);
+    env = await createTestPlatform('cli');
+    cliEnv = { ...process.env, SANDGYM_DATA_DIR: env.dataDir, SANDGYM_STORE: STORE_DIR };
+  });
+
+  afterAll(async () => {
+    await env?.[Symbol.asyncDispose]();
+  });
+
+  function sandgym(...args: string[]): { status: number | null; stdout: string; stderr: string } {
+    const run = spawnSync('node', [CLI, ...args], { env: cliEnv, encoding: 'utf8', timeout: 120_000 });
+    return { status: run.status, stdout: run.stdout, stderr: run.stderr };
+  }
+
+  it('runs python3 on the Debian base and prints one JSON document', () => {
+    const run = sandgym('run', '--json', '--', 'python3', '-c', 'print(6*7)');
+    expect(run.stderr).toBe('');
+    expect(run.status).toBe(0);
+    const document = JSON.parse(run.stdout) as Record<string, unknown>;
+    expect(document).toMatchObject({ stdout: '42\n', exitCode: 0, backend: 'container', timedOut: false });
+  });
+
+  it('streams output and exits 1 when the command fails', () => {
+    const run = sandgym('run', '--env', 'busybox:latest', '--', 'sh', '-c', 'echo visible; exit 3');
+    expect(run.stdout).toBe('visible\n');
+    expect(run.stderr).toMatch(/exit 3/);
+    expect(run.status).toBe(1);
+  });
+
+  it('exits 2 with a message naming the bad argument', () => {
+    const cases: [string[], RegExp][] = [
+      [['run', '--'], /command is empty/],
+      [['run', '--env', 'nosuch:1', '--', 'true'], /Unknown environment "nosuch:1"/],
+      [['run', '--memory-mib', '4', '--', 'true'], /memoryMib must be at least 16/],
+      [['run', '--timeout-ms', 'soon', '--', 'true'], /--timeout-ms must be a positive integer/],
+      [['run', '--frobnicate', '--', 'true'], /frobnicate/],
+      [['frobnicate'], /unknown command "frobnicate"/],
+      [['bench', 'nosuch'], /unknown benchmark "nosuch"/],
+    ];
+    for (const [args, message] of cases) {
+      const run = sandgym(...args);
+      expect(run.status, args.join(' ')).toBe(2);
+      expect(run.stderr, args.join(' ')).toMatch(message);
+    }
+  });
+
+  it('lists and kills a sandbox that another process owns', async () => {
+    const owner = await Platform.local({ dataDir: env.dataDir, storeDir: STORE_DIR });
+    try {
+      const sandbox = await owner.createSandbox({ environment: 'busybox:latest' });
+      const listed = JSON.parse(sandgym('ps', '--json').stdout) as { sandboxes: { id: string; state: string; ownerPid: number }[] };
+      expect(listed.sandboxes).toContainEqual(expect.objectContaining({ id: sandbox.id, state: 'running', ownerPid: process.pid }));
+      expect(sandgym('kill', sandbox.id).status).toBe(0);
+      for (let i = 0; i < 100 && sandbox.state === 'running'; i++) await sleep(20);
+      expect(sandbox.state).toBe('failed');
+      expect(sandbox.failure).toBe('agent_crash');
+      expect(sandgym('kill', sandbox.id).status).toBe(2);
+      await sandbox.close();
+    } finally {
+      await owner.close();
+    }
+  });
+
+  it('leaves residue on SIGKILL that gc removes completely', async () => {
+    const child = spawn('node', [CLI, 'run', '--env', 'busybox:latest', '--', 'sleep', '600'], { env: cliEnv, stdio: 'ignore' });
+    let id: string | undefined;
+    try {
+      for (let i = 0; i < 300 && !id; i++) {
+        await sleep(50);
+        const listed = JSON.parse(sandgym('ps', '--json').stdout) as { sandboxes: { id: string; ownerPid: number }[] };
+        id = listed.sandboxes.find((s) => s.ownerPid === child.pid)?.id;
+      }
+      expect(id, 'the CLI started a sandbox').toBeDefined();
+    } finally {
+      child.kill('SIGKILL');
+      await new Promise((done) => child.once('exit', done));
+    }
+    const orphaned = JSON.parse(sandgym('ps', '--json').stdout) as { sandboxes: { id: string; state: string }[] };
+    expect(orphaned.sandboxes).toContainEqual(expect.objectContaining({ id, state: 'orphaned' }));
+    const gc = JSON.parse(sandgym('gc', '--json').stdout) as { sandboxes: string[]; mounts: string[] };
+    expect(gc.sandboxes).toContain(id);
+    expect(readdirSync(join(env.dataDir, 'sandboxes'))).toEqual([]);
+    expect(readdirSync(join(env.dataDir, 'runtime'))).toEqual([]);
+    for (const hierarchy of readdirSync('/sys/fs/cgroup')) {
+      expect(existsSync(join('/sys/fs/cgroup', hierarchy, 'sandgym', id ?? ''))).toBe(false);
+    }
+    expect(spawnSync('pgrep', ['-f', `sandboxes/${id}`]).status).toBe(1);
+  });
+});
