@@ -97,7 +97,8 @@ describe('the sandgym command line', () => {
     expect(readdirSync(join(env.dataDir, 'sandboxes'))).toEqual([]);
     expect(readdirSync(join(env.dataDir, 'runtime'))).toEqual([]);
     for (const hierarchy of readdirSync('/sys/fs/cgroup')) {
-      expect(existsSync(join('/sys/fs/cgroup', hierarchy, 'sandgym', id ?? ''))).toBe(false);
+      const scopes = existsSync(join('/sys/fs/cgroup', hierarchy, 'sandgym')) ? readdirSync(join('/sys/fs/cgroup', hierarchy, 'sandgym')) : [];
+      for (const scope of scopes) expect(existsSync(join('/sys/fs/cgroup', hierarchy, 'sandgym', scope, id ?? ''))).toBe(false);
     }
     expect(spawnSync('pgrep', ['-f', `sandboxes/${id}`]).status).toBe(1);
   });

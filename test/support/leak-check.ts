@@ -17,8 +17,11 @@ function findLeaks(): string[] {
   for (const hierarchy of readdirSync('/sys/fs/cgroup')) {
     const parent = join('/sys/fs/cgroup', hierarchy, 'sandgym');
     try {
-      for (const entry of readdirSync(parent, { withFileTypes: true })) {
-        if (entry.isDirectory()) leaks.push(`cgroup: ${join(parent, entry.name)}`);
+      for (const scope of readdirSync(parent, { withFileTypes: true })) {
+        if (!scope.isDirectory()) continue;
+        const sandboxes = readdirSync(join(parent, scope.name), { withFileTypes: true }).filter((e) => e.isDirectory());
+        for (const entry of sandboxes) leaks.push(`cgroup: ${join(parent, scope.name, entry.name)}`);
+        if (sandboxes.length === 0) leaks.push(`cgroup: ${join(parent, scope.name)} (empty scope)`);
       }
     } catch {
       // no sandgym cgroups in this hierarchy

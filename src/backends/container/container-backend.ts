@@ -1,7 +1,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, openSync, closeSync } from 'node:fs';
 import { mkdir, readdir, readFile, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import type { Readable, Writable } from 'node:stream';
 import { setTimeout as sleep } from 'node:timers/promises';
 import {
@@ -25,6 +25,7 @@ import {
   detectCgroupLayout,
   listSandboxCgroups,
   removeIdleParents,
+  cgroupScope,
   type CgroupLayout,
 } from '../host/cgroups.ts';
 import { LayerMounts } from '../host/layer-mounts.ts';
@@ -70,6 +71,7 @@ export class ContainerBackend implements Backend {
   private readonly logger: Logger;
   private readonly codec: Codec;
   private isClosed = false;
+  private readonly scope: string;
 
   private constructor(
     private readonly options: ContainerBackendOptions,
@@ -81,10 +83,12 @@ export class ContainerBackend implements Backend {
   ) {
     this.logger = (options.logger ?? silentLogger()).child({ component: 'container-backend' });
     this.codec = options.codec ?? createMsgpackCodec();
+    this.scope = cgroupScope(options.dataDir);
   }
 
   /** Checks the host (agent binary, crun, cgroups) and prepares the data folder. */
-  static async create(options: ContainerBackendOptions): Promise<ContainerBackend> {
+  static async create(given: ContainerBackendOptions): Promise<ContainerBackend> {
+    const options = { ...given, dataDir: resolve(given.dataDir) };
     if (process.getuid?.() !== 0) {
       throw new SandgymError('permission_denied', 'The container backend needs root: run sandgym as root');
     }
@@ -112,7 +116,7 @@ export class ContainerBackend implements Backend {
       throw new SandgymError('invalid_argument', 'A container needs at least one layer: name an environment');
     }
     const paths = this.pathsOf(spec.id);
-    const cgroup = new SandboxCgroup(this.layout, spec.id);
+    const cgroup = new SandboxCgroup(this.layout, this.scope, spec.id);
     let launcher: ChildProcess | undefined;
     try {
       await Promise.all(['upper', 'work', 'rootfs'].map((d) => mkdir(join(paths.dir, d), { recursive: true })));
@@ -195,7 +199,7 @@ export class ContainerBackend implements Backend {
   /** Graceful first: closing the channel makes the agent end every process and exit; then force. */
   private async destroy(sandbox: ContainerSandbox): Promise<void> {
     if (!sandbox.beginStop()) return;
-    const cgroup = new SandboxCgroup(this.layout, sandbox.id);
+    const cgroup = new SandboxCgroup(this.layout, this.scope, sandbox.id);
     const errors: unknown[] = [];
     try {
       await cgroup.setFrozen(false).catch(() => undefined); // a frozen agent cannot exit
@@ -220,7 +224,7 @@ export class ContainerBackend implements Backend {
     for (const id of await readdir(dir).catch(() => [] as string[])) {
       const state = await readContainerState(join(dir, id));
       if (!state) continue;
-      const cgroup = new SandboxCgroup(this.layout, id);
+      const cgroup = new SandboxCgroup(this.layout, this.scope, id);
       const alive = await isAlive(state.owner);
       records.push({
         id,
@@ -238,7 +242,7 @@ export class ContainerBackend implements Backend {
     const mine = [...this.live].find((s) => s.id === id);
     if (mine) return mine.close();
     const paths = this.pathsOf(id);
-    const cgroup = new SandboxCgroup(this.layout, id);
+    const cgroup = new SandboxCgroup(this.layout, this.scope, id);
     if (!existsSync(paths.dir) && (await cgroup.processes()).length === 0) {
       throw new SandgymError('not_found', `No sandbox "${id}" on this node: see "sandgym ps"`);
     }
@@ -253,18 +257,18 @@ export class ContainerBackend implements Backend {
       if (mine.has(id)) continue;
       const state = await readContainerState(join(sandboxesDir, id));
       if (state && (await isAlive(state.owner))) continue;
-      await removeContainerResidue(id, new SandboxCgroup(this.layout, id), this.pathsOf(id));
+      await removeContainerResidue(id, new SandboxCgroup(this.layout, this.scope, id), this.pathsOf(id));
       report.sandboxes.push(id);
     }
     // cgroups whose sandbox folder is gone: a crash between the two removals
-    for (const id of await listSandboxCgroups(this.layout)) {
+    for (const id of await listSandboxCgroups(this.layout, this.scope)) {
       if (mine.has(id) || existsSync(join(sandboxesDir, id))) continue;
-      const cgroup = new SandboxCgroup(this.layout, id);
+      const cgroup = new SandboxCgroup(this.layout, this.scope, id);
       await removeContainerResidue(id, cgroup, this.pathsOf(id));
       report.cgroups.push(...cgroup.allPaths());
     }
     await this.removeOrphanRuntimeState(mine);
-    if (mine.size === 0) await removeIdleParents(this.layout);
+    if (mine.size === 0) await removeIdleParents(this.layout, this.scope);
     report.mounts = await this.mounts.unmountIdle();
     return report;
   }
@@ -284,6 +288,7 @@ export class ContainerBackend implements Backend {
     this.isClosed = true;
     const results = await Promise.allSettled([...this.live].map((s) => s.close()));
     await this.mounts.unmountIdle().catch(() => undefined);
+    await removeIdleParents(this.layout, this.scope);
     const failed = results.filter((r): r is PromiseRejectedResult => r.status === 'rejected');
     if (failed.length) throw new AggregateError(failed.map((f) => f.reason), 'Some sandboxes did not close cleanly');
   }

@@ -1,5 +1,6 @@
 import { readFile, writeFile, rmdir, mkdir, readdir } from 'node:fs/promises';
 import { join } from 'node:path';
+import { createHash } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { SandgymError } from '../../common/index.ts';
 import { readMounts } from './mountinfo.ts';
@@ -37,6 +38,14 @@ export async function detectCgroupLayout(): Promise<CgroupLayout> {
 /** The cgroup folder all sandgym sandboxes live under, in every hierarchy. */
 export const CGROUP_PARENT = 'sandgym';
 
+/**
+ * Sandboxes are grouped by the data folder that owns them (`sandgym/<scope>/<id>`), so that
+ * reaping one node's residue can never touch another's sandboxes on the same host.
+ */
+export function cgroupScope(dataDir: string): string {
+  return createHash('sha256').update(dataDir).digest('hex').slice(0, 12);
+}
+
 async function readText(path: string): Promise<string | undefined> {
   try {
     return await readFile(path, 'utf8');
@@ -68,9 +77,10 @@ export class SandboxCgroup {
 
   constructor(
     private readonly layout: CgroupLayout,
+    scope: string,
     sandboxId: string,
   ) {
-    this.relativePath = `${CGROUP_PARENT}/${sandboxId}`;
+    this.relativePath = `${CGROUP_PARENT}/${scope}/${sandboxId}`;
   }
 
   /**
@@ -204,17 +214,20 @@ function hierarchyRoots(layout: CgroupLayout): string[] {
     : [...new Set(Object.values(layout.controllers)), ...(layout.unified ? [layout.unified] : [])];
 }
 
-/** Removes the sandgym parent folders that no sandbox uses any more; a busy one stays. */
-export async function removeIdleParents(layout: CgroupLayout): Promise<void> {
-  for (const root of hierarchyRoots(layout)) await rmdir(join(root, CGROUP_PARENT)).catch(() => undefined);
+/** Removes the scope's parent folders once no sandbox uses them; a busy one stays. */
+export async function removeIdleParents(layout: CgroupLayout, scope: string): Promise<void> {
+  for (const root of hierarchyRoots(layout)) {
+    await rmdir(join(root, CGROUP_PARENT, scope)).catch(() => undefined);
+    await rmdir(join(root, CGROUP_PARENT)).catch(() => undefined);
+  }
 }
 
-/** Sandbox ids that have a cgroup folder in any hierarchy of this host. */
-export async function listSandboxCgroups(layout: CgroupLayout): Promise<string[]> {
+/** Sandbox ids of one scope that have a cgroup folder in any hierarchy of this host. */
+export async function listSandboxCgroups(layout: CgroupLayout, scope: string): Promise<string[]> {
   const ids = new Set<string>();
   for (const root of hierarchyRoots(layout)) {
     try {
-      for (const entry of await readdir(join(root, CGROUP_PARENT), { withFileTypes: true })) {
+      for (const entry of await readdir(join(root, CGROUP_PARENT, scope), { withFileTypes: true })) {
         if (entry.isDirectory()) ids.add(entry.name);
       }
     } catch {
