@@ -15,6 +15,9 @@ export default tseslint.config(
       '@typescript-eslint/no-unused-vars': ['error', { argsIgnorePattern: '^_' }],
     },
   },
-  { files: ['src/cli/**', 'examples/**', 'benchmarks/**', 'scripts/**', 'test/**'], rules: { 'no-console': 'off' } },
+  {
+    files: ['src/cli/**', 'examples/**', 'benchmarks/**', 'scripts/**', 'test/**'],
+    rules: { 'no-console': 'off' },
+  },
   { files: ['eslint.config.js'], ...tseslint.configs.disableTypeChecked },
 );

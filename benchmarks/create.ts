@@ -21,9 +21,15 @@ export async function benchCreate(options: BenchOptions): Promise<BenchReport> {
     if (i >= WARMUP) samples.push(elapsed);
   }
   options.progress('create: baseline unshare … chroot /bin/true');
-  const unshare = await timeCommand(`unshare --fork --pid --mount --net --uts --ipc chroot ${fixture.rootfs} /bin/true`, RUNS);
+  const unshare = await timeCommand(
+    `unshare --fork --pid --mount --net --uts --ipc chroot ${fixture.rootfs} /bin/true`,
+    RUNS,
+  );
   options.progress('create: baseline crun run /bin/true');
-  const crunRun = await timeCommand(`${fixture.crunPrefix} run --bundle ${fixture.bundle} sandgym-bench-create`, RUNS);
+  const crunRun = await timeCommand(
+    `${fixture.crunPrefix} run --bundle ${fixture.bundle} sandgym-bench-create`,
+    RUNS,
+  );
   const p50 = quantile(samples, 0.5);
   const p99 = quantile(samples, 0.99);
   return {

@@ -33,7 +33,9 @@ export class BenchFixture implements AsyncDisposable {
     await buildBusyboxRootfs(rootfs);
     await runProgram(hostProgram('crun'), ['spec', '-b', bundle]);
     const specPath = join(bundle, 'config.json');
-    const spec = JSON.parse(await readFile(specPath, 'utf8')) as { process: { terminal: boolean; args: string[] } };
+    const spec = JSON.parse(await readFile(specPath, 'utf8')) as {
+      process: { terminal: boolean; args: string[] };
+    };
     spec.process.terminal = false;
     spec.process.args = ['/bin/true'];
     await writeFile(specPath, JSON.stringify(spec));

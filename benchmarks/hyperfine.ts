@@ -11,9 +11,13 @@ export async function timeCommand(command: string, runs: number): Promise<number
   const dir = await mkdtemp(join(tmpdir(), 'sandgym-bench-'));
   try {
     const out = join(dir, 'result.json');
-    await runProgram('hyperfine', ['-N', '--warmup', '3', '--runs', String(runs), '--export-json', out, command], {
-      timeoutMs: 10 * 60_000,
-    });
+    await runProgram(
+      'hyperfine',
+      ['-N', '--warmup', '3', '--runs', String(runs), '--export-json', out, command],
+      {
+        timeoutMs: 10 * 60_000,
+      },
+    );
     const parsed = JSON.parse(await readFile(out, 'utf8')) as { results: { times: number[] }[] };
     return (parsed.results[0]?.times ?? []).map((seconds) => seconds * 1000);
   } finally {

@@ -7,8 +7,16 @@ export const LAYERS = ['common', 'backends', 'platform', 'env', 'rollout', 'cli'
 /** Modules only some folders may import (design.md, "Rules that fix where the dependencies live"). */
 const RESTRICTED: { module: RegExp; allowed: RegExp; why: string }[] = [
   { module: /^@grpc\/grpc-js/, allowed: /^src\/platform\/wire\//, why: 'gRPC lives in src/platform/wire' },
-  { module: /^rxjs/, allowed: /^src\/(rollout|platform)\//, why: 'rxjs lives in src/rollout and src/platform' },
-  { module: /^node:child_process$/, allowed: /^src\/backends\//, why: 'processes are started in src/backends' },
+  {
+    module: /^rxjs/,
+    allowed: /^src\/(rollout|platform)\//,
+    why: 'rxjs lives in src/rollout and src/platform',
+  },
+  {
+    module: /^node:child_process$/,
+    allowed: /^src\/backends\//,
+    why: 'processes are started in src/backends',
+  },
 ];
 
 function sourceFiles(dir: string): string[] {
@@ -21,7 +29,8 @@ function sourceFiles(dir: string): string[] {
 
 function importsOf(text: string): string[] {
   const found: string[] = [];
-  for (const match of text.matchAll(/(?:^|\n)\s*(?:import|export)\b[^'"]*?from\s*['"]([^'"]+)['"]/g)) found.push(match[1] ?? '');
+  for (const match of text.matchAll(/(?:^|\n)\s*(?:import|export)\b[^'"]*?from\s*['"]([^'"]+)['"]/g))
+    found.push(match[1] ?? '');
   for (const match of text.matchAll(/import\(\s*['"]([^'"]+)['"]\s*\)/g)) found.push(match[1] ?? '');
   return found;
 }
@@ -55,7 +64,10 @@ export function checkImports(root: string): string[] {
       if (!layer || !targetLayer || targetLayer === layer) continue;
       const from = LAYERS.indexOf(layer as (typeof LAYERS)[number]);
       const to = LAYERS.indexOf(targetLayer as (typeof LAYERS)[number]);
-      if (to > from) problems.push(`${file}: imports ${target}, but ${layer} may not import from ${targetLayer} (imports go down only)`);
+      if (to > from)
+        problems.push(
+          `${file}: imports ${target}, but ${layer} may not import from ${targetLayer} (imports go down only)`,
+        );
       else if (target !== `src/${targetLayer}/index.ts`) {
         problems.push(`${file}: imports ${target}; import src/${targetLayer}/index.ts instead`);
       }
@@ -75,7 +87,8 @@ function findCycles(graph: Map<string, string[]>): string[] {
     stack.push(file);
     for (const next of graph.get(file) ?? []) {
       if (!graph.has(next)) continue;
-      if (state.get(next) === 'visiting') cycles.push(`import cycle: ${[...stack.slice(stack.indexOf(next)), next].join(' -> ')}`);
+      if (state.get(next) === 'visiting')
+        cycles.push(`import cycle: ${[...stack.slice(stack.indexOf(next)), next].join(' -> ')}`);
       else if (!state.has(next)) visit(next);
     }
     stack.pop();

@@ -7,7 +7,8 @@ export type BackendName = 'container' | 'fncall' | 'microvm' | 'vm';
 export type QosClass = 'latency' | 'best_effort';
 
 /** Lifecycle states, as in design.md. */
-export type SandboxState = 'creating' | 'running' | 'paused' | 'hibernated' | 'stopping' | 'stopped' | 'failed';
+export type SandboxState =
+  'creating' | 'running' | 'paused' | 'hibernated' | 'stopping' | 'stopped' | 'failed';
 
 /** Cancellation and deadline for any async call. */
 export interface CallOptions {

@@ -29,7 +29,8 @@ export function splitAtDoubleDash(args: string[]): { before: string[]; after: st
 export function positiveInt(name: string, value: string | undefined): number | undefined {
   if (value === undefined) return undefined;
   const n = Number(value);
-  if (!Number.isInteger(n) || n <= 0) throw new UsageError(`--${name} must be a positive integer, got "${value}"`);
+  if (!Number.isInteger(n) || n <= 0)
+    throw new UsageError(`--${name} must be a positive integer, got "${value}"`);
   return n;
 }
 

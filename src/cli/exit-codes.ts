@@ -14,6 +14,7 @@ export function describeFailure(error: unknown): { code: number; message: string
   if (isSandgymError(error, 'invalid_argument', 'not_found', 'unsupported', 'already_exists')) {
     return { code: EXIT.usage, message: error.message };
   }
-  if (isSandgymError(error)) return { code: EXIT.infrastructure, message: `${error.message} [${error.code}]` };
+  if (isSandgymError(error))
+    return { code: EXIT.infrastructure, message: `${error.message} [${error.code}]` };
   return { code: EXIT.infrastructure, message: messageOf(error) };
 }

@@ -14,6 +14,6 @@ export function createMsgpackCodec(): Codec {
   const packr = new Packr({ useRecords: false, mapsAsObjects: true, int64AsType: 'number' });
   return {
     encode: (value) => packr.pack(value),
-    decode: (bytes) => packr.unpack(bytes),
+    decode: (bytes): unknown => packr.unpack(bytes),
   };
 }

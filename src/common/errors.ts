@@ -19,13 +19,7 @@ export type SandgymErrorCode =
 
 /** Why a sandbox failed: an infrastructure outcome, never a reward of 0. */
 export type FailureReason =
-  | 'oom'
-  | 'timeout'
-  | 'preempted'
-  | 'node_lost'
-  | 'admission_rejected'
-  | 'agent_crash'
-  | 'platform_error';
+  'oom' | 'timeout' | 'preempted' | 'node_lost' | 'admission_rejected' | 'agent_crash' | 'platform_error';
 
 /** Options for {@link SandgymError}. */
 export interface SandgymErrorOptions {

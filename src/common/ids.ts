@@ -9,7 +9,10 @@ const ALPHABET = 'abcdefghijklmnopqrstuvwxyz0123456789';
 /** A new sandbox id that names its owning node, so any replica can route a call for it. */
 export function newSandboxId(nodeId: string): string {
   if (!NODE_ID.test(nodeId)) {
-    throw new SandgymError('invalid_argument', `Node id "${nodeId}" must be 1-32 lowercase letters or digits`);
+    throw new SandgymError(
+      'invalid_argument',
+      `Node id "${nodeId}" must be 1-32 lowercase letters or digits`,
+    );
   }
   const bytes = randomBytes(12);
   let suffix = '';

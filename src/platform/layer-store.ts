@@ -39,7 +39,10 @@ export type EnvironmentInput = z.input<typeof environmentSchema>;
 export function parseEnvironmentRef(ref: string): { name: string; version: string } {
   const [name = '', version = 'latest', ...rest] = ref.split(':');
   if (rest.length > 0 || !ENV_NAME.test(name) || !ENV_VERSION.test(version)) {
-    throw new SandgymError('invalid_argument', `Environment reference "${ref}" must look like name:version, e.g. debian:bookworm`);
+    throw new SandgymError(
+      'invalid_argument',
+      `Environment reference "${ref}" must look like name:version, e.g. debian:bookworm`,
+    );
   }
   return { name, version };
 }
@@ -94,7 +97,10 @@ export class LayerStore {
         createdFrom,
         createdAt: new Date().toISOString(),
       };
-      await writeFileAtomic(this.layerPath(digest).replace(/\.erofs$/, '.json'), JSON.stringify(manifest, null, 2));
+      await writeFileAtomic(
+        this.layerPath(digest).replace(/\.erofs$/, '.json'),
+        JSON.stringify(manifest, null, 2),
+      );
       return manifest;
     } finally {
       await rm(temp, { force: true });

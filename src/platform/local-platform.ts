@@ -40,7 +40,10 @@ class LocalPlatform implements PlatformClient {
     if (this.isClosed) throw new SandgymError('failed_precondition', 'The platform is closed');
     const resolved = parseAt(sandboxRequestSchema, request, 'sandbox request');
     if (resolved.backend !== 'container') {
-      throw new SandgymError('unsupported', `Backend "${resolved.backend}" is not available yet; use "container"`);
+      throw new SandgymError(
+        'unsupported',
+        `Backend "${resolved.backend}" is not available yet; use "container"`,
+      );
     }
     const environment = await this.store.getEnvironment(resolved.environment);
     const id = newSandboxId(NODE_ID);

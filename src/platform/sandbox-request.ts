@@ -26,7 +26,9 @@ export const sandboxRequestSchema = z.object({
     })
     .prefault({}),
   qos: z.enum(['latency', 'best_effort']).default('latency'),
-  env: z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'env names are letters, digits and _'), z.string()).default({}),
+  env: z
+    .record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'env names are letters, digits and _'), z.string())
+    .default({}),
   workdir: z.string().startsWith('/', 'workdir must be absolute').optional(),
   labels: z.record(z.string(), z.string()).default({}),
 });

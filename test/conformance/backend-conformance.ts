@@ -50,7 +50,13 @@ export function describeBackendConformance(target: ConformanceTarget): void {
 
     it('runs a command and collects stdout, stderr and the exit code', async () => {
       const result = await sandbox.exec(['sh', '-c', 'echo out; echo err >&2; exit 3']);
-      expect(result).toMatchObject({ exitCode: 3, signal: null, stdout: 'out\n', stderr: 'err\n', timedOut: false });
+      expect(result).toMatchObject({
+        exitCode: 3,
+        signal: null,
+        stdout: 'out\n',
+        stderr: 'err\n',
+        timedOut: false,
+      });
       expect(result.durationMs).toBeGreaterThan(0);
     });
 
@@ -101,7 +107,9 @@ export function describeBackendConformance(target: ConformanceTarget): void {
     });
 
     it('runs commands concurrently', async () => {
-      const results = await Promise.all([1, 2, 3, 4].map((n) => sandbox.exec(['sh', '-c', `sleep 0.2; echo ${n}`])));
+      const results = await Promise.all(
+        [1, 2, 3, 4].map((n) => sandbox.exec(['sh', '-c', `sleep 0.2; echo ${n}`])),
+      );
       expect(results.map((r) => r.stdout.trim())).toEqual(['1', '2', '3', '4']);
     });
 

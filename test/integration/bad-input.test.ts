@@ -42,19 +42,27 @@ describe('bad input gets a typed error and wedges nothing', () => {
   });
 
   it('rejects a memory limit below the floor, naming the field', async () => {
-    const error = await failure(env.platform.createSandbox({ environment: 'busybox:latest', resources: { memoryMib: 4 } }));
+    const error = await failure(
+      env.platform.createSandbox({ environment: 'busybox:latest', resources: { memoryMib: 4 } }),
+    );
     expect(error.code).toBe('invalid_argument');
     expect(error.message).toMatch(/resources\.memoryMib: memoryMib must be at least 16/);
   });
 
   it('rejects an empty command', async () => {
-    expect(await failure(sandbox.exec([]))).toMatchObject({ code: 'invalid_argument', message: expect.stringMatching(/Command is empty/) });
+    expect(await failure(sandbox.exec([]))).toMatchObject({
+      code: 'invalid_argument',
+      message: (expect.stringMatching as (re: RegExp) => string)(/Command is empty/),
+    });
     expect((await failure(sandbox.exec(['']))).code).toBe('invalid_argument');
   });
 
   it('rejects ".." in file paths on both calls', async () => {
     for (const call of [sandbox.readFile('/tmp/../etc/passwd'), sandbox.writeFile('/tmp/../../x', 'y')]) {
-      expect(await failure(call)).toMatchObject({ code: 'invalid_argument', message: expect.stringMatching(/".."/) });
+      expect(await failure(call)).toMatchObject({
+        code: 'invalid_argument',
+        message: (expect.stringMatching as (re: RegExp) => string)(/".."/),
+      });
     }
   });
 
@@ -65,7 +73,9 @@ describe('bad input gets a typed error and wedges nothing', () => {
   });
 
   it('truncates a command that prints 1 GB, and keeps serving', async () => {
-    const result = await sandbox.exec(['sh', '-c', 'head -c 1073741824 /dev/zero; echo done >&2'], { timeoutMs: 120_000 });
+    const result = await sandbox.exec(['sh', '-c', 'head -c 1073741824 /dev/zero; echo done >&2'], {
+      timeoutMs: 120_000,
+    });
     expect(result.exitCode).toBe(0);
     expect(result.stdoutTruncated).toBe(true);
     expect(result.stdoutBytes).toBe(1073741824);
@@ -77,12 +87,17 @@ describe('bad input gets a typed error and wedges nothing', () => {
   it('refuses a file larger than the read limit', async () => {
     await sandbox.exec(['sh', '-c', 'head -c 5000 /dev/zero > /tmp/big']);
     const error = await failure(sandbox.readFile('/tmp/big', { maxBytes: 1000 }));
-    expect(error).toMatchObject({ code: 'resource_exhausted', message: expect.stringMatching(/1000-byte read limit/) });
+    expect(error).toMatchObject({
+      code: 'resource_exhausted',
+      message: (expect.stringMatching as (re: RegExp) => string)(/1000-byte read limit/),
+    });
   });
 
   it('refuses calls on a closed platform', async () => {
     const other = await createTestPlatform('closed');
     await other[Symbol.asyncDispose]();
-    expect((await failure(other.platform.createSandbox({ environment: 'busybox:latest' }))).code).toBe('failed_precondition');
+    expect((await failure(other.platform.createSandbox({ environment: 'busybox:latest' }))).code).toBe(
+      'failed_precondition',
+    );
   });
 });

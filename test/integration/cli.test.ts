@@ -63,8 +63,12 @@ describe('the sandgym command line', () => {
     const owner = await Platform.local({ dataDir: env.dataDir, storeDir: STORE_DIR });
     try {
       const sandbox = await owner.createSandbox({ environment: 'busybox:latest' });
-      const listed = JSON.parse(sandgym('ps', '--json').stdout) as { sandboxes: { id: string; state: string; ownerPid: number }[] };
-      expect(listed.sandboxes).toContainEqual(expect.objectContaining({ id: sandbox.id, state: 'running', ownerPid: process.pid }));
+      const listed = JSON.parse(sandgym('ps', '--json').stdout) as {
+        sandboxes: { id: string; state: string; ownerPid: number }[];
+      };
+      expect(listed.sandboxes).toContainEqual(
+        expect.objectContaining({ id: sandbox.id, state: 'running', ownerPid: process.pid }),
+      );
       expect(sandgym('kill', sandbox.id).status).toBe(0);
       for (let i = 0; i < 100 && sandbox.state === 'running'; i++) await sleep(20);
       expect(sandbox.state).toBe('failed');
@@ -77,12 +81,17 @@ describe('the sandgym command line', () => {
   });
 
   it('leaves residue on SIGKILL that gc removes completely', async () => {
-    const child = spawn('node', [CLI, 'run', '--env', 'busybox:latest', '--', 'sleep', '600'], { env: cliEnv, stdio: 'ignore' });
+    const child = spawn('node', [CLI, 'run', '--env', 'busybox:latest', '--', 'sleep', '600'], {
+      env: cliEnv,
+      stdio: 'ignore',
+    });
     let id: string | undefined;
     try {
       for (let i = 0; i < 300 && !id; i++) {
         await sleep(50);
-        const listed = JSON.parse(sandgym('ps', '--json').stdout) as { sandboxes: { id: string; ownerPid: number }[] };
+        const listed = JSON.parse(sandgym('ps', '--json').stdout) as {
+          sandboxes: { id: string; ownerPid: number }[];
+        };
         id = listed.sandboxes.find((s) => s.ownerPid === child.pid)?.id;
       }
       expect(id, 'the CLI started a sandbox').toBeDefined();
@@ -90,15 +99,20 @@ describe('the sandgym command line', () => {
       child.kill('SIGKILL');
       await new Promise((done) => child.once('exit', done));
     }
-    const orphaned = JSON.parse(sandgym('ps', '--json').stdout) as { sandboxes: { id: string; state: string }[] };
+    const orphaned = JSON.parse(sandgym('ps', '--json').stdout) as {
+      sandboxes: { id: string; state: string }[];
+    };
     expect(orphaned.sandboxes).toContainEqual(expect.objectContaining({ id, state: 'orphaned' }));
     const gc = JSON.parse(sandgym('gc', '--json').stdout) as { sandboxes: string[]; mounts: string[] };
     expect(gc.sandboxes).toContain(id);
     expect(readdirSync(join(env.dataDir, 'sandboxes'))).toEqual([]);
     expect(readdirSync(join(env.dataDir, 'runtime'))).toEqual([]);
     for (const hierarchy of readdirSync('/sys/fs/cgroup')) {
-      const scopes = existsSync(join('/sys/fs/cgroup', hierarchy, 'sandgym')) ? readdirSync(join('/sys/fs/cgroup', hierarchy, 'sandgym')) : [];
-      for (const scope of scopes) expect(existsSync(join('/sys/fs/cgroup', hierarchy, 'sandgym', scope, id ?? ''))).toBe(false);
+      const scopes = existsSync(join('/sys/fs/cgroup', hierarchy, 'sandgym'))
+        ? readdirSync(join('/sys/fs/cgroup', hierarchy, 'sandgym'))
+        : [];
+      for (const scope of scopes)
+        expect(existsSync(join('/sys/fs/cgroup', hierarchy, 'sandgym', scope, id ?? ''))).toBe(false);
     }
     expect(spawnSync('pgrep', ['-f', `sandboxes/${id}`]).status).toBe(1);
   });

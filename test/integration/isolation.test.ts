@@ -14,12 +14,21 @@ describe('container isolation', () => {
     await env?.[Symbol.asyncDispose]();
   });
 
-  async function withSandbox(test: (sandbox: Sandbox) => Promise<void>, memoryMib = 128, pids = 64): Promise<void> {
-    const sandbox = await env.platform.createSandbox({ environment: 'busybox:latest', resources: { memoryMib, pids } });
+  async function withSandbox(
+    test: (sandbox: Sandbox) => Promise<void>,
+    memoryMib = 128,
+    pids = 64,
+  ): Promise<void> {
+    const sandbox = await env.platform.createSandbox({
+      environment: 'busybox:latest',
+      resources: { memoryMib, pids },
+    });
     try {
       await test(sandbox);
     } catch (error) {
-      throw new Error(`in sandbox ${sandbox.id} (logs: ${env.dataDir}/sandboxes/${sandbox.id}/runtime.log)`, { cause: error });
+      throw new Error(`in sandbox ${sandbox.id} (logs: ${env.dataDir}/sandboxes/${sandbox.id}/runtime.log)`, {
+        cause: error,
+      });
     } finally {
       await sandbox.close();
     }
@@ -28,10 +37,16 @@ describe('container isolation', () => {
   it('cannot see host processes', async () => {
     await withSandbox(async (sandbox) => {
       const ps = await sandbox.exec(['ps', '-o', 'pid,comm']);
-      const pids = ps.stdout.trim().split('\n').slice(1).map((line) => Number(line.trim().split(/\s+/)[0]));
+      const pids = ps.stdout
+        .trim()
+        .split('\n')
+        .slice(1)
+        .map((line) => Number(line.trim().split(/\s+/)[0]));
       expect(Math.max(...pids)).toBeLessThan(100);
       expect(ps.stdout).not.toContain('node');
-      expect((await sandbox.exec(['sh', '-c', 'ls /proc | grep -c "^[0-9]"'])).stdout.trim().length).toBeGreaterThan(0);
+      expect(
+        (await sandbox.exec(['sh', '-c', 'ls /proc | grep -c "^[0-9]"'])).stdout.trim().length,
+      ).toBeGreaterThan(0);
       const self = await sandbox.exec(['cat', '/proc/1/cmdline']);
       expect(self.stdout).toContain('sandgym-agent');
     });
@@ -40,13 +55,20 @@ describe('container isolation', () => {
   it('has loopback only, not the host network', async () => {
     await withSandbox(async (sandbox) => {
       const links = await sandbox.exec(['ip', '-o', 'link']);
-      const names = links.stdout.trim().split('\n').map((l) => l.split(':')[1]?.trim());
+      const names = links.stdout
+        .trim()
+        .split('\n')
+        .map((l) => l.split(':')[1]?.trim());
       expect(names).toEqual(['lo']);
       const hostLinks = readFileSync('/proc/net/dev', 'utf8');
       expect(hostLinks).not.toBe('');
       const route = await sandbox.exec(['ip', 'route']);
       expect(route.stdout.trim()).toBe('');
-      const reach = await sandbox.exec(['sh', '-c', 'wget -q -T 2 -O - http://127.0.0.1:9/ 2>&1; echo rc=$?']);
+      const reach = await sandbox.exec([
+        'sh',
+        '-c',
+        'wget -q -T 2 -O - http://127.0.0.1:9/ 2>&1; echo rc=$?',
+      ]);
       expect(reach.stdout).toMatch(/rc=[1-9]/);
     });
   });
@@ -69,7 +91,9 @@ describe('container isolation', () => {
   it('stops a fork bomb at the pids limit', async () => {
     await withSandbox(
       async (sandbox) => {
-        const bomb = await sandbox.exec(['sh', '-c', 'bomb() { bomb | bomb & }; bomb; sleep 2'], { timeoutMs: 5000 });
+        const bomb = await sandbox.exec(['sh', '-c', 'bomb() { bomb | bomb & }; bomb; sleep 2'], {
+          timeoutMs: 5000,
+        });
         expect(bomb.stderr + bomb.stdout).toMatch(/fork|Resource temporarily unavailable|can't/i);
         const stats = await sandbox.stats();
         expect(stats.pids).toBeLessThanOrEqual(32);
@@ -124,7 +148,13 @@ describe('container isolation', () => {
         expect((await sandbox.exec(['cat', `/proc/1/${file}`])).exitCode, `/proc/1/${file}`).not.toBe(0);
       }
       const own = await sandbox.exec(['ls', '/proc/self/fd']);
-      expect(own.stdout.trim().split(/\s+/).map(Number).sort((a, b) => a - b)).toEqual([0, 1, 2, 3]);
+      expect(
+        own.stdout
+          .trim()
+          .split(/\s+/)
+          .map(Number)
+          .sort((a, b) => a - b),
+      ).toEqual([0, 1, 2, 3]);
     });
   });
 });

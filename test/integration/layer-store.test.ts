@@ -27,33 +27,51 @@ describe('layer store', () => {
   }
 
   it('addresses a layer by the sha256 of its bytes, the same for the same tree', async () => {
-    const a = await store.addLayerFromDirectory(await tree('a', { 'etc/x': 'one', 'bin/y': 'two' }), 'test a');
-    const b = await store.addLayerFromDirectory(await tree('b', { 'etc/x': 'one', 'bin/y': 'two' }), 'test b');
+    const a = await store.addLayerFromDirectory(
+      await tree('a', { 'etc/x': 'one', 'bin/y': 'two' }),
+      'test a',
+    );
+    const b = await store.addLayerFromDirectory(
+      await tree('b', { 'etc/x': 'one', 'bin/y': 'two' }),
+      'test b',
+    );
     const c = await store.addLayerFromDirectory(await tree('c', { 'etc/x': 'changed' }), 'test c');
     expect(a.digest).toMatch(/^sha256:[0-9a-f]{64}$/);
     expect(b.digest).toBe(a.digest);
     expect(c.digest).not.toBe(a.digest);
     expect((await store.listLayers()).map((l) => l.digest).sort()).toEqual([a.digest, c.digest].sort());
-    expect(await store.getLayer(c.digest)).toMatchObject({ createdFrom: 'test c', mediaType: 'application/vnd.sandgym.layer.v1.erofs' });
+    expect(await store.getLayer(c.digest)).toMatchObject({
+      createdFrom: 'test c',
+      mediaType: 'application/vnd.sandgym.layer.v1.erofs',
+    });
   });
 
   it('survives concurrent writers of the same layer and leaves no temp files', async () => {
     const source = await tree('same', { 'data/file': 'x'.repeat(10000) });
-    const results = await Promise.all([1, 2, 3, 4].map(() => store.addLayerFromDirectory(source, 'concurrent')));
+    const results = await Promise.all(
+      [1, 2, 3, 4].map(() => store.addLayerFromDirectory(source, 'concurrent')),
+    );
     expect(new Set(results.map((r) => r.digest)).size).toBe(1);
     expect(await readdir(join(store.root, 'tmp'))).toEqual([]);
   });
 
   it('records versioned environments over stored layers', async () => {
     const base = await store.addLayerFromDirectory(await tree('base', { 'bin/sh': '#' }), 'base');
-    await store.putEnvironment({ name: 'demo', version: '1', layers: [base.digest], config: { env: { A: 'b' } } });
+    await store.putEnvironment({
+      name: 'demo',
+      version: '1',
+      layers: [base.digest],
+      config: { env: { A: 'b' } },
+    });
     const environment = await store.getEnvironment('demo:1');
     expect(environment.config).toEqual({ env: { A: 'b' }, workdir: '/', user: 'root' });
     const images = await store.layerImages(environment);
     expect(images[0]?.path).toMatch(/\.erofs$/);
-    await expect(store.putEnvironment({ name: 'demo', version: '2', layers: [`sha256:${'0'.repeat(64)}`], config: {} })).rejects.toThrow(
-      /is not in the store/,
+    await expect(
+      store.putEnvironment({ name: 'demo', version: '2', layers: [`sha256:${'0'.repeat(64)}`], config: {} }),
+    ).rejects.toThrow(/is not in the store/);
+    await expect(store.getEnvironment('demo:9')).rejects.toThrow(
+      /Unknown environment "demo:9"; known: demo:1/,
     );
-    await expect(store.getEnvironment('demo:9')).rejects.toThrow(/Unknown environment "demo:9"; known: demo:1/);
   });
 });

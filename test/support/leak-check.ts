@@ -12,14 +12,17 @@ function findLeaks(): string[] {
   for (const line of readFileSync('/proc/self/mountinfo', 'utf8').split('\n')) {
     const [left, right] = line.split(' - ');
     const fsType = right?.split(' ')[0];
-    if ((fsType === 'overlay' || fsType === 'erofs') && /sandgym/.test(line)) leaks.push(`mount: ${left?.split(' ')[4]} (${fsType})`);
+    if ((fsType === 'overlay' || fsType === 'erofs') && /sandgym/.test(line))
+      leaks.push(`mount: ${left?.split(' ')[4]} (${fsType})`);
   }
   for (const hierarchy of readdirSync('/sys/fs/cgroup')) {
     const parent = join('/sys/fs/cgroup', hierarchy, 'sandgym');
     try {
       for (const scope of readdirSync(parent, { withFileTypes: true })) {
         if (!scope.isDirectory()) continue;
-        const sandboxes = readdirSync(join(parent, scope.name), { withFileTypes: true }).filter((e) => e.isDirectory());
+        const sandboxes = readdirSync(join(parent, scope.name), { withFileTypes: true }).filter((e) =>
+          e.isDirectory(),
+        );
         for (const entry of sandboxes) leaks.push(`cgroup: ${join(parent, scope.name, entry.name)}`);
         if (sandboxes.length === 0) leaks.push(`cgroup: ${join(parent, scope.name)} (empty scope)`);
       }
@@ -64,7 +67,7 @@ export async function setup(): Promise<void> {
 export function teardown(): void {
   const leaks = findLeaks();
   if (leaks.length) {
-    console.error(`Leak check failed: the suite left these behind:\n${leaks.join("\n")}`);
+    console.error(`Leak check failed: the suite left these behind:\n${leaks.join('\n')}`);
     process.exitCode = 1;
     return;
   }

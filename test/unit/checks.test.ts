@@ -23,9 +23,9 @@ describe('input checks', () => {
     const resolved = parseAt(sandboxRequestSchema, {}, 'sandbox request');
     expect(resolved).toMatchObject({ backend: 'container', environment: 'debian:bookworm', qos: 'latency' });
     expect(resolved.resources).toEqual({ cpu: 1, memoryMib: 512, pids: 512, outputCapBytes: 1048576 });
-    expect(() => parseAt(sandboxRequestSchema, { backend: 'lxc', resources: { cpu: -1 } }, 'sandbox request')).toThrow(
-      /Invalid sandbox request: backend: .*; resources\.cpu: /,
-    );
+    expect(() =>
+      parseAt(sandboxRequestSchema, { backend: 'lxc', resources: { cpu: -1 } }, 'sandbox request'),
+    ).toThrow(/Invalid sandbox request: backend: .*; resources\.cpu: /);
   });
 
   it('parse environment references', () => {

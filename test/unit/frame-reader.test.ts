@@ -5,7 +5,11 @@ import { createMsgpackCodec } from '../../src/common/index.ts';
 describe('agent channel framing', () => {
   it('splits frames that arrive in arbitrary pieces', () => {
     const codec = createMsgpackCodec();
-    const bytes = Buffer.concat([frame(codec.encode({ a: 1 })), frame(codec.encode({ b: 'two' })), frame(Buffer.alloc(0))]);
+    const bytes = Buffer.concat([
+      frame(codec.encode({ a: 1 })),
+      frame(codec.encode({ b: 'two' })),
+      frame(Buffer.alloc(0)),
+    ]);
     const reader = new FrameReader(1024);
     const frames: Buffer[] = [];
     for (let i = 0; i < bytes.length; i += 3) frames.push(...reader.push(bytes.subarray(i, i + 3)));

@@ -37,6 +37,8 @@ describe('import rules', () => {
     expect(problems.join('\n')).toMatch(/common may not import from platform/);
     expect(problems.join('\n')).toMatch(/import src\/backends\/index\.ts instead/);
     expect(problems.join('\n')).toMatch(/processes are started in src\/backends/);
-    expect(problems.join('\n')).toMatch(/import cycle: src\/env\/a\.ts -> src\/env\/b\.ts -> src\/env\/a\.ts/);
+    expect(problems.join('\n')).toMatch(
+      /import cycle: src\/env\/a\.ts -> src\/env\/b\.ts -> src\/env\/a\.ts/,
+    );
   });
 });

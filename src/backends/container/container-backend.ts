@@ -96,8 +96,10 @@ export class ContainerBackend implements Backend {
     const runtime = hostProgram('crun');
     const layout = await detectCgroupLayout();
     const owner = await processIdentity(process.pid);
-    if (!owner) throw new SandgymError('platform_error', 'Cannot read this process\'s identity from /proc');
-    await Promise.all(['sandboxes', 'layers', 'runtime'].map((d) => mkdir(join(options.dataDir, d), { recursive: true })));
+    if (!owner) throw new SandgymError('platform_error', "Cannot read this process's identity from /proc");
+    await Promise.all(
+      ['sandboxes', 'layers', 'runtime'].map((d) => mkdir(join(options.dataDir, d), { recursive: true })),
+    );
     const mounts = new LayerMounts(join(options.dataDir, 'layers'), agentPath);
     return new ContainerBackend(options, layout, owner, agentPath, runtime, mounts);
   }
@@ -119,7 +121,9 @@ export class ContainerBackend implements Backend {
     const cgroup = new SandboxCgroup(this.layout, this.scope, spec.id);
     let launcher: ChildProcess | undefined;
     try {
-      await Promise.all(['upper', 'work', 'rootfs'].map((d) => mkdir(join(paths.dir, d), { recursive: true })));
+      await Promise.all(
+        ['upper', 'work', 'rootfs'].map((d) => mkdir(join(paths.dir, d), { recursive: true })),
+      );
       await writeContainerState(paths.dir, {
         id: spec.id,
         backend: 'container',
@@ -130,12 +134,22 @@ export class ContainerBackend implements Backend {
       });
       const points = await this.mounts.acquire(spec.layers);
       const joins = await cgroup.prepare();
-      const config = buildOciConfig({ spec, agentHostPath: this.agentPath, cgroupsPath: `/${cgroup.relativePath}` });
+      const config = buildOciConfig({
+        spec,
+        agentHostPath: this.agentPath,
+        cgroupsPath: `/${cgroup.relativePath}`,
+      });
       await writeFile(join(paths.dir, 'config.json'), JSON.stringify(config));
       launcher = this.launch(spec.id, paths, points, joins);
       const [, , , requests, responses] = launcher.stdio as [unknown, unknown, unknown, Writable, Readable];
       const channel = new AgentChannel(requests, responses, this.codec);
-      const sandbox = new ContainerSandbox({ spec, launcher, channel, cgroup, destroy: (s) => this.destroy(s) });
+      const sandbox = new ContainerSandbox({
+        spec,
+        launcher,
+        channel,
+        cgroup,
+        destroy: (s) => this.destroy(s),
+      });
       this.live.add(sandbox);
       await this.waitReady(spec.id, channel, sandbox, paths, options);
       this.logger.debug({ id: spec.id }, 'sandbox ready');
@@ -157,9 +171,26 @@ export class ContainerBackend implements Backend {
     for (const file of joins) args.push('--join-cgroup', file);
     // overlay lists lower dirs top first; layers come base first
     const lowers = [...points].reverse().join(':');
-    args.push('--overlay', lowers, join(paths.dir, 'upper'), join(paths.dir, 'work'), join(paths.dir, 'rootfs'));
+    args.push(
+      '--overlay',
+      lowers,
+      join(paths.dir, 'upper'),
+      join(paths.dir, 'work'),
+      join(paths.dir, 'rootfs'),
+    );
     if (this.layout.kind === 'v1' && this.layout.unified) args.push('--umount', this.layout.unified);
-    args.push('--', this.runtime, '--root', paths.runtimeRoot, 'run', '--preserve-fds', '2', '--bundle', paths.dir, id);
+    args.push(
+      '--',
+      this.runtime,
+      '--root',
+      paths.runtimeRoot,
+      'run',
+      '--preserve-fds',
+      '2',
+      '--bundle',
+      paths.dir,
+      id,
+    );
     const log = openSync(join(paths.dir, 'runtime.log'), 'a');
     try {
       // detached: a Ctrl-C meant for the CLI must not reach the sandbox before the CLI tears it down
@@ -180,7 +211,10 @@ export class ContainerBackend implements Backend {
     const timeoutMs = options.timeoutMs ?? this.options.startTimeoutMs ?? 30_000;
     const timeout = sleep(timeoutMs, 'timeout', { ref: false });
     const outcome = await Promise.race([
-      channel.ready.then(() => 'ready' as const, () => 'exited' as const),
+      channel.ready.then(
+        () => 'ready' as const,
+        () => 'exited' as const,
+      ),
       sandbox.launcherExited.then(() => 'exited' as const),
       timeout,
     ]);
@@ -205,7 +239,10 @@ export class ContainerBackend implements Backend {
       await cgroup.setFrozen(false).catch(() => undefined); // a frozen agent cannot exit
       sandbox.disconnect();
       const graceMs = this.options.stopGraceMs ?? 5_000;
-      const exited = await Promise.race([sandbox.launcherExited.then(() => true), sleep(graceMs, false, { ref: false })]);
+      const exited = await Promise.race([
+        sandbox.launcherExited.then(() => true),
+        sleep(graceMs, false, { ref: false }),
+      ]);
       if (!exited) this.logger.warn({ id: sandbox.id }, 'sandbox did not stop in time; killing it');
       await removeContainerResidue(sandbox.id, cgroup, this.pathsOf(sandbox.id));
     } catch (error) {
@@ -290,7 +327,11 @@ export class ContainerBackend implements Backend {
     await this.mounts.unmountIdle().catch(() => undefined);
     await removeIdleParents(this.layout, this.scope);
     const failed = results.filter((r): r is PromiseRejectedResult => r.status === 'rejected');
-    if (failed.length) throw new AggregateError(failed.map((f) => f.reason), 'Some sandboxes did not close cleanly');
+    if (failed.length)
+      throw new AggregateError(
+        failed.map((f): unknown => f.reason),
+        'Some sandboxes did not close cleanly',
+      );
   }
 
   [Symbol.asyncDispose](): Promise<void> {

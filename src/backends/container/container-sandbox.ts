@@ -84,15 +84,24 @@ export class ContainerSandbox implements BackendSandbox {
     if (this.currentState === 'paused') await this.resume();
     if (this.currentState !== 'running') {
       const why = this.failureReason ? ` (${this.failureReason})` : '';
-      throw new SandgymError('failed_precondition', `Cannot ${what}: sandbox ${this.id} is ${this.currentState}${why}`);
+      throw new SandgymError(
+        'failed_precondition',
+        `Cannot ${what}: sandbox ${this.id} is ${this.currentState}${why}`,
+      );
     }
   }
 
   async exec(argv: string[], options: ExecOptions = {}): Promise<ExecResult> {
     const out: Buffer[] = [];
     const err: Buffer[] = [];
-    const result = await this.run(argv, options, (chunk) => (chunk.stream === 'stdout' ? out : err).push(chunk.data));
-    return { ...result, stdout: Buffer.concat(out).toString('utf8'), stderr: Buffer.concat(err).toString('utf8') };
+    const result = await this.run(argv, options, (chunk) =>
+      (chunk.stream === 'stdout' ? out : err).push(chunk.data),
+    );
+    return {
+      ...result,
+      stdout: Buffer.concat(out).toString('utf8'),
+      stderr: Buffer.concat(err).toString('utf8'),
+    };
   }
 
   execStream(argv: string[], options: ExecOptions = {}): ExecStream {
@@ -111,7 +120,11 @@ export class ContainerSandbox implements BackendSandbox {
     return { output: queue, result };
   }
 
-  private async run(argv: string[], options: ExecOptions, onChunk: (chunk: ExecChunk) => void): Promise<ExecResult> {
+  private async run(
+    argv: string[],
+    options: ExecOptions,
+    onChunk: (chunk: ExecChunk) => void,
+  ): Promise<ExecResult> {
     checkArgv(argv);
     await this.ready('run a command', options.signal);
     const stdin = typeof options.stdin === 'string' ? Buffer.from(options.stdin) : options.stdin;
@@ -163,7 +176,11 @@ export class ContainerSandbox implements BackendSandbox {
   async readFile(path: string, options: ReadFileOptions = {}): Promise<Buffer> {
     checkSandboxPath(path);
     await this.ready('read a file', options.signal);
-    const reply = await this.parts.channel.call({ op: 'read', path, maxBytes: options.maxBytes ?? 64 * 1024 * 1024 });
+    const reply = await this.parts.channel.call({
+      op: 'read',
+      path,
+      maxBytes: options.maxBytes ?? 64 * 1024 * 1024,
+    });
     return Buffer.from(reply.data ?? new Uint8Array());
   }
 

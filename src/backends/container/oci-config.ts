@@ -49,7 +49,11 @@ export interface OciConfigInputs {
 }
 
 /** The bundle's config.json: the agent as pid 1 over an overlay root, isolated and limited. */
-export function buildOciConfig({ spec, agentHostPath, cgroupsPath }: OciConfigInputs): Record<string, unknown> {
+export function buildOciConfig({
+  spec,
+  agentHostPath,
+  cgroupsPath,
+}: OciConfigInputs): Record<string, unknown> {
   const env = {
     PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
     HOME: '/root',
@@ -76,18 +80,43 @@ export function buildOciConfig({ spec, agentHostPath, cgroupsPath }: OciConfigIn
     hostname: 'sandbox',
     mounts: [
       { destination: '/proc', type: 'proc', source: 'proc', options: ['nosuid', 'noexec', 'nodev'] },
-      { destination: '/dev', type: 'tmpfs', source: 'tmpfs', options: ['nosuid', 'strictatime', 'mode=755', 'size=65536k'] },
+      {
+        destination: '/dev',
+        type: 'tmpfs',
+        source: 'tmpfs',
+        options: ['nosuid', 'strictatime', 'mode=755', 'size=65536k'],
+      },
       {
         destination: '/dev/pts',
         type: 'devpts',
         source: 'devpts',
         options: ['nosuid', 'noexec', 'newinstance', 'ptmxmode=0666', 'mode=0620'],
       },
-      { destination: '/dev/shm', type: 'tmpfs', source: 'shm', options: ['nosuid', 'noexec', 'nodev', 'mode=1777', 'size=65536k'] },
-      { destination: '/dev/mqueue', type: 'mqueue', source: 'mqueue', options: ['nosuid', 'noexec', 'nodev'] },
+      {
+        destination: '/dev/shm',
+        type: 'tmpfs',
+        source: 'shm',
+        options: ['nosuid', 'noexec', 'nodev', 'mode=1777', 'size=65536k'],
+      },
+      {
+        destination: '/dev/mqueue',
+        type: 'mqueue',
+        source: 'mqueue',
+        options: ['nosuid', 'noexec', 'nodev'],
+      },
       { destination: '/sys', type: 'sysfs', source: 'sysfs', options: ['nosuid', 'noexec', 'nodev', 'ro'] },
-      { destination: '/sys/fs/cgroup', type: 'cgroup', source: 'cgroup', options: ['nosuid', 'noexec', 'nodev', 'relatime', 'ro'] },
-      { destination: AGENT_PATH_IN_SANDBOX, type: 'bind', source: agentHostPath, options: ['bind', 'ro', 'nosuid', 'nodev'] },
+      {
+        destination: '/sys/fs/cgroup',
+        type: 'cgroup',
+        source: 'cgroup',
+        options: ['nosuid', 'noexec', 'nodev', 'relatime', 'ro'],
+      },
+      {
+        destination: AGENT_PATH_IN_SANDBOX,
+        type: 'bind',
+        source: agentHostPath,
+        options: ['bind', 'ro', 'nosuid', 'nodev'],
+      },
     ],
     linux: {
       namespaces: [

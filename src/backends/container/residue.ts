@@ -20,7 +20,11 @@ export interface ContainerPaths {
  * cgroups and its folder. Safe to run on a half-created or already-removed sandbox, by the
  * owner on close or by `gc`/`kill` from another process.
  */
-export async function removeContainerResidue(id: string, cgroup: SandboxCgroup, paths: ContainerPaths): Promise<void> {
+export async function removeContainerResidue(
+  id: string,
+  cgroup: SandboxCgroup,
+  paths: ContainerPaths,
+): Promise<void> {
   const errors: unknown[] = [];
   const step = async (work: () => Promise<unknown>): Promise<void> => {
     try {

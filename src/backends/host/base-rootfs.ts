@@ -10,7 +10,10 @@ async function writeSkeleton(dir: string): Promise<void> {
     await mkdir(join(dir, sub), { recursive: true });
   }
   await chmod(join(dir, 'tmp'), 0o1777);
-  await writeFile(join(dir, 'etc/passwd'), 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n');
+  await writeFile(
+    join(dir, 'etc/passwd'),
+    'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n',
+  );
   await writeFile(join(dir, 'etc/group'), 'root:x:0:\nnogroup:x:65534:\n');
   await writeFile(join(dir, 'etc/hosts'), '127.0.0.1 localhost sandbox\n::1 localhost\n');
 }

@@ -29,7 +29,10 @@ export async function detectCgroupLayout(): Promise<CgroupLayout> {
   }
   for (const needed of ['memory', 'pids', 'cpu']) {
     if (!controllers[needed]) {
-      throw new SandgymError('failed_precondition', `The cgroup v1 "${needed}" controller is not mounted on this host`);
+      throw new SandgymError(
+        'failed_precondition',
+        `The cgroup v1 "${needed}" controller is not mounted on this host`,
+      );
     }
   }
   return { kind: 'v1', controllers, unified };
@@ -88,7 +91,9 @@ export class SandboxCgroup {
    * hierarchies there, so the launcher joins this leaf itself (see agent/launch.c).
    */
   get freezeLeaf(): string | undefined {
-    return this.layout.kind === 'v1' && this.layout.unified ? join(this.layout.unified, this.relativePath) : undefined;
+    return this.layout.kind === 'v1' && this.layout.unified
+      ? join(this.layout.unified, this.relativePath)
+      : undefined;
   }
 
   /** Creates what the runtime does not: the hybrid freeze leaf. Returns files the launcher joins. */
@@ -172,7 +177,9 @@ export class SandboxCgroup {
       if (done((await readText(file)) ?? '')) return;
       await sleep(delayMs);
     }
-    throw new SandgymError('platform_error', `Timed out waiting for ${file} to change state`, { retryable: true });
+    throw new SandgymError('platform_error', `Timed out waiting for ${file} to change state`, {
+      retryable: true,
+    });
   }
 
   /** Pids of every process in the sandbox, from all hierarchies. */
@@ -198,7 +205,9 @@ export class SandboxCgroup {
           const code = (error as NodeJS.ErrnoException).code;
           if (code === 'ENOENT') break;
           if (code !== 'EBUSY' || attempt >= 40) {
-            throw new SandgymError('platform_error', `Cannot remove cgroup ${dir}: ${code}`, { cause: error });
+            throw new SandgymError('platform_error', `Cannot remove cgroup ${dir}: ${code}`, {
+              cause: error,
+            });
           }
           await sleep(25);
         }

@@ -6,7 +6,11 @@ import { runProgram } from './run-program.ts';
  * to decompress on the read path.
  */
 export async function buildErofsImage(sourceDir: string, imagePath: string): Promise<void> {
-  await runProgram('mkfs.erofs', ['-zlz4hc', '-T0', '-U', '00000000-0000-0000-0000-000000000000', imagePath, sourceDir], {
-    timeoutMs: 30 * 60_000,
-  });
+  await runProgram(
+    'mkfs.erofs',
+    ['-zlz4hc', '-T0', '-U', '00000000-0000-0000-0000-000000000000', imagePath, sourceDir],
+    {
+      timeoutMs: 30 * 60_000,
+    },
+  );
 }

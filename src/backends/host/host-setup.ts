@@ -17,7 +17,9 @@ const REQUIRED_PROGRAMS: Record<string, string> = {
 };
 
 function hasProgram(name: string): boolean {
-  return ['/usr/local/bin', '/usr/bin', '/bin', '/usr/sbin', '/sbin'].some((dir) => existsSync(`${dir}/${name}`));
+  return ['/usr/local/bin', '/usr/bin', '/bin', '/usr/sbin', '/sbin'].some((dir) =>
+    existsSync(`${dir}/${name}`),
+  );
 }
 
 /** What {@link prepareHost} found and did. */
@@ -33,21 +35,36 @@ export interface HostReport {
  */
 export async function prepareHost(logger: Logger): Promise<HostReport> {
   if (process.getuid?.() !== 0) {
-    throw new SandgymError('permission_denied', 'sandgym setup must run as root: it installs packages and mounts filesystems');
+    throw new SandgymError(
+      'permission_denied',
+      'sandgym setup must run as root: it installs packages and mounts filesystems',
+    );
   }
-  const missing = [...new Set(Object.entries(REQUIRED_PROGRAMS).filter(([p]) => !hasProgram(p)).map(([, pkg]) => pkg))];
+  const missing = [
+    ...new Set(
+      Object.entries(REQUIRED_PROGRAMS)
+        .filter(([p]) => !hasProgram(p))
+        .map(([, pkg]) => pkg),
+    ),
+  ];
   if (missing.length > 0) {
     logger.info({ packages: missing }, 'installing Debian packages');
     const env = { DEBIAN_FRONTEND: 'noninteractive' };
     await runProgram('apt-get', ['update', '-qq'], { timeoutMs: 10 * 60_000, env });
-    await runProgram('apt-get', ['install', '-y', '-qq', '--no-install-recommends', ...missing], { timeoutMs: 20 * 60_000, env });
+    await runProgram('apt-get', ['install', '-y', '-qq', '--no-install-recommends', ...missing], {
+      timeoutMs: 20 * 60_000,
+      env,
+    });
   }
   for (const fs of ['overlay', 'erofs']) {
     const known = await readFile('/proc/filesystems', 'utf8');
     if (known.includes(`\t${fs}\n`)) continue;
     await runProgram('modprobe', [fs]).catch(() => undefined);
     if (!(await readFile('/proc/filesystems', 'utf8')).includes(`\t${fs}\n`)) {
-      throw new SandgymError('failed_precondition', `This kernel has no ${fs} filesystem: load its module or use a newer kernel`);
+      throw new SandgymError(
+        'failed_precondition',
+        `This kernel has no ${fs} filesystem: load its module or use a newer kernel`,
+      );
     }
   }
   const layout = await detectCgroupLayout();

@@ -60,7 +60,9 @@ export class LayerMounts {
     try {
       await runProgram(this.helperPath, ['mount-erofs', layer.path, point], { timeoutMs: 30_000 });
     } catch (error) {
-      throw new SandgymError('platform_error', `Cannot mount layer ${layer.digest} from ${layer.path}`, { cause: error });
+      throw new SandgymError('platform_error', `Cannot mount layer ${layer.digest} from ${layer.path}`, {
+        cause: error,
+      });
     }
     return point;
   }

@@ -21,7 +21,8 @@ export async function readMounts(): Promise<MountEntry[]> {
     if (!left || !right) continue;
     const mountPoint = left.split(' ')[4];
     const [fsType, source] = right.split(' ');
-    if (mountPoint && fsType) entries.push({ mountPoint: unescape(mountPoint), fsType, source: unescape(source ?? '') });
+    if (mountPoint && fsType)
+      entries.push({ mountPoint: unescape(mountPoint), fsType, source: unescape(source ?? '') });
   }
   return entries;
 }

@@ -18,7 +18,10 @@ function packageRoot(): string {
 export function agentBinaryPath(): string {
   const path = process.env['SANDGYM_AGENT'] ?? join(packageRoot(), 'build', 'sandgym-agent');
   if (!existsSync(path)) {
-    throw new SandgymError('failed_precondition', `The sandbox agent ${path} is missing: run "npm run build"`);
+    throw new SandgymError(
+      'failed_precondition',
+      `The sandbox agent ${path} is missing: run "npm run build"`,
+    );
   }
   return path;
 }

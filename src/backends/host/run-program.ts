@@ -12,7 +12,11 @@ export interface RunProgramOptions {
  * Runs a host program for node-level work (mkfs.erofs, crun delete, debootstrap): rare, never per
  * step. Fails with an error that quotes the command and what it printed.
  */
-export function runProgram(program: string, args: string[], options: RunProgramOptions = {}): Promise<string> {
+export function runProgram(
+  program: string,
+  args: string[],
+  options: RunProgramOptions = {},
+): Promise<string> {
   return new Promise((resolve, reject) => {
     execFile(
       program,

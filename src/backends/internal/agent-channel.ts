@@ -60,9 +60,15 @@ export class AgentChannel {
     this.ready = new Promise<AgentReady>((resolve, reject) => (this.settleReady = { resolve, reject }));
     this.ready.catch(() => undefined); // observed by whoever awaits it; never an unhandled rejection
     output.on('data', (chunk: Buffer) => this.receive(chunk));
-    output.on('close', () => this.fail(new SandgymError('agent_crash', 'The sandbox agent closed its channel')));
-    output.on('error', (error) => this.fail(new SandgymError('agent_crash', 'The agent channel failed', { cause: error })));
-    input.on('error', (error) => this.fail(new SandgymError('agent_crash', 'The agent channel failed', { cause: error })));
+    output.on('close', () =>
+      this.fail(new SandgymError('agent_crash', 'The sandbox agent closed its channel')),
+    );
+    output.on('error', (error) =>
+      this.fail(new SandgymError('agent_crash', 'The agent channel failed', { cause: error })),
+    );
+    input.on('error', (error) =>
+      this.fail(new SandgymError('agent_crash', 'The agent channel failed', { cause: error })),
+    );
   }
 
   /** True once the channel is gone. */
@@ -96,7 +102,10 @@ export class AgentChannel {
     this.input.destroy();
   }
 
-  private send(request: AgentRequest, onOutput?: OutputHandler): { id: number; reply: Promise<AgentOk | AgentExit> } {
+  private send(
+    request: AgentRequest,
+    onOutput?: OutputHandler,
+  ): { id: number; reply: Promise<AgentOk | AgentExit> } {
     const id = this.nextId++;
     const closed = this.closedError;
     if (closed) return { id, reply: Promise.reject(closed) };
@@ -133,7 +142,9 @@ export class AgentChannel {
         return;
       case 'error':
         this.pending.delete(message.id);
-        pending.reject(new SandgymError(AGENT_ERROR_CODES[message.code] ?? 'platform_error', message.message));
+        pending.reject(
+          new SandgymError(AGENT_ERROR_CODES[message.code] ?? 'platform_error', message.message),
+        );
         return;
       default:
         this.pending.delete(message.id);

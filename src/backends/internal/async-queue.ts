@@ -1,9 +1,11 @@
+import { messageOf } from '../../common/index.ts';
+
 /** A single-consumer queue exposed as an AsyncIterable: the producer pushes, then ends or fails it. */
 export class AsyncQueue<T> implements AsyncIterable<T> {
   private readonly items: T[] = [];
   private waiter: (() => void) | undefined;
   private done = false;
-  private error: unknown;
+  private error: Error | undefined;
 
   push(item: T): void {
     this.items.push(item);
@@ -12,7 +14,7 @@ export class AsyncQueue<T> implements AsyncIterable<T> {
 
   end(error?: unknown): void {
     this.done = true;
-    this.error = error;
+    this.error = error === undefined || error instanceof Error ? error : new Error(messageOf(error));
     this.wake();
   }
 

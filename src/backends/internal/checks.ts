@@ -18,7 +18,10 @@ export function checkSandboxPath(path: string): void {
 /** Checks a command's argv: a non-empty list of strings whose first is a program name. */
 export function checkArgv(argv: readonly string[]): void {
   if (!Array.isArray(argv) || argv.length === 0 || !argv[0]) {
-    throw new SandgymError('invalid_argument', 'Command is empty: give a program and its arguments, e.g. ["ls", "-l"]');
+    throw new SandgymError(
+      'invalid_argument',
+      'Command is empty: give a program and its arguments, e.g. ["ls", "-l"]',
+    );
   }
   if (argv.some((arg) => typeof arg !== 'string' || arg.includes('\0'))) {
     throw new SandgymError('invalid_argument', 'Command arguments must be strings without NUL bytes');

@@ -20,7 +20,10 @@ export class FrameReader {
       const head = this.peek(4);
       const length = head.readUInt32BE(0);
       if (length > this.maxFrameBytes) {
-        throw new SandgymError('agent_crash', `Agent sent a ${length}-byte frame, over the ${this.maxFrameBytes}-byte limit`);
+        throw new SandgymError(
+          'agent_crash',
+          `Agent sent a ${length}-byte frame, over the ${this.maxFrameBytes}-byte limit`,
+        );
       }
       if (this.buffered < 4 + length) break;
       const whole = Buffer.concat(this.chunks, this.buffered);

@@ -22,13 +22,17 @@ export async function benchCommand(args: string[]): Promise<number> {
     } else if (arg in BENCHMARKS) {
       names.push(arg);
     } else {
-      throw new UsageError(`sandgym bench: unknown benchmark "${arg}"; known: ${Object.keys(BENCHMARKS).join(', ')}`);
+      throw new UsageError(
+        `sandgym bench: unknown benchmark "${arg}"; known: ${Object.keys(BENCHMARKS).join(', ')}`,
+      );
     }
   }
   const selected = names.length ? names : Object.keys(BENCHMARKS);
   const reports: BenchReport[] = [];
   for (const name of selected) {
-    const report = await BENCHMARKS[name]!({ progress: (message) => console.error(`sandgym bench: ${message}`) });
+    const report = await BENCHMARKS[name]!({
+      progress: (message) => console.error(`sandgym bench: ${message}`),
+    });
     reports.push(report);
     if (!json) printReport(report);
   }
@@ -47,4 +51,3 @@ function printReport(report: BenchReport): void {
     console.log(`  ${name.padEnd(28)} ${String(m.value).padStart(9)} ${m.unit}${against}`);
   }
 }
-

@@ -11,10 +11,19 @@ export async function psCommand(args: string[]): Promise<number> {
     console.log(JSON.stringify({ sandboxes: records }));
     return EXIT.ok;
   }
-  console.log(['ID'.padEnd(26), 'BACKEND'.padEnd(10), 'STATE'.padEnd(9), 'OWNER'.padEnd(8), 'CREATED', 'ENV'].join(' '));
+  console.log(
+    ['ID'.padEnd(26), 'BACKEND'.padEnd(10), 'STATE'.padEnd(9), 'OWNER'.padEnd(8), 'CREATED', 'ENV'].join(' '),
+  );
   for (const r of records) {
     console.log(
-      [r.id.padEnd(26), r.backend.padEnd(10), r.state.padEnd(9), String(r.ownerPid).padEnd(8), r.createdAt, r.labels['environment'] ?? ''].join(' '),
+      [
+        r.id.padEnd(26),
+        r.backend.padEnd(10),
+        r.state.padEnd(9),
+        String(r.ownerPid).padEnd(8),
+        r.createdAt,
+        r.labels['environment'] ?? '',
+      ].join(' '),
     );
   }
   return EXIT.ok;
@@ -23,7 +32,8 @@ export async function psCommand(args: string[]): Promise<number> {
 /** `sandgym kill ID`: destroys a sandbox, whichever process owns it. */
 export async function killCommand(args: string[]): Promise<number> {
   const { positionals } = parseCommandArgs('kill', args, {});
-  if (positionals.length === 0) throw new UsageError('sandgym kill: give the id of a sandbox (see sandgym ps)');
+  if (positionals.length === 0)
+    throw new UsageError('sandgym kill: give the id of a sandbox (see sandgym ps)');
   await using platform = await Platform.local();
   for (const id of positionals) await platform.killSandbox(id);
   return EXIT.ok;

@@ -40,11 +40,14 @@ export async function runCommand(args: string[]): Promise<number> {
   const options = timeoutMs ? { timeoutMs } : {};
   if (parsed.values['json']) {
     const result = await sandbox.exec(argv, options);
-    console.log(JSON.stringify({ sandbox: sandbox.id, backend: sandbox.backend, command: argv, createMs, ...result }));
+    console.log(
+      JSON.stringify({ sandbox: sandbox.id, backend: sandbox.backend, command: argv, createMs, ...result }),
+    );
     return result.exitCode === 0 ? EXIT.ok : EXIT.failed;
   }
   const running = sandbox.execStream(argv, options);
-  for await (const chunk of running.output) (chunk.stream === 'stdout' ? process.stdout : process.stderr).write(chunk.data);
+  for await (const chunk of running.output)
+    (chunk.stream === 'stdout' ? process.stdout : process.stderr).write(chunk.data);
   const result = await running.result;
   const notes = [
     result.timedOut ? `timed out after ${timeoutMs} ms` : '',
