@@ -5,7 +5,11 @@ import { Platform } from '../src/platform/index.ts';
 const COMMANDS: string[][] = [
   ['python3', '-c', 'import platform, sys; print(f"python {platform.python_version()}: 6*7 = {6*7}")'],
   ['git', '--version'],
-  ['sh', '-c', 'echo "kernel $(uname -r), pid $$ of $(ls /proc | grep -c "^[0-9]") processes, host name $(hostname)"'],
+  [
+    'sh',
+    '-c',
+    'echo "kernel $(uname -r), pid $$ of $(ls /proc | grep -c "^[0-9]") processes, host name $(hostname)"',
+  ],
   ['sh', '-c', 'echo state persists > /tmp/note && cat /tmp/note'],
   ['ls', '/no/such/path'],
 ];
@@ -13,8 +17,13 @@ const COMMANDS: string[][] = [
 async function main(): Promise<void> {
   await using platform = await Platform.local();
   const started = performance.now();
-  await using sandbox = await platform.createSandbox({ environment: 'debian:bookworm', resources: { memoryMib: 256 } });
-  console.log(`sandbox ${sandbox.id} (${sandbox.backend}, debian:bookworm) ready in ${(performance.now() - started).toFixed(0)} ms\n`);
+  await using sandbox = await platform.createSandbox({
+    environment: 'debian:bookworm',
+    resources: { memoryMib: 256 },
+  });
+  console.log(
+    `sandbox ${sandbox.id} (${sandbox.backend}, debian:bookworm) ready in ${(performance.now() - started).toFixed(0)} ms\n`,
+  );
   for (const argv of COMMANDS) {
     const result = await sandbox.exec(argv, { timeoutMs: 30_000 });
     console.log(`$ ${argv.join(' ')}`);
@@ -25,7 +34,9 @@ async function main(): Promise<void> {
   await sandbox.writeFile('/work/hello.txt', 'written by the host\n');
   console.log(`read back: ${(await sandbox.readFile('/work/hello.txt')).toString().trim()}`);
   const stats = await sandbox.stats();
-  console.log(`memory ${(stats.memoryBytes / 2 ** 20).toFixed(1)} MiB, cpu ${stats.cpuUsageMs.toFixed(0)} ms, ${stats.pids} process(es)`);
+  console.log(
+    `memory ${(stats.memoryBytes / 2 ** 20).toFixed(1)} MiB, cpu ${stats.cpuUsageMs.toFixed(0)} ms, ${stats.pids} process(es)`,
+  );
   console.log('tearing the sandbox down');
 }
 

@@ -130,6 +130,13 @@ export function describeBackendConformance(target: ConformanceTarget): void {
       await expectCode(sandbox.readFile('/tmp'), 'failed_precondition');
     });
 
+    it('honours an abort on file calls', async () => {
+      const aborted = AbortSignal.abort();
+      await expectCode(sandbox.readFile('/etc/passwd', { signal: aborted }), 'cancelled');
+      await expectCode(sandbox.listDir('/', { signal: aborted }), 'cancelled');
+      expect((await sandbox.readFile('/etc/passwd', { timeoutMs: 10_000 })).length).toBeGreaterThan(0);
+    });
+
     it('does not follow magic links out of the root', async () => {
       await sandbox.exec(['ln', '-sf', '/proc/1/root/etc/hostname', '/tmp/magic']);
       await expectCode(sandbox.readFile('/proc/1/root/etc/hostname'), 'permission_denied');

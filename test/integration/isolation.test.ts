@@ -118,6 +118,26 @@ describe('container isolation', () => {
     }, 64);
   });
 
+  it('applies memory, pids and CPU limits in its cgroups', async () => {
+    const sandbox = await env.platform.createSandbox({
+      environment: 'busybox:latest',
+      resources: { memoryMib: 96, pids: 40, cpu: 0.5 },
+    });
+    try {
+      // inside its cgroup namespace, the sandbox's own cgroup is the root of each hierarchy
+      const read = async (v1: string, v2: string): Promise<string> =>
+        (await sandbox.exec(['sh', '-c', `cat ${v1} 2>/dev/null || cat ${v2}`])).stdout.trim();
+      expect(await read('/sys/fs/cgroup/memory/memory.limit_in_bytes', '/sys/fs/cgroup/memory.max')).toBe(
+        String(96 * 2 ** 20),
+      );
+      expect(await read('/sys/fs/cgroup/pids/pids.max', '/sys/fs/cgroup/pids.max')).toBe('40');
+      const cpu = await read('/sys/fs/cgroup/cpu/cpu.cfs_quota_us', '/sys/fs/cgroup/cpu.max');
+      expect(cpu.split(' ')[0]).toBe('50000');
+    } finally {
+      await sandbox.close();
+    }
+  });
+
   it('drops capabilities and filters syscalls', async () => {
     await withSandbox(async (sandbox) => {
       const status = await sandbox.exec(['grep', 'CapEff', '/proc/self/status']);

@@ -25,6 +25,11 @@ const SIGNAL_NAMES = new Map<number, string>(
   Object.entries(constants.signals).map(([name, number]) => [number, name]),
 );
 
+/** Just the cancellation part of an options bag, without undefined fields. */
+function callOptions({ signal, timeoutMs }: CallOptions): CallOptions {
+  return { ...(signal ? { signal } : {}), ...(timeoutMs === undefined ? {} : { timeoutMs }) };
+}
+
 /** What a container sandbox needs from its backend. */
 export interface ContainerSandboxParts {
   spec: SandboxSpec;
@@ -188,13 +193,16 @@ export class ContainerSandbox implements BackendSandbox {
     checkSandboxPath(path);
     await this.ready('write a file', options.signal);
     const bytes = typeof data === 'string' ? Buffer.from(data) : data;
-    await this.parts.channel.call({ op: 'write', path, data: bytes, mode: options.mode ?? 0o644 });
+    await this.parts.channel.call(
+      { op: 'write', path, data: bytes, mode: options.mode ?? 0o644 },
+      callOptions(options),
+    );
   }
 
   async listDir(path: string, options: CallOptions = {}): Promise<DirEntry[]> {
     checkSandboxPath(path);
     await this.ready('list a directory', options.signal);
-    const reply = await this.parts.channel.call({ op: 'list', path });
+    const reply = await this.parts.channel.call({ op: 'list', path }, callOptions(options));
     return (reply.entries ?? []).sort((a, b) => a.name.localeCompare(b.name));
   }
 

@@ -1,5 +1,6 @@
 import type { Readable, Writable } from 'node:stream';
 import { SandgymError, parseAt, type Codec, type SandgymErrorCode } from '../../common/index.ts';
+import type { CallOptions } from '../contract.ts';
 import {
   MAX_FRAME_BYTES,
   agentMessageSchema,
@@ -76,9 +77,38 @@ export class AgentChannel {
     return this.closedError !== undefined;
   }
 
-  /** Sends a file or control request and resolves with the agent's `ok` reply. */
-  call(request: AgentRequest): Promise<AgentOk> {
-    return this.send(request).reply as Promise<AgentOk>;
+  /**
+   * Sends a file or control request and resolves with the agent's `ok` reply. An abort or the
+   * deadline rejects the call at once; the agent's late answer is then dropped.
+   */
+  async call(request: AgentRequest, options: CallOptions = {}): Promise<AgentOk> {
+    const { id, reply } = this.send(request);
+    const { signal, timeoutMs } = options;
+    if (!signal && timeoutMs === undefined) return reply as Promise<AgentOk>;
+    const giveUp = (error: SandgymError): void => this.forget(id, error);
+    const onAbort = (): void =>
+      giveUp(new SandgymError('cancelled', `Agent request "${request.op}" was cancelled`));
+    signal?.addEventListener('abort', onAbort, { once: true });
+    const timer =
+      timeoutMs === undefined
+        ? undefined
+        : setTimeout(
+            () =>
+              giveUp(
+                new SandgymError(
+                  'timeout',
+                  `Agent request "${request.op}" took longer than ${timeoutMs} ms`,
+                  { retryable: true },
+                ),
+              ),
+            timeoutMs,
+          );
+    try {
+      return (await reply) as AgentOk;
+    } finally {
+      signal?.removeEventListener('abort', onAbort);
+      clearTimeout(timer);
+    }
   }
 
   /** Starts a command; output arrives through `onOutput`, the result when it ends. */
