@@ -46,17 +46,6 @@ static void send_ready(void) {
   channel_send(&w);
 }
 
-static void send_ok(uint32_t id) {
-  mp_writer w;
-  mp_writer_init(&w);
-  mp_map(&w, 2);
-  mp_str(&w, "t");
-  mp_str(&w, "ok");
-  mp_str(&w, "id");
-  mp_uint(&w, id);
-  channel_send(&w);
-}
-
 /* The fields any request may carry; which ones matter depends on op. */
 typedef struct {
   mp_item op, path, data, cwd, stdin_data;

@@ -33,14 +33,24 @@ void channel_send(mp_writer *w) {
   mp_writer_free(w);
 }
 
+void reply_begin(mp_writer *w, const char *type, uint32_t id, uint32_t fields) {
+  mp_writer_init(w);
+  mp_map(w, 2 + fields);
+  mp_str(w, "t");
+  mp_str(w, type);
+  mp_str(w, "id");
+  mp_uint(w, id);
+}
+
+void send_ok(uint32_t id) {
+  mp_writer w;
+  reply_begin(&w, "ok", id, 0);
+  channel_send(&w);
+}
+
 void send_error(uint32_t id, const char *code, const char *message) {
   mp_writer w;
-  mp_writer_init(&w);
-  mp_map(&w, 4);
-  mp_str(&w, "t");
-  mp_str(&w, "error");
-  mp_str(&w, "id");
-  mp_uint(&w, id);
+  reply_begin(&w, "error", id, 2);
   mp_str(&w, "code");
   mp_str(&w, code);
   mp_str(&w, "message");

@@ -9,6 +9,9 @@
 void channel_init(int out_fd);
 /* Sends the writer's bytes as one frame and resets the writer. */
 void channel_send(mp_writer *w);
+/* Starts a reply map: its type, the request id, then room for `fields` more entries. */
+void reply_begin(mp_writer *w, const char *type, uint32_t id, uint32_t fields);
+void send_ok(uint32_t id);
 void send_error(uint32_t id, const char *code, const char *message);
 void send_errno(uint32_t id, int err, const char *what);
 

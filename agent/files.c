@@ -51,15 +51,6 @@ static int open_in_root(const char *rel, int flags, mode_t mode) {
   return (int)syscall(SYS_openat2, root_fd, rel, &how, sizeof how);
 }
 
-static void send_ok_header(mp_writer *w, uint32_t id, uint32_t extra) {
-  mp_writer_init(w);
-  mp_map(w, 2 + extra);
-  mp_str(w, "t");
-  mp_str(w, "ok");
-  mp_str(w, "id");
-  mp_uint(w, id);
-}
-
 void file_read(uint32_t id, const mp_item *path, uint64_t max_bytes) {
   char rel[4096];
   const char *why = checked_path(path, rel, sizeof rel);
@@ -100,7 +91,7 @@ void file_read(uint32_t id, const mp_item *path, uint64_t max_bytes) {
     return send_error(id, "file_too_large", message);
   }
   mp_writer w;
-  send_ok_header(&w, id, 1);
+  reply_begin(&w, "ok", id, 1);
   mp_str(&w, "data");
   mp_bin(&w, buf, len);
   free(buf);
@@ -160,9 +151,7 @@ void file_write(uint32_t id, const mp_item *path, const mp_item *data, uint32_t 
     unlinkat(root_fd, tmp, 0);
     return send_errno(id, err, "cannot replace file");
   }
-  mp_writer w;
-  send_ok_header(&w, id, 0);
-  channel_send(&w);
+  send_ok(id);
 }
 
 static const char *type_name(mode_t mode) {
@@ -204,7 +193,7 @@ void file_list(uint32_t id, const mp_item *path) {
   closedir(dir);
   /* the entries were encoded apart because their count is known only at the end */
   mp_writer w;
-  send_ok_header(&w, id, 1);
+  reply_begin(&w, "ok", id, 1);
   mp_str(&w, "entries");
   mp_array(&w, count);
   mp_raw(&w, entries.data, entries.len);

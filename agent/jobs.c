@@ -203,12 +203,7 @@ static void send_chunk(job *j, int stream, const uint8_t *data, size_t n) {
   if (before >= j->cap_bytes) return;
   size_t keep = before + n > j->cap_bytes ? (size_t)(j->cap_bytes - before) : n;
   mp_writer w;
-  mp_writer_init(&w);
-  mp_map(&w, 4);
-  mp_str(&w, "t");
-  mp_str(&w, "out");
-  mp_str(&w, "id");
-  mp_uint(&w, j->id);
+  reply_begin(&w, "out", j->id, 2);
   mp_str(&w, "fd");
   mp_uint(&w, (uint64_t)stream + 1);
   mp_str(&w, "data");
@@ -257,12 +252,7 @@ static void job_finish(job *j) {
   if (j->stdin_fd >= 0) close(j->stdin_fd);
   free(j->stdin_data);
   mp_writer w;
-  mp_writer_init(&w);
-  mp_map(&w, 11);
-  mp_str(&w, "t");
-  mp_str(&w, "exit");
-  mp_str(&w, "id");
-  mp_uint(&w, j->id);
+  reply_begin(&w, "exit", j->id, 9);
   mp_str(&w, "exitCode");
   if (WIFEXITED(j->status)) mp_int(&w, WEXITSTATUS(j->status));
   else mp_nil(&w);

@@ -1,6 +1,6 @@
 import { timeCommand } from './hyperfine.ts';
 import { BenchFixture } from './fixture.ts';
-import { compared, hostInfo, quantile, type BenchOptions, type BenchReport } from './report.ts';
+import { hostInfo, quantilesAgainst, type BenchOptions, type BenchReport } from './report.ts';
 
 const RUNS = 40;
 const WARMUP = 3;
@@ -30,16 +30,9 @@ export async function benchCreate(options: BenchOptions): Promise<BenchReport> {
     `${fixture.crunPrefix} run --bundle ${fixture.bundle} sandgym-bench-create`,
     RUNS,
   );
-  const p50 = quantile(samples, 0.5);
-  const p99 = quantile(samples, 0.99);
   return {
     bench: 'create',
     host: hostInfo(),
-    metrics: {
-      create_p50_ms_vs_unshare: compared(p50, quantile(unshare, 0.5)),
-      create_p99_ms_vs_unshare: compared(p99, quantile(unshare, 0.99)),
-      create_p50_ms_vs_crun_run: compared(p50, quantile(crunRun, 0.5)),
-      create_p99_ms_vs_crun_run: compared(p99, quantile(crunRun, 0.99)),
-    },
+    metrics: quantilesAgainst('create', samples, { unshare, crun_run: crunRun }),
   };
 }

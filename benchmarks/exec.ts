@@ -2,7 +2,7 @@ import { hostProgram, runProgram } from '../src/backends/index.ts';
 import { join } from 'node:path';
 import { timeCommand } from './hyperfine.ts';
 import { BenchFixture } from './fixture.ts';
-import { compared, hostInfo, quantile, type BenchOptions, type BenchReport } from './report.ts';
+import { hostInfo, quantilesAgainst, type BenchOptions, type BenchReport } from './report.ts';
 
 const RUNS = 300;
 const BASELINE_RUNS = 100;
@@ -25,16 +25,9 @@ export async function benchExec(options: BenchOptions): Promise<BenchReport> {
   const nsenter = await timeCommand(`nsenter -t ${state.pid} -a /bin/true`, BASELINE_RUNS);
   options.progress('exec: baseline crun exec');
   const crunExec = await timeCommand(`${fixture.crunPrefix} exec ${sandbox.id} /bin/true`, BASELINE_RUNS);
-  const p50 = quantile(samples, 0.5);
-  const p99 = quantile(samples, 0.99);
   return {
     bench: 'exec',
     host: hostInfo(),
-    metrics: {
-      exec_p50_ms_vs_nsenter: compared(p50, quantile(nsenter, 0.5)),
-      exec_p99_ms_vs_nsenter: compared(p99, quantile(nsenter, 0.99)),
-      exec_p50_ms_vs_crun_exec: compared(p50, quantile(crunExec, 0.5)),
-      exec_p99_ms_vs_crun_exec: compared(p99, quantile(crunExec, 0.99)),
-    },
+    metrics: quantilesAgainst('exec', samples, { nsenter, crun_exec: crunExec }),
   };
 }

@@ -38,6 +38,24 @@ export function compared(value: number, baseline: number, unit = 'ms'): Metric {
   return { value: round(value), unit, baseline: round(baseline), ratio: round(value / baseline) };
 }
 
+/**
+ * p50 and p99 of the samples, each against the same quantile of every baseline:
+ * `<name>_p50_ms_vs_<baseline>` and `<name>_p99_ms_vs_<baseline>`.
+ */
+export function quantilesAgainst(
+  name: string,
+  samples: number[],
+  baselines: Record<string, number[]>,
+): Record<string, Metric> {
+  const metrics: Record<string, Metric> = {};
+  for (const q of [0.5, 0.99]) {
+    for (const [baseline, times] of Object.entries(baselines)) {
+      metrics[`${name}_p${q * 100}_ms_vs_${baseline}`] = compared(quantile(samples, q), quantile(times, q));
+    }
+  }
+  return metrics;
+}
+
 /** Options every benchmark takes. */
 export interface BenchOptions {
   /** Progress lines go here (stderr), so stdout stays one JSON document. */
