@@ -26,5 +26,14 @@ fi
 
 echo "prepare: building the agent and the TypeScript sources" >&2
 npm run --silent build
+chmod +x dist/src/cli/main.js
+
+# Put `sandgym` on PATH, pointing at this checkout (what `npm link` does, without a reinstall).
+bin="$(npm prefix -g)/bin/sandgym"
+if [ "$(readlink "$bin" 2>/dev/null)" != "$PWD/dist/src/cli/main.js" ]; then
+  mkdir -p "$(dirname "$bin")"
+  ln -sfn "$PWD/dist/src/cli/main.js" "$bin"
+  echo "prepare: linked $bin" >&2
+fi
 
 node dist/src/cli/main.js setup

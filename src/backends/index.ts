@@ -29,5 +29,5 @@ export type { DebianRootfsOptions } from './host/base-rootfs.ts';
 export { runProgram } from './host/run-program.ts';
 export { prepareHost } from './host/host-setup.ts';
 export type { HostReport } from './host/host-setup.ts';
-export { agentBinaryPath, hostProgram } from './host/paths.ts';
+export { agentBinaryPath, hostProgram, packageRoot } from './host/paths.ts';
 export { detectCgroupLayout } from './host/cgroups.ts';

@@ -1,5 +1,11 @@
 import { resolve, join } from 'node:path';
-import { ContainerBackend, type CallOptions, type GcReport, type SandboxRecord } from '../backends/index.ts';
+import {
+  ContainerBackend,
+  packageRoot,
+  type CallOptions,
+  type GcReport,
+  type SandboxRecord,
+} from '../backends/index.ts';
 import { SandgymError, newSandboxId, parseAt, silentLogger, type Logger } from '../common/index.ts';
 import { LayerStore, type Environment } from './layer-store.ts';
 import type { PlatformClient, Sandbox } from './platform-client.ts';
@@ -7,16 +13,19 @@ import { sandboxRequestSchema, type SandboxRequest } from './sandbox-request.ts'
 
 /** Options for {@link Platform.local}. */
 export interface LocalPlatformOptions {
-  /** Node data: sandboxes, layer mounts, runtime state. Default: $SANDGYM_DATA_DIR or ./.sandgym. */
+  /** Node data: sandboxes, layer mounts, runtime state. Default: {@link defaultDataDir}. */
   dataDir?: string;
   /** The layer store. Default: $SANDGYM_STORE or <dataDir>/store. */
   storeDir?: string;
   logger?: Logger;
 }
 
-/** Where the embedded platform keeps its data when not told otherwise. */
+/**
+ * Where the embedded platform keeps its data when not told otherwise: $SANDGYM_DATA_DIR, else
+ * `.sandgym` in the sandgym checkout, so the command finds the same store from any folder.
+ */
 export function defaultDataDir(): string {
-  return resolve(process.env['SANDGYM_DATA_DIR'] ?? '.sandgym');
+  return resolve(process.env['SANDGYM_DATA_DIR'] ?? join(packageRoot(), '.sandgym'));
 }
 
 /** Where the layer store is when not told otherwise. */

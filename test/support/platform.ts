@@ -1,13 +1,13 @@
 import { randomBytes } from 'node:crypto';
 import { rm } from 'node:fs/promises';
-import { join, resolve } from 'node:path';
-import { Platform, defaultStoreDir, type PlatformClient } from '../../src/platform/index.ts';
+import { join } from 'node:path';
+import { Platform, defaultDataDir, defaultStoreDir, type PlatformClient } from '../../src/platform/index.ts';
 
 /** Each test file's platform has a data folder of its own below this; the layer store is shared. */
-export const TEST_DATA_ROOT = resolve('.sandgym/tests');
+export const TEST_DATA_ROOT = join(defaultDataDir(), 'tests');
 
 /** The store `sandgym setup` filled (npm test runs it first). */
-export const STORE_DIR = defaultStoreDir(resolve('.sandgym'));
+export const STORE_DIR = defaultStoreDir(defaultDataDir());
 
 /** An embedded platform in a fresh data folder; dispose it to destroy its sandboxes and the folder. */
 export interface TestPlatform extends AsyncDisposable {

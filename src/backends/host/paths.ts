@@ -4,7 +4,7 @@ import { fileURLToPath } from 'node:url';
 import { SandgymError } from '../../common/index.ts';
 
 /** The package root: the nearest folder above this module with a package.json. */
-function packageRoot(): string {
+export function packageRoot(): string {
   let dir = dirname(fileURLToPath(import.meta.url));
   while (!existsSync(join(dir, 'package.json'))) {
     const parent = dirname(dir);
