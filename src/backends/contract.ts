@@ -128,6 +128,10 @@ export interface BackendSandbox extends AsyncDisposable {
   readonly state: SandboxState;
   /** Set once the sandbox failed. */
   readonly failure: FailureReason | undefined;
+  /** The read-only layers under the sandbox, base first. */
+  readonly layers: readonly LayerImage[];
+  /** The labels it was created with (the platform adds `environment`). */
+  readonly labels: Readonly<Record<string, string>>;
   exec(argv: string[], options?: ExecOptions): Promise<ExecResult>;
   execStream(argv: string[], options?: ExecOptions): ExecStream;
   readFile(path: string, options?: ReadFileOptions): Promise<Buffer>;
@@ -136,6 +140,12 @@ export interface BackendSandbox extends AsyncDisposable {
   pause(options?: CallOptions): Promise<void>;
   resume(options?: CallOptions): Promise<void>;
   stats(options?: CallOptions): Promise<SandboxStats>;
+  /**
+   * Hands `consume` a folder holding everything the sandbox wrote (its overlay upper dir, with
+   * whiteouts for deletions), frozen for the duration so the view is consistent. Backends whose
+   * `checkpoint` capability is not `disk` or deeper fail with `unsupported`.
+   */
+  withWritableLayer<T>(consume: (dir: string) => Promise<T>, options?: CallOptions): Promise<T>;
   /** Destroys the sandbox and everything it holds. Idempotent. */
   close(): Promise<void>;
 }

@@ -31,3 +31,4 @@ export { prepareHost } from './host/host-setup.ts';
 export type { HostReport } from './host/host-setup.ts';
 export { agentBinaryPath, hostProgram, packageRoot } from './host/paths.ts';
 export { detectCgroupLayout } from './host/cgroups.ts';
+export { sha256OfFile } from './host/layer-verify.ts';

@@ -1,5 +1,6 @@
 #!/usr/bin/env node
 import { benchCommand } from './commands/bench.ts';
+import { envCommand, layerCommand } from './commands/layers.ts';
 import { gcCommand, killCommand, psCommand } from './commands/ps.ts';
 import { runCommand } from './commands/run.ts';
 import { setupCommand } from './commands/setup.ts';
@@ -10,6 +11,10 @@ const USAGE = `usage: sandgym COMMAND [ARGS]
   setup                                   prepare this host: Debian packages, kernel checks, base layers
   run [--backend B] [--env E] [--json] [--timeout-ms N] [--memory-mib N] -- CMD ...
                                           one sandbox, one command: output, exit code, teardown
+  layer build --from-dir D [--name NAME:VERSION] [--base ENV]
+                                          pack a folder into an EROFS layer (and an environment)
+  layer ls [--json]                       stored layers
+  env ls [--json] | env show NAME:VERSION environments: layer stacks plus config
   ps [--json]                             live sandboxes on this node
   kill ID ...                             destroy sandboxes, whichever process owns them
   gc [--json]                             reap what crashed owners left behind
@@ -24,6 +29,8 @@ const COMMANDS: Record<string, (args: string[]) => Promise<number>> = {
   kill: killCommand,
   gc: gcCommand,
   bench: benchCommand,
+  layer: layerCommand,
+  env: envCommand,
 };
 
 async function main(argv: string[]): Promise<number> {

@@ -1,9 +1,9 @@
-import { createHash, randomBytes } from 'node:crypto';
-import { createReadStream, existsSync } from 'node:fs';
+import { randomBytes } from 'node:crypto';
+import { existsSync } from 'node:fs';
 import { mkdir, readFile, readdir, rename, rm, stat, open } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
-import { buildErofsImage, type LayerImage } from '../backends/index.ts';
+import { buildErofsImage, sha256OfFile, type LayerImage } from '../backends/index.ts';
 import { SandgymError, parseAt, writeFileAtomic } from '../common/index.ts';
 
 const DIGEST = /^sha256:[0-9a-f]{64}$/;
@@ -47,12 +47,6 @@ export function parseEnvironmentRef(ref: string): { name: string; version: strin
   return { name, version };
 }
 
-async function sha256File(path: string): Promise<string> {
-  const hash = createHash('sha256');
-  for await (const chunk of createReadStream(path)) hash.update(chunk as Buffer);
-  return `sha256:${hash.digest('hex')}`;
-}
-
 /**
  * The layer store: a folder, local or on a shared filesystem, holding immutable EROFS layers
  * addressed by the sha256 of their bytes, and environment manifests. Every write goes through a
@@ -86,7 +80,7 @@ export class LayerStore {
       const file = await open(temp, 'r');
       await file.sync();
       await file.close();
-      const digest = await sha256File(temp);
+      const digest = await sha256OfFile(temp);
       const sizeBytes = (await stat(temp)).size;
       // Same bytes, same name: a concurrent writer's rename over ours is harmless.
       await rename(temp, this.layerPath(digest));

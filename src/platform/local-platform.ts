@@ -7,8 +7,8 @@ import {
   type SandboxRecord,
 } from '../backends/index.ts';
 import { SandgymError, newSandboxId, parseAt, silentLogger, type Logger } from '../common/index.ts';
-import { LayerStore, type Environment } from './layer-store.ts';
-import type { PlatformClient, Sandbox } from './platform-client.ts';
+import { LayerStore, parseEnvironmentRef, type Environment } from './layer-store.ts';
+import type { PackDiffOptions, PackDiffResult, PlatformClient, Sandbox } from './platform-client.ts';
 import { sandboxRequestSchema, type SandboxRequest } from './sandbox-request.ts';
 
 /** Options for {@link Platform.local}. */
@@ -85,6 +85,24 @@ class LocalPlatform implements PlatformClient {
 
   listEnvironments(): Promise<Environment[]> {
     return this.store.listEnvironments();
+  }
+
+  async packDiff(sandbox: Sandbox, options: PackDiffOptions): Promise<PackDiffResult> {
+    const ref = parseEnvironmentRef(options.name);
+    const from = sandbox.layers.map((l) => l.digest);
+    const parent = sandbox.labels['environment'];
+    const config = parent ? (await this.store.getEnvironment(parent)).config : {};
+    const layer = await sandbox.withWritableLayer(
+      (dir) => this.store.addLayerFromDirectory(dir, `pack_diff of sandbox ${sandbox.id}`),
+      options,
+    );
+    const environment = await this.store.putEnvironment({
+      ...ref,
+      layers: [...from, layer.digest],
+      config,
+      description: options.description ?? `${parent ?? 'sandbox'} + changes of ${sandbox.id}`,
+    });
+    return { layer, environment };
   }
 
   async close(): Promise<void> {

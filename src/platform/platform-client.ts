@@ -1,5 +1,5 @@
 import type { BackendSandbox, CallOptions, GcReport, SandboxRecord } from '../backends/index.ts';
-import type { Environment } from './layer-store.ts';
+import type { Environment, LayerManifest } from './layer-store.ts';
 import type { SandboxRequest } from './sandbox-request.ts';
 
 /** A live sandbox, whichever backend runs it. */
@@ -16,6 +16,24 @@ export interface PlatformClient extends AsyncDisposable {
   /** Removes what crashed owners left behind. */
   gc(options?: CallOptions): Promise<GcReport>;
   listEnvironments(options?: CallOptions): Promise<Environment[]>;
+  /**
+   * pack_diff: turns what a sandbox wrote into a new layer, and records `name` as an environment
+   * that is the sandbox's own stack plus that layer. New sandboxes of it start where this one is.
+   */
+  packDiff(sandbox: Sandbox, options: PackDiffOptions): Promise<PackDiffResult>;
   /** Destroys this client's sandboxes. Idempotent. */
   close(): Promise<void>;
+}
+
+/** Options for {@link PlatformClient.packDiff}. */
+export interface PackDiffOptions extends CallOptions {
+  /** The new environment, "name:version". */
+  name: string;
+  description?: string;
+}
+
+/** The layer and environment that {@link PlatformClient.packDiff} made. */
+export interface PackDiffResult {
+  layer: LayerManifest;
+  environment: Environment;
 }

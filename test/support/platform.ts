@@ -1,7 +1,13 @@
 import { randomBytes } from 'node:crypto';
-import { rm } from 'node:fs/promises';
+import { copyFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
-import { Platform, defaultDataDir, defaultStoreDir, type PlatformClient } from '../../src/platform/index.ts';
+import {
+  LayerStore,
+  Platform,
+  defaultDataDir,
+  defaultStoreDir,
+  type PlatformClient,
+} from '../../src/platform/index.ts';
 
 /** Each test file's platform has a data folder of its own below this; the layer store is shared. */
 export const TEST_DATA_ROOT = join(defaultDataDir(), 'tests');
@@ -11,13 +17,40 @@ export const STORE_DIR = defaultStoreDir(defaultDataDir());
 
 /** An embedded platform in a fresh data folder; dispose it to destroy its sandboxes and the folder. */
 export interface TestPlatform extends AsyncDisposable {
-  platform: PlatformClient;
+  platform: PlatformClient & { readonly store: LayerStore };
   dataDir: string;
 }
 
-export async function createTestPlatform(name: string): Promise<TestPlatform> {
+/** Options for {@link createTestPlatform}. */
+export interface TestPlatformOptions {
+  /** A store of the test's own, seeded with busybox:latest, for tests that write layers. */
+  privateStore?: boolean;
+}
+
+/** Copies one environment and its layers from the shared store into another. */
+async function seedStore(target: LayerStore, ref: string): Promise<void> {
+  const source = await LayerStore.open(STORE_DIR);
+  const environment = await source.getEnvironment(ref);
+  for (const digest of environment.layers) {
+    const hex = digest.slice('sha256:'.length);
+    for (const ext of ['erofs', 'json']) {
+      await copyFile(
+        join(source.root, 'layers/sha256', `${hex}.${ext}`),
+        join(target.root, 'layers/sha256', `${hex}.${ext}`),
+      );
+    }
+  }
+  await target.putEnvironment(environment);
+}
+
+export async function createTestPlatform(
+  name: string,
+  options: TestPlatformOptions = {},
+): Promise<TestPlatform> {
   const dataDir = join(TEST_DATA_ROOT, `${name}-${randomBytes(4).toString('hex')}`);
-  const platform = await Platform.local({ dataDir, storeDir: STORE_DIR });
+  const storeDir = options.privateStore ? join(dataDir, 'store') : STORE_DIR;
+  if (options.privateStore) await seedStore(await LayerStore.open(storeDir), 'busybox:latest');
+  const platform = await Platform.local({ dataDir, storeDir });
   return {
     platform,
     dataDir,

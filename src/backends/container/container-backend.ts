@@ -53,7 +53,7 @@ export interface ContainerBackendOptions {
 const CAPABILITIES: BackendCapabilities = {
   pause: true,
   hibernate: false,
-  checkpoint: 'none',
+  checkpoint: 'disk',
   fork: false,
   shellSessions: false,
   ownNetwork: true,
@@ -148,6 +148,7 @@ export class ContainerBackend implements Backend {
         launcher,
         channel,
         cgroup,
+        upperDir: join(paths.dir, 'upper'),
         destroy: (s) => this.destroy(s),
       });
       this.live.add(sandbox);

@@ -9,6 +9,7 @@ import type {
   ExecOptions,
   ExecResult,
   ExecStream,
+  LayerImage,
   ReadFileOptions,
   SandboxSpec,
   SandboxState,
@@ -36,6 +37,8 @@ export interface ContainerSandboxParts {
   launcher: ChildProcess;
   channel: AgentChannel;
   cgroup: SandboxCgroup;
+  /** The overlay upper dir on the node. */
+  upperDir: string;
   /** Tears the sandbox down; called once, by close(). */
   destroy(sandbox: ContainerSandbox): Promise<void>;
 }
@@ -72,8 +75,12 @@ export class ContainerSandbox implements BackendSandbox {
     return this.exited;
   }
 
-  get layers(): SandboxSpec['layers'] {
+  get layers(): readonly LayerImage[] {
     return this.parts.spec.layers;
+  }
+
+  get labels(): Readonly<Record<string, string>> {
+    return this.parts.spec.labels;
   }
 
   private onLauncherExit(): void {
@@ -224,6 +231,18 @@ export class ContainerSandbox implements BackendSandbox {
   async stats(options: CallOptions = {}): Promise<SandboxStats> {
     throwIfAborted(options.signal, 'Stats');
     return { state: this.currentState, ...(await this.parts.cgroup.usage()) };
+  }
+
+  async withWritableLayer<T>(consume: (dir: string) => Promise<T>, options: CallOptions = {}): Promise<T> {
+    throwIfAborted(options.signal, 'Reading the writable layer');
+    const wasPaused = this.currentState === 'paused';
+    await this.ready('read the writable layer', undefined);
+    await this.pause();
+    try {
+      return await consume(this.parts.upperDir);
+    } finally {
+      if (!wasPaused) await this.resume();
+    }
   }
 
   /** Marks the sandbox as going away; returns false when it already is. */

@@ -2,6 +2,7 @@ import { mkdir, readdir, rmdir, statfs } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SandgymError } from '../../common/index.ts';
 import type { LayerImage } from '../contract.ts';
+import { LayerVerifier } from './layer-verify.ts';
 import { runProgram } from './run-program.ts';
 
 const EROFS_MAGIC = 0xe0f5e1e2;
@@ -24,20 +25,24 @@ export class LayerMounts {
   private readonly inFlight = new Map<string, Promise<string>>();
   private readonly users = new Map<string, number>();
 
+  private readonly verifier: LayerVerifier;
+
   constructor(
     private readonly mountsDir: string,
     private readonly helperPath: string,
-  ) {}
+  ) {
+    this.verifier = new LayerVerifier(mountsDir);
+  }
 
   /** Mount points for the layers, base first; mounts what is not mounted yet. */
-  async acquire(layers: LayerImage[]): Promise<string[]> {
+  async acquire(layers: readonly LayerImage[]): Promise<string[]> {
     const points = await Promise.all(layers.map((layer) => this.mountOnce(layer)));
     for (const layer of layers) this.users.set(layer.digest, (this.users.get(layer.digest) ?? 0) + 1);
     return points;
   }
 
   /** Drops this process's use of the layers. */
-  release(layers: LayerImage[]): void {
+  release(layers: readonly LayerImage[]): void {
     for (const layer of layers) {
       const left = (this.users.get(layer.digest) ?? 1) - 1;
       if (left > 0) this.users.set(layer.digest, left);
@@ -56,6 +61,7 @@ export class LayerMounts {
   private async mount(layer: LayerImage): Promise<string> {
     const point = join(this.mountsDir, layer.digest.replace(/^sha256:/, ''));
     if (await isErofsMount(point)) return point;
+    await this.verifier.verify(layer);
     await mkdir(point, { recursive: true });
     try {
       await runProgram(this.helperPath, ['mount-erofs', layer.path, point], { timeoutMs: 30_000 });
@@ -77,7 +83,7 @@ export class LayerMounts {
     }
     const removed: string[] = [];
     for (const name of names) {
-      if (this.users.has(`sha256:${name}`)) continue;
+      if (!/^[0-9a-f]{64}$/.test(name) || this.users.has(`sha256:${name}`)) continue;
       const point = join(this.mountsDir, name);
       let busy = false;
       while (!busy && (await isErofsMount(point))) {

@@ -1,0 +1,98 @@
+import { resolve } from 'node:path';
+import { LayerStore, defaultDataDir, defaultStoreDir, parseEnvironmentRef } from '../../platform/index.ts';
+import { parseCommandArgs, text } from '../args.ts';
+import { EXIT, UsageError } from '../exit-codes.ts';
+
+function openStore(): Promise<LayerStore> {
+  return LayerStore.open(defaultStoreDir(defaultDataDir()));
+}
+
+function mib(bytes: number): string {
+  return `${(bytes / 2 ** 20).toFixed(1)} MiB`;
+}
+
+/** `sandgym layer ls|build`. */
+export async function layerCommand(args: string[]): Promise<number> {
+  const [sub, ...rest] = args;
+  if (sub === 'ls') return layerList(rest);
+  if (sub === 'build') return layerBuild(rest);
+  throw new UsageError(
+    'sandgym layer: use "layer ls" or "layer build --from-dir D [--name NAME:VERSION] [--base ENV]"',
+  );
+}
+
+async function layerList(args: string[]): Promise<number> {
+  const parsed = parseCommandArgs('layer ls', args, { json: { type: 'boolean' } });
+  const layers = await (await openStore()).listLayers();
+  if (parsed.values['json']) console.log(JSON.stringify({ layers }));
+  else
+    for (const l of layers)
+      console.log(`${l.digest}  ${mib(l.sizeBytes).padStart(10)}  ${l.createdAt}  ${l.createdFrom}`);
+  return EXIT.ok;
+}
+
+async function layerBuild(args: string[]): Promise<number> {
+  const parsed = parseCommandArgs('layer build', args, {
+    'from-dir': { type: 'string' },
+    name: { type: 'string' },
+    base: { type: 'string' },
+    json: { type: 'boolean' },
+  });
+  const fromDir = text(parsed, 'from-dir');
+  if (!fromDir) throw new UsageError('sandgym layer build: give a source, e.g. --from-dir ./rootfs');
+  const name = text(parsed, 'name');
+  const base = text(parsed, 'base');
+  if (base && !name) throw new UsageError('sandgym layer build: --base needs --name for the new environment');
+  const ref = name ? parseEnvironmentRef(name) : undefined;
+  const store = await openStore();
+  const baseEnvironment = base ? await store.getEnvironment(base) : undefined;
+  const layer = await store.addLayerFromDirectory(resolve(fromDir), `directory ${resolve(fromDir)}`);
+  const environment = ref
+    ? await store.putEnvironment({
+        ...ref,
+        layers: [...(baseEnvironment?.layers ?? []), layer.digest],
+        config: baseEnvironment?.config ?? {},
+        description: base ? `${base} + ${fromDir}` : `built from ${fromDir}`,
+      })
+    : undefined;
+  if (parsed.values['json']) console.log(JSON.stringify({ layer, environment }));
+  else {
+    console.log(layer.digest);
+    if (environment)
+      console.error(
+        `sandgym: environment ${environment.name}:${environment.version} (${environment.layers.length} layers)`,
+      );
+  }
+  return EXIT.ok;
+}
+
+/** `sandgym env ls|show`. */
+export async function envCommand(args: string[]): Promise<number> {
+  const [sub, ...rest] = args;
+  const parsed = parseCommandArgs(`env ${sub ?? ''}`.trim(), rest, { json: { type: 'boolean' } });
+  const store = await openStore();
+  if (sub === 'ls') {
+    const environments = await store.listEnvironments();
+    if (parsed.values['json']) console.log(JSON.stringify({ environments }));
+    else
+      for (const e of environments)
+        console.log(`${`${e.name}:${e.version}`.padEnd(28)} ${e.layers.length} layer(s)  ${e.description}`);
+    return EXIT.ok;
+  }
+  if (sub === 'show') {
+    const ref = parsed.positionals[0];
+    if (!ref)
+      throw new UsageError('sandgym env show: give an environment, e.g. sandgym env show debian:bookworm');
+    const environment = await store.getEnvironment(ref);
+    const layers = await Promise.all(environment.layers.map((d) => store.getLayer(d)));
+    if (parsed.values['json']) console.log(JSON.stringify({ environment, layers }));
+    else {
+      console.log(`${environment.name}:${environment.version}  ${environment.description}`);
+      console.log(`workdir ${environment.config.workdir}, user ${environment.config.user}`);
+      for (const [key, value] of Object.entries(environment.config.env)) console.log(`env ${key}=${value}`);
+      layers.forEach((l, i) => console.log(`layer ${i} ${l.digest} ${mib(l.sizeBytes)} ${l.createdFrom}`));
+    }
+    return EXIT.ok;
+  }
+  throw new UsageError('sandgym env: use "env ls" or "env show NAME:VERSION"');
+}
