@@ -11,8 +11,8 @@ const USAGE = `usage: sandgym COMMAND [ARGS]
   setup                                   prepare this host: Debian packages, kernel checks, base layers
   run [--backend B] [--env E] [--json] [--timeout-ms N] [--memory-mib N] -- CMD ...
                                           one sandbox, one command: output, exit code, teardown
-  layer build --from-dir D [--name NAME:VERSION] [--base ENV]
-                                          pack a folder into an EROFS layer (and an environment)
+  layer build (--from-dir D | --from-tar T) [--name NAME:VERSION] [--base ENV]
+                                          pack a folder or tar(.gz) into an EROFS layer (and an environment)
   layer ls [--json]                       stored layers
   env ls [--json] | env show NAME:VERSION environments: layer stacks plus config
   ps [--json]                             live sandboxes on this node

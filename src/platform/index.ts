@@ -7,3 +7,4 @@ export type { Environment, EnvironmentInput, LayerManifest } from './layer-store
 export { ensureBaseEnvironments, DEFAULT_ENVIRONMENT } from './base-environments.ts';
 export { MIN_MEMORY_MIB } from './sandbox-request.ts';
 export type { SandboxRequest, ResolvedSandboxRequest } from './sandbox-request.ts';
+export { buildLayerFromTar } from './layer-build/from-archive.ts';

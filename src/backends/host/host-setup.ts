@@ -14,6 +14,7 @@ const REQUIRED_PROGRAMS: Record<string, string> = {
   nsenter: 'util-linux',
   unshare: 'util-linux',
   hyperfine: 'hyperfine',
+  setfattr: 'attr',
 };
 
 function hasProgram(name: string): boolean {

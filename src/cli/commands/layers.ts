@@ -1,5 +1,11 @@
 import { resolve } from 'node:path';
-import { LayerStore, defaultDataDir, defaultStoreDir, parseEnvironmentRef } from '../../platform/index.ts';
+import {
+  LayerStore,
+  buildLayerFromTar,
+  defaultDataDir,
+  defaultStoreDir,
+  parseEnvironmentRef,
+} from '../../platform/index.ts';
 import { parseCommandArgs, text } from '../args.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
 
@@ -17,7 +23,7 @@ export async function layerCommand(args: string[]): Promise<number> {
   if (sub === 'ls') return layerList(rest);
   if (sub === 'build') return layerBuild(rest);
   throw new UsageError(
-    'sandgym layer: use "layer ls" or "layer build --from-dir D [--name NAME:VERSION] [--base ENV]"',
+    'sandgym layer: use "layer ls" or "layer build (--from-dir D | --from-tar T) [--name NAME:VERSION] [--base ENV]"',
   );
 }
 
@@ -34,25 +40,33 @@ async function layerList(args: string[]): Promise<number> {
 async function layerBuild(args: string[]): Promise<number> {
   const parsed = parseCommandArgs('layer build', args, {
     'from-dir': { type: 'string' },
+    'from-tar': { type: 'string' },
     name: { type: 'string' },
     base: { type: 'string' },
     json: { type: 'boolean' },
   });
-  const fromDir = text(parsed, 'from-dir');
-  if (!fromDir) throw new UsageError('sandgym layer build: give a source, e.g. --from-dir ./rootfs');
+  const sources = { dir: text(parsed, 'from-dir'), tar: text(parsed, 'from-tar') };
+  const given = Object.entries(sources).filter(([, v]) => v !== undefined);
+  if (given.length !== 1) {
+    throw new UsageError('sandgym layer build: give exactly one source: --from-dir D or --from-tar T');
+  }
+  const [kind, source = ''] = given[0] as [keyof typeof sources, string];
   const name = text(parsed, 'name');
   const base = text(parsed, 'base');
   if (base && !name) throw new UsageError('sandgym layer build: --base needs --name for the new environment');
   const ref = name ? parseEnvironmentRef(name) : undefined;
   const store = await openStore();
   const baseEnvironment = base ? await store.getEnvironment(base) : undefined;
-  const layer = await store.addLayerFromDirectory(resolve(fromDir), `directory ${resolve(fromDir)}`);
+  const layer =
+    kind === 'dir'
+      ? await store.addLayerFromDirectory(resolve(source), `directory ${resolve(source)}`)
+      : await buildLayerFromTar(store, source);
   const environment = ref
     ? await store.putEnvironment({
         ...ref,
         layers: [...(baseEnvironment?.layers ?? []), layer.digest],
         config: baseEnvironment?.config ?? {},
-        description: base ? `${base} + ${fromDir}` : `built from ${fromDir}`,
+        description: base ? `${base} + ${source}` : `built from ${source}`,
       })
     : undefined;
   if (parsed.values['json']) console.log(JSON.stringify({ layer, environment }));
