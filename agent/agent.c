@@ -51,6 +51,7 @@ typedef struct {
   mp_item op, path, data, cwd, stdin_data;
   uint32_t id;
   uint64_t timeout_ms, cap_bytes, max_bytes, mode, target;
+  int64_t uid, gid;
   char **argv, **env;
   bool bad;
 } request;
@@ -70,6 +71,7 @@ static bool parse_request(const uint8_t *p, size_t n, request *req) {
   req->cap_bytes = DEFAULT_CAP_BYTES;
   req->max_bytes = DEFAULT_READ_LIMIT;
   req->mode = 0644;
+  req->uid = req->gid = -1;
   if (!mp_next(&r, &map) || map.type != MP_MAP) return false;
   for (uint32_t i = 0; i < map.len; i++) {
     if (!mp_next(&r, &key) || key.type != MP_STR) return false;
@@ -102,6 +104,8 @@ static bool parse_request(const uint8_t *p, size_t n, request *req) {
     else if (mp_item_is(&key, "maxBytes")) req->max_bytes = as_uint(&value, &req->bad);
     else if (mp_item_is(&key, "mode")) req->mode = as_uint(&value, &req->bad);
     else if (mp_item_is(&key, "target")) req->target = as_uint(&value, &req->bad);
+    else if (mp_item_is(&key, "uid")) req->uid = (int64_t)as_uint(&value, &req->bad);
+    else if (mp_item_is(&key, "gid")) req->gid = (int64_t)as_uint(&value, &req->bad);
   }
   return true;
 }
@@ -134,6 +138,8 @@ static void handle_exec(request *req) {
   }
   ex.timeout_ms = req->timeout_ms;
   ex.cap_bytes = req->cap_bytes;
+  ex.uid = req->uid;
+  ex.gid = req->gid;
   job_start(&ex);
   exec_request_free(&ex);
 }

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -131,6 +132,14 @@ static void child_main(exec_request *req, int out_w, int err_w, int in_r, char *
   dup2(in_r, 0);
   dup2(out_w, 1);
   dup2(err_w, 2);
+  if (req->gid >= 0 && (setgroups(0, NULL) < 0 || setgid((gid_t)req->gid) < 0)) {
+    dprintf(2, "sandgym-agent: cannot switch to group %lld: %s\n", (long long)req->gid, strerror(errno));
+    _exit(126);
+  }
+  if (req->uid >= 0 && setuid((uid_t)req->uid) < 0) {
+    dprintf(2, "sandgym-agent: cannot switch to user %lld: %s\n", (long long)req->uid, strerror(errno));
+    _exit(126);
+  }
   if (req->cwd && chdir(req->cwd) < 0) {
     dprintf(2, "sandgym-agent: cannot change to directory %s: %s\n", req->cwd, strerror(errno));
     _exit(126);

@@ -19,6 +19,7 @@ typedef struct {
   size_t stdin_len;
   uint64_t timeout_ms; /* 0: no deadline */
   uint64_t cap_bytes;  /* captured per stream; the rest is counted and dropped */
+  int64_t uid, gid;    /* -1: keep the agent's (root) */
 } exec_request;
 
 typedef struct {

@@ -59,6 +59,8 @@ export interface BackendCapabilities {
 /** Options of one command. */
 export interface ExecOptions extends CallOptions {
   cwd?: string;
+  /** "name", "uid", "name:group" or "uid:gid", as Docker's USER; default root. */
+  user?: string;
   env?: Record<string, string>;
   stdin?: string | Uint8Array;
   /** Bytes captured per stream; defaults to the sandbox's cap. */

@@ -13,6 +13,8 @@ const USAGE = `usage: sandgym COMMAND [ARGS]
                                           one sandbox, one command: output, exit code, teardown
   layer build (--from-dir D | --from-tar T) [--name NAME:VERSION] [--base ENV]
                                           pack a folder or tar(.gz) into an EROFS layer (and an environment)
+  layer build --dockerfile F [--context C] --name NAME:VERSION
+                                          FROM/RUN/COPY/ADD/ENV/WORKDIR/USER, RUN in our own containers, cached
   layer ls [--json]                       stored layers
   env ls [--json] | env show NAME:VERSION environments: layer stacks plus config
   ps [--json]                             live sandboxes on this node

@@ -1,5 +1,5 @@
 /** The platform: layer store, environments, and the client that creates sandboxes. */
-export { Platform, defaultDataDir, defaultStoreDir } from './local-platform.ts';
+export { Platform, LocalPlatform, defaultDataDir, defaultStoreDir } from './local-platform.ts';
 export type { LocalPlatformOptions } from './local-platform.ts';
 export type { PackDiffOptions, PackDiffResult, PlatformClient, Sandbox } from './platform-client.ts';
 export { LayerStore, parseEnvironmentRef } from './layer-store.ts';
@@ -8,3 +8,8 @@ export { ensureBaseEnvironments, DEFAULT_ENVIRONMENT } from './base-environments
 export { MIN_MEMORY_MIB } from './sandbox-request.ts';
 export type { SandboxRequest, ResolvedSandboxRequest } from './sandbox-request.ts';
 export { buildLayerFromTar } from './layer-build/from-archive.ts';
+export type {
+  BuildStep,
+  DockerfileBuildOptions,
+  DockerfileBuildResult,
+} from './layer-build/dockerfile-build.ts';

@@ -57,7 +57,9 @@ export class LayerStore {
 
   /** Opens (creating if needed) the store at `root`. */
   static async open(root: string): Promise<LayerStore> {
-    await Promise.all(['layers/sha256', 'envs', 'tmp'].map((d) => mkdir(join(root, d), { recursive: true })));
+    await Promise.all(
+      ['layers/sha256', 'envs', 'tmp', 'cache'].map((d) => mkdir(join(root, d), { recursive: true })),
+    );
     return new LayerStore(root);
   }
 
@@ -163,6 +165,25 @@ export class LayerStore {
       }
     }
     return environments.sort((a, b) => `${a.name}:${a.version}`.localeCompare(`${b.name}:${b.version}`));
+  }
+
+  /** The layer a build step with this cache key made, if it is still in the store. */
+  async cachedStep(key: string): Promise<string | undefined> {
+    try {
+      const { digest } = JSON.parse(await readFile(join(this.root, 'cache', `${key}.json`), 'utf8')) as {
+        digest: string;
+      };
+      if (typeof digest === 'string' && DIGEST.test(digest) && existsSync(this.layerPath(digest)))
+        return digest;
+    } catch {
+      // not cached, or a damaged entry: build the step again
+    }
+    return undefined;
+  }
+
+  /** Records the layer a build step made, under its cache key. */
+  async cacheStep(key: string, digest: string): Promise<void> {
+    await writeFileAtomic(join(this.root, 'cache', `${key}.json`), JSON.stringify({ digest }));
   }
 
   /** The layer images of an environment, base first, as a backend mounts them. */

@@ -9,7 +9,12 @@ import {
 import { SandgymError, newSandboxId, parseAt, silentLogger, type Logger } from '../common/index.ts';
 import { LayerStore, parseEnvironmentRef, type Environment } from './layer-store.ts';
 import type { PackDiffOptions, PackDiffResult, PlatformClient, Sandbox } from './platform-client.ts';
-import { sandboxRequestSchema, type SandboxRequest } from './sandbox-request.ts';
+import { sandboxRequestSchema, type ResolvedSandboxRequest, type SandboxRequest } from './sandbox-request.ts';
+import {
+  buildFromDockerfile,
+  type DockerfileBuildOptions,
+  type DockerfileBuildResult,
+} from './layer-build/dockerfile-build.ts';
 
 /** Options for {@link Platform.local}. */
 export interface LocalPlatformOptions {
@@ -36,7 +41,7 @@ export function defaultStoreDir(dataDir: string): string {
 const NODE_ID = 'local';
 
 /** The embedded platform: every component in this process, no servers. */
-class LocalPlatform implements PlatformClient {
+export class LocalPlatform implements PlatformClient {
   private isClosed = false;
 
   constructor(
@@ -55,8 +60,25 @@ class LocalPlatform implements PlatformClient {
       );
     }
     const environment = await this.store.getEnvironment(resolved.environment);
+    return this.launch(environment, resolved, options);
+  }
+
+  /** A sandbox on an explicit layer stack: what a Dockerfile build runs its RUN steps in. */
+  createSandboxFromLayers(layers: string[], config: Environment['config']): Promise<Sandbox> {
+    const resolved = parseAt(sandboxRequestSchema, { resources: { memoryMib: 2048 } }, 'sandbox request');
+    const stack: Environment = { name: 'build', version: 'step', layers, config, description: '' };
+    return this.launch(stack, resolved, {});
+  }
+
+  private async launch(
+    environment: Environment,
+    resolved: ResolvedSandboxRequest,
+    options: CallOptions,
+  ): Promise<Sandbox> {
     const id = newSandboxId(NODE_ID);
-    this.logger.debug({ id, environment: resolved.environment }, 'creating sandbox');
+    this.logger.debug({ id, environment: `${environment.name}:${environment.version}` }, 'creating sandbox');
+    const labels: Record<string, string> = { ...resolved.labels };
+    if (environment.name !== 'build') labels['environment'] = `${environment.name}:${environment.version}`;
     return this.container.create(
       {
         id,
@@ -65,10 +87,14 @@ class LocalPlatform implements PlatformClient {
         workdir: resolved.workdir ?? environment.config.workdir,
         resources: resolved.resources,
         qos: resolved.qos,
-        labels: { ...resolved.labels, environment: `${environment.name}:${environment.version}` },
+        labels,
       },
       options,
     );
+  }
+
+  buildFromDockerfile(options: DockerfileBuildOptions): Promise<DockerfileBuildResult> {
+    return buildFromDockerfile(this, options);
   }
 
   listSandboxes(): Promise<SandboxRecord[]> {
@@ -128,7 +154,7 @@ export const Platform = {
    * const result = await sandbox.exec(['python3', '-c', 'print(6*7)']);
    * ```
    */
-  async local(options: LocalPlatformOptions = {}): Promise<PlatformClient & { readonly store: LayerStore }> {
+  async local(options: LocalPlatformOptions = {}): Promise<LocalPlatform> {
     const dataDir = resolve(options.dataDir ?? defaultDataDir());
     const logger = (options.logger ?? silentLogger()).child({ component: 'platform' });
     const store = await LayerStore.open(options.storeDir ?? defaultStoreDir(dataDir));

@@ -69,6 +69,14 @@ export function describeBackendConformance(target: ConformanceTarget): void {
       expect(result.stdout).toBe('/tmp\nhello\nfrom stdin');
     });
 
+    it('runs a command as another user', async () => {
+      expect((await sandbox.exec(['id', '-u'], { user: 'nobody' })).stdout).toBe('65534\n');
+      expect((await sandbox.exec(['sh', '-c', 'echo $(id -u):$(id -g)'], { user: '123:456' })).stdout).toBe(
+        '123:456\n',
+      );
+      await expectCode(sandbox.exec(['id'], { user: 'no-such-user' }), 'invalid_argument');
+    });
+
     it('reports a missing program as exit 127 with a message', async () => {
       const result = await sandbox.exec(['no-such-program-xyz']);
       expect(result.exitCode).toBe(127);

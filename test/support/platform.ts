@@ -6,7 +6,7 @@ import {
   Platform,
   defaultDataDir,
   defaultStoreDir,
-  type PlatformClient,
+  type LocalPlatform,
 } from '../../src/platform/index.ts';
 
 /** Each test file's platform has a data folder of its own below this; the layer store is shared. */
@@ -17,7 +17,7 @@ export const STORE_DIR = defaultStoreDir(defaultDataDir());
 
 /** An embedded platform in a fresh data folder; dispose it to destroy its sandboxes and the folder. */
 export interface TestPlatform extends AsyncDisposable {
-  platform: PlatformClient & { readonly store: LayerStore };
+  platform: LocalPlatform;
   dataDir: string;
 }
 

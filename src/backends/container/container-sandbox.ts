@@ -21,6 +21,7 @@ import type { AgentChannel } from '../internal/agent-channel.ts';
 import type { AgentExit } from '../internal/agent-protocol.ts';
 import { AsyncQueue } from '../internal/async-queue.ts';
 import { checkArgv, checkSandboxPath, throwIfAborted } from '../internal/checks.ts';
+import { resolveUser, type ResolvedUser } from '../internal/users.ts';
 
 const SIGNAL_NAMES = new Map<number, string>(
   Object.entries(constants.signals).map(([name, number]) => [number, name]),
@@ -140,12 +141,16 @@ export class ContainerSandbox implements BackendSandbox {
     checkArgv(argv);
     await this.ready('run a command', options.signal);
     const stdin = typeof options.stdin === 'string' ? Buffer.from(options.stdin) : options.stdin;
+    const user = options.user && options.user !== 'root' ? await this.lookUpUser(options.user) : undefined;
+    const env = { ...(user?.home ? { HOME: user.home } : {}), ...options.env };
     const { id, exit } = this.parts.channel.exec(
       {
         op: 'exec',
         argv,
-        env: Object.entries(options.env ?? {}).map(([key, value]) => `${key}=${value}`),
-        cwd: options.cwd,
+        uid: user?.uid,
+        gid: user?.gid,
+        env: Object.entries(env).map(([key, value]) => `${key}=${value}`),
+        cwd: options.cwd ?? this.parts.spec.workdir,
         stdin: stdin && stdin.length > 0 ? stdin : undefined,
         timeoutMs: options.timeoutMs ?? 0,
         outputCapBytes: options.outputCapBytes ?? this.parts.spec.resources.outputCapBytes,
@@ -161,6 +166,15 @@ export class ContainerSandbox implements BackendSandbox {
     } finally {
       options.signal?.removeEventListener('abort', onAbort);
     }
+  }
+
+  private async lookUpUser(spec: string): Promise<ResolvedUser> {
+    const read = (path: string): Promise<string> =>
+      this.parts.channel.call({ op: 'read', path, maxBytes: 1 << 20 }).then(
+        (reply) => Buffer.from(reply.data ?? new Uint8Array()).toString(),
+        () => '',
+      );
+    return resolveUser(spec, await read('/etc/passwd'), await read('/etc/group'));
   }
 
   private async describeExit(ended: AgentExit): Promise<Omit<ExecResult, 'stdout' | 'stderr'>> {

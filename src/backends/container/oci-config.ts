@@ -68,7 +68,8 @@ export function buildOciConfig({
       user: { uid: 0, gid: 0 },
       args: [AGENT_PATH_IN_SANDBOX],
       env: Object.entries(env).map(([key, value]) => `${key}=${value}`),
-      cwd: spec.workdir,
+      // The agent starts in /; the sandbox's workdir is where its commands start (it may not exist yet).
+      cwd: '/',
       capabilities: {
         bounding: CAPABILITIES,
         effective: CAPABILITIES,

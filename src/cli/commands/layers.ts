@@ -1,12 +1,13 @@
 import { resolve } from 'node:path';
 import {
   LayerStore,
+  Platform,
   buildLayerFromTar,
   defaultDataDir,
   defaultStoreDir,
   parseEnvironmentRef,
 } from '../../platform/index.ts';
-import { parseCommandArgs, text } from '../args.ts';
+import { parseCommandArgs, text, type ParsedCommandArgs } from '../args.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
 
 function openStore(): Promise<LayerStore> {
@@ -23,7 +24,7 @@ export async function layerCommand(args: string[]): Promise<number> {
   if (sub === 'ls') return layerList(rest);
   if (sub === 'build') return layerBuild(rest);
   throw new UsageError(
-    'sandgym layer: use "layer ls" or "layer build (--from-dir D | --from-tar T) [--name NAME:VERSION] [--base ENV]"',
+    'sandgym layer: use "layer ls" or "layer build (--from-dir D | --from-tar T | --dockerfile F) [--name NAME:VERSION] [--base ENV]"',
   );
 }
 
@@ -41,15 +42,24 @@ async function layerBuild(args: string[]): Promise<number> {
   const parsed = parseCommandArgs('layer build', args, {
     'from-dir': { type: 'string' },
     'from-tar': { type: 'string' },
+    dockerfile: { type: 'string' },
+    context: { type: 'string' },
     name: { type: 'string' },
     base: { type: 'string' },
     json: { type: 'boolean' },
   });
-  const sources = { dir: text(parsed, 'from-dir'), tar: text(parsed, 'from-tar') };
+  const sources = {
+    dir: text(parsed, 'from-dir'),
+    tar: text(parsed, 'from-tar'),
+    dockerfile: text(parsed, 'dockerfile'),
+  };
   const given = Object.entries(sources).filter(([, v]) => v !== undefined);
   if (given.length !== 1) {
-    throw new UsageError('sandgym layer build: give exactly one source: --from-dir D or --from-tar T');
+    throw new UsageError(
+      'sandgym layer build: give exactly one source: --from-dir D, --from-tar T or --dockerfile F',
+    );
   }
+  if (sources.dockerfile) return dockerfileBuild(sources.dockerfile, parsed);
   const [kind, source = ''] = given[0] as [keyof typeof sources, string];
   const name = text(parsed, 'name');
   const base = text(parsed, 'base');
@@ -77,6 +87,27 @@ async function layerBuild(args: string[]): Promise<number> {
         `sandgym: environment ${environment.name}:${environment.version} (${environment.layers.length} layers)`,
       );
   }
+  return EXIT.ok;
+}
+
+async function dockerfileBuild(file: string, parsed: ParsedCommandArgs): Promise<number> {
+  const name = text(parsed, 'name');
+  if (!name)
+    throw new UsageError(
+      'sandgym layer build --dockerfile: give --name NAME:VERSION for the environment it builds',
+    );
+  parseEnvironmentRef(name);
+  const context = text(parsed, 'context');
+  await using platform = await Platform.local();
+  const result = await platform.buildFromDockerfile({
+    file,
+    name,
+    ...(context ? { context } : {}),
+    onStep: (step) =>
+      console.error(`sandgym: line ${step.line} ${step.outcome.padEnd(6)} ${step.instruction}`),
+  });
+  if (parsed.values['json']) console.log(JSON.stringify(result));
+  else console.error(`sandgym: environment ${name} (${result.environment.layers.length} layers)`);
   return EXIT.ok;
 }
 
