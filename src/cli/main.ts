@@ -11,8 +11,9 @@ const USAGE = `usage: sandgym COMMAND [ARGS]
   setup                                   prepare this host: Debian packages, kernel checks, base layers
   run [--backend B] [--env E] [--json] [--timeout-ms N] [--memory-mib N] -- CMD ...
                                           one sandbox, one command: output, exit code, teardown
-  layer build (--from-dir D | --from-tar T) [--name NAME:VERSION] [--base ENV]
-                                          pack a folder or tar(.gz) into an EROFS layer (and an environment)
+  layer build (--from-dir D | --from-tar T | --from-oci A) [--name NAME:VERSION] [--base ENV]
+                                          a folder, tar(.gz) or OCI image (docker save / OCI layout)
+                                          as an EROFS layer, and optionally an environment
   layer build --dockerfile F [--context C] --name NAME:VERSION
                                           FROM/RUN/COPY/ADD/ENV/WORKDIR/USER, RUN in our own containers, cached
   layer ls [--json]                       stored layers

@@ -13,3 +13,5 @@ export type {
   DockerfileBuildOptions,
   DockerfileBuildResult,
 } from './layer-build/dockerfile-build.ts';
+export { buildLayerFromOci } from './layer-build/from-oci.ts';
+export type { OciBuildResult } from './layer-build/from-oci.ts';

@@ -1,7 +1,8 @@
-import { writeFile } from 'node:fs/promises';
+import { createHash } from 'node:crypto';
+import { mkdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { buildLayerFromTar } from '../../src/platform/index.ts';
+import { buildLayerFromOci, buildLayerFromTar } from '../../src/platform/index.ts';
 import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
 import { tarArchive, type TestTarEntry } from '../support/tar-writer.ts';
 
@@ -101,6 +102,65 @@ describe('building layers from archives', () => {
       await expect(buildLayerFromTar(env.platform.store, path), name).rejects.toThrow(message);
     }
     expect((await env.platform.store.listLayers()).length).toBe(before);
+  });
+
+  it('flattens an OCI image (docker save and OCI layout) with whiteouts applied', async () => {
+    const base = tarArchive([
+      { path: 'srv/', type: 'dir' },
+      { path: 'srv/a', data: 'a' },
+      { path: 'srv/b', data: 'b' },
+      { path: 'srv/dir/old', data: 'old' },
+    ]);
+    const top = tarArchive(
+      [{ path: 'srv/.wh.a' }, { path: 'srv/dir/.wh..wh..opq' }, { path: 'srv/dir/new', data: 'new' }],
+      { gzip: true },
+    );
+    const config = JSON.stringify({
+      config: { Env: ['PATH=/bin:/usr/bin', 'MODE=oci'], WorkingDir: '/srv' },
+    });
+    const sha = (data: Buffer | string): string => createHash('sha256').update(data).digest('hex');
+    const dockerSave = tarArchive([
+      {
+        path: 'manifest.json',
+        data: JSON.stringify([{ Config: 'config.json', Layers: ['l1/layer.tar', 'l2/layer.tar'] }]),
+      },
+      { path: 'config.json', data: config },
+      { path: 'l1/layer.tar', data: base },
+      { path: 'l2/layer.tar', data: top },
+    ]);
+    const layout = join(env.dataDir, 'oci-layout');
+    await mkdir(join(layout, 'blobs/sha256'), { recursive: true });
+    const manifest = JSON.stringify({
+      config: { digest: `sha256:${sha(config)}` },
+      layers: [
+        { digest: `sha256:${sha(base)}`, mediaType: 'application/vnd.oci.image.layer.v1.tar' },
+        { digest: `sha256:${sha(top)}`, mediaType: 'application/vnd.oci.image.layer.v1.tar+gzip' },
+      ],
+    });
+    for (const blob of [config, manifest, base, top])
+      await writeFile(join(layout, 'blobs/sha256', sha(blob)), blob);
+    await writeFile(
+      join(layout, 'index.json'),
+      JSON.stringify({ manifests: [{ digest: `sha256:${sha(manifest)}` }] }),
+    );
+    const savePath = join(env.dataDir, 'image.tar');
+    await writeFile(savePath, dockerSave);
+    const built = [
+      await buildLayerFromOci(env.platform.store, savePath),
+      await buildLayerFromOci(env.platform.store, layout),
+    ];
+    expect(built[1]?.layer.digest).toBe(built[0]?.layer.digest);
+    expect(built[0]?.config).toEqual({
+      env: { PATH: '/bin:/usr/bin', MODE: 'oci' },
+      workdir: '/srv',
+      user: 'root',
+    });
+    await using sandbox = await env.platform.createSandbox({
+      environment: await onBusybox(built[0]!.layer.digest),
+    });
+    expect((await sandbox.exec(['find', '/srv'])).stdout.split('\n').sort().join(' ').trim()).toBe(
+      '/srv /srv/b /srv/dir /srv/dir/new',
+    );
   });
 
   it('refuses a truncated or non-tar file with a clear error', async () => {

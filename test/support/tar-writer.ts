@@ -4,7 +4,7 @@ import { gzipSync } from 'node:zlib';
 export interface TestTarEntry {
   path: string;
   type?: 'file' | 'dir' | 'symlink' | 'hardlink' | 'char';
-  data?: string;
+  data?: string | Buffer;
   linkTarget?: string;
   mode?: number;
 }
@@ -27,7 +27,7 @@ export function tarArchive(entries: TestTarEntry[], options: { gzip?: boolean } 
   const blocks: Buffer[] = [];
   for (const entry of entries) {
     const type = entry.type ?? 'file';
-    const data = Buffer.from(type === 'file' ? (entry.data ?? '') : '');
+    const data = type === 'file' ? Buffer.from(entry.data ?? '') : Buffer.alloc(0);
     const header = Buffer.alloc(512);
     field(header, 0, 100, entry.path);
     octal(header, 100, 8, entry.mode ?? (type === 'dir' ? 0o755 : 0o644));

@@ -2,6 +2,7 @@ import { resolve } from 'node:path';
 import {
   LayerStore,
   Platform,
+  buildLayerFromOci,
   buildLayerFromTar,
   defaultDataDir,
   defaultStoreDir,
@@ -24,7 +25,7 @@ export async function layerCommand(args: string[]): Promise<number> {
   if (sub === 'ls') return layerList(rest);
   if (sub === 'build') return layerBuild(rest);
   throw new UsageError(
-    'sandgym layer: use "layer ls" or "layer build (--from-dir D | --from-tar T | --dockerfile F) [--name NAME:VERSION] [--base ENV]"',
+    'sandgym layer: use "layer ls" or "layer build (--from-dir D | --from-tar T | --from-oci A | --dockerfile F) [--name NAME:VERSION] [--base ENV]"',
   );
 }
 
@@ -42,6 +43,7 @@ async function layerBuild(args: string[]): Promise<number> {
   const parsed = parseCommandArgs('layer build', args, {
     'from-dir': { type: 'string' },
     'from-tar': { type: 'string' },
+    'from-oci': { type: 'string' },
     dockerfile: { type: 'string' },
     context: { type: 'string' },
     name: { type: 'string' },
@@ -51,12 +53,13 @@ async function layerBuild(args: string[]): Promise<number> {
   const sources = {
     dir: text(parsed, 'from-dir'),
     tar: text(parsed, 'from-tar'),
+    oci: text(parsed, 'from-oci'),
     dockerfile: text(parsed, 'dockerfile'),
   };
   const given = Object.entries(sources).filter(([, v]) => v !== undefined);
   if (given.length !== 1) {
     throw new UsageError(
-      'sandgym layer build: give exactly one source: --from-dir D, --from-tar T or --dockerfile F',
+      'sandgym layer build: give exactly one source: --from-dir D, --from-tar T, --from-oci A or --dockerfile F',
     );
   }
   if (sources.dockerfile) return dockerfileBuild(sources.dockerfile, parsed);
@@ -67,15 +70,22 @@ async function layerBuild(args: string[]): Promise<number> {
   const ref = name ? parseEnvironmentRef(name) : undefined;
   const store = await openStore();
   const baseEnvironment = base ? await store.getEnvironment(base) : undefined;
-  const layer =
-    kind === 'dir'
-      ? await store.addLayerFromDirectory(resolve(source), `directory ${resolve(source)}`)
-      : await buildLayerFromTar(store, source);
+  const built =
+    kind === 'oci'
+      ? await buildLayerFromOci(store, source)
+      : {
+          layer:
+            kind === 'dir'
+              ? await store.addLayerFromDirectory(resolve(source), `directory ${resolve(source)}`)
+              : await buildLayerFromTar(store, source),
+          config: undefined,
+        };
+  const layer = built.layer;
   const environment = ref
     ? await store.putEnvironment({
         ...ref,
         layers: [...(baseEnvironment?.layers ?? []), layer.digest],
-        config: baseEnvironment?.config ?? {},
+        config: built.config ?? baseEnvironment?.config ?? {},
         description: base ? `${base} + ${source}` : `built from ${source}`,
       })
     : undefined;

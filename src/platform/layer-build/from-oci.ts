@@ -1,0 +1,130 @@
+import { readFile, rm, stat } from 'node:fs/promises';
+import { join, resolve, sep } from 'node:path';
+import { z } from 'zod';
+import { SandgymError, parseAt } from '../../common/index.ts';
+import type { Environment, LayerManifest, LayerStore } from '../layer-store.ts';
+import { extractTar, openTar } from './tar-extract.ts';
+
+const dockerManifestSchema = z
+  .array(z.object({ Config: z.string(), Layers: z.array(z.string()).min(1) }))
+  .min(1);
+const ociIndexSchema = z.object({ manifests: z.array(z.object({ digest: z.string() })).min(1) });
+const ociManifestSchema = z.object({
+  config: z.object({ digest: z.string() }),
+  layers: z.array(z.object({ digest: z.string(), mediaType: z.string() })).min(1),
+});
+const imageConfigSchema = z.object({
+  config: z
+    .object({
+      Env: z.array(z.string()).nullish(),
+      WorkingDir: z.string().nullish(),
+      User: z.string().nullish(),
+    })
+    .nullish(),
+});
+
+/** The image's layers (in order) and its config, however the archive lays them out. */
+interface ImageParts {
+  layers: string[];
+  config: string;
+}
+
+function within(root: string, rel: string, archive: string): string {
+  const path = resolve(root, rel);
+  if (!path.startsWith(root + sep))
+    throw new SandgymError('invalid_argument', `${archive}: "${rel}" points outside the image`);
+  return path;
+}
+
+function blob(root: string, digest: string, archive: string): string {
+  const [algorithm, hex] = digest.split(':');
+  if (algorithm !== 'sha256' || !/^[0-9a-f]{64}$/.test(hex ?? '')) {
+    throw new SandgymError('invalid_argument', `${archive}: "${digest}" is not a sha256 digest`);
+  }
+  return within(root, `blobs/sha256/${hex}`, archive);
+}
+
+async function readJson(path: string, archive: string): Promise<unknown> {
+  try {
+    return JSON.parse(await readFile(path, 'utf8'));
+  } catch (error) {
+    throw new SandgymError(
+      'invalid_argument',
+      `${archive}: cannot read ${path.slice(path.lastIndexOf(sep) + 1)}`,
+      { cause: error },
+    );
+  }
+}
+
+/** docker save output has manifest.json; an OCI layout has index.json and blobs/. */
+async function imageParts(root: string, archive: string): Promise<ImageParts> {
+  if (await stat(join(root, 'manifest.json')).catch(() => undefined)) {
+    const [image] = parseAt(
+      dockerManifestSchema,
+      await readJson(join(root, 'manifest.json'), archive),
+      `${archive} manifest.json`,
+    );
+    return {
+      layers: image!.Layers.map((l) => within(root, l, archive)),
+      config: within(root, image!.Config, archive),
+    };
+  }
+  if (await stat(join(root, 'index.json')).catch(() => undefined)) {
+    const index = parseAt(
+      ociIndexSchema,
+      await readJson(join(root, 'index.json'), archive),
+      `${archive} index.json`,
+    );
+    const manifest = parseAt(
+      ociManifestSchema,
+      await readJson(blob(root, index.manifests[0]!.digest, archive), archive),
+      `${archive} image manifest`,
+    );
+    return {
+      layers: manifest.layers.map((l) => blob(root, l.digest, archive)),
+      config: blob(root, manifest.config.digest, archive),
+    };
+  }
+  throw new SandgymError(
+    'invalid_argument',
+    `${archive} is neither docker save output (manifest.json) nor an OCI layout (index.json)`,
+  );
+}
+
+/** What {@link buildLayerFromOci} made. */
+export interface OciBuildResult {
+  layer: LayerManifest;
+  config: Environment['config'];
+}
+
+/**
+ * One layer from an OCI image archive (docker save output, or an OCI layout folder or tar).
+ * The image's layers are applied in order, whiteouts carried out, into a single EROFS layer:
+ * one mount per sandbox starts faster than one per image layer, and the tree is the same.
+ */
+export async function buildLayerFromOci(store: LayerStore, archive: string): Promise<OciBuildResult> {
+  const path = resolve(archive);
+  const unpacked = await store.scratch('oci');
+  const tree = await store.scratch('oci-tree');
+  try {
+    const root = (await stat(path)).isDirectory() ? path : unpacked;
+    if (root === unpacked) await extractTar(await openTar(path), path, unpacked, 'layer');
+    const parts = await imageParts(root, path);
+    for (const layer of parts.layers)
+      await extractTar(await openTar(layer), `${path} layer ${layer.slice(root.length + 1)}`, tree, 'apply');
+    const image = parseAt(imageConfigSchema, await readJson(parts.config, path), `${path} image config`);
+    const env: Record<string, string> = {};
+    for (const pair of image.config?.Env ?? []) {
+      const eq = pair.indexOf('=');
+      if (eq > 0) env[pair.slice(0, eq)] = pair.slice(eq + 1);
+    }
+    const layer = await store.addLayerFromDirectory(tree, `oci ${path}`);
+    return {
+      layer,
+      config: { env, workdir: image.config?.WorkingDir || '/', user: image.config?.User || 'root' },
+    };
+  } finally {
+    await rm(unpacked, { recursive: true, force: true });
+    await rm(tree, { recursive: true, force: true });
+  }
+}
