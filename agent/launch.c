@@ -7,7 +7,8 @@
  *
  * Launch mode:
  *
- *   sandgym-agent launch [--join-cgroup PROCS_FILE]... [--overlay LOWERS UPPER WORK TARGET]
+ *   sandgym-agent launch [--join-cgroup PROCS_FILE]... [--lowers-are-erofs]
+ *                        [--overlay LOWERS UPPER WORK TARGET]
  *                        [--umount PATH]... -- PROGRAM ARG...
  *
  * It joins the given cgroups, enters a private mount namespace of its own, mounts the sandbox's
@@ -53,6 +54,7 @@ int launch_main(int argc, char **argv) {
   const char *joins[16], *umounts[16];
   int njoins = 0, numounts = 0;
   const char *lowers = NULL, *upper = NULL, *work = NULL, *target = NULL;
+  int check_erofs = 0;
   int i = 1;
   for (; i < argc; i++) {
     if (strcmp(argv[i], "--") == 0) {
@@ -62,6 +64,8 @@ int launch_main(int argc, char **argv) {
       joins[njoins++] = argv[++i];
     } else if (strcmp(argv[i], "--umount") == 0 && i + 1 < argc && numounts < 16) {
       umounts[numounts++] = argv[++i];
+    } else if (strcmp(argv[i], "--lowers-are-erofs") == 0) {
+      check_erofs = 1;
     } else if (strcmp(argv[i], "--overlay") == 0 && i + 4 < argc) {
       lowers = argv[++i], upper = argv[++i], work = argv[++i], target = argv[++i];
     } else {
@@ -86,7 +90,7 @@ int launch_main(int argc, char **argv) {
     }
     /* A layer mount that vanished (unmounted by a concurrent gc) would leave an empty lower dir
      * and a sandbox with a silently wrong root. Refuse instead; the caller mounts it again. */
-    for (const char *p = lowers; *p;) {
+    for (const char *p = lowers; check_erofs && *p;) {
       const char *colon = strchr(p, ':');
       char dir[1024];
       int len = colon ? (int)(colon - p) : (int)strlen(p);

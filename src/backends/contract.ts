@@ -20,7 +20,24 @@ export interface CallOptions {
 export interface LayerImage {
   digest: string;
   path: string;
+  /** The size its manifest records; checked before mounting. */
+  sizeBytes?: number;
 }
+
+/**
+ * How a node gets layers:
+ * - `ondemand`: mount straight from the store, so only the blocks that are read travel;
+ * - `eager`: copy each whole layer to node-local disk first (the "pull" baseline);
+ * - `tar`: unpack a tar.gz of each layer for every sandbox (the classic baseline).
+ */
+export type LoadMode = 'ondemand' | 'eager' | 'tar';
+
+/**
+ * What is checked before a layer is mounted: its whole sha256 (`digest`, once per node and
+ * file), or only its recorded size (`size`, for stores whose contents are verified when
+ * written, so on-demand loading stays on demand). `eager` always checks the digest as it copies.
+ */
+export type LayerVerification = 'digest' | 'size';
 
 /** Resource caps of one sandbox, already validated. */
 export interface SandboxResources {

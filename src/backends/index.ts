@@ -14,6 +14,8 @@ export type {
   ExecStream,
   GcReport,
   LayerImage,
+  LayerVerification,
+  LoadMode,
   QosClass,
   ReadFileOptions,
   SandboxRecord,

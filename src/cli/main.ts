@@ -9,7 +9,7 @@ import { EXIT, UsageError, describeFailure } from './exit-codes.ts';
 const USAGE = `usage: sandgym COMMAND [ARGS]
 
   setup                                   prepare this host: Debian packages, kernel checks, base layers
-  run [--backend B] [--env E] [--json] [--timeout-ms N] [--memory-mib N] -- CMD ...
+  run [--backend B] [--env E] [--json] [--timeout-ms N] [--memory-mib N] [--load-mode ondemand|eager|tar] -- CMD ...
                                           one sandbox, one command: output, exit code, teardown
   layer build (--from-dir D | --from-tar T | --from-oci A) [--name NAME:VERSION] [--base ENV]
                                           a folder, tar(.gz) or OCI image (docker save / OCI layout)

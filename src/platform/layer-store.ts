@@ -190,8 +190,8 @@ export class LayerStore {
   async layerImages(environment: Environment): Promise<LayerImage[]> {
     return Promise.all(
       environment.layers.map(async (digest) => {
-        await this.getLayer(digest);
-        return { digest, path: this.layerPath(digest) };
+        const manifest = await this.getLayer(digest);
+        return { digest, path: this.layerPath(digest), sizeBytes: manifest.sizeBytes };
       }),
     );
   }

@@ -4,6 +4,8 @@ import {
   packageRoot,
   type CallOptions,
   type GcReport,
+  type LayerVerification,
+  type LoadMode,
   type SandboxRecord,
 } from '../backends/index.ts';
 import { SandgymError, newSandboxId, parseAt, silentLogger, type Logger } from '../common/index.ts';
@@ -23,6 +25,10 @@ export interface LocalPlatformOptions {
   /** The layer store. Default: $SANDGYM_STORE or <dataDir>/store. */
   storeDir?: string;
   logger?: Logger;
+  /** How layers reach this node: `ondemand` (default), `eager` or `tar`. */
+  loadMode?: LoadMode;
+  /** What is checked before mounting a layer: `digest` (default) or `size`. */
+  verifyLayers?: LayerVerification;
 }
 
 /**
@@ -158,7 +164,12 @@ export const Platform = {
     const dataDir = resolve(options.dataDir ?? defaultDataDir());
     const logger = (options.logger ?? silentLogger()).child({ component: 'platform' });
     const store = await LayerStore.open(options.storeDir ?? defaultStoreDir(dataDir));
-    const container = await ContainerBackend.create({ dataDir, logger });
+    const container = await ContainerBackend.create({
+      dataDir,
+      logger,
+      ...(options.loadMode ? { loadMode: options.loadMode } : {}),
+      ...(options.verifyLayers ? { verifyLayers: options.verifyLayers } : {}),
+    });
     return new LocalPlatform(store, container, logger);
   },
 };

@@ -17,6 +17,8 @@ import type {
   BackendCapabilities,
   CallOptions,
   GcReport,
+  LayerVerification,
+  LoadMode,
   SandboxRecord,
   SandboxSpec,
 } from '../contract.ts';
@@ -29,6 +31,7 @@ import {
   type CgroupLayout,
 } from '../host/cgroups.ts';
 import { LayerMounts } from '../host/layer-mounts.ts';
+import { LayerTarballs } from '../host/layer-tarballs.ts';
 import { agentBinaryPath, hostProgram } from '../host/paths.ts';
 import { isAlive, processIdentity, signalProcess, type ProcessIdentity } from '../host/processes.ts';
 import { runProgram } from '../host/run-program.ts';
@@ -48,6 +51,10 @@ export interface ContainerBackendOptions {
   startTimeoutMs?: number;
   /** How long a closing sandbox gets to exit before it is killed. */
   stopGraceMs?: number;
+  /** How layers reach this node; default `ondemand`. */
+  loadMode?: LoadMode;
+  /** What is checked before mounting a layer; default `digest`. */
+  verifyLayers?: LayerVerification;
 }
 
 const CAPABILITIES: BackendCapabilities = {
@@ -80,6 +87,7 @@ export class ContainerBackend implements Backend {
     private readonly agentPath: string,
     private readonly runtime: string,
     private readonly mounts: LayerMounts,
+    private readonly tarballs: LayerTarballs,
   ) {
     this.logger = (options.logger ?? silentLogger()).child({ component: 'container-backend' });
     this.codec = options.codec ?? createMsgpackCodec();
@@ -100,8 +108,21 @@ export class ContainerBackend implements Backend {
     await Promise.all(
       ['sandboxes', 'layers', 'runtime'].map((d) => mkdir(join(options.dataDir, d), { recursive: true })),
     );
-    const mounts = new LayerMounts(join(options.dataDir, 'layers'), agentPath);
-    return new ContainerBackend(options, layout, owner, agentPath, runtime, mounts);
+    const mode = options.loadMode ?? 'ondemand';
+    const mounts = new LayerMounts(join(options.dataDir, 'layers'), agentPath, {
+      mode: mode === 'eager' ? 'eager' : 'ondemand',
+      verify: options.verifyLayers ?? 'digest',
+      copiesDir: join(options.dataDir, 'layer-copies'),
+    });
+    return new ContainerBackend(
+      options,
+      layout,
+      owner,
+      agentPath,
+      runtime,
+      mounts,
+      new LayerTarballs(mounts),
+    );
   }
 
   private pathsOf(id: string): ContainerPaths {
@@ -132,7 +153,10 @@ export class ContainerBackend implements Backend {
         layers: spec.layers.map((l) => l.digest),
         labels: spec.labels,
       });
-      const points = await this.mounts.acquire(spec.layers);
+      const unpacked = this.options.loadMode === 'tar';
+      const points = unpacked
+        ? await this.tarballs.unpack(spec.layers, paths.dir)
+        : await this.mounts.acquire(spec.layers);
       const joins = await cgroup.prepare();
       const config = buildOciConfig({
         spec,
@@ -140,7 +164,7 @@ export class ContainerBackend implements Backend {
         cgroupsPath: `/${cgroup.relativePath}`,
       });
       await writeFile(join(paths.dir, 'config.json'), JSON.stringify(config));
-      launcher = this.launch(spec.id, paths, points, joins);
+      launcher = this.launch(spec.id, paths, points, joins, !unpacked);
       const [, , , requests, responses] = launcher.stdio as [unknown, unknown, unknown, Writable, Readable];
       const channel = new AgentChannel(requests, responses, this.codec);
       const sandbox = new ContainerSandbox({
@@ -161,15 +185,22 @@ export class ContainerBackend implements Backend {
       else {
         if (launcher) signalProcess(launcher.pid ?? 0, 'SIGKILL');
         await removeContainerResidue(spec.id, cgroup, paths).catch(() => undefined);
-        this.mounts.release(spec.layers);
+        if (this.options.loadMode !== 'tar') this.mounts.release(spec.layers);
       }
       throw error;
     }
   }
 
-  private launch(id: string, paths: ContainerPaths, points: string[], joins: string[]): ChildProcess {
+  private launch(
+    id: string,
+    paths: ContainerPaths,
+    points: string[],
+    joins: string[],
+    erofs: boolean,
+  ): ChildProcess {
     const args = ['launch'];
     for (const file of joins) args.push('--join-cgroup', file);
+    if (erofs) args.push('--lowers-are-erofs');
     // overlay lists lower dirs top first; layers come base first
     const lowers = [...points].reverse().join(':');
     args.push(
@@ -249,7 +280,7 @@ export class ContainerBackend implements Backend {
     } catch (error) {
       errors.push(error);
     } finally {
-      this.mounts.release(sandbox.layers);
+      if (this.options.loadMode !== 'tar') this.mounts.release(sandbox.layers);
       this.live.delete(sandbox);
       sandbox.markStopped();
     }

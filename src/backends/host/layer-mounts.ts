@@ -1,7 +1,8 @@
 import { mkdir, readdir, rmdir, statfs } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SandgymError } from '../../common/index.ts';
-import type { LayerImage } from '../contract.ts';
+import type { LayerImage, LayerVerification } from '../contract.ts';
+import { LayerCopies } from './layer-copies.ts';
 import { LayerVerifier } from './layer-verify.ts';
 import { runProgram } from './run-program.ts';
 
@@ -26,12 +27,15 @@ export class LayerMounts {
   private readonly users = new Map<string, number>();
 
   private readonly verifier: LayerVerifier;
+  private readonly copies: LayerCopies | undefined;
 
   constructor(
     private readonly mountsDir: string,
     private readonly helperPath: string,
+    private readonly loading: { mode: 'ondemand' | 'eager'; verify: LayerVerification; copiesDir: string },
   ) {
     this.verifier = new LayerVerifier(mountsDir);
+    this.copies = loading.mode === 'eager' ? new LayerCopies(loading.copiesDir) : undefined;
   }
 
   /** Mount points for the layers, base first; mounts what is not mounted yet. */
@@ -61,10 +65,11 @@ export class LayerMounts {
   private async mount(layer: LayerImage): Promise<string> {
     const point = join(this.mountsDir, layer.digest.replace(/^sha256:/, ''));
     if (await isErofsMount(point)) return point;
-    await this.verifier.verify(layer);
+    const source = this.copies ? await this.copies.local(layer) : layer;
+    if (!this.copies) await this.verifier.verify(layer, this.loading.verify);
     await mkdir(point, { recursive: true });
     try {
-      await runProgram(this.helperPath, ['mount-erofs', layer.path, point], { timeoutMs: 30_000 });
+      await runProgram(this.helperPath, ['mount-erofs', source.path, point], { timeoutMs: 30_000 });
     } catch (error) {
       throw new SandgymError('platform_error', `Cannot mount layer ${layer.digest} from ${layer.path}`, {
         cause: error,

@@ -4,7 +4,7 @@ import { readFile, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { SandgymError, writeFileAtomic } from '../../common/index.ts';
-import type { LayerImage } from '../contract.ts';
+import type { LayerImage, LayerVerification } from '../contract.ts';
 
 /** The sha256 of a file, as "sha256:<hex>". */
 export async function sha256OfFile(path: string): Promise<string> {
@@ -39,12 +39,19 @@ export class LayerVerifier {
     }
   }
 
-  async verify(layer: LayerImage): Promise<void> {
+  async verify(layer: LayerImage, depth: LayerVerification): Promise<void> {
     const info = await stat(layer.path).catch((error: unknown) => {
       throw new SandgymError('not_found', `Layer ${layer.digest} is missing from the store (${layer.path})`, {
         cause: error,
       });
     });
+    if (layer.sizeBytes !== undefined && info.size !== layer.sizeBytes) {
+      throw new SandgymError(
+        'failed_precondition',
+        `Layer file ${layer.path} is corrupt or truncated: it has ${info.size} bytes, its manifest says ${layer.sizeBytes}; rebuild or re-copy the layer`,
+      );
+    }
+    if (depth === 'size') return;
     const known = (await this.load())[layer.digest];
     if (known && known.size === info.size && known.mtimeMs === info.mtimeMs && known.ino === info.ino) return;
     const actual = await sha256OfFile(layer.path);

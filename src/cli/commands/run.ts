@@ -2,7 +2,7 @@ import { Platform } from '../../platform/index.ts';
 import { parseCommandArgs, positiveInt, splitAtDoubleDash, text } from '../args.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
 
-/** `sandgym run [--backend B] [--env E] [--json] -- CMD ...`: one sandbox, one command, then teardown. */
+/** `sandgym run [--backend B] [--env E] [--load-mode M] [--json] -- CMD ...`: one sandbox, one command, then teardown. */
 export async function runCommand(args: string[]): Promise<number> {
   const { before, after: command } = splitAtDoubleDash(args);
   const parsed = parseCommandArgs('run', before, {
@@ -11,6 +11,7 @@ export async function runCommand(args: string[]): Promise<number> {
     json: { type: 'boolean' },
     'timeout-ms': { type: 'string' },
     'memory-mib': { type: 'string' },
+    'load-mode': { type: 'string' },
   });
   const argv = command.length ? command : parsed.positionals;
   if (argv.length === 0 || !argv[0]) {
@@ -23,7 +24,11 @@ export async function runCommand(args: string[]): Promise<number> {
   if (!['container', 'fncall', 'microvm', 'vm'].includes(backend)) {
     throw new UsageError(`sandgym run: --backend must be container, fncall, microvm or vm; got "${backend}"`);
   }
-  await using platform = await Platform.local();
+  const loadMode = text(parsed, 'load-mode') ?? 'ondemand';
+  if (loadMode !== 'ondemand' && loadMode !== 'eager' && loadMode !== 'tar') {
+    throw new UsageError(`sandgym run: --load-mode must be ondemand, eager or tar; got "${loadMode}"`);
+  }
+  await using platform = await Platform.local({ loadMode });
   // A signal to the CLI tears the sandbox down before exiting.
   const onSignal = (): void => {
     void platform.close().finally(() => process.exit(130));
