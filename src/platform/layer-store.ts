@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { mkdir, readFile, readdir, rename, rm, stat, open } from 'node:fs/promises';
+import { copyFile, mkdir, readFile, readdir, rename, rm, stat, open } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { buildErofsImage, sha256OfFile, type LayerImage } from '../backends/index.ts';
@@ -165,6 +165,37 @@ export class LayerStore {
       }
     }
     return environments.sort((a, b) => `${a.name}:${a.version}`.localeCompare(`${b.name}:${b.version}`));
+  }
+
+  /** Copies an environment and its layers from another store (a cluster seeding its shared store). */
+  async importEnvironment(source: LayerStore, ref: string): Promise<Environment> {
+    const environment = await source.getEnvironment(ref);
+    for (const digest of environment.layers) {
+      if (existsSync(this.layerPath(digest))) continue;
+      await this.getLayerFrom(source, digest);
+    }
+    return this.putEnvironment(environment);
+  }
+
+  private async getLayerFrom(source: LayerStore, digest: string): Promise<void> {
+    const manifest = await source.getLayer(digest);
+    const temp = join(this.root, 'tmp', `import-${randomBytes(6).toString('hex')}.erofs`);
+    try {
+      await copyFile(source.layerPath(digest), temp);
+      if ((await sha256OfFile(temp)) !== digest) {
+        throw new SandgymError(
+          'failed_precondition',
+          `Layer ${digest} in ${source.root} is corrupt: its bytes do not match its digest`,
+        );
+      }
+      await rename(temp, this.layerPath(digest));
+    } finally {
+      await rm(temp, { force: true });
+    }
+    await writeFileAtomic(
+      this.layerPath(digest).replace(/\.erofs$/, '.json'),
+      JSON.stringify(manifest, null, 2),
+    );
   }
 
   /** The layer a build step with this cache key made, if it is still in the store. */

@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { copyFile, rm } from 'node:fs/promises';
+import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import {
   LayerStore,
@@ -27,29 +27,16 @@ export interface TestPlatformOptions {
   privateStore?: boolean;
 }
 
-/** Copies one environment and its layers from the shared store into another. */
-async function seedStore(target: LayerStore, ref: string): Promise<void> {
-  const source = await LayerStore.open(STORE_DIR);
-  const environment = await source.getEnvironment(ref);
-  for (const digest of environment.layers) {
-    const hex = digest.slice('sha256:'.length);
-    for (const ext of ['erofs', 'json']) {
-      await copyFile(
-        join(source.root, 'layers/sha256', `${hex}.${ext}`),
-        join(target.root, 'layers/sha256', `${hex}.${ext}`),
-      );
-    }
-  }
-  await target.putEnvironment(environment);
-}
-
 export async function createTestPlatform(
   name: string,
   options: TestPlatformOptions = {},
 ): Promise<TestPlatform> {
   const dataDir = join(TEST_DATA_ROOT, `${name}-${randomBytes(4).toString('hex')}`);
   const storeDir = options.privateStore ? join(dataDir, 'store') : STORE_DIR;
-  if (options.privateStore) await seedStore(await LayerStore.open(storeDir), 'busybox:latest');
+  if (options.privateStore)
+    await (
+      await LayerStore.open(storeDir)
+    ).importEnvironment(await LayerStore.open(STORE_DIR), 'busybox:latest');
   const platform = await Platform.local({ dataDir, storeDir });
   return {
     platform,

@@ -15,6 +15,9 @@ const REQUIRED_PROGRAMS: Record<string, string> = {
   unshare: 'util-linux',
   hyperfine: 'hyperfine',
   setfattr: 'attr',
+  sshfs: 'sshfs',
+  sshd: 'openssh-server',
+  tc: 'iproute2',
 };
 
 function hasProgram(name: string): boolean {
