@@ -143,7 +143,9 @@ export async function benchLayers(options: BenchOptions): Promise<BenchReport> {
   await mkdir(root, { recursive: true });
   try {
     const origin = await LayerStore.open(join(root, 'origin'));
-    const workloads = await buildEnvironments(origin, join(root, 'scratch'), options.progress);
+    const workloads = await buildEnvironments(origin, join(root, 'scratch'), (message) =>
+      options.progress(message),
+    );
     options.progress('layers: making each layer\'s tar.gz for the tar mode (the "registry" copy)');
     const maker = await Platform.local({
       dataDir: join(root, 'node-prepare'),
