@@ -184,6 +184,8 @@ export interface SandboxRecord {
   ownerPid: number;
   createdAt: string;
   labels: Record<string, string>;
+  /** Digests of the layers it stacks, base first. */
+  layers: string[];
 }
 
 /** One kind of sandbox. Every backend passes the same conformance suite. */
@@ -197,6 +199,8 @@ export interface Backend extends AsyncDisposable {
   kill(id: string): Promise<void>;
   /** Removes what dead owners left behind: sandboxes, mounts, cgroups. */
   gc(): Promise<GcReport>;
+  /** Unmounts layers no sandbox uses and drops node-local layer copies nothing mounts. */
+  gcLayers(): Promise<{ unmounted: string[]; removedCopies: string[] }>;
   /** Destroys this process's sandboxes. Idempotent. */
   close(): Promise<void>;
 }

@@ -17,6 +17,7 @@ const USAGE = `usage: sandgym COMMAND [ARGS]
   layer build --dockerfile F [--context C] --name NAME:VERSION
                                           FROM/RUN/COPY/ADD/ENV/WORKDIR/USER, RUN in our own containers, cached
   layer ls [--json]                       stored layers
+  layer gc [--min-age-minutes N] [--json] unused mounts, node copies and unreferenced layers (default age 60)
   env ls [--json] | env show NAME:VERSION environments: layer stacks plus config
   ps [--json]                             live sandboxes on this node
   kill ID ...                             destroy sandboxes, whichever process owns them

@@ -1,7 +1,14 @@
 /** The platform: layer store, environments, and the client that creates sandboxes. */
 export { Platform, LocalPlatform, defaultDataDir, defaultStoreDir } from './local-platform.ts';
 export type { LocalPlatformOptions } from './local-platform.ts';
-export type { PackDiffOptions, PackDiffResult, PlatformClient, Sandbox } from './platform-client.ts';
+export type {
+  LayerGcOptions,
+  LayerGcReport,
+  PackDiffOptions,
+  PackDiffResult,
+  PlatformClient,
+  Sandbox,
+} from './platform-client.ts';
 export { LayerStore, parseEnvironmentRef } from './layer-store.ts';
 export type { Environment, EnvironmentInput, LayerManifest } from './layer-store.ts';
 export { ensureBaseEnvironments, DEFAULT_ENVIRONMENT } from './base-environments.ts';

@@ -167,6 +167,40 @@ export class LayerStore {
     return environments.sort((a, b) => `${a.name}:${a.version}`.localeCompare(`${b.name}:${b.version}`));
   }
 
+  /**
+   * Removes layers that no environment references and nothing in `inUse` needs, once they are
+   * older than `minAgeMs`; also temp files a crashed writer left. The manifest goes first, so a
+   * crash midway leaves a file nobody names rather than a name without a file.
+   */
+  async collectGarbage(options: {
+    minAgeMs: number;
+    inUse: ReadonlySet<string>;
+  }): Promise<{ removed: string[]; freedBytes: number }> {
+    const referenced = new Set(options.inUse);
+    for (const environment of await this.listEnvironments())
+      for (const digest of environment.layers) referenced.add(digest);
+    const now = Date.now();
+    const removed: string[] = [];
+    let freedBytes = 0;
+    for (const layer of await this.listLayers()) {
+      if (referenced.has(layer.digest) || now - Date.parse(layer.createdAt) < options.minAgeMs) continue;
+      const image = this.layerPath(layer.digest);
+      await rm(image.replace(/\.erofs$/, '.json'), { force: true });
+      for (const file of [image, image.replace(/\.erofs$/, '.tar.gz')]) {
+        freedBytes += (await stat(file).catch(() => undefined))?.size ?? 0;
+        await rm(file, { force: true });
+      }
+      removed.push(layer.digest);
+    }
+    for (const name of await readdir(join(this.root, 'tmp'))) {
+      const path = join(this.root, 'tmp', name);
+      const info = await stat(path).catch(() => undefined);
+      if (info && now - info.mtimeMs >= Math.max(options.minAgeMs, 60 * 60_000))
+        await rm(path, { recursive: true, force: true });
+    }
+    return { removed, freedBytes };
+  }
+
   /** Copies an environment and its layers from another store (a cluster seeding its shared store). */
   async importEnvironment(source: LayerStore, ref: string): Promise<Environment> {
     const environment = await source.getEnvironment(ref);

@@ -10,7 +10,14 @@ import {
 } from '../backends/index.ts';
 import { SandgymError, newSandboxId, parseAt, silentLogger, type Logger } from '../common/index.ts';
 import { LayerStore, parseEnvironmentRef, type Environment } from './layer-store.ts';
-import type { PackDiffOptions, PackDiffResult, PlatformClient, Sandbox } from './platform-client.ts';
+import type {
+  LayerGcOptions,
+  LayerGcReport,
+  PackDiffOptions,
+  PackDiffResult,
+  PlatformClient,
+  Sandbox,
+} from './platform-client.ts';
 import { sandboxRequestSchema, type ResolvedSandboxRequest, type SandboxRequest } from './sandbox-request.ts';
 import {
   buildFromDockerfile,
@@ -113,6 +120,13 @@ export class LocalPlatform implements PlatformClient {
 
   gc(): Promise<GcReport> {
     return this.container.gc();
+  }
+
+  async layerGc(options: LayerGcOptions = {}): Promise<LayerGcReport> {
+    const node = await this.container.gcLayers();
+    const inUse = new Set((await this.container.list()).flatMap((record) => record.layers));
+    const store = await this.store.collectGarbage({ minAgeMs: options.minAgeMs ?? 60 * 60_000, inUse });
+    return { ...node, removedLayers: store.removed, freedBytes: store.freedBytes };
   }
 
   listEnvironments(): Promise<Environment[]> {

@@ -15,6 +15,11 @@ export interface PlatformClient extends AsyncDisposable {
   killSandbox(id: string, options?: CallOptions): Promise<void>;
   /** Removes what crashed owners left behind. */
   gc(options?: CallOptions): Promise<GcReport>;
+  /**
+   * Unmounts unused layer mounts, drops unused node-local copies, and deletes store layers that
+   * no environment or live sandbox references, once older than `minAgeMs` (default one hour).
+   */
+  layerGc(options?: LayerGcOptions): Promise<LayerGcReport>;
   listEnvironments(options?: CallOptions): Promise<Environment[]>;
   /**
    * pack_diff: turns what a sandbox wrote into a new layer, and records `name` as an environment
@@ -36,4 +41,17 @@ export interface PackDiffOptions extends CallOptions {
 export interface PackDiffResult {
   layer: LayerManifest;
   environment: Environment;
+}
+
+/** Options for {@link PlatformClient.layerGc}. */
+export interface LayerGcOptions extends CallOptions {
+  minAgeMs?: number;
+}
+
+/** What {@link PlatformClient.layerGc} removed. */
+export interface LayerGcReport {
+  unmounted: string[];
+  removedCopies: string[];
+  removedLayers: string[];
+  freedBytes: number;
 }

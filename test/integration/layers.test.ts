@@ -74,6 +74,29 @@ describe('composed layers on real mounts', () => {
     expect(seen.stdout).toBe('new\nls: /etc/hosts: No such file or directory\nonly\n');
   });
 
+  it('collects unreferenced layers by age, never one an environment or a live sandbox uses', async () => {
+    const orphan = await layerFrom('orphan', { 'x/orphan': 'o' });
+    const kept = await layerFrom('kept', { 'x/kept': 'k' });
+    const base = await env.platform.store.getEnvironment('busybox:latest');
+    await env.platform.store.putEnvironment({
+      name: 'keeper',
+      version: '1',
+      layers: [...base.layers, kept],
+      config: {},
+    });
+    await using live = await env.platform.createSandbox({ environment: 'keeper:1' });
+    const young = await env.platform.layerGc({ minAgeMs: 60 * 60_000 });
+    expect(young.removedLayers).not.toContain(orphan);
+    const report = await env.platform.layerGc({ minAgeMs: 0 });
+    expect(report.removedLayers).toContain(orphan);
+    expect(report.removedLayers).not.toContain(kept);
+    expect(report.freedBytes).toBeGreaterThan(0);
+    const left = (await env.platform.store.listLayers()).map((l) => l.digest);
+    expect(left).toContain(kept);
+    expect(left).not.toContain(orphan);
+    expect((await live.exec(['cat', '/x/kept'])).stdout).toBe('k');
+  });
+
   it('refuses a corrupt or truncated layer before mounting it, naming the file', async () => {
     const digest = await layerFrom('fragile', { 'data/blob': 'x'.repeat(100_000) });
     const base = await env.platform.store.getEnvironment('busybox:latest');

@@ -302,6 +302,7 @@ export class ContainerBackend implements Backend {
         ownerPid: state.owner.pid,
         createdAt: state.createdAt,
         labels: state.labels,
+        layers: state.layers,
       });
     }
     return records;
@@ -340,6 +341,11 @@ export class ContainerBackend implements Backend {
     if (mine.size === 0) await removeIdleParents(this.layout, this.scope);
     report.mounts = await this.mounts.unmountIdle();
     return report;
+  }
+
+  async gcLayers(): Promise<{ unmounted: string[]; removedCopies: string[] }> {
+    const unmounted = await this.mounts.unmountIdle();
+    return { unmounted, removedCopies: await this.mounts.removeIdleCopies() };
   }
 
   private async removeOrphanRuntimeState(mine: Set<string>): Promise<void> {

@@ -1,4 +1,4 @@
-import { mkdir, readdir, rmdir, statfs } from 'node:fs/promises';
+import { mkdir, readdir, rm, rmdir, statfs } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SandgymError } from '../../common/index.ts';
 import type { LayerImage, LayerVerification } from '../contract.ts';
@@ -76,6 +76,18 @@ export class LayerMounts {
       });
     }
     return point;
+  }
+
+  /** Deletes node-local copies (eager mode) whose layer is not mounted; returns their paths. */
+  async removeIdleCopies(): Promise<string[]> {
+    const removed: string[] = [];
+    for (const name of await readdir(this.loading.copiesDir).catch(() => [] as string[])) {
+      const hex = name.replace(/\.erofs$/, '');
+      if (!/^[0-9a-f]{64}$/.test(hex) || (await isErofsMount(join(this.mountsDir, hex)))) continue;
+      await rm(join(this.loading.copiesDir, name), { force: true });
+      removed.push(join(this.loading.copiesDir, name));
+    }
+    return removed;
   }
 
   /** Unmounts every layer no sandbox uses; returns the mount points it removed. */

@@ -24,9 +24,31 @@ export async function layerCommand(args: string[]): Promise<number> {
   const [sub, ...rest] = args;
   if (sub === 'ls') return layerList(rest);
   if (sub === 'build') return layerBuild(rest);
+  if (sub === 'gc') return layerGc(rest);
   throw new UsageError(
-    'sandgym layer: use "layer ls" or "layer build (--from-dir D | --from-tar T | --from-oci A | --dockerfile F) [--name NAME:VERSION] [--base ENV]"',
+    'sandgym layer: use "layer ls", "layer gc [--min-age-minutes N]" or "layer build (--from-dir D | --from-tar T | --from-oci A | --dockerfile F) [--name NAME:VERSION] [--base ENV]"',
   );
+}
+
+async function layerGc(args: string[]): Promise<number> {
+  const parsed = parseCommandArgs('layer gc', args, {
+    'min-age-minutes': { type: 'string' },
+    json: { type: 'boolean' },
+  });
+  const minutes = text(parsed, 'min-age-minutes');
+  if (minutes !== undefined && !(Number(minutes) >= 0)) {
+    throw new UsageError(`sandgym layer gc: --min-age-minutes must be a number of minutes, got "${minutes}"`);
+  }
+  await using platform = await Platform.local();
+  const report = await platform.layerGc(minutes === undefined ? {} : { minAgeMs: Number(minutes) * 60_000 });
+  if (parsed.values['json']) console.log(JSON.stringify(report));
+  else {
+    console.error(
+      `sandgym layer gc: ${report.unmounted.length} mounts, ${report.removedCopies.length} node copies, ` +
+        `${report.removedLayers.length} store layers (${mib(report.freedBytes)}) removed`,
+    );
+  }
+  return EXIT.ok;
 }
 
 async function layerList(args: string[]): Promise<number> {
