@@ -29,7 +29,7 @@ export { buildErofsImage } from './host/erofs.ts';
 export { buildBusyboxRootfs, buildDebianRootfs } from './host/base-rootfs.ts';
 export type { DebianRootfsOptions } from './host/base-rootfs.ts';
 export { runProgram } from './host/run-program.ts';
-export { prepareHost } from './host/host-setup.ts';
+export { BENCHMARK_PROGRAMS, installPrograms, prepareHost } from './host/host-setup.ts';
 export type { HostReport } from './host/host-setup.ts';
 export { agentBinaryPath, hostProgram, packageRoot } from './host/paths.ts';
 export { detectCgroupLayout } from './host/cgroups.ts';

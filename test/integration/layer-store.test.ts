@@ -1,3 +1,5 @@
+import { execFileSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
 import { mkdir, mkdtemp, rm, writeFile, readdir } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -53,6 +55,24 @@ describe('layer store', () => {
     );
     expect(new Set(results.map((r) => r.digest)).size).toBe(1);
     expect(await readdir(join(store.root, 'tmp'))).toEqual([]);
+  });
+
+  it('leaves no partial layer when the disk fills during a build', async () => {
+    const small = join(dir, 'small');
+    await mkdir(small);
+    execFileSync('mount', ['-t', 'tmpfs', '-o', 'size=1m', 'tmpfs', small]);
+    try {
+      const full = await LayerStore.open(join(small, 'store'));
+      const big = await tree('big', { 'data/random': randomBytes(3 * 1024 * 1024).toString('base64') });
+      await expect(full.addLayerFromDirectory(big, 'too big')).rejects.toThrow(
+        /mkfs\.erofs .*failed|No space/,
+      );
+      expect(await full.listLayers()).toEqual([]);
+      expect(await readdir(join(full.root, 'tmp'))).toEqual([]);
+      expect(await readdir(join(full.root, 'layers/sha256'))).toEqual([]);
+    } finally {
+      execFileSync('umount', [small]);
+    }
   });
 
   it('records versioned environments over stored layers', async () => {

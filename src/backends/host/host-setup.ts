@@ -4,7 +4,7 @@ import { SandgymError, type Logger } from '../../common/index.ts';
 import { detectCgroupLayout, type CgroupLayout } from './cgroups.ts';
 import { runProgram } from './run-program.ts';
 
-/** Host programs the backends, base layers and benchmarks use, and the Debian package of each. */
+/** Host programs the backends and base layers use, and the Debian package of each. */
 const REQUIRED_PROGRAMS: Record<string, string> = {
   crun: 'crun',
   'mkfs.erofs': 'erofs-utils',
@@ -13,8 +13,13 @@ const REQUIRED_PROGRAMS: Record<string, string> = {
   ip: 'iproute2',
   nsenter: 'util-linux',
   unshare: 'util-linux',
-  hyperfine: 'hyperfine',
   setfattr: 'attr',
+  tar: 'tar',
+};
+
+/** What only the benchmarks need: baseline timing, and the shaped network store of `layers`. */
+export const BENCHMARK_PROGRAMS: Record<string, string> = {
+  hyperfine: 'hyperfine',
   sshfs: 'sshfs',
   sshd: 'openssh-server',
   tc: 'iproute2',
@@ -24,6 +29,28 @@ function hasProgram(name: string): boolean {
   return ['/usr/local/bin', '/usr/bin', '/bin', '/usr/sbin', '/sbin'].some((dir) =>
     existsSync(`${dir}/${name}`),
   );
+}
+
+/** Installs the Debian packages of whichever programs are missing; returns those packages. */
+export async function installPrograms(programs: Record<string, string>, logger: Logger): Promise<string[]> {
+  const missing = [
+    ...new Set(
+      Object.entries(programs)
+        .filter(([p]) => !hasProgram(p))
+        .map(([, pkg]) => pkg),
+    ),
+  ];
+  if (missing.length > 0) {
+    logger.info({ packages: missing }, 'installing Debian packages');
+    // RUNLEVEL=1 makes invoke-rc.d leave a package's service (sshd) stopped: nothing starts by itself
+    const env = { DEBIAN_FRONTEND: 'noninteractive', RUNLEVEL: '1' };
+    await runProgram('apt-get', ['update', '-qq'], { timeoutMs: 10 * 60_000, env });
+    await runProgram('apt-get', ['install', '-y', '-qq', '--no-install-recommends', ...missing], {
+      timeoutMs: 20 * 60_000,
+      env,
+    });
+  }
+  return missing;
 }
 
 /** What {@link prepareHost} found and did. */

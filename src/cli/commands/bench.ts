@@ -1,5 +1,6 @@
 import { BENCHMARKS, type BenchReport } from '../../../benchmarks/index.ts';
-import { writeFileAtomic } from '../../common/index.ts';
+import { BENCHMARK_PROGRAMS, installPrograms } from '../../backends/index.ts';
+import { createLogger, writeFileAtomic } from '../../common/index.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
 
 /**
@@ -28,6 +29,7 @@ export async function benchCommand(args: string[]): Promise<number> {
     }
   }
   const selected = names.length ? names : Object.keys(BENCHMARKS);
+  await installPrograms(BENCHMARK_PROGRAMS, createLogger({ level: 'info' }));
   const reports: BenchReport[] = [];
   for (const name of selected) {
     const report = await BENCHMARKS[name]!({
