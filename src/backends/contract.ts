@@ -197,6 +197,14 @@ export interface Backend extends AsyncDisposable {
   list(): Promise<SandboxRecord[]>;
   /** Destroys a sandbox by id, whichever process owns it. */
   kill(id: string): Promise<void>;
+  /**
+   * {@link BackendSandbox.withWritableLayer} for a sandbox by id, whichever process owns it;
+   * also hands over the sandbox's layers and labels.
+   */
+  withWritableLayerOf<T>(
+    id: string,
+    consume: (dir: string, sandbox: Pick<BackendSandbox, 'layers' | 'labels'>) => Promise<T>,
+  ): Promise<T>;
   /** Removes what dead owners left behind: sandboxes, mounts, cgroups. */
   gc(): Promise<GcReport>;
   /** Unmounts layers no sandbox uses and drops node-local layer copies nothing mounts. */

@@ -14,6 +14,8 @@ const USAGE = `usage: sandgym COMMAND [ARGS]
   layer build (--from-dir D | --from-tar T | --from-oci A) [--name NAME:VERSION] [--base ENV]
                                           a folder, tar(.gz) or OCI image (docker save / OCI layout)
                                           as an EROFS layer, and optionally an environment
+  layer build --from-sandbox ID --name NAME:VERSION
+                                          pack_diff: a live sandbox's changes over its own stack
   layer build --dockerfile F [--context C] --name NAME:VERSION
                                           FROM/RUN/COPY/ADD/ENV/WORKDIR/USER, RUN in our own containers, cached
   layer ls [--json]                       stored layers

@@ -9,7 +9,7 @@ import {
   type SandboxRecord,
 } from '../backends/index.ts';
 import { SandgymError, newSandboxId, parseAt, silentLogger, type Logger } from '../common/index.ts';
-import { LayerStore, parseEnvironmentRef, type Environment } from './layer-store.ts';
+import { LayerStore, parseEnvironmentRef, type Environment, type LayerManifest } from './layer-store.ts';
 import type {
   LayerGcOptions,
   LayerGcReport,
@@ -133,20 +133,27 @@ export class LocalPlatform implements PlatformClient {
     return this.store.listEnvironments();
   }
 
-  async packDiff(sandbox: Sandbox, options: PackDiffOptions): Promise<PackDiffResult> {
+  async packDiff(sandbox: Sandbox | string, options: PackDiffOptions): Promise<PackDiffResult> {
     const ref = parseEnvironmentRef(options.name);
-    const from = sandbox.layers.map((l) => l.digest);
-    const parent = sandbox.labels['environment'];
+    const id = typeof sandbox === 'string' ? sandbox : sandbox.id;
+    const pack = async (
+      dir: string,
+      found: Pick<Sandbox, 'layers' | 'labels'>,
+    ): Promise<{ layer: LayerManifest; parent: string | undefined; stack: string[] }> => ({
+      layer: await this.store.addLayerFromDirectory(dir, `pack_diff of sandbox ${id}`),
+      parent: found.labels['environment'],
+      stack: found.layers.map((l) => l.digest),
+    });
+    const { layer, parent, stack } =
+      typeof sandbox === 'string'
+        ? await this.container.withWritableLayerOf(sandbox, pack)
+        : await sandbox.withWritableLayer((dir) => pack(dir, sandbox), options);
     const config = parent ? (await this.store.getEnvironment(parent)).config : {};
-    const layer = await sandbox.withWritableLayer(
-      (dir) => this.store.addLayerFromDirectory(dir, `pack_diff of sandbox ${sandbox.id}`),
-      options,
-    );
     const environment = await this.store.putEnvironment({
       ...ref,
-      layers: [...from, layer.digest],
+      layers: [...stack, layer.digest],
       config,
-      description: options.description ?? `${parent ?? 'sandbox'} + changes of ${sandbox.id}`,
+      description: options.description ?? `${parent ?? 'sandbox'} + changes of ${id}`,
     });
     return { layer, environment };
   }

@@ -24,8 +24,9 @@ export interface PlatformClient extends AsyncDisposable {
   /**
    * pack_diff: turns what a sandbox wrote into a new layer, and records `name` as an environment
    * that is the sandbox's own stack plus that layer. New sandboxes of it start where this one is.
+   * Takes a handle, or the id of a sandbox on this node that another process owns.
    */
-  packDiff(sandbox: Sandbox, options: PackDiffOptions): Promise<PackDiffResult>;
+  packDiff(sandbox: Sandbox | string, options: PackDiffOptions): Promise<PackDiffResult>;
   /** Destroys this client's sandboxes. Idempotent. */
   close(): Promise<void>;
 }

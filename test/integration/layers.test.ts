@@ -1,5 +1,6 @@
 import { mkdir, open, readFile, truncate, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { spawnSync } from 'node:child_process';
+import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { isSandgymError } from '../../src/common/index.ts';
 import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
@@ -72,6 +73,32 @@ describe('composed layers on real mounts', () => {
     await using next = await env.platform.createSandbox({ environment: 'packed:1' });
     const seen = await next.exec(['sh', '-c', 'cat /root/added; ls /etc/hosts 2>&1; ls /usr/sbin']);
     expect(seen.stdout).toBe('new\nls: /etc/hosts: No such file or directory\nonly\n');
+  });
+
+  it('packs the diff of a sandbox that another process owns, from the CLI', async () => {
+    await using sandbox = await env.platform.createSandbox({ environment: 'busybox:latest' });
+    await sandbox.exec(['sh', '-c', 'echo from-cli > /root/cli']);
+    const cli = spawnSync(
+      'node',
+      [
+        resolve('dist/src/cli/main.js'),
+        'layer',
+        'build',
+        '--from-sandbox',
+        sandbox.id,
+        '--name',
+        'clipack:1',
+      ],
+      {
+        env: { ...process.env, SANDGYM_DATA_DIR: env.dataDir, SANDGYM_STORE: env.platform.store.root },
+        encoding: 'utf8',
+      },
+    );
+    expect(cli.status, cli.stderr).toBe(0);
+    expect(sandbox.state).toBe('running');
+    expect((await sandbox.exec(['echo', 'thawed'])).stdout).toBe('thawed\n');
+    await using next = await env.platform.createSandbox({ environment: 'clipack:1' });
+    expect((await next.exec(['cat', '/root/cli'])).stdout).toBe('from-cli\n');
   });
 
   it('collects unreferenced layers by age, never one an environment or a live sandbox uses', async () => {

@@ -15,6 +15,8 @@ import {
 import type {
   Backend,
   BackendCapabilities,
+  BackendSandbox,
+  LayerImage,
   CallOptions,
   GcReport,
   LayerVerification,
@@ -317,6 +319,28 @@ export class ContainerBackend implements Backend {
       throw new SandgymError('not_found', `No sandbox "${id}" on this node: see "sandgym ps"`);
     }
     await removeContainerResidue(id, cgroup, paths);
+  }
+
+  async withWritableLayerOf<T>(
+    id: string,
+    consume: (dir: string, sandbox: Pick<BackendSandbox, 'layers' | 'labels'>) => Promise<T>,
+  ): Promise<T> {
+    const mine = [...this.live].find((s) => s.id === id);
+    if (mine) return mine.withWritableLayer((dir) => consume(dir, mine));
+    const paths = this.pathsOf(id);
+    const state = await readContainerState(paths.dir);
+    if (!state) throw new SandgymError('not_found', `No sandbox "${id}" on this node: see "sandgym ps"`);
+    const cgroup = new SandboxCgroup(this.layout, this.scope, id);
+    const wasFrozen = await cgroup.isFrozen();
+    // frozen, so what it writes cannot change under the packer
+    if (!wasFrozen) await cgroup.setFrozen(true);
+    try {
+      // paths are left empty: the consumer reads digests, it does not mount
+      const layers: LayerImage[] = state.layers.map((digest) => ({ digest, path: '' }));
+      return await consume(join(paths.dir, 'upper'), { layers, labels: state.labels });
+    } finally {
+      if (!wasFrozen) await cgroup.setFrozen(false);
+    }
   }
 
   async gc(): Promise<GcReport> {

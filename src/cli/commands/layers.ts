@@ -26,7 +26,7 @@ export async function layerCommand(args: string[]): Promise<number> {
   if (sub === 'build') return layerBuild(rest);
   if (sub === 'gc') return layerGc(rest);
   throw new UsageError(
-    'sandgym layer: use "layer ls", "layer gc [--min-age-minutes N]" or "layer build (--from-dir D | --from-tar T | --from-oci A | --dockerfile F) [--name NAME:VERSION] [--base ENV]"',
+    'sandgym layer: use "layer ls", "layer gc [--min-age-minutes N]" or "layer build (--from-dir D | --from-tar T | --from-oci A | --dockerfile F | --from-sandbox ID) [--name NAME:VERSION] [--base ENV]"',
   );
 }
 
@@ -67,6 +67,7 @@ async function layerBuild(args: string[]): Promise<number> {
     'from-tar': { type: 'string' },
     'from-oci': { type: 'string' },
     dockerfile: { type: 'string' },
+    'from-sandbox': { type: 'string' },
     context: { type: 'string' },
     name: { type: 'string' },
     base: { type: 'string' },
@@ -77,14 +78,16 @@ async function layerBuild(args: string[]): Promise<number> {
     tar: text(parsed, 'from-tar'),
     oci: text(parsed, 'from-oci'),
     dockerfile: text(parsed, 'dockerfile'),
+    sandbox: text(parsed, 'from-sandbox'),
   };
   const given = Object.entries(sources).filter(([, v]) => v !== undefined);
   if (given.length !== 1) {
     throw new UsageError(
-      'sandgym layer build: give exactly one source: --from-dir D, --from-tar T, --from-oci A or --dockerfile F',
+      'sandgym layer build: give exactly one source: --from-dir D, --from-tar T, --from-oci A, --dockerfile F or --from-sandbox ID',
     );
   }
   if (sources.dockerfile) return dockerfileBuild(sources.dockerfile, parsed);
+  if (sources.sandbox) return sandboxBuild(sources.sandbox, parsed);
   const [kind, source = ''] = given[0] as [keyof typeof sources, string];
   const name = text(parsed, 'name');
   const base = text(parsed, 'base');
@@ -118,6 +121,23 @@ async function layerBuild(args: string[]): Promise<number> {
       console.error(
         `sandgym: environment ${environment.name}:${environment.version} (${environment.layers.length} layers)`,
       );
+  }
+  return EXIT.ok;
+}
+
+/** pack_diff from the command line: a live sandbox's changes as a layer and an environment. */
+async function sandboxBuild(id: string, parsed: ParsedCommandArgs): Promise<number> {
+  const name = text(parsed, 'name');
+  if (!name)
+    throw new UsageError(
+      'sandgym layer build --from-sandbox: give --name NAME:VERSION for the new environment',
+    );
+  await using platform = await Platform.local();
+  const result = await platform.packDiff(id, { name });
+  if (parsed.values['json']) console.log(JSON.stringify(result));
+  else {
+    console.log(result.layer.digest);
+    console.error(`sandgym: environment ${name} (${result.environment.layers.length} layers)`);
   }
   return EXIT.ok;
 }
