@@ -71,22 +71,7 @@ export async function prepareHost(logger: Logger): Promise<HostReport> {
       'sandgym setup must run as root: it installs packages and mounts filesystems',
     );
   }
-  const missing = [
-    ...new Set(
-      Object.entries(REQUIRED_PROGRAMS)
-        .filter(([p]) => !hasProgram(p))
-        .map(([, pkg]) => pkg),
-    ),
-  ];
-  if (missing.length > 0) {
-    logger.info({ packages: missing }, 'installing Debian packages');
-    const env = { DEBIAN_FRONTEND: 'noninteractive' };
-    await runProgram('apt-get', ['update', '-qq'], { timeoutMs: 10 * 60_000, env });
-    await runProgram('apt-get', ['install', '-y', '-qq', '--no-install-recommends', ...missing], {
-      timeoutMs: 20 * 60_000,
-      env,
-    });
-  }
+  const missing = await installPrograms(REQUIRED_PROGRAMS, logger);
   for (const fs of ['overlay', 'erofs']) {
     const known = await readFile('/proc/filesystems', 'utf8');
     if (known.includes(`\t${fs}\n`)) continue;

@@ -4,23 +4,20 @@ import { mkdir, open, rename, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SandgymError } from '../../common/index.ts';
 import type { LayerImage } from '../contract.ts';
+import { SingleFlight } from '../internal/single-flight.ts';
 
 /**
  * The `eager` loading mode's node-local copies: a whole layer is copied off the store before
  * its first mount (the "pull" baseline), its digest checked on the way, then fsynced.
  */
 export class LayerCopies {
-  private readonly inFlight = new Map<string, Promise<LayerImage>>();
+  private readonly copying = new SingleFlight<LayerImage>();
 
   constructor(private readonly dir: string) {}
 
   /** The layer as a node-local file, copied now if it is not here yet. */
   local(layer: LayerImage): Promise<LayerImage> {
-    const existing = this.inFlight.get(layer.digest);
-    if (existing) return existing;
-    const copying = this.copy(layer).finally(() => this.inFlight.delete(layer.digest));
-    this.inFlight.set(layer.digest, copying);
-    return copying;
+    return this.copying.run(layer.digest, () => this.copy(layer));
   }
 
   private async copy(layer: LayerImage): Promise<LayerImage> {

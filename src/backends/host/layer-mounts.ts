@@ -2,6 +2,7 @@ import { mkdir, readdir, rm, rmdir, statfs } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SandgymError } from '../../common/index.ts';
 import type { LayerImage, LayerVerification } from '../contract.ts';
+import { SingleFlight } from '../internal/single-flight.ts';
 import { LayerCopies } from './layer-copies.ts';
 import { LayerVerifier } from './layer-verify.ts';
 import { runProgram } from './run-program.ts';
@@ -23,7 +24,7 @@ async function isErofsMount(path: string): Promise<boolean> {
  * layer that a live overlay still uses, which makes it safe across processes.
  */
 export class LayerMounts {
-  private readonly inFlight = new Map<string, Promise<string>>();
+  private readonly mounting = new SingleFlight<string>();
   private readonly users = new Map<string, number>();
 
   private readonly verifier: LayerVerifier;
@@ -55,11 +56,7 @@ export class LayerMounts {
   }
 
   private mountOnce(layer: LayerImage): Promise<string> {
-    const existing = this.inFlight.get(layer.digest);
-    if (existing) return existing;
-    const mounting = this.mount(layer).finally(() => this.inFlight.delete(layer.digest));
-    this.inFlight.set(layer.digest, mounting);
-    return mounting;
+    return this.mounting.run(layer.digest, () => this.mount(layer));
   }
 
   private async mount(layer: LayerImage): Promise<string> {

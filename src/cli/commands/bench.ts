@@ -1,6 +1,7 @@
 import { BENCHMARKS, type BenchReport } from '../../../benchmarks/index.ts';
 import { BENCHMARK_PROGRAMS, installPrograms } from '../../backends/index.ts';
-import { createLogger, writeFileAtomic } from '../../common/index.ts';
+import { writeFileAtomic } from '../../common/index.ts';
+import { consoleLogger } from '../console-logger.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
 
 /**
@@ -29,7 +30,7 @@ export async function benchCommand(args: string[]): Promise<number> {
     }
   }
   const selected = names.length ? names : Object.keys(BENCHMARKS);
-  await installPrograms(BENCHMARK_PROGRAMS, createLogger({ level: 'info' }));
+  await installPrograms(BENCHMARK_PROGRAMS, consoleLogger());
   const reports: BenchReport[] = [];
   for (const name of selected) {
     const report = await BENCHMARKS[name]!({

@@ -7,6 +7,8 @@ import {
   defaultDataDir,
   defaultStoreDir,
   parseEnvironmentRef,
+  type Environment,
+  type LayerManifest,
 } from '../../platform/index.ts';
 import { parseCommandArgs, text, type ParsedCommandArgs } from '../args.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
@@ -114,13 +116,19 @@ async function layerBuild(args: string[]): Promise<number> {
         description: base ? `${base} + ${source}` : `built from ${source}`,
       })
     : undefined;
-  if (parsed.values['json']) console.log(JSON.stringify({ layer, environment }));
+  return printBuilt(parsed, { layer, environment });
+}
+
+/** A build's result: JSON on stdout, or the layer digest on stdout and the environment on stderr. */
+function printBuilt(
+  parsed: ParsedCommandArgs,
+  built: { layer: LayerManifest; environment: Environment | undefined },
+): number {
+  if (parsed.values['json']) console.log(JSON.stringify(built));
   else {
-    console.log(layer.digest);
-    if (environment)
-      console.error(
-        `sandgym: environment ${environment.name}:${environment.version} (${environment.layers.length} layers)`,
-      );
+    console.log(built.layer.digest);
+    const e = built.environment;
+    if (e) console.error(`sandgym: environment ${e.name}:${e.version} (${e.layers.length} layers)`);
   }
   return EXIT.ok;
 }
@@ -133,13 +141,7 @@ async function sandboxBuild(id: string, parsed: ParsedCommandArgs): Promise<numb
       'sandgym layer build --from-sandbox: give --name NAME:VERSION for the new environment',
     );
   await using platform = await Platform.local();
-  const result = await platform.packDiff(id, { name });
-  if (parsed.values['json']) console.log(JSON.stringify(result));
-  else {
-    console.log(result.layer.digest);
-    console.error(`sandgym: environment ${name} (${result.environment.layers.length} layers)`);
-  }
-  return EXIT.ok;
+  return printBuilt(parsed, await platform.packDiff(id, { name }));
 }
 
 async function dockerfileBuild(file: string, parsed: ParsedCommandArgs): Promise<number> {

@@ -1,5 +1,5 @@
 import { prepareHost } from '../../backends/index.ts';
-import { createLogger } from '../../common/index.ts';
+import { consoleLogger } from '../console-logger.ts';
 import { LayerStore, defaultDataDir, defaultStoreDir, ensureBaseEnvironments } from '../../platform/index.ts';
 import { parseCommandArgs } from '../args.ts';
 import { EXIT } from '../exit-codes.ts';
@@ -7,7 +7,7 @@ import { EXIT } from '../exit-codes.ts';
 /** `sandgym setup`: Debian packages, kernel checks, base layers. Idempotent. */
 export async function setupCommand(args: string[]): Promise<number> {
   const { values } = parseCommandArgs('setup', args, { json: { type: 'boolean' } });
-  const logger = createLogger({ level: 'info' });
+  const logger = consoleLogger();
   const host = await prepareHost(logger);
   const store = await LayerStore.open(defaultStoreDir(defaultDataDir()));
   const built = await ensureBaseEnvironments(store, logger);
