@@ -7,9 +7,9 @@ import { compared, hostInfo, type BenchOptions, type BenchReport, type Metric } 
 import { ShapedStore } from './shaped-store.ts';
 
 /** The shape of the burst; each can be set through the environment for a bigger machine. */
-const SANDBOXES = Number(process.env['SANDGYM_BENCH_LAYERS_SANDBOXES'] ?? 24);
+const SANDBOXES = Number(process.env['SANDGYM_BENCH_LAYERS_SANDBOXES'] ?? 32);
 const ENVIRONMENTS = Number(process.env['SANDGYM_BENCH_LAYERS_ENVS'] ?? 3);
-const FILES_PER_ENV = 240;
+const FILES_PER_ENV = 512;
 const FILE_BYTES = 400 * 1024;
 /** Share of an environment's files a sandbox's workload reads (DSec saw 4-13% of image bytes read). */
 const READ_FRACTION = 0.08;
