@@ -15,6 +15,7 @@ export type SandgymErrorCode =
   | 'oom'
   | 'agent_crash'
   | 'admission_rejected'
+  | 'divergence'
   | 'platform_error';
 
 /** Why a sandbox failed: an infrastructure outcome, never a reward of 0. */

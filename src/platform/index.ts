@@ -22,3 +22,7 @@ export type {
 } from './layer-build/dockerfile-build.ts';
 export { buildLayerFromOci } from './layer-build/from-oci.ts';
 export type { OciBuildResult } from './layer-build/from-oci.ts';
+export { TrajectoryLog } from './trajectory-log.ts';
+export type { TrajectoryRecord } from './trajectory-log.ts';
+export { ExactlyOnceSteps } from './exactly-once.ts';
+export type { StepRequest } from './exactly-once.ts';

@@ -8,7 +8,16 @@ import {
   type LoadMode,
   type SandboxRecord,
 } from '../backends/index.ts';
-import { SandgymError, newSandboxId, parseAt, silentLogger, type Logger } from '../common/index.ts';
+import {
+  SandgymError,
+  createMsgpackCodec,
+  newSandboxId,
+  nodeOfSandboxId,
+  parseAt,
+  silentLogger,
+  type Logger,
+} from '../common/index.ts';
+import { TrajectoryLog } from './trajectory-log.ts';
 import { LayerStore, parseEnvironmentRef, type Environment, type LayerManifest } from './layer-store.ts';
 import type {
   LayerGcOptions,
@@ -56,8 +65,11 @@ const NODE_ID = 'local';
 /** The embedded platform: every component in this process, no servers. */
 export class LocalPlatform implements PlatformClient {
   private isClosed = false;
+  private readonly codec = createMsgpackCodec();
+  private readonly trajectories = new Map<string, Promise<TrajectoryLog>>();
 
   constructor(
+    readonly dataDir: string,
     readonly store: LayerStore,
     private readonly container: ContainerBackend,
     private readonly logger: Logger,
@@ -158,10 +170,28 @@ export class LocalPlatform implements PlatformClient {
     return { layer, environment };
   }
 
+  /**
+   * The trajectory log of a sandbox on this node (`<dataDir>/trajectories/<id>.log`), one handle
+   * per sandbox shared by every client in this process.
+   */
+  trajectory(sandboxId: string): Promise<TrajectoryLog> {
+    nodeOfSandboxId(sandboxId);
+    let log = this.trajectories.get(sandboxId);
+    if (!log) {
+      log = TrajectoryLog.open(join(this.dataDir, 'trajectories', `${sandboxId}.log`), this.codec);
+      this.trajectories.set(sandboxId, log);
+    }
+    return log;
+  }
+
   async close(): Promise<void> {
     if (this.isClosed) return;
     this.isClosed = true;
-    await this.container.close();
+    try {
+      await this.container.close();
+    } finally {
+      for (const log of this.trajectories.values()) await (await log.catch(() => undefined))?.close();
+    }
   }
 
   [Symbol.asyncDispose](): Promise<void> {
@@ -191,6 +221,6 @@ export const Platform = {
       ...(options.loadMode ? { loadMode: options.loadMode } : {}),
       ...(options.verifyLayers ? { verifyLayers: options.verifyLayers } : {}),
     });
-    return new LocalPlatform(store, container, logger);
+    return new LocalPlatform(dataDir, store, container, logger);
   },
 };

@@ -1,0 +1,39 @@
+import type { FailureReason } from '../common/index.ts';
+
+/** How a step went for the platform: fine, or an infrastructure failure that is never a reward of 0. */
+export type StepOutcome = { kind: 'ok' } | { kind: 'infra_failure'; reason: FailureReason; message: string };
+
+/** Cancellation for a call. */
+export interface EnvCallOptions {
+  signal?: AbortSignal;
+}
+
+/** Options for {@link Environment.reset}. */
+export interface ResetOptions extends EnvCallOptions {
+  seed?: number;
+  options?: Record<string, unknown>;
+}
+
+/** What reset returns, as in Gymnasium. */
+export interface ResetResult<Observation> {
+  observation: Observation;
+  info: Record<string, unknown>;
+}
+
+/** What step returns, as in Gymnasium, plus a typed outcome. */
+export interface StepResult<Observation> {
+  observation: Observation;
+  reward: number;
+  terminated: boolean;
+  truncated: boolean;
+  info: Record<string, unknown>;
+  outcome: StepOutcome;
+}
+
+/** The gym contract every sandgym environment keeps. */
+export interface Environment<Action, Observation> extends AsyncDisposable {
+  reset(options?: ResetOptions): Promise<ResetResult<Observation>>;
+  step(action: Action, options?: EnvCallOptions): Promise<StepResult<Observation>>;
+  /** Idempotent; destroys what the environment created. */
+  close(): Promise<void>;
+}

@@ -1,0 +1,40 @@
+import { z } from 'zod';
+
+/** What an agent may do in a sandbox. Validated at the door: actions come from a policy. */
+export const sandboxActionSchema = z.discriminatedUnion('type', [
+  z.object({
+    type: z.literal('exec'),
+    /** A program and its arguments, or a shell line run with /bin/sh -c. */
+    command: z.union([z.array(z.string()).min(1), z.string().min(1)]),
+    cwd: z.string().startsWith('/').optional(),
+    env: z.record(z.string(), z.string()).optional(),
+    timeoutMs: z.number().int().positive().optional(),
+  }),
+  z.object({ type: z.literal('write_file'), path: z.string().startsWith('/'), content: z.string() }),
+  z.object({ type: z.literal('read_file'), path: z.string().startsWith('/') }),
+  z.object({ type: z.literal('list_dir'), path: z.string().startsWith('/') }),
+  z.object({ type: z.literal('submit') }),
+]);
+
+export type SandboxAction = z.infer<typeof sandboxActionSchema>;
+
+/** What the agent sees after an action: structured, never a bare string. */
+export type SandboxObservation =
+  | { type: 'reset'; sandboxId: string; environment: string }
+  | {
+      type: 'exec';
+      stdout: string;
+      stderr: string;
+      exitCode: number | null;
+      signal: string | null;
+      timedOut: boolean;
+      oomKilled: boolean;
+      stdoutTruncated: boolean;
+      stderrTruncated: boolean;
+      durationMs: number;
+    }
+  | { type: 'file'; path: string; content: string }
+  | { type: 'written'; path: string }
+  | { type: 'dir'; path: string; entries: { name: string; type: string; size: number }[] }
+  | { type: 'submitted' }
+  | { type: 'error'; code: string; message: string };

@@ -1,0 +1,203 @@
+import { randomBytes } from 'node:crypto';
+import { SandgymError, isSandgymError, messageOf, parseAt, type FailureReason } from '../common/index.ts';
+import {
+  ExactlyOnceSteps,
+  type LocalPlatform,
+  type Sandbox,
+  type SandboxRequest,
+} from '../platform/index.ts';
+import type {
+  EnvCallOptions,
+  Environment,
+  ResetOptions,
+  ResetResult,
+  StepOutcome,
+  StepResult,
+} from './environment.ts';
+import { sandboxActionSchema, type SandboxAction, type SandboxObservation } from './sandbox-actions.ts';
+
+/** Errors that mean the platform failed, not the agent: they become typed outcomes. */
+const INFRA_CODES: Record<string, FailureReason> = {
+  agent_crash: 'agent_crash',
+  platform_error: 'platform_error',
+  admission_rejected: 'admission_rejected',
+  oom: 'oom',
+};
+
+/** Options for {@link SandboxEnv.create}. */
+export interface SandboxEnvOptions {
+  /** The sandbox each reset starts; its `environment` names the layer stack. */
+  sandbox?: SandboxRequest;
+}
+
+/**
+ * A gym environment over one sandbox: each reset starts a fresh sandbox, each step is an action
+ * in it. Steps go through the sandbox's trajectory log, exactly once: a client that crashed and
+ * retries, or another client that attaches, fast-forwards over what already ran.
+ */
+export class SandboxEnv implements Environment<SandboxAction, SandboxObservation> {
+  private sandbox: Sandbox | undefined;
+  private owned = false;
+  private steps: ExactlyOnceSteps | undefined;
+  private episodeId = '';
+  private stepIndex = 0;
+  private isClosed = false;
+
+  private constructor(
+    private readonly platform: LocalPlatform,
+    private readonly options: SandboxEnvOptions,
+  ) {}
+
+  static create(platform: LocalPlatform, options: SandboxEnvOptions = {}): SandboxEnv {
+    return new SandboxEnv(platform, options);
+  }
+
+  /**
+   * Attaches to a live sandbox and an episode another client started; its next steps replay
+   * from the log until they reach the tail. The attached env does not destroy the sandbox.
+   */
+  static async attach(platform: LocalPlatform, sandbox: Sandbox, episodeId: string): Promise<SandboxEnv> {
+    const env = new SandboxEnv(platform, {});
+    env.sandbox = sandbox;
+    env.episodeId = episodeId;
+    env.steps = new ExactlyOnceSteps(await platform.trajectory(sandbox.id));
+    return env;
+  }
+
+  /** The live sandbox, once reset. */
+  get current(): Sandbox | undefined {
+    return this.sandbox;
+  }
+
+  get episode(): string {
+    return this.episodeId;
+  }
+
+  async reset(options: ResetOptions = {}): Promise<ResetResult<SandboxObservation>> {
+    if (this.isClosed)
+      throw new SandgymError('failed_precondition', 'Cannot reset: the environment is closed');
+    await this.releaseSandbox();
+    const sandbox = await this.platform.createSandbox(
+      this.options.sandbox ?? {},
+      options.signal ? { signal: options.signal } : {},
+    );
+    this.sandbox = sandbox;
+    this.owned = true;
+    this.steps = new ExactlyOnceSteps(await this.platform.trajectory(sandbox.id));
+    const given = options.options?.['episodeId'];
+    this.episodeId = typeof given === 'string' ? given : randomBytes(8).toString('hex');
+    this.stepIndex = 0;
+    const environment = sandbox.labels['environment'] ?? '';
+    return {
+      observation: { type: 'reset', sandboxId: sandbox.id, environment },
+      info: { episodeId: this.episodeId, sandboxId: sandbox.id, seed: options.seed ?? null },
+    };
+  }
+
+  async step(action: SandboxAction, options: EnvCallOptions = {}): Promise<StepResult<SandboxObservation>> {
+    const valid = parseAt(sandboxActionSchema, action, 'action');
+    const sandbox = this.sandbox;
+    const steps = this.steps;
+    if (!sandbox || !steps) throw new SandgymError('failed_precondition', 'Call reset() before step()');
+    const stepIndex = this.stepIndex;
+    const { result, replayed } = await steps.run(
+      { episodeId: this.episodeId, stepIndex, action: valid },
+      () => this.execute(sandbox, valid, options),
+    );
+    this.stepIndex++;
+    return { ...result, info: { ...result.info, episodeId: this.episodeId, stepIndex, replayed } };
+  }
+
+  private async execute(
+    sandbox: Sandbox,
+    action: SandboxAction,
+    options: EnvCallOptions,
+  ): Promise<StepResult<SandboxObservation>> {
+    const call = options.signal ? { signal: options.signal } : {};
+    const ok: StepOutcome = { kind: 'ok' };
+    const done = (observation: SandboxObservation, terminated = false): StepResult<SandboxObservation> => ({
+      observation,
+      reward: 0,
+      terminated,
+      truncated: false,
+      info: {},
+      outcome: ok,
+    });
+    try {
+      switch (action.type) {
+        case 'exec': {
+          const argv =
+            typeof action.command === 'string' ? ['/bin/sh', '-c', action.command] : action.command;
+          const r = await sandbox.exec(argv, {
+            ...call,
+            ...(action.cwd ? { cwd: action.cwd } : {}),
+            ...(action.env ? { env: action.env } : {}),
+            ...(action.timeoutMs ? { timeoutMs: action.timeoutMs } : {}),
+          });
+          return done({
+            type: 'exec',
+            stdout: r.stdout,
+            stderr: r.stderr,
+            exitCode: r.exitCode,
+            signal: r.signal,
+            timedOut: r.timedOut,
+            oomKilled: r.oomKilled,
+            stdoutTruncated: r.stdoutTruncated,
+            stderrTruncated: r.stderrTruncated,
+            durationMs: r.durationMs,
+          });
+        }
+        case 'write_file':
+          await sandbox.writeFile(action.path, action.content, call);
+          return done({ type: 'written', path: action.path });
+        case 'read_file':
+          return done({
+            type: 'file',
+            path: action.path,
+            content: (await sandbox.readFile(action.path, call)).toString(),
+          });
+        case 'list_dir': {
+          const entries = await sandbox.listDir(action.path, call);
+          return done({
+            type: 'dir',
+            path: action.path,
+            entries: entries.map(({ name, type, size }) => ({ name, type, size })),
+          });
+        }
+        case 'submit':
+          return done({ type: 'submitted' }, true);
+      }
+    } catch (error) {
+      // a sandbox that died under the call (killed, crashed) reports why through its own state
+      const reason = isSandgymError(error) ? (INFRA_CODES[error.code] ?? sandbox.failure) : undefined;
+      if (reason) {
+        // the platform failed, not the agent: a typed outcome, never a reward of 0 in disguise
+        return {
+          ...done({ type: 'error', code: reason, message: messageOf(error) }),
+          truncated: true,
+          outcome: { kind: 'infra_failure', reason, message: messageOf(error) },
+        };
+      }
+      if (isSandgymError(error)) return done({ type: 'error', code: error.code, message: error.message });
+      throw error;
+    }
+  }
+
+  private async releaseSandbox(): Promise<void> {
+    const sandbox = this.sandbox;
+    this.sandbox = undefined;
+    this.steps = undefined;
+    if (sandbox && this.owned) await sandbox.close();
+    this.owned = false;
+  }
+
+  async close(): Promise<void> {
+    if (this.isClosed) return;
+    this.isClosed = true;
+    await this.releaseSandbox();
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
+  }
+}

@@ -1,0 +1,109 @@
+import { spawnSync } from 'node:child_process';
+import { appendFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { isSandgymError } from '../../src/common/index.ts';
+import { SandboxEnv, withStepLimit, type SandboxAction } from '../../src/env/index.ts';
+import { TrajectoryLog } from '../../src/platform/index.ts';
+import { createMsgpackCodec } from '../../src/common/index.ts';
+import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
+
+const STAMP: SandboxAction = { type: 'exec', command: 'date +%s%N >> /tmp/stamps; wc -l < /tmp/stamps' };
+
+describe('SandboxEnv and exactly-once steps', () => {
+  let env: TestPlatform;
+
+  beforeAll(async () => {
+    env = await createTestPlatform('sandbox-env');
+  });
+
+  afterAll(async () => {
+    await env?.[Symbol.asyncDispose]();
+  });
+
+  it('runs structured actions and terminates on submit', async () => {
+    await using gym = SandboxEnv.create(env.platform, { sandbox: { environment: 'busybox:latest' } });
+    const reset = await gym.reset({ seed: 7 });
+    expect(reset.observation).toMatchObject({ type: 'reset', environment: 'busybox:latest' });
+    const wrote = await gym.step({ type: 'write_file', path: '/work/a.txt', content: 'hello' });
+    expect(wrote.observation).toEqual({ type: 'written', path: '/work/a.txt' });
+    const ran = await gym.step({ type: 'exec', command: ['cat', '/work/a.txt'] });
+    expect(ran.observation).toMatchObject({ type: 'exec', stdout: 'hello', exitCode: 0 });
+    expect(ran.outcome).toEqual({ kind: 'ok' });
+    const listed = await gym.step({ type: 'list_dir', path: '/work' });
+    expect(listed.observation).toMatchObject({
+      type: 'dir',
+      entries: [{ name: 'a.txt', type: 'file', size: 5 }],
+    });
+    const missing = await gym.step({ type: 'read_file', path: '/nope' });
+    expect(missing.observation).toMatchObject({ type: 'error', code: 'not_found' });
+    const submitted = await gym.step({ type: 'submit' });
+    expect(submitted.terminated).toBe(true);
+    await expect(gym.step({ type: 'exec', command: [] } as unknown as SandboxAction)).rejects.toThrow(
+      /Invalid action: command/,
+    );
+  });
+
+  it('runs each step exactly once across a client crash, and refuses a diverging step', async () => {
+    const first = SandboxEnv.create(env.platform, { sandbox: { environment: 'busybox:latest' } });
+    await first.reset();
+    try {
+      for (let i = 0; i < 5; i++)
+        expect((await first.step(STAMP)).observation).toMatchObject({ stdout: `${i + 1}\n` });
+      // the first client "crashes": it is dropped mid-episode; a new client attaches and retries from step 0
+      const sandbox = first.current!;
+      const second = await SandboxEnv.attach(env.platform, sandbox, first.episode);
+      for (let i = 0; i < 5; i++) {
+        const again = await second.step(STAMP);
+        expect(again.info['replayed']).toBe(true);
+        expect(again.observation).toMatchObject({ stdout: `${i + 1}\n` });
+      }
+      const fresh = await second.step(STAMP);
+      expect(fresh.info['replayed']).toBe(false);
+      const lines = await sandbox.exec(['wc', '-l', '/tmp/stamps']);
+      expect(lines.stdout.trim().split(/\s+/)[0]).toBe('6');
+      const third = await SandboxEnv.attach(env.platform, sandbox, first.episode);
+      const error: unknown = await third
+        .step({ type: 'exec', command: 'rm -rf /work' })
+        .catch((e: unknown) => e);
+      expect(isSandgymError(error, 'divergence')).toBe(true);
+      expect((error as Error).message).toMatch(/Step 0 of episode .* diverges/);
+      // the log on disk holds the six steps, and a torn tail from a crash mid-write is cut off
+      const log = await env.platform.trajectory(sandbox.id);
+      await appendFile(log.path, Buffer.from([0, 0, 0, 99, 1, 2]));
+      const reopened = await TrajectoryLog.open(log.path, createMsgpackCodec());
+      expect(reopened.episode(first.episode).map((r) => r.stepIndex)).toEqual([0, 1, 2, 3, 4, 5]);
+      await reopened.close();
+    } finally {
+      await first.close();
+    }
+  });
+
+  it('reports a sandbox that dies under a step as an infrastructure outcome, not a reward', async () => {
+    await using gym = SandboxEnv.create(env.platform, { sandbox: { environment: 'busybox:latest' } });
+    const { observation } = await gym.reset();
+    // the agent dies from outside, as when the node OOM-kills it or a host admin kills it
+    const id = (observation as { sandboxId: string }).sandboxId;
+    const state = spawnSync('crun', ['--root', join(env.dataDir, 'runtime'), 'state', id], {
+      encoding: 'utf8',
+    });
+    process.kill((JSON.parse(state.stdout) as { pid: number }).pid, 'SIGKILL');
+    for (let i = 0; i < 100 && gym.current?.state === 'running'; i++)
+      await new Promise((r) => setTimeout(r, 20));
+    const step = await gym.step({ type: 'exec', command: ['true'] });
+    expect(step.outcome).toMatchObject({ kind: 'infra_failure', reason: 'agent_crash' });
+    expect(step.truncated).toBe(true);
+  });
+
+  it('truncates an episode at a step limit', async () => {
+    await using gym = withStepLimit(
+      SandboxEnv.create(env.platform, { sandbox: { environment: 'busybox:latest' } }),
+      2,
+    );
+    await gym.reset();
+    expect((await gym.step({ type: 'exec', command: ['true'] })).truncated).toBe(false);
+    const last = await gym.step({ type: 'exec', command: ['true'] });
+    expect(last.truncated).toBe(true);
+    expect(last.info['truncatedBy']).toBe('step_limit');
+  });
+});
