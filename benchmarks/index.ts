@@ -1,6 +1,7 @@
 import { benchCreate } from './create.ts';
 import { benchExec } from './exec.ts';
 import { benchLayers } from './layers.ts';
+import { benchReplay } from './replay.ts';
 import type { BenchOptions, BenchReport } from './report.ts';
 
 /** Every benchmark by name, in the order `sandgym bench` runs them. */
@@ -8,6 +9,7 @@ export const BENCHMARKS: Record<string, (options: BenchOptions) => Promise<Bench
   create: benchCreate,
   exec: benchExec,
   layers: benchLayers,
+  replay: benchReplay,
 };
 
 export type { BenchReport, BenchOptions, Metric } from './report.ts';

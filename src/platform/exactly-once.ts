@@ -8,14 +8,18 @@ export interface StepRequest {
   action: unknown;
 }
 
-/** Stable JSON: object keys sorted, so equal actions compare equal however they were built. */
-function canonical(value: unknown): string {
-  return JSON.stringify(value, (_, v: unknown) =>
-    v && typeof v === 'object' && !Array.isArray(v) && !(v instanceof Uint8Array)
-      ? Object.fromEntries(
-          Object.entries(v as Record<string, unknown>).sort(([a], [b]) => a.localeCompare(b)),
-        )
-      : v,
+/** Structural equality of two decoded actions (key order does not matter), without serialising. */
+function sameValue(a: unknown, b: unknown): boolean {
+  if (a === b) return true;
+  if (typeof a !== 'object' || typeof b !== 'object' || a === null || b === null) return false;
+  if (Array.isArray(a))
+    return Array.isArray(b) && a.length === b.length && a.every((v, i) => sameValue(v, b[i]));
+  if (a instanceof Uint8Array) return b instanceof Uint8Array && Buffer.compare(a, b) === 0;
+  const left = Object.entries(a).filter(([, v]) => v !== undefined);
+  const right = b as Record<string, unknown>;
+  return (
+    left.length === Object.values(right).filter((v) => v !== undefined).length &&
+    left.every(([k, v]) => sameValue(v, right[k]))
   );
 }
 
@@ -30,14 +34,14 @@ export class ExactlyOnceSteps {
 
   async run<R>(request: StepRequest, execute: () => Promise<R>): Promise<{ result: R; replayed: boolean }> {
     const episode = this.log.episode(request.episodeId);
-    const logged = episode.find((r) => r.stepIndex === request.stepIndex);
+    const logged = episode[request.stepIndex];
     if (logged) {
-      if (canonical(logged.action) !== canonical(request.action)) {
+      if (!sameValue(logged.action, request.action)) {
         throw divergence(request.episodeId, request.stepIndex, logged.action, request.action);
       }
       return { result: logged.result as R, replayed: true };
     }
-    const next = episode.length === 0 ? 0 : (episode[episode.length - 1]?.stepIndex ?? -1) + 1;
+    const next = episode.length;
     if (request.stepIndex !== next) {
       throw new SandgymError(
         'invalid_argument',

@@ -25,12 +25,23 @@ function checksum(body: Buffer): number {
  * the log cuts it off, so the log always ends on a whole record.
  */
 export class TrajectoryLog {
+  /** Records by episode, in step order: a step's record sits at its index. */
+  private readonly byEpisode = new Map<string, TrajectoryRecord[]>();
+
   private constructor(
     readonly path: string,
     private readonly codec: Codec,
     private readonly file: FileHandle,
     private readonly loaded: TrajectoryRecord[],
-  ) {}
+  ) {
+    for (const record of loaded) this.index(record);
+  }
+
+  private index(record: TrajectoryRecord): void {
+    let episode = this.byEpisode.get(record.episodeId);
+    if (!episode) this.byEpisode.set(record.episodeId, (episode = []));
+    episode.push(record);
+  }
 
   /** Opens (or creates) the log at `path`, dropping a torn tail. */
   static async open(path: string, codec: Codec): Promise<TrajectoryLog> {
@@ -65,11 +76,12 @@ export class TrajectoryLog {
     await this.file.write(Buffer.concat([header, body]));
     await this.file.datasync();
     this.loaded.push(record);
+    this.index(record);
   }
 
-  /** The records of one episode, by step index. */
-  episode(episodeId: string): TrajectoryRecord[] {
-    return this.loaded.filter((r) => r.episodeId === episodeId).sort((a, b) => a.stepIndex - b.stepIndex);
+  /** The records of one episode, in step order (steps are appended in order from 0). */
+  episode(episodeId: string): readonly TrajectoryRecord[] {
+    return this.byEpisode.get(episodeId) ?? [];
   }
 
   async close(): Promise<void> {
