@@ -12,14 +12,14 @@ describe('exactly-once steps', () => {
     if (dir) await rm(dir, { recursive: true, force: true });
   });
 
-  async function steps(): Promise<{ log: TrajectoryLog; steps: ExactlyOnceSteps }> {
+  async function fixture(): Promise<{ log: TrajectoryLog; steps: ExactlyOnceSteps }> {
     dir = await mkdtemp(join(tmpdir(), 'sandgym-log-'));
     const log = await TrajectoryLog.open(join(dir, 'sandbox.log'), createMsgpackCodec());
     return { log, steps: new ExactlyOnceSteps(log) };
   }
 
   it('runs a step once, then replays it whatever the key order of the action', async () => {
-    const { log, steps } = await steps();
+    const { log, steps } = await fixture();
     let runs = 0;
     const execute = (): Promise<number> => Promise.resolve(++runs);
     const first = await steps.run(
@@ -37,7 +37,7 @@ describe('exactly-once steps', () => {
   });
 
   it('refuses a different action at a logged index, and a step that skips ahead', async () => {
-    const { log, steps } = await steps();
+    const { log, steps } = await fixture();
     await steps.run({ episodeId: 'e', stepIndex: 0, action: { n: 1 } }, () => Promise.resolve('ok'));
     const diverged: unknown = await steps
       .run({ episodeId: 'e', stepIndex: 0, action: { n: 2 } }, () => Promise.resolve('no'))
