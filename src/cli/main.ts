@@ -1,5 +1,6 @@
 #!/usr/bin/env node
 import { benchCommand } from './commands/bench.ts';
+import { evalCommand } from './commands/eval.ts';
 import { envCommand, layerCommand } from './commands/layers.ts';
 import { gcCommand, killCommand, psCommand } from './commands/ps.ts';
 import { runCommand } from './commands/run.ts';
@@ -21,6 +22,8 @@ const USAGE = `usage: sandgym COMMAND [ARGS]
   layer ls [--json]                       stored layers
   layer gc [--min-age-minutes N] [--json] unused mounts, node copies and unreferenced layers (default age 60)
   env ls [--json] | env show NAME:VERSION environments: layer stacks plus config
+  eval TASK... [--agent oracle|nop] [--concurrency N] [--max-steps N] [--json OUT]
+                                          run Harbor tasks, grade each in a fresh sandbox
   ps [--json]                             live sandboxes on this node
   kill ID ...                             destroy sandboxes, whichever process owns them
   gc [--json]                             reap what crashed owners left behind
@@ -37,6 +40,7 @@ const COMMANDS: Record<string, (args: string[]) => Promise<number>> = {
   bench: benchCommand,
   layer: layerCommand,
   env: envCommand,
+  eval: evalCommand,
 };
 
 async function main(argv: string[]): Promise<number> {

@@ -1,7 +1,13 @@
 import type { FailureReason } from '../common/index.ts';
 
-/** How a step went for the platform: fine, or an infrastructure failure that is never a reward of 0. */
-export type StepOutcome = { kind: 'ok' } | { kind: 'infra_failure'; reason: FailureReason; message: string };
+/**
+ * How a step went for the platform: fine; an infrastructure failure; or a verifier that crashed
+ * or ran out of time. The last two are never a reward of 0: rollouts mask or retry them.
+ */
+export type StepOutcome =
+  | { kind: 'ok' }
+  | { kind: 'infra_failure'; reason: FailureReason; message: string }
+  | { kind: 'verifier_error'; message: string };
 
 /** Cancellation for a call. */
 export interface EnvCallOptions {

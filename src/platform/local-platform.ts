@@ -89,8 +89,12 @@ export class LocalPlatform implements PlatformClient {
   }
 
   /** A sandbox on an explicit layer stack: what a Dockerfile build runs its RUN steps in. */
-  createSandboxFromLayers(layers: string[], config: Environment['config']): Promise<Sandbox> {
-    const resolved = parseAt(sandboxRequestSchema, { resources: { memoryMib: 2048 } }, 'sandbox request');
+  createSandboxFromLayers(
+    layers: string[],
+    config: Environment['config'],
+    resources: SandboxRequest['resources'] = { memoryMib: 2048 },
+  ): Promise<Sandbox> {
+    const resolved = parseAt(sandboxRequestSchema, { resources }, 'sandbox request');
     const stack: Environment = { name: 'build', version: 'step', layers, config, description: '' };
     return this.launch(stack, resolved, {});
   }

@@ -25,6 +25,8 @@ export interface TestPlatform extends AsyncDisposable {
 export interface TestPlatformOptions {
   /** A store of the test's own, seeded with busybox:latest, for tests that write layers. */
   privateStore?: boolean;
+  /** More environments to copy into the private store (debian:bookworm, say). */
+  seed?: string[];
 }
 
 export async function createTestPlatform(
@@ -33,10 +35,11 @@ export async function createTestPlatform(
 ): Promise<TestPlatform> {
   const dataDir = join(TEST_DATA_ROOT, `${name}-${randomBytes(4).toString('hex')}`);
   const storeDir = options.privateStore ? join(dataDir, 'store') : STORE_DIR;
-  if (options.privateStore)
-    await (
-      await LayerStore.open(storeDir)
-    ).importEnvironment(await LayerStore.open(STORE_DIR), 'busybox:latest');
+  if (options.privateStore) {
+    const store = await LayerStore.open(storeDir);
+    const shared = await LayerStore.open(STORE_DIR);
+    for (const ref of ['busybox:latest', ...(options.seed ?? [])]) await store.importEnvironment(shared, ref);
+  }
   const platform = await Platform.local({ dataDir, storeDir });
   return {
     platform,

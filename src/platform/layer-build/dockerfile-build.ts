@@ -22,6 +22,11 @@ export interface DockerfileBuildOptions {
   name: string;
   /** Called as each step finishes, for progress. */
   onStep?: (step: BuildStep) => void;
+  /**
+   * The environment to start from when FROM names an image that is not in the store (a task's
+   * `FROM ubuntu:22.04`, say). Without it such a FROM is an error.
+   */
+  fromFallback?: string;
 }
 
 /** How one instruction went. */
@@ -36,6 +41,8 @@ export interface BuildStep {
 export interface DockerfileBuildResult {
   environment: Environment;
   steps: BuildStep[];
+  /** What the build decided that the user should know, e.g. a FROM that was mapped. */
+  notes: string[];
 }
 
 function hash(...parts: unknown[]): string {
@@ -99,7 +106,14 @@ export async function buildFromDockerfile(
   const [from, ...rest] = parseDockerfile(text, file);
   if (from?.kind !== 'FROM')
     throw new SandgymError('invalid_argument', `${file}: the first instruction must be FROM`);
-  const base = await host.store.getEnvironment(from.environment).catch((error: unknown) => {
+  const notes: string[] = [];
+  const known =
+    /^[a-z0-9][a-z0-9._-]*(:[A-Za-z0-9][A-Za-z0-9._-]*)?$/.test(from.environment) &&
+    host.store.hasEnvironment(from.environment);
+  const baseRef = known || !options.fromFallback ? from.environment : options.fromFallback;
+  if (baseRef !== from.environment)
+    notes.push(`FROM ${from.environment} is not in the store; built on ${baseRef} instead`);
+  const base = await host.store.getEnvironment(baseRef).catch((error: unknown) => {
     throw new SandgymError('not_found', `${file} line ${from.line}: ${(error as Error).message}`, {
       cause: error,
     });
@@ -166,7 +180,7 @@ export async function buildFromDockerfile(
     config,
     description: `built from ${file}`,
   });
-  return { environment, steps };
+  return { environment, steps, notes };
 }
 
 function inContext(file: string, line: number, context: string, source: string): string {

@@ -1,0 +1,62 @@
+import { writeFileAtomic } from '../../common/index.ts';
+import { loadTasks } from '../../env/index.ts';
+import { Platform } from '../../platform/index.ts';
+import { BUILT_IN_AGENTS, evaluate, type EvalProgress } from '../../rollout/index.ts';
+import { parseCommandArgs, positiveInt, text } from '../args.ts';
+import { EXIT, UsageError } from '../exit-codes.ts';
+
+function progressLine(p: EvalProgress): string {
+  const eta = p.etaMs === undefined ? '' : `, ETA ${Math.ceil(p.etaMs / 1000)}s`;
+  return `sandgym eval: ${p.done}/${p.total} done, ${p.running} running, ${p.failed} failed${eta}`;
+}
+
+/** `sandgym eval TASK... [--agent oracle|nop] [--concurrency N] [--json OUT]`. */
+export async function evalCommand(args: string[]): Promise<number> {
+  const parsed = parseCommandArgs('eval', args, {
+    agent: { type: 'string', default: 'oracle' },
+    concurrency: { type: 'string' },
+    json: { type: 'string' },
+    'max-steps': { type: 'string' },
+  });
+  if (parsed.positionals.length === 0)
+    throw new UsageError('sandgym eval: give task folders, e.g. sandgym eval examples/tasks');
+  const agentName = text(parsed, 'agent') ?? 'oracle';
+  const makeAgent = BUILT_IN_AGENTS[agentName];
+  if (!makeAgent)
+    throw new UsageError(
+      `sandgym eval: --agent must be one of ${Object.keys(BUILT_IN_AGENTS).join(', ')}; got "${agentName}"`,
+    );
+  const tasks = await loadTasks(parsed.positionals);
+  const concurrency = positiveInt('concurrency', text(parsed, 'concurrency')) ?? 2;
+  const maxSteps = positiveInt('max-steps', text(parsed, 'max-steps'));
+  await using platform = await Platform.local();
+  const interactive = process.stderr.isTTY;
+  const reports = await evaluate(platform, tasks, makeAgent, {
+    concurrency,
+    ...(maxSteps ? { maxSteps } : {}),
+    onProgress: (p) => (interactive ? process.stderr.write(`\r${progressLine(p)}  `) : undefined),
+    onEpisode: (r) => {
+      const outcome =
+        r.outcome.kind === 'ok'
+          ? ''
+          : ` [${r.outcome.kind}${'reason' in r.outcome ? `: ${r.outcome.reason}` : ''}]`;
+      const tamper = r.tampered.length ? ` tampered: ${r.tampered.join(', ')}` : '';
+      process.stderr.write(
+        `${interactive ? '\r' : ''}${r.task}: reward ${r.reward}${outcome}${tamper} (${r.steps} steps, ${(r.durationMs / 1000).toFixed(1)}s)\n`,
+      );
+    },
+  });
+  const summary = {
+    agent: agentName,
+    tasks: reports.length,
+    resolved: reports.filter((r) => r.outcome.kind === 'ok' && r.reward >= 1).length,
+    failedInfrastructure: reports.filter((r) => r.outcome.kind !== 'ok').length,
+    meanReward: reports.reduce((sum, r) => sum + r.reward, 0) / Math.max(1, reports.length),
+    episodes: reports,
+  };
+  const out = text(parsed, 'json');
+  if (out) await writeFileAtomic(out, JSON.stringify(summary, null, 2));
+  console.error(`sandgym eval: ${summary.resolved}/${summary.tasks} resolved with --agent ${agentName}`);
+  if (summary.failedInfrastructure > 0) return EXIT.infrastructure;
+  return summary.resolved === summary.tasks ? EXIT.ok : EXIT.failed;
+}

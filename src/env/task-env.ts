@@ -1,0 +1,228 @@
+import { existsSync } from 'node:fs';
+import { readFile, readdir, stat } from 'node:fs/promises';
+import { join, relative } from 'node:path';
+import { SandgymError, messageOf } from '../common/index.ts';
+import type { Environment as LayerEnvironment, LocalPlatform, Sandbox } from '../platform/index.ts';
+import type { EnvCallOptions, Environment, ResetOptions, ResetResult, StepResult } from './environment.ts';
+import type { SandboxAction, SandboxObservation } from './sandbox-actions.ts';
+import { SandboxEnv } from './sandbox-env.ts';
+import type { Task } from './tasks/task.ts';
+
+/** Paths the agent must not touch; edits to them in its diff are tamper signals. */
+const PROTECTED = ['tests', 'solution', 'logs/verifier'];
+/** Where a task's environment starts when its Dockerfile names an image we do not have. */
+const FALLBACK_BASE = 'debian:bookworm';
+
+/** What the agent is shown at reset: the instruction, and where it is. */
+export type TaskObservation = SandboxObservation | { type: 'task'; instruction: string; sandboxId: string };
+
+/** The result of grading one episode. */
+export interface Grade {
+  reward: number;
+  /** Protected paths the agent's diff touched. */
+  tampered: string[];
+  verifierExitCode: number | null;
+  verifierOutput: string;
+}
+
+async function filesUnder(dir: string): Promise<string[]> {
+  const files: string[] = [];
+  for (const entry of await readdir(dir, { withFileTypes: true })) {
+    const path = join(dir, entry.name);
+    if (entry.isDirectory()) files.push(...(await filesUnder(path)));
+    else if (entry.isFile()) files.push(path);
+  }
+  return files;
+}
+
+/** Copies a host folder into a sandbox (tests for the grader, the solution for the oracle). */
+export async function stageFolder(sandbox: Sandbox, from: string, to: string): Promise<void> {
+  for (const file of await filesUnder(from)) {
+    const mode = (await stat(file)).mode & 0o777;
+    await sandbox.writeFile(join(to, relative(from, file)), await readFile(file), { mode: mode | 0o444 });
+  }
+}
+
+/** Reads reward.txt (one number) or reward.json (a `reward` field, or the mean of its numbers). */
+function parseReward(text: string, json: boolean): number {
+  if (!json) {
+    const value = Number(text.trim());
+    if (!Number.isFinite(value))
+      throw new SandgymError('invalid_argument', `reward.txt holds "${text.trim()}", not a number`);
+    return value;
+  }
+  const parsed = JSON.parse(text) as Record<string, unknown>;
+  if (typeof parsed['reward'] === 'number') return parsed['reward'];
+  const values = Object.values(parsed).filter((v): v is number => typeof v === 'number');
+  if (values.length === 0) throw new SandgymError('invalid_argument', 'reward.json holds no number');
+  return values.reduce((a, b) => a + b, 0) / values.length;
+}
+
+/**
+ * A task as a gym environment. Reset starts the task's environment; steps are SandboxEnv
+ * actions; submit, or the agent's time budget running out, ends the episode and grades it in a
+ * fresh sandbox: the task's layers plus the agent's diff, protected paths restored, tests staged
+ * there only, the reward file created empty just before the run and read over the agent channel.
+ */
+export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
+  private inner: SandboxEnv | undefined;
+  private built: LayerEnvironment | undefined;
+  private buildNotes: string[] = [];
+  private deadline = 0;
+  private isClosed = false;
+
+  private constructor(
+    private readonly platform: LocalPlatform,
+    readonly task: Task,
+  ) {}
+
+  static create(platform: LocalPlatform, task: Task): TaskEnv {
+    return new TaskEnv(platform, task);
+  }
+
+  /** Builds the task's environment from its Dockerfile (cached step by step). */
+  async prepare(): Promise<LayerEnvironment> {
+    if (this.built) return this.built;
+    const result = await this.platform.buildFromDockerfile({
+      file: this.task.dockerfile,
+      context: this.task.context,
+      name: `task-${this.task.id.toLowerCase().replace(/[^a-z0-9._-]/g, '-')}:latest`,
+      fromFallback: FALLBACK_BASE,
+    });
+    this.built = result.environment;
+    this.buildNotes = result.notes;
+    return result.environment;
+  }
+
+  /** The live agent sandbox, once reset. */
+  get sandbox(): Sandbox | undefined {
+    return this.inner?.current;
+  }
+
+  async reset(options: ResetOptions = {}): Promise<ResetResult<TaskObservation>> {
+    if (this.isClosed)
+      throw new SandgymError('failed_precondition', 'Cannot reset: the environment is closed');
+    const environment = await this.prepare();
+    await this.inner?.close();
+    this.inner = SandboxEnv.create(this.platform, {
+      sandbox: {
+        environment: `${environment.name}:${environment.version}`,
+        resources: { cpu: this.task.resources.cpu, memoryMib: this.task.resources.memoryMib },
+        env: this.task.env,
+      },
+    });
+    const reset = await this.inner.reset(options);
+    const sandbox = this.inner.current!;
+    await sandbox.exec(['mkdir', '-p', '/logs/agent', '/logs/artifacts']);
+    this.deadline = Date.now() + this.task.agentTimeoutMs;
+    return {
+      observation: { type: 'task', instruction: this.task.instruction, sandboxId: sandbox.id },
+      info: {
+        ...reset.info,
+        task: this.task.id,
+        agentTimeoutMs: this.task.agentTimeoutMs,
+        notes: this.buildNotes,
+      },
+    };
+  }
+
+  async step(action: SandboxAction, options: EnvCallOptions = {}): Promise<StepResult<TaskObservation>> {
+    const inner = this.inner;
+    if (!inner) throw new SandgymError('failed_precondition', 'Call reset() before step()');
+    const left = this.deadline - Date.now();
+    const outOfTime = left <= 0;
+    const capped =
+      action.type === 'exec' && !outOfTime
+        ? { ...action, timeoutMs: Math.min(action.timeoutMs ?? left, left) }
+        : action;
+    const result: StepResult<TaskObservation> = outOfTime
+      ? {
+          observation: { type: 'submitted' },
+          reward: 0,
+          terminated: false,
+          truncated: true,
+          info: {},
+          outcome: { kind: 'ok' },
+        }
+      : await inner.step(capped, options);
+    if (result.outcome.kind !== 'ok' || !(result.terminated || result.truncated)) return result;
+    try {
+      const grade = await this.grade();
+      return {
+        ...result,
+        reward: grade.reward,
+        info: {
+          ...result.info,
+          grade,
+          ...(outOfTime ? { timeout: { budgetMs: this.task.agentTimeoutMs } } : {}),
+        },
+      };
+    } catch (error) {
+      return { ...result, reward: 0, outcome: { kind: 'verifier_error', message: messageOf(error) } };
+    }
+  }
+
+  /** Grades the episode so far in a fresh sandbox; the agent's sandbox is frozen while its diff is taken. */
+  async grade(): Promise<Grade> {
+    const agent = this.inner?.current;
+    const environment = this.built;
+    if (!agent || !environment)
+      throw new SandgymError('failed_precondition', 'Nothing to grade: call reset() first');
+    const { layer, tampered } = await agent.withWritableLayer(async (dir) => ({
+      tampered: PROTECTED.filter((path) => existsSync(join(dir, path))).map((path) => `/${path}`),
+      layer: await this.platform.store.addLayerFromDirectory(dir, `agent diff of ${agent.id}`),
+    }));
+    const grader = await this.platform.createSandboxFromLayers(
+      [...environment.layers, layer.digest],
+      environment.config,
+      {
+        cpu: this.task.resources.cpu,
+        memoryMib: this.task.resources.memoryMib,
+      },
+    );
+    try {
+      // whatever the diff put at the protected paths goes; the tests come from the task alone
+      const cleared = await grader.exec(['rm', '-rf', '/tests', '/solution', '/logs/verifier']);
+      if (cleared.exitCode !== 0)
+        throw new SandgymError('platform_error', `Cannot clear protected paths: ${cleared.stderr}`);
+      await stageFolder(grader, this.task.testsDir, '/tests');
+      await grader.exec(['mkdir', '-p', '/logs/verifier']);
+      const run = await grader.exec(['/tests/test.sh'], {
+        timeoutMs: this.task.verifierTimeoutMs,
+        cwd: environment.config.workdir,
+      });
+      if (run.timedOut)
+        throw new SandgymError('timeout', `The verifier ran out of its ${this.task.verifierTimeoutMs} ms`);
+      const verifierOutput = `${run.stdout}${run.stderr}`.slice(-4000);
+      const files = (await grader.listDir('/logs/verifier')).map((e) => e.name);
+      const json = files.includes('reward.json');
+      const reward =
+        files.includes('reward.txt') || json
+          ? parseReward(
+              (
+                await grader.readFile(json ? '/logs/verifier/reward.json' : '/logs/verifier/reward.txt')
+              ).toString(),
+              json,
+            )
+          : 0;
+      return {
+        reward: tampered.length > 0 ? 0 : reward,
+        tampered,
+        verifierExitCode: run.exitCode,
+        verifierOutput,
+      };
+    } finally {
+      await grader.close();
+    }
+  }
+
+  async close(): Promise<void> {
+    if (this.isClosed) return;
+    this.isClosed = true;
+    await this.inner?.close();
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
+  }
+}

@@ -1,0 +1,90 @@
+import { existsSync } from 'node:fs';
+import { readFile, readdir, stat } from 'node:fs/promises';
+import { basename, join, resolve } from 'node:path';
+import { parse as parseToml } from 'smol-toml';
+import { z } from 'zod';
+import { SandgymError, parseAt } from '../../common/index.ts';
+import type { Task } from './task.ts';
+
+/** task.toml of a Harbor / Terminal-Bench 2 task; every section is optional. */
+const taskTomlSchema = z.object({
+  verifier: z.object({ timeout_sec: z.number().positive().default(120) }).prefault({}),
+  agent: z.object({ timeout_sec: z.number().positive().default(600) }).prefault({}),
+  environment: z
+    .object({
+      docker_image: z.string().optional(),
+      cpus: z.number().positive().default(1),
+      memory_mb: z.number().int().min(16).default(1024),
+      storage_mb: z.number().int().positive().optional(),
+      allow_internet: z.boolean().default(false),
+      env: z.record(z.string(), z.string()).default({}),
+    })
+    .prefault({}),
+});
+
+/** True when the folder looks like one Harbor task (it has a task.toml). */
+export function isHarborTask(dir: string): boolean {
+  return existsSync(join(dir, 'task.toml'));
+}
+
+/** Loads one Harbor task folder; every error names the file and the field to fix. */
+export async function loadHarborTask(path: string): Promise<Task> {
+  const dir = resolve(path);
+  const tomlPath = join(dir, 'task.toml');
+  let raw: unknown;
+  try {
+    raw = parseToml(await readFile(tomlPath, 'utf8'));
+  } catch (error) {
+    const why = (error as Error).message.split('\n')[0];
+    throw new SandgymError('invalid_argument', `${tomlPath} is not valid TOML: ${why}`, { cause: error });
+  }
+  const toml = parseAt(taskTomlSchema, raw, tomlPath);
+  const required = ['instruction.md', 'environment/Dockerfile', 'tests/test.sh'];
+  for (const file of required) {
+    if (!existsSync(join(dir, file))) {
+      throw new SandgymError(
+        'invalid_argument',
+        `Task ${dir} has no ${file}: a Harbor task needs ${required.join(', ')}`,
+      );
+    }
+  }
+  const solution = join(dir, 'solution');
+  return {
+    id: basename(dir),
+    format: 'harbor',
+    dir,
+    instruction: await readFile(join(dir, 'instruction.md'), 'utf8'),
+    dockerfile: join(dir, 'environment/Dockerfile'),
+    context: join(dir, 'environment'),
+    resources: { cpu: toml.environment.cpus, memoryMib: toml.environment.memory_mb },
+    env: toml.environment.env,
+    agentTimeoutMs: toml.agent.timeout_sec * 1000,
+    verifierTimeoutMs: toml.verifier.timeout_sec * 1000,
+    allowInternet: toml.environment.allow_internet,
+    testsDir: join(dir, 'tests'),
+    solutionDir: existsSync(join(solution, 'solve.sh')) ? solution : undefined,
+  };
+}
+
+/** Task folders named on the command line: a task itself, or a folder of tasks. */
+export async function loadTasks(paths: string[]): Promise<Task[]> {
+  const tasks: Task[] = [];
+  for (const path of paths) {
+    if (!existsSync(path)) throw new SandgymError('not_found', `No task at ${path}`);
+    if (isHarborTask(path)) {
+      tasks.push(await loadHarborTask(path));
+      continue;
+    }
+    if (!(await stat(path)).isDirectory())
+      throw new SandgymError('invalid_argument', `${path} is neither a task folder nor a folder of tasks`);
+    const children = (await readdir(path)).sort().map((name) => join(path, name));
+    const found = children.filter(isHarborTask);
+    if (found.length === 0)
+      throw new SandgymError(
+        'invalid_argument',
+        `${path} holds no task (no task.toml in it or its subfolders)`,
+      );
+    for (const child of found) tasks.push(await loadHarborTask(child));
+  }
+  return tasks;
+}

@@ -1,0 +1,60 @@
+import { readFile, readdir } from 'node:fs/promises';
+import { join, relative } from 'node:path';
+import type { SandboxAction, Task, TaskObservation } from '../env/index.ts';
+
+/** What a policy sees besides the observation. */
+export interface AgentContext {
+  task: Task;
+  stepIndex: number;
+}
+
+/** A policy: given what it sees, the next action. */
+export type Agent = (observation: TaskObservation, context: AgentContext) => Promise<SandboxAction>;
+
+const ORACLE_DIR = '/tmp/sandgym-oracle';
+
+async function solutionFiles(dir: string): Promise<string[]> {
+  const found: string[] = [];
+  for (const entry of await readdir(dir, { withFileTypes: true })) {
+    const path = join(dir, entry.name);
+    if (entry.isDirectory()) found.push(...(await solutionFiles(path)));
+    else if (entry.isFile()) found.push(path);
+  }
+  return found;
+}
+
+/**
+ * The oracle: copies the task's solution into a scratch folder of the sandbox, runs solve.sh,
+ * removes the folder (so it leaves no trace in the diff), and submits.
+ */
+export function oracleAgent(): Agent {
+  let plan: SandboxAction[] | undefined;
+  return async (_observation, { task, stepIndex }) => {
+    if (!plan) {
+      plan = [];
+      if (task.solutionDir) {
+        for (const file of await solutionFiles(task.solutionDir)) {
+          plan.push({
+            type: 'write_file',
+            path: join(ORACLE_DIR, relative(task.solutionDir, file)),
+            content: await readFile(file, 'utf8'),
+          });
+        }
+        plan.push({
+          type: 'exec',
+          command: `cd ${ORACLE_DIR} && if command -v bash >/dev/null; then bash solve.sh; else sh solve.sh; fi`,
+        });
+        plan.push({ type: 'exec', command: ['rm', '-rf', ORACLE_DIR] });
+      }
+    }
+    return plan[stepIndex] ?? { type: 'submit' };
+  };
+}
+
+/** The do-nothing agent: submits at once. A task it passes is broken. */
+export function nopAgent(): Agent {
+  return () => Promise.resolve({ type: 'submit' });
+}
+
+/** The built-in agents by name. */
+export const BUILT_IN_AGENTS: Record<string, () => Agent> = { oracle: oracleAgent, nop: nopAgent };

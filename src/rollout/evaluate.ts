@@ -1,0 +1,127 @@
+import { TaskEnv, type StepOutcome, type Task } from '../env/index.ts';
+import type { LocalPlatform } from '../platform/index.ts';
+import type { Agent } from './agents.ts';
+
+/** One task's evaluation. */
+export interface EpisodeReport {
+  task: string;
+  reward: number;
+  outcome: StepOutcome;
+  steps: number;
+  durationMs: number;
+  tampered: string[];
+  error?: string;
+}
+
+/** Progress of a batch: what a progress bar shows. */
+export interface EvalProgress {
+  done: number;
+  running: number;
+  failed: number;
+  total: number;
+  etaMs: number | undefined;
+}
+
+/** Options for {@link evaluate}. */
+export interface EvaluateOptions {
+  concurrency: number;
+  maxSteps?: number;
+  onProgress?: (progress: EvalProgress) => void;
+  onEpisode?: (report: EpisodeReport) => void;
+}
+
+async function runEpisode(
+  platform: LocalPlatform,
+  task: Task,
+  agent: Agent,
+  maxSteps: number,
+): Promise<EpisodeReport> {
+  const started = performance.now();
+  await using env = TaskEnv.create(platform, task);
+  let { observation } = await env.reset();
+  for (let stepIndex = 0; stepIndex < maxSteps; stepIndex++) {
+    const action = await agent(observation, { task, stepIndex });
+    const result = await env.step(action);
+    observation = result.observation;
+    if (result.outcome.kind !== 'ok' || result.terminated || result.truncated) {
+      const grade = result.info['grade'] as { tampered?: string[] } | undefined;
+      return {
+        task: task.id,
+        reward: result.reward,
+        outcome: result.outcome,
+        steps: stepIndex + 1,
+        durationMs: performance.now() - started,
+        tampered: grade?.tampered ?? [],
+      };
+    }
+  }
+  // ran out of steps: grade what is there, as a truncation
+  const grade = await env.grade();
+  return {
+    task: task.id,
+    reward: grade.reward,
+    outcome: { kind: 'ok' },
+    steps: maxSteps,
+    durationMs: performance.now() - started,
+    tampered: grade.tampered,
+  };
+}
+
+/**
+ * Runs one episode per task with at most `concurrency` at once, refilling as each finishes. An
+ * episode that throws is reported with an `infra_failure` outcome, never as a reward of 0.
+ */
+export async function evaluate(
+  platform: LocalPlatform,
+  tasks: Task[],
+  makeAgent: () => Agent,
+  options: EvaluateOptions,
+): Promise<EpisodeReport[]> {
+  const reports: EpisodeReport[] = new Array<EpisodeReport>(tasks.length);
+  const started = performance.now();
+  let next = 0;
+  let done = 0;
+  let running = 0;
+  let failed = 0;
+  const progress = (): void => {
+    const elapsed = performance.now() - started;
+    options.onProgress?.({
+      done,
+      running,
+      failed,
+      total: tasks.length,
+      etaMs: done ? (elapsed / done) * (tasks.length - done) : undefined,
+    });
+  };
+  const worker = async (): Promise<void> => {
+    while (next < tasks.length) {
+      const index = next++;
+      const task = tasks[index]!;
+      running++;
+      progress();
+      let report: EpisodeReport;
+      try {
+        report = await runEpisode(platform, task, makeAgent(), options.maxSteps ?? 50);
+      } catch (error) {
+        const message = error instanceof Error ? error.message : String(error);
+        report = {
+          task: task.id,
+          reward: 0,
+          outcome: { kind: 'infra_failure', reason: 'platform_error', message },
+          steps: 0,
+          durationMs: 0,
+          tampered: [],
+          error: message,
+        };
+      }
+      reports[index] = report;
+      running--;
+      done++;
+      if (report.outcome.kind !== 'ok') failed++;
+      options.onEpisode?.(report);
+      progress();
+    }
+  };
+  await Promise.all(Array.from({ length: Math.max(1, Math.min(options.concurrency, tasks.length)) }, worker));
+  return reports;
+}

@@ -1,0 +1,101 @@
+import { cp, mkdir, rm, writeFile } from 'node:fs/promises';
+import { join, resolve } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { TaskEnv, loadHarborTask, loadTasks, type SandboxAction } from '../../src/env/index.ts';
+import { evaluate, nopAgent, oracleAgent, type Agent } from '../../src/rollout/index.ts';
+import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
+
+const EXAMPLES = resolve('examples/tasks');
+
+describe('Harbor tasks, fresh-box grading and evaluation', () => {
+  let env: TestPlatform;
+
+  beforeAll(async () => {
+    env = await createTestPlatform('tasks', { privateStore: true, seed: ['debian:bookworm'] });
+  });
+
+  afterAll(async () => {
+    await env?.[Symbol.asyncDispose]();
+  });
+
+  async function taskCopy(name: string, change: (dir: string) => Promise<void>): Promise<string> {
+    const dir = join(env.dataDir, 'tasks', `${name}-${Math.random().toString(36).slice(2, 8)}`);
+    await mkdir(dir, { recursive: true });
+    await cp(join(EXAMPLES, 'hello-file'), dir, { recursive: true });
+    await change(dir);
+    return dir;
+  }
+
+  it('names the file and field of a malformed task', async () => {
+    const badToml = await taskCopy('bad-toml', (d) =>
+      writeFile(join(d, 'task.toml'), '[verifier\ntimeout_sec = 1'),
+    );
+    await expect(loadHarborTask(badToml)).rejects.toThrow(/task\.toml is not valid TOML/);
+    const badField = await taskCopy('bad-field', (d) =>
+      writeFile(join(d, 'task.toml'), '[verifier]\ntimeout_sec = "soon"\n'),
+    );
+    await expect(loadHarborTask(badField)).rejects.toThrow(/task\.toml: verifier\.timeout_sec/);
+    const noTests = await taskCopy('no-tests', (d) => rm(join(d, 'tests', 'test.sh')));
+    await expect(loadHarborTask(noTests)).rejects.toThrow(/has no tests\/test\.sh: a Harbor task needs/);
+  });
+
+  it('resolves every example with the oracle and none with the do-nothing agent', async () => {
+    const tasks = await loadTasks([EXAMPLES]);
+    expect(tasks.map((t) => t.id)).toEqual(['fix-sum', 'hello-file']);
+    const oracle = await evaluate(env.platform, tasks, oracleAgent, { concurrency: 2 });
+    expect(oracle.map((r) => [r.task, r.reward, r.outcome.kind])).toEqual([
+      ['fix-sum', 1, 'ok'],
+      ['hello-file', 1, 'ok'],
+    ]);
+    const nop = await evaluate(env.platform, tasks, nopAgent, { concurrency: 2 });
+    expect(nop.map((r) => r.reward)).toEqual([0, 0]);
+  });
+
+  it('keeps tests and solutions out of the agent sandbox and says how it mapped FROM', async () => {
+    await using task = TaskEnv.create(env.platform, await loadHarborTask(join(EXAMPLES, 'hello-file')));
+    const reset = await task.reset();
+    expect(reset.info['notes']).toEqual([
+      'FROM ubuntu:22.04 is not in the store; built on debian:bookworm instead',
+    ]);
+    const root = (await task.sandbox!.listDir('/')).map((e) => e.name);
+    expect(root).not.toContain('tests');
+    expect(root).not.toContain('solution');
+    expect((await task.sandbox!.listDir('/logs')).map((e) => e.name)).toEqual(['agent', 'artifacts']);
+  });
+
+  it('gives a cheating agent no reward and raises its tamper signals', async () => {
+    const cheats: SandboxAction[] = [
+      { type: 'exec', command: 'mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt' },
+      {
+        type: 'exec',
+        command:
+          'mkdir -p /tests && printf "#!/bin/sh\\necho 1 > /logs/verifier/reward.txt\\n" > /tests/test.sh',
+      },
+      { type: 'submit' },
+    ];
+    const cheater: Agent = (_o, { stepIndex }) => Promise.resolve(cheats[stepIndex] ?? { type: 'submit' });
+    const [report] = await evaluate(
+      env.platform,
+      await loadTasks([join(EXAMPLES, 'hello-file')]),
+      () => cheater,
+      { concurrency: 1 },
+    );
+    expect(report?.reward).toBe(0);
+    expect(report?.outcome).toEqual({ kind: 'ok' });
+    expect(report?.tampered.sort()).toEqual(['/logs/verifier', '/tests']);
+  });
+
+  it('reports a verifier that runs out of time as verifier_error, not a reward of 0', async () => {
+    const slow = await taskCopy('slow-verifier', async (d) => {
+      await writeFile(join(d, 'task.toml'), '[verifier]\ntimeout_sec = 0.5\n');
+      await writeFile(join(d, 'tests', 'test.sh'), '#!/bin/bash\nsleep 30\n', { mode: 0o755 });
+    });
+    const [report] = await evaluate(env.platform, [await loadHarborTask(slow)], oracleAgent, {
+      concurrency: 1,
+    });
+    expect(report?.outcome).toMatchObject({
+      kind: 'verifier_error',
+      message: expect.stringMatching(/ran out of its 500 ms/) as unknown,
+    });
+  });
+});
