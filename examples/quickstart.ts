@@ -1,6 +1,16 @@
-// The main job on the embedded platform: start a container sandbox from the Debian base, run a
-// few commands in it, print their output and exit codes, and tear it down. No servers needed.
-import { Platform } from '../src/platform/index.ts';
+// The main job on the embedded platform, no servers needed: start a container sandbox from the
+// Debian base, run a few commands in it and tear it down; then build the example tasks'
+// environments, evaluate them with the oracle and the do-nothing agent, print the rewards and
+// write a report.
+import { mkdir } from 'node:fs/promises';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { writeFileAtomic } from '../src/common/index.ts';
+import { loadTasks } from '../src/env/index.ts';
+import { Platform, defaultDataDir, type LocalPlatform } from '../src/platform/index.ts';
+import { BUILT_IN_AGENTS, evaluate } from '../src/rollout/index.ts';
+
+const TASKS = fileURLToPath(new URL('../../examples/tasks', import.meta.url));
 
 const COMMANDS: string[][] = [
   ['python3', '-c', 'import platform, sys; print(f"python {platform.python_version()}: 6*7 = {6*7}")'],
@@ -14,8 +24,7 @@ const COMMANDS: string[][] = [
   ['ls', '/no/such/path'],
 ];
 
-async function main(): Promise<void> {
-  await using platform = await Platform.local();
+async function sandboxTour(platform: LocalPlatform): Promise<void> {
   const started = performance.now();
   await using sandbox = await platform.createSandbox({
     environment: 'debian:bookworm',
@@ -38,6 +47,32 @@ async function main(): Promise<void> {
     `memory ${(stats.memoryBytes / 2 ** 20).toFixed(1)} MiB, cpu ${stats.cpuUsageMs.toFixed(0)} ms, ${stats.pids} process(es)`,
   );
   console.log('tearing the sandbox down');
+}
+
+async function evaluation(platform: LocalPlatform): Promise<void> {
+  const tasks = await loadTasks([TASKS]);
+  const report: Record<string, unknown> = {};
+  for (const agent of ['oracle', 'nop']) {
+    console.log(`\nevaluating ${tasks.length} example tasks with the ${agent} agent`);
+    const episodes = await evaluate(platform, tasks, BUILT_IN_AGENTS[agent]!, { concurrency: 2 });
+    for (const e of episodes) {
+      const extra = e.outcome.kind === 'ok' ? '' : ` (${e.outcome.kind})`;
+      console.log(
+        `  ${e.task.padEnd(12)} reward ${e.reward}${extra}, ${e.steps} steps, ${(e.durationMs / 1000).toFixed(1)} s`,
+      );
+    }
+    report[agent] = episodes;
+  }
+  const dir = join(defaultDataDir(), 'reports');
+  await mkdir(dir, { recursive: true });
+  await writeFileAtomic(join(dir, 'quickstart.json'), JSON.stringify(report, null, 2));
+  console.log(`\nreport written to ${join(dir, 'quickstart.json')}`);
+}
+
+async function main(): Promise<void> {
+  await using platform = await Platform.local();
+  await sandboxTour(platform);
+  await evaluation(platform);
 }
 
 await main();

@@ -1,5 +1,6 @@
 #!/usr/bin/env node
 import { benchCommand } from './commands/bench.ts';
+import { checkCommand } from './commands/check.ts';
 import { evalCommand } from './commands/eval.ts';
 import { envCommand, layerCommand } from './commands/layers.ts';
 import { gcCommand, killCommand, psCommand } from './commands/ps.ts';
@@ -24,6 +25,8 @@ const USAGE = `usage: sandgym COMMAND [ARGS]
   env ls [--json] | env show NAME:VERSION environments: layer stacks plus config
   eval TASK... [--agent oracle|nop] [--concurrency N] [--max-steps N] [--json OUT]
                                           run Harbor tasks, grade each in a fresh sandbox
+  check TASK... [--json]                  the agentic env checker: oracle passes, nop fails, no leaks,
+                                          deterministic reset, replay matches, clean close
   ps [--json]                             live sandboxes on this node
   kill ID ...                             destroy sandboxes, whichever process owns them
   gc [--json]                             reap what crashed owners left behind
@@ -41,6 +44,7 @@ const COMMANDS: Record<string, (args: string[]) => Promise<number>> = {
   layer: layerCommand,
   env: envCommand,
   eval: evalCommand,
+  check: checkCommand,
 };
 
 async function main(argv: string[]): Promise<number> {

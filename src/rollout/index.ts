@@ -3,3 +3,5 @@ export { BUILT_IN_AGENTS, nopAgent, oracleAgent } from './agents.ts';
 export type { Agent, AgentContext } from './agents.ts';
 export { evaluate } from './evaluate.ts';
 export type { EpisodeReport, EvalProgress, EvaluateOptions } from './evaluate.ts';
+export { checkTask } from './check-task.ts';
+export type { CheckResult } from './check-task.ts';

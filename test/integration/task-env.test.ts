@@ -1,8 +1,10 @@
+import { spawnSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { cp, mkdir, rm, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TaskEnv, loadHarborTask, loadTasks, type SandboxAction } from '../../src/env/index.ts';
-import { evaluate, nopAgent, oracleAgent, type Agent } from '../../src/rollout/index.ts';
+import { checkTask, evaluate, nopAgent, oracleAgent, type Agent } from '../../src/rollout/index.ts';
 import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
 
 const EXAMPLES = resolve('examples/tasks');
@@ -83,6 +85,46 @@ describe('Harbor tasks, fresh-box grading and evaluation', () => {
     expect(report?.reward).toBe(0);
     expect(report?.outcome).toEqual({ kind: 'ok' });
     expect(report?.tampered.sort()).toEqual(['/logs/verifier', '/tests']);
+  });
+
+  it('checks a sound task as sound and catches a task any agent passes', async () => {
+    const sound = await checkTask(env.platform, await loadHarborTask(join(EXAMPLES, 'hello-file')));
+    expect(sound.filter((r) => !r.passed)).toEqual([]);
+    expect(sound.map((r) => r.name)).toHaveLength(6);
+    const broken = await taskCopy('always-passes', (d) =>
+      writeFile(join(d, 'tests', 'test.sh'), '#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n', {
+        mode: 0o755,
+      }),
+    );
+    const results = await checkTask(env.platform, await loadHarborTask(broken));
+    expect(results.find((r) => r.name === 'do-nothing agent fails')).toMatchObject({
+      passed: false,
+      detail: expect.stringMatching(/the task is broken/) as unknown,
+    });
+  });
+
+  it('runs from the command line with the exit codes of design.md', () => {
+    const cliEnv = { ...process.env, SANDGYM_DATA_DIR: env.dataDir, SANDGYM_STORE: env.platform.store.root };
+    const out = join(env.dataDir, 'eval.json');
+    const oracle = spawnSync(
+      'node',
+      [resolve('dist/src/cli/main.js'), 'eval', EXAMPLES, '--agent', 'oracle', '--json', out],
+      { env: cliEnv, encoding: 'utf8' },
+    );
+    expect(oracle.status, oracle.stderr).toBe(0);
+    expect(JSON.parse(readFileSync(out, 'utf8'))).toMatchObject({ agent: 'oracle', tasks: 2, resolved: 2 });
+    const nop = spawnSync('node', [resolve('dist/src/cli/main.js'), 'eval', EXAMPLES, '--agent', 'nop'], {
+      env: cliEnv,
+      encoding: 'utf8',
+    });
+    expect(nop.status).toBe(1);
+    expect(nop.stderr).toMatch(/0\/2 resolved with --agent nop/);
+    const bad = spawnSync('node', [resolve('dist/src/cli/main.js'), 'eval', EXAMPLES, '--agent', 'genius'], {
+      env: cliEnv,
+      encoding: 'utf8',
+    });
+    expect(bad.status).toBe(2);
+    expect(bad.stderr).toMatch(/--agent must be one of oracle, nop/);
   });
 
   it('reports a verifier that runs out of time as verifier_error, not a reward of 0', async () => {

@@ -1,0 +1,25 @@
+import { loadTasks } from '../../env/index.ts';
+import { Platform } from '../../platform/index.ts';
+import { checkTask } from '../../rollout/index.ts';
+import { parseCommandArgs } from '../args.ts';
+import { EXIT, UsageError } from '../exit-codes.ts';
+
+/** `sandgym check TASK... [--json]`: the agentic environment checker. */
+export async function checkCommand(args: string[]): Promise<number> {
+  const parsed = parseCommandArgs('check', args, { json: { type: 'boolean' } });
+  if (parsed.positionals.length === 0)
+    throw new UsageError('sandgym check: give task folders, e.g. sandgym check examples/tasks');
+  const tasks = await loadTasks(parsed.positionals);
+  await using platform = await Platform.local();
+  const all: Record<string, Awaited<ReturnType<typeof checkTask>>> = {};
+  for (const task of tasks) {
+    const results = await checkTask(platform, task);
+    all[task.id] = results;
+    if (!parsed.values['json']) {
+      for (const r of results)
+        console.log(`${task.id.padEnd(14)} ${r.passed ? 'pass' : 'FAIL'}  ${r.name.padEnd(40)} ${r.detail}`);
+    }
+  }
+  if (parsed.values['json']) console.log(JSON.stringify(all));
+  return Object.values(all).every((results) => results.every((r) => r.passed)) ? EXIT.ok : EXIT.failed;
+}

@@ -1,0 +1,127 @@
+import { TaskEnv, type SandboxAction, type Task, type TaskObservation } from '../env/index.ts';
+import type { LocalPlatform } from '../platform/index.ts';
+import { nopAgent, oracleAgent, type Agent } from './agents.ts';
+
+/** One check of the agentic environment checker. */
+export interface CheckResult {
+  name: string;
+  passed: boolean;
+  detail: string;
+}
+
+/** Every path of the sandbox root, then a checksum of each file (md5sum batched, not one per file). */
+const TREE_SCRIPT = 'find / -xdev | sort; find / -xdev -type f -exec md5sum {} + | sort';
+
+/** Observations without their timings, which differ run to run by nature. */
+function comparable(observation: TaskObservation): unknown {
+  if (observation.type !== 'exec') return observation;
+  const { durationMs: _ignored, ...rest } = observation;
+  return rest;
+}
+
+interface Episode {
+  reward: number;
+  actions: SandboxAction[];
+  observations: unknown[];
+}
+
+async function play(env: TaskEnv, task: Task, agent: Agent, seed = 0): Promise<Episode> {
+  let { observation } = await env.reset({ seed });
+  const episode: Episode = { reward: 0, actions: [], observations: [] };
+  for (let stepIndex = 0; stepIndex < 50; stepIndex++) {
+    const action = await agent(observation, { task, stepIndex });
+    const step = await env.step(action);
+    episode.actions.push(action);
+    episode.observations.push(comparable(step.observation));
+    observation = step.observation;
+    if (step.outcome.kind !== 'ok')
+      throw new Error(
+        `episode ended with ${step.outcome.kind}: ${'message' in step.outcome ? step.outcome.message : ''}`,
+      );
+    if (step.terminated || step.truncated) {
+      episode.reward = step.reward;
+      break;
+    }
+  }
+  return episode;
+}
+
+/**
+ * The agentic environment checker of integrity.md, for one task: the oracle passes, a
+ * do-nothing agent fails, nothing hidden is visible from the agent's sandbox, reset is
+ * deterministic, replaying the oracle's actions reproduces its observations, and close() is
+ * idempotent and leaves nothing behind.
+ */
+export async function checkTask(platform: LocalPlatform, task: Task): Promise<CheckResult[]> {
+  const results: CheckResult[] = [];
+  const check = async (name: string, run: () => Promise<string>): Promise<void> => {
+    try {
+      results.push({ name, passed: true, detail: await run() });
+    } catch (error) {
+      results.push({ name, passed: false, detail: error instanceof Error ? error.message : String(error) });
+    }
+  };
+  let oracleRun: Episode | undefined;
+  await check('oracle passes', async () => {
+    await using env = TaskEnv.create(platform, task);
+    oracleRun = await play(env, task, oracleAgent());
+    if (oracleRun.reward < 1) throw new Error(`the oracle got reward ${oracleRun.reward}`);
+    return `reward ${oracleRun.reward}`;
+  });
+  await check('do-nothing agent fails', async () => {
+    await using env = TaskEnv.create(platform, task);
+    const { reward } = await play(env, task, nopAgent());
+    if (reward >= 1) throw new Error(`a do-nothing agent got reward ${reward}: the task is broken`);
+    return `reward ${reward}`;
+  });
+  await check('nothing hidden is visible to the agent', async () => {
+    await using env = TaskEnv.create(platform, task);
+    await env.reset();
+    const probe = await env.sandbox!.exec([
+      'sh',
+      '-c',
+      'for p in /tests /solution /logs/verifier; do [ -e "$p" ] && echo "$p"; done; true',
+    ]);
+    const visible = probe.stdout.split('\n').filter(Boolean);
+    if (visible.length) throw new Error(`the agent can see ${visible.join(', ')}`);
+    return 'no /tests, /solution or reward path in the agent sandbox';
+  });
+  await check('reset is deterministic', async () => {
+    await using env = TaskEnv.create(platform, task);
+    const trees: string[] = [];
+    for (let i = 0; i < 2; i++) {
+      await env.reset({ seed: 1 });
+      trees.push(
+        (await env.sandbox!.exec(['sh', '-c', TREE_SCRIPT], { outputCapBytes: 64 * 1024 * 1024 })).stdout,
+      );
+    }
+    if (trees[0] !== trees[1]) throw new Error('two resets with the same seed gave different file trees');
+    return `${trees[0]?.split('\n').length ?? 0} paths identical across two resets`;
+  });
+  await check('replay reproduces the trajectory', async () => {
+    if (!oracleRun) throw new Error('no oracle trajectory to replay');
+    const recorded = oracleRun;
+    await using env = TaskEnv.create(platform, task);
+    const replay = await play(env, task, (_o, { stepIndex }) =>
+      Promise.resolve(recorded.actions[stepIndex] ?? { type: 'submit' }),
+    );
+    const at = replay.observations.findIndex(
+      (o, i) => JSON.stringify(o) !== JSON.stringify(recorded.observations[i]),
+    );
+    if (at >= 0) throw new Error(`step ${at} observed something else on replay`);
+    if (replay.reward !== recorded.reward)
+      throw new Error(`replay got reward ${replay.reward}, the recording ${recorded.reward}`);
+    return `${replay.observations.length} observations and the reward match`;
+  });
+  await check('close is idempotent and leaves nothing', async () => {
+    const env = TaskEnv.create(platform, task);
+    await env.reset();
+    const id = env.sandbox!.id;
+    await env.close();
+    await env.close();
+    if ((await platform.listSandboxes()).some((s) => s.id === id))
+      throw new Error(`sandbox ${id} is still there`);
+    return 'closed twice; its sandbox is gone';
+  });
+  return results;
+}
