@@ -26,6 +26,7 @@ export type {
   WriteFileOptions,
 } from './contract.ts';
 export { buildErofsImage } from './host/erofs.ts';
+export type { ErofsBuildOptions } from './host/erofs.ts';
 export { buildBusyboxRootfs, buildDebianRootfs } from './host/base-rootfs.ts';
 export type { DebianRootfsOptions } from './host/base-rootfs.ts';
 export { runProgram } from './host/run-program.ts';

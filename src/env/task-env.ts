@@ -8,8 +8,41 @@ import type { SandboxAction, SandboxObservation } from './sandbox-actions.ts';
 import { SandboxEnv } from './sandbox-env.ts';
 import type { Task } from './tasks/task.ts';
 
-/** Paths the agent must not touch; edits to them in its diff are tamper signals. */
-const PROTECTED = ['tests', 'solution', 'logs/verifier'];
+/**
+ * Paths the grader takes from the task's own layers, never from the agent's diff; an agent's
+ * edit to any of them is a tamper signal. Beyond the tests, solution and reward path, this is
+ * everything the verifier runs with: interpreters and libraries (a replaced /bin/bash or a
+ * /usr/local/bin/python3 first on PATH would forge a pass), and the dynamic loader's config.
+ */
+const PROTECTED = [
+  'tests',
+  'solution',
+  'logs/verifier',
+  'bin',
+  'sbin',
+  'lib',
+  'lib32',
+  'lib64',
+  'libx32',
+  'usr/bin',
+  'usr/sbin',
+  'usr/lib',
+  'usr/lib32',
+  'usr/lib64',
+  'usr/libexec',
+  'usr/local/bin',
+  'usr/local/sbin',
+  'etc/ld.so.preload',
+  'etc/ld.so.conf',
+  'etc/ld.so.conf.d',
+  'etc/ld.so.cache',
+];
+/** Python start-up hooks that run before any test: left out of the graded diff wherever they are. */
+const PROTECTED_PATTERNS = [
+  '(^|/)(sitecustomize|usercustomize)\\.py$',
+  '(^|/)site-packages/[^/]*\\.pth$',
+  '(^|/)dist-packages/[^/]*\\.pth$',
+];
 /** Where a task's environment starts when its Dockerfile names an image we do not have. */
 const FALLBACK_BASE = 'debian:bookworm';
 
@@ -170,7 +203,10 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
       throw new SandgymError('failed_precondition', 'Nothing to grade: call reset() first');
     const { layer, tampered } = await agent.withWritableLayer(async (dir) => ({
       tampered: PROTECTED.filter((path) => existsSync(join(dir, path))).map((path) => `/${path}`),
-      layer: await this.platform.store.addLayerFromDirectory(dir, `agent diff of ${agent.id}`),
+      layer: await this.platform.store.addLayerFromDirectory(dir, `agent diff of ${agent.id}`, {
+        excludePaths: PROTECTED,
+        excludeRegexes: PROTECTED_PATTERNS,
+      }),
     }));
     const grader = await this.platform.createSandboxFromLayers(
       [...environment.layers, layer.digest],

@@ -3,7 +3,7 @@ import { existsSync } from 'node:fs';
 import { copyFile, mkdir, readFile, readdir, rename, rm, stat, open } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
-import { buildErofsImage, sha256OfFile, type LayerImage } from '../backends/index.ts';
+import { buildErofsImage, sha256OfFile, type ErofsBuildOptions, type LayerImage } from '../backends/index.ts';
 import { SandgymError, parseAt, writeFileAtomic } from '../common/index.ts';
 
 const DIGEST = /^sha256:[0-9a-f]{64}$/;
@@ -75,10 +75,14 @@ export class LayerStore {
   }
 
   /** Packs a folder into an EROFS layer and stores it; returns its manifest. */
-  async addLayerFromDirectory(sourceDir: string, createdFrom: string): Promise<LayerManifest> {
+  async addLayerFromDirectory(
+    sourceDir: string,
+    createdFrom: string,
+    leaveOut: ErofsBuildOptions = {},
+  ): Promise<LayerManifest> {
     const temp = join(this.root, 'tmp', `layer-${randomBytes(6).toString('hex')}.erofs`);
     try {
-      await buildErofsImage(sourceDir, temp);
+      await buildErofsImage(sourceDir, temp, leaveOut);
       const file = await open(temp, 'r');
       await file.sync();
       await file.close();

@@ -127,6 +127,29 @@ describe('Harbor tasks, fresh-box grading and evaluation', () => {
     expect(bad.stderr).toMatch(/--agent must be one of oracle, nop/);
   });
 
+  it('grades with the base image interpreters, whatever the agent did to them', async () => {
+    const forge = '#!/bin/sh\nmkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt\n';
+    const cheats: SandboxAction[] = [
+      { type: 'write_file', path: '/tmp/fake', content: forge },
+      {
+        type: 'exec',
+        command:
+          'cp /tmp/fake /bin/bash && cp /tmp/fake /usr/bin/python3 && chmod +x /bin/bash /usr/bin/python3',
+      },
+      { type: 'submit' },
+    ];
+    const cheater: Agent = (_o, { stepIndex }) => Promise.resolve(cheats[stepIndex] ?? { type: 'submit' });
+    const [report] = await evaluate(
+      env.platform,
+      await loadTasks([join(EXAMPLES, 'fix-sum')]),
+      () => cheater,
+      { concurrency: 1 },
+    );
+    expect(report?.reward).toBe(0);
+    // Debian merges /usr: /bin is a link, so the write lands in /usr/bin
+    expect(report?.tampered).toContain('/usr/bin');
+  });
+
   it('reports a verifier that runs out of time as verifier_error, not a reward of 0', async () => {
     const slow = await taskCopy('slow-verifier', async (d) => {
       await writeFile(join(d, 'task.toml'), '[verifier]\ntimeout_sec = 0.5\n');
