@@ -1,5 +1,7 @@
 import { readFile, readdir } from 'node:fs/promises';
-import { join, relative } from 'node:path';
+import { join, relative, resolve } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { SandgymError } from '../common/index.ts';
 import type { SandboxAction, Task, TaskObservation } from '../env/index.ts';
 
 /** What a policy sees besides the observation. */
@@ -54,6 +56,43 @@ export function oracleAgent(): Agent {
 /** The do-nothing agent: submits at once. A task it passes is broken. */
 export function nopAgent(): Agent {
   return () => Promise.resolve({ type: 'submit' });
+}
+
+/** An agent that plays a fixed list of actions, then submits: for scripted tests and cheats. */
+export function scriptedAgent(actions: SandboxAction[]): Agent {
+  return (_observation, { stepIndex }) => Promise.resolve(actions[stepIndex] ?? { type: 'submit' });
+}
+
+/**
+ * An agent by name (oracle, nop) or from a module whose default export makes one
+ * (`export default () => agent`), as `sandgym eval --agent ./my-agent.js` takes it.
+ */
+export async function resolveAgent(nameOrModule: string): Promise<() => Agent> {
+  const builtIn = BUILT_IN_AGENTS[nameOrModule];
+  if (builtIn) return builtIn;
+  if (!/[./]/.test(nameOrModule)) {
+    throw new SandgymError(
+      'invalid_argument',
+      `--agent must be one of ${Object.keys(BUILT_IN_AGENTS).join(', ')} or a module path; got "${nameOrModule}"`,
+    );
+  }
+  let loaded: { default?: unknown };
+  try {
+    loaded = (await import(pathToFileURL(resolve(nameOrModule)).href)) as { default?: unknown };
+  } catch (error) {
+    throw new SandgymError(
+      'invalid_argument',
+      `Cannot load the agent module ${nameOrModule}: ${(error as Error).message}`,
+      { cause: error },
+    );
+  }
+  if (typeof loaded.default !== 'function') {
+    throw new SandgymError(
+      'invalid_argument',
+      `The agent module ${nameOrModule} must export a default function that returns an agent`,
+    );
+  }
+  return loaded.default as () => Agent;
 }
 
 /** The built-in agents by name. */

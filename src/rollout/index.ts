@@ -1,5 +1,5 @@
 /** Rollouts and batch evaluation over task environments. */
-export { BUILT_IN_AGENTS, nopAgent, oracleAgent } from './agents.ts';
+export { BUILT_IN_AGENTS, nopAgent, oracleAgent, resolveAgent, scriptedAgent } from './agents.ts';
 export type { Agent, AgentContext } from './agents.ts';
 export { evaluate } from './evaluate.ts';
 export type { EpisodeReport, EvalProgress, EvaluateOptions } from './evaluate.ts';

@@ -4,7 +4,15 @@ import { cp, mkdir, rm, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TaskEnv, loadHarborTask, loadTasks, type SandboxAction } from '../../src/env/index.ts';
-import { checkTask, evaluate, nopAgent, oracleAgent, type Agent } from '../../src/rollout/index.ts';
+import {
+  checkTask,
+  evaluate,
+  nopAgent,
+  oracleAgent,
+  scriptedAgent,
+  type Agent,
+} from '../../src/rollout/index.ts';
+import { CHEATS } from '../../examples/agents/cheats.ts';
 import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
 
 const EXAMPLES = resolve('examples/tasks');
@@ -148,6 +156,17 @@ describe('Harbor tasks, fresh-box grading and evaluation', () => {
     expect(report?.reward).toBe(0);
     // Debian merges /usr: /bin is a link, so the write lands in /usr/bin
     expect(report?.tampered).toContain('/usr/bin');
+  });
+
+  it('catches every cheat in examples/agents', async () => {
+    const tasks = await loadTasks([EXAMPLES]);
+    for (const [name, actions] of Object.entries(CHEATS)) {
+      const reports = await evaluate(env.platform, tasks, () => scriptedAgent(actions), { concurrency: 2 });
+      for (const report of reports) {
+        expect(report.reward, `${name} on ${report.task}`).toBe(0);
+        expect(report.outcome.kind, `${name} on ${report.task}`).toBe('ok');
+      }
+    }
   });
 
   it('reports a verifier that runs out of time as verifier_error, not a reward of 0', async () => {

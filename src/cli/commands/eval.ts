@@ -1,7 +1,7 @@
 import { writeFileAtomic } from '../../common/index.ts';
 import { loadTasks } from '../../env/index.ts';
 import { Platform } from '../../platform/index.ts';
-import { BUILT_IN_AGENTS, evaluate, type EvalProgress } from '../../rollout/index.ts';
+import { evaluate, resolveAgent, type EvalProgress } from '../../rollout/index.ts';
 import { parseCommandArgs, positiveInt, text } from '../args.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
 
@@ -10,7 +10,7 @@ function progressLine(p: EvalProgress): string {
   return `sandgym eval: ${p.done}/${p.total} done, ${p.running} running, ${p.failed} failed${eta}`;
 }
 
-/** `sandgym eval TASK... [--agent oracle|nop] [--concurrency N] [--json OUT]`. */
+/** `sandgym eval TASK... [--agent oracle|nop|MODULE] [--concurrency N] [--json OUT]`. */
 export async function evalCommand(args: string[]): Promise<number> {
   const parsed = parseCommandArgs('eval', args, {
     agent: { type: 'string', default: 'oracle' },
@@ -21,11 +21,7 @@ export async function evalCommand(args: string[]): Promise<number> {
   if (parsed.positionals.length === 0)
     throw new UsageError('sandgym eval: give task folders, e.g. sandgym eval examples/tasks');
   const agentName = text(parsed, 'agent') ?? 'oracle';
-  const makeAgent = BUILT_IN_AGENTS[agentName];
-  if (!makeAgent)
-    throw new UsageError(
-      `sandgym eval: --agent must be one of ${Object.keys(BUILT_IN_AGENTS).join(', ')}; got "${agentName}"`,
-    );
+  const makeAgent = await resolveAgent(agentName);
   const tasks = await loadTasks(parsed.positionals);
   const concurrency = positiveInt('concurrency', text(parsed, 'concurrency')) ?? 2;
   const maxSteps = positiveInt('max-steps', text(parsed, 'max-steps'));
