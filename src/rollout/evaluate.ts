@@ -1,26 +1,8 @@
-import { TaskEnv, type StepOutcome, type Task } from '../env/index.ts';
+import { TaskEnv, type Task } from '../env/index.ts';
 import type { LocalPlatform } from '../platform/index.ts';
 import type { Agent } from './agents.ts';
-
-/** One task's evaluation. */
-export interface EpisodeReport {
-  task: string;
-  reward: number;
-  outcome: StepOutcome;
-  steps: number;
-  durationMs: number;
-  tampered: string[];
-  error?: string;
-}
-
-/** Progress of a batch: what a progress bar shows. */
-export interface EvalProgress {
-  done: number;
-  running: number;
-  failed: number;
-  total: number;
-  etaMs: number | undefined;
-}
+import type { EvalJournal } from './eval-journal.ts';
+import type { EpisodeReport, EvalProgress } from './episode-report.ts';
 
 /** Options for {@link evaluate}. */
 export interface EvaluateOptions {
@@ -28,6 +10,8 @@ export interface EvaluateOptions {
   maxSteps?: number;
   onProgress?: (progress: EvalProgress) => void;
   onEpisode?: (report: EpisodeReport) => void;
+  /** Finished episodes survive a crash here; a task already in it is not run again. */
+  journal?: EvalJournal;
 }
 
 async function runEpisode(
@@ -100,8 +84,9 @@ export async function evaluate(
       running++;
       progress();
       let report: EpisodeReport;
+      const earlier = options.journal?.get(task.id);
       try {
-        report = await runEpisode(platform, task, makeAgent(), options.maxSteps ?? 50);
+        report = earlier ?? (await runEpisode(platform, task, makeAgent(), options.maxSteps ?? 50));
       } catch (error) {
         const message = error instanceof Error ? error.message : String(error);
         report = {
@@ -114,6 +99,7 @@ export async function evaluate(
           error: message,
         };
       }
+      if (!earlier && report.outcome.kind === 'ok') await options.journal?.record(report);
       reports[index] = report;
       running--;
       done++;

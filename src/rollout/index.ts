@@ -2,6 +2,8 @@
 export { BUILT_IN_AGENTS, nopAgent, oracleAgent, resolveAgent, scriptedAgent } from './agents.ts';
 export type { Agent, AgentContext } from './agents.ts';
 export { evaluate } from './evaluate.ts';
-export type { EpisodeReport, EvalProgress, EvaluateOptions } from './evaluate.ts';
+export type { EvaluateOptions } from './evaluate.ts';
+export type { EpisodeReport, EvalProgress } from './episode-report.ts';
 export { checkTask } from './check-task.ts';
 export type { CheckResult } from './check-task.ts';
+export { EvalJournal } from './eval-journal.ts';

@@ -5,6 +5,7 @@ import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TaskEnv, loadHarborTask, loadTasks, type SandboxAction } from '../../src/env/index.ts';
 import {
+  EvalJournal,
   checkTask,
   evaluate,
   nopAgent,
@@ -156,6 +157,23 @@ describe('Harbor tasks, fresh-box grading and evaluation', () => {
     expect(report?.reward).toBe(0);
     // Debian merges /usr: /bin is a link, so the write lands in /usr/bin
     expect(report?.tampered).toContain('/usr/bin');
+  });
+
+  it('resumes an interrupted evaluation without re-running finished episodes', async () => {
+    const tasks = await loadTasks([EXAMPLES]);
+    const journal = await EvalJournal.open(join(env.dataDir, 'evals', 'resume.jsonl'));
+    let started = 0;
+    const counting = (): Agent => {
+      started++;
+      return oracleAgent();
+    };
+    // the first run is "killed" after its first episode: only that one is in the journal
+    const [first] = await evaluate(env.platform, tasks.slice(0, 1), counting, { concurrency: 1, journal });
+    const reopened = await EvalJournal.open(journal.path);
+    const resumed = await evaluate(env.platform, tasks, counting, { concurrency: 1, journal: reopened });
+    expect(started).toBe(2);
+    expect(resumed[0]).toEqual(first);
+    expect(resumed.map((r) => r.reward)).toEqual([1, 1]);
   });
 
   it('catches every cheat in examples/agents', async () => {

@@ -1,7 +1,8 @@
 import { writeFileAtomic } from '../../common/index.ts';
 import { loadTasks } from '../../env/index.ts';
-import { Platform } from '../../platform/index.ts';
-import { evaluate, resolveAgent, type EvalProgress } from '../../rollout/index.ts';
+import { join } from 'node:path';
+import { Platform, defaultDataDir } from '../../platform/index.ts';
+import { EvalJournal, evaluate, resolveAgent, type EvalProgress } from '../../rollout/index.ts';
 import { parseCommandArgs, positiveInt, text } from '../args.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
 
@@ -25,10 +26,23 @@ export async function evalCommand(args: string[]): Promise<number> {
   const tasks = await loadTasks(parsed.positionals);
   const concurrency = positiveInt('concurrency', text(parsed, 'concurrency')) ?? 2;
   const maxSteps = positiveInt('max-steps', text(parsed, 'max-steps'));
+  const journal = await EvalJournal.open(
+    EvalJournal.pathFor(
+      join(defaultDataDir(), 'evals'),
+      tasks.map((t) => t.dir),
+      agentName,
+    ),
+  );
+  const resumed = tasks.filter((t) => journal.get(t.id)).length;
+  if (resumed > 0)
+    console.error(
+      `sandgym eval: resuming: ${resumed} of ${tasks.length} tasks finished in an earlier run (${journal.path})`,
+    );
   await using platform = await Platform.local();
   const interactive = process.stderr.isTTY;
   const reports = await evaluate(platform, tasks, makeAgent, {
     concurrency,
+    journal,
     ...(maxSteps ? { maxSteps } : {}),
     onProgress: (p) => (interactive ? process.stderr.write(`\r${progressLine(p)}  `) : undefined),
     onEpisode: (r) => {
@@ -42,6 +56,8 @@ export async function evalCommand(args: string[]): Promise<number> {
       );
     },
   });
+  // the run completed: nothing is left to resume
+  await journal.remove();
   const summary = {
     agent: agentName,
     tasks: reports.length,
