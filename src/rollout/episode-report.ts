@@ -19,3 +19,22 @@ export interface EvalProgress {
   total: number;
   etaMs: number | undefined;
 }
+
+/** One step of a rollout, as `steps$` emits it. */
+export interface StepEvent {
+  task: string;
+  episodeId: string;
+  stepIndex: number;
+  /** The action's type: exec, write_file, submit... */
+  action: string;
+  reward: number;
+  outcome: StepOutcome['kind'];
+  durationMs: number;
+}
+
+/** A sandbox state change of a rollout, as `lifecycle$` emits it. */
+export interface LifecycleEvent {
+  task: string;
+  sandboxId: string;
+  state: 'running' | 'stopped';
+}

@@ -1,8 +1,8 @@
-import { TaskEnv, type Task } from '../env/index.ts';
+import { TaskEnv, type StepOutcome, type Task } from '../env/index.ts';
 import type { LocalPlatform } from '../platform/index.ts';
 import type { Agent } from './agents.ts';
 import type { EvalJournal } from './eval-journal.ts';
-import type { EpisodeReport, EvalProgress } from './episode-report.ts';
+import type { EpisodeReport, EvalProgress, LifecycleEvent, StepEvent } from './episode-report.ts';
 
 /** Options for {@link evaluate}. */
 export interface EvaluateOptions {
@@ -10,6 +10,10 @@ export interface EvaluateOptions {
   maxSteps?: number;
   onProgress?: (progress: EvalProgress) => void;
   onEpisode?: (report: EpisodeReport) => void;
+  /** Every step as it completes, with how long it took. */
+  onStep?: (step: StepEvent) => void;
+  /** A sandbox of an episode started (`running`) or was torn down (`stopped`). */
+  onLifecycle?: (event: LifecycleEvent) => void;
   /** Finished episodes survive a crash here; a task already in it is not run again. */
   journal?: EvalJournal;
 }
@@ -19,36 +23,54 @@ async function runEpisode(
   task: Task,
   agent: Agent,
   maxSteps: number,
+  options: EvaluateOptions,
 ): Promise<EpisodeReport> {
   const started = performance.now();
   await using env = TaskEnv.create(platform, task);
-  let { observation } = await env.reset();
-  for (let stepIndex = 0; stepIndex < maxSteps; stepIndex++) {
-    const action = await agent(observation, { task, stepIndex });
-    const result = await env.step(action);
-    observation = result.observation;
-    if (result.outcome.kind !== 'ok' || result.terminated || result.truncated) {
-      const grade = result.info['grade'] as { tampered?: string[] } | undefined;
-      return {
-        task: task.id,
-        reward: result.reward,
-        outcome: result.outcome,
-        steps: stepIndex + 1,
-        durationMs: performance.now() - started,
-        tampered: grade?.tampered ?? [],
-      };
-    }
-  }
-  // ran out of steps: grade what is there, as a truncation
-  const grade = await env.grade();
-  return {
+  let { observation, info } = await env.reset();
+  const episodeId = String(info['episodeId']);
+  const sandboxId = String(info['sandboxId']);
+  options.onLifecycle?.({ task: task.id, sandboxId, state: 'running' });
+  const report = (
+    steps: number,
+    reward: number,
+    outcome: StepOutcome,
+    tampered: string[],
+  ): EpisodeReport => ({
     task: task.id,
-    reward: grade.reward,
-    outcome: { kind: 'ok' },
-    steps: maxSteps,
+    reward,
+    outcome,
+    steps,
     durationMs: performance.now() - started,
-    tampered: grade.tampered,
-  };
+    tampered,
+  });
+  try {
+    for (let stepIndex = 0; stepIndex < maxSteps; stepIndex++) {
+      const action = await agent(observation, { task, stepIndex });
+      const stepStarted = performance.now();
+      const result = await env.step(action);
+      options.onStep?.({
+        task: task.id,
+        episodeId,
+        stepIndex,
+        action: action.type,
+        reward: result.reward,
+        outcome: result.outcome.kind,
+        durationMs: performance.now() - stepStarted,
+      });
+      observation = result.observation;
+      ({ info } = result);
+      if (result.outcome.kind !== 'ok' || result.terminated || result.truncated) {
+        const grade = info['grade'] as { tampered?: string[] } | undefined;
+        return report(stepIndex + 1, result.reward, result.outcome, grade?.tampered ?? []);
+      }
+    }
+    // ran out of steps: grade what is there, as a truncation
+    const grade = await env.grade();
+    return report(maxSteps, grade.reward, { kind: 'ok' }, grade.tampered);
+  } finally {
+    options.onLifecycle?.({ task: task.id, sandboxId, state: 'stopped' });
+  }
 }
 
 /**
@@ -86,7 +108,7 @@ export async function evaluate(
       let report: EpisodeReport;
       const earlier = options.journal?.get(task.id);
       try {
-        report = earlier ?? (await runEpisode(platform, task, makeAgent(), options.maxSteps ?? 50));
+        report = earlier ?? (await runEpisode(platform, task, makeAgent(), options.maxSteps ?? 50, options));
       } catch (error) {
         const message = error instanceof Error ? error.message : String(error);
         report = {

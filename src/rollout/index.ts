@@ -3,7 +3,9 @@ export { BUILT_IN_AGENTS, nopAgent, oracleAgent, resolveAgent, scriptedAgent } f
 export type { Agent, AgentContext } from './agents.ts';
 export { evaluate } from './evaluate.ts';
 export type { EvaluateOptions } from './evaluate.ts';
-export type { EpisodeReport, EvalProgress } from './episode-report.ts';
+export type { EpisodeReport, EvalProgress, LifecycleEvent, StepEvent } from './episode-report.ts';
+export { RolloutRunner } from './rollout-runner.ts';
+export type { RewardEvent } from './rollout-runner.ts';
 export { checkTask } from './check-task.ts';
 export type { CheckResult } from './check-task.ts';
 export { EvalJournal } from './eval-journal.ts';

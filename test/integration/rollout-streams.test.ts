@@ -1,0 +1,53 @@
+import { resolve } from 'node:path';
+import { toArray, firstValueFrom } from 'rxjs';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { loadTasks } from '../../src/env/index.ts';
+import { RolloutRunner, oracleAgent, type EpisodeReport } from '../../src/rollout/index.ts';
+import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
+
+describe('rollout streams', () => {
+  let env: TestPlatform;
+
+  beforeAll(async () => {
+    env = await createTestPlatform('streams', { privateStore: true, seed: ['debian:bookworm'] });
+  });
+
+  afterAll(async () => {
+    await env?.[Symbol.asyncDispose]();
+  });
+
+  it('emit every step, episode, reward and sandbox state change, then complete', async () => {
+    const tasks = await loadTasks([resolve('examples/tasks')]);
+    const runner = new RolloutRunner(env.platform, oracleAgent, { concurrency: 2 });
+    const steps = firstValueFrom(runner.steps$.pipe(toArray()));
+    const rewards = firstValueFrom(runner.rewards$.pipe(toArray()));
+    const lifecycle = firstValueFrom(runner.lifecycle$.pipe(toArray()));
+    const pulled: EpisodeReport[] = [];
+    const pulling = (async () => {
+      for await (const report of runner.finished()) pulled.push(report);
+    })();
+    const reports = await runner.run(tasks);
+    await pulling;
+    expect(reports.map((r) => r.reward)).toEqual([1, 1]);
+    expect(pulled.map((r) => r.task).sort()).toEqual(['fix-sum', 'hello-file']);
+    expect((await rewards).sort((a, b) => a.task.localeCompare(b.task))).toEqual([
+      { task: 'fix-sum', reward: 1 },
+      { task: 'hello-file', reward: 1 },
+    ]);
+    const all = await steps;
+    for (const task of ['fix-sum', 'hello-file']) {
+      const mine = all.filter((s) => s.task === task);
+      expect(mine.map((s) => s.stepIndex)).toEqual([0, 1, 2, 3]);
+      expect(mine.map((s) => s.action)).toEqual(['write_file', 'exec', 'exec', 'submit']);
+      expect(mine.at(-1)?.reward).toBe(1);
+    }
+    const states = await lifecycle;
+    expect(states.filter((s) => s.state === 'running')).toHaveLength(2);
+    expect(states.filter((s) => s.state === 'stopped')).toHaveLength(2);
+    for (const running of states.filter((s) => s.state === 'running')) {
+      expect(states.indexOf(running)).toBeLessThan(
+        states.findIndex((s) => s.sandboxId === running.sandboxId && s.state === 'stopped'),
+      );
+    }
+  });
+});
