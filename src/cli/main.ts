@@ -23,7 +23,7 @@ const USAGE = `usage: sandgym COMMAND [ARGS]
   layer ls [--json]                       stored layers
   layer gc [--min-age-minutes N] [--json] unused mounts, node copies and unreferenced layers (default age 60)
   env ls [--json] | env show NAME:VERSION environments: layer stacks plus config
-  eval TASK... [--agent oracle|nop|MODULE.js] [--concurrency N] [--max-steps N] [--json OUT]
+  eval TASK... [--agent oracle|nop|MODULE.js] [--concurrency N] [--max-steps N] [--json OUT] [--report OUT.html]
                                           run Harbor tasks, grade each in a fresh sandbox
   check TASK... [--json]                  the agentic env checker: oracle passes, nop fails, no leaks,
                                           deterministic reset, replay matches, clean close

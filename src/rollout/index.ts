@@ -9,3 +9,4 @@ export type { RewardEvent } from './rollout-runner.ts';
 export { checkTask } from './check-task.ts';
 export type { CheckResult } from './check-task.ts';
 export { EvalJournal } from './eval-journal.ts';
+export { renderHtmlReport } from './html-report.ts';

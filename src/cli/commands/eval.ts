@@ -2,7 +2,14 @@ import { writeFileAtomic } from '../../common/index.ts';
 import { loadTasks } from '../../env/index.ts';
 import { join } from 'node:path';
 import { Platform, defaultDataDir } from '../../platform/index.ts';
-import { EvalJournal, evaluate, resolveAgent, type EvalProgress } from '../../rollout/index.ts';
+import {
+  EvalJournal,
+  RolloutRunner,
+  renderHtmlReport,
+  resolveAgent,
+  type EvalProgress,
+  type StepEvent,
+} from '../../rollout/index.ts';
 import { parseCommandArgs, positiveInt, text } from '../args.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
 
@@ -11,12 +18,13 @@ function progressLine(p: EvalProgress): string {
   return `sandgym eval: ${p.done}/${p.total} done, ${p.running} running, ${p.failed} failed${eta}`;
 }
 
-/** `sandgym eval TASK... [--agent oracle|nop|MODULE] [--concurrency N] [--json OUT]`. */
+/** `sandgym eval TASK... [--agent oracle|nop|MODULE] [--concurrency N] [--json OUT] [--report OUT.html]`. */
 export async function evalCommand(args: string[]): Promise<number> {
   const parsed = parseCommandArgs('eval', args, {
     agent: { type: 'string', default: 'oracle' },
     concurrency: { type: 'string' },
     json: { type: 'string' },
+    report: { type: 'string' },
     'max-steps': { type: 'string' },
   });
   if (parsed.positionals.length === 0)
@@ -40,22 +48,25 @@ export async function evalCommand(args: string[]): Promise<number> {
     );
   await using platform = await Platform.local();
   const interactive = process.stderr.isTTY;
-  const reports = await evaluate(platform, tasks, makeAgent, {
+  const runner = new RolloutRunner(platform, makeAgent, {
     concurrency,
     journal,
     ...(maxSteps ? { maxSteps } : {}),
     onProgress: (p) => (interactive ? process.stderr.write(`\r${progressLine(p)}  `) : undefined),
-    onEpisode: (r) => {
-      const outcome =
-        r.outcome.kind === 'ok'
-          ? ''
-          : ` [${r.outcome.kind}${'reason' in r.outcome ? `: ${r.outcome.reason}` : ''}]`;
-      const tamper = r.tampered.length ? ` tampered: ${r.tampered.join(', ')}` : '';
-      process.stderr.write(
-        `${interactive ? '\r' : ''}${r.task}: reward ${r.reward}${outcome}${tamper} (${r.steps} steps, ${(r.durationMs / 1000).toFixed(1)}s)\n`,
-      );
-    },
   });
+  const steps: StepEvent[] = [];
+  runner.steps$.subscribe((step) => steps.push(step));
+  runner.episodes$.subscribe((r) => {
+    const outcome =
+      r.outcome.kind === 'ok'
+        ? ''
+        : ` [${r.outcome.kind}${'reason' in r.outcome ? `: ${r.outcome.reason}` : ''}]`;
+    const tamper = r.tampered.length ? ` tampered: ${r.tampered.join(', ')}` : '';
+    process.stderr.write(
+      `${interactive ? '\r' : ''}${r.task}: reward ${r.reward}${outcome}${tamper} (${r.steps} steps, ${(r.durationMs / 1000).toFixed(1)}s)\n`,
+    );
+  });
+  const reports = await runner.run(tasks);
   // the run completed: nothing is left to resume
   await journal.remove();
   const summary = {
@@ -68,6 +79,14 @@ export async function evalCommand(args: string[]): Promise<number> {
   };
   const out = text(parsed, 'json');
   if (out) await writeFileAtomic(out, JSON.stringify(summary, null, 2));
+  const report = text(parsed, 'report');
+  if (report) {
+    await writeFileAtomic(
+      report,
+      renderHtmlReport(`sandgym eval: ${tasks.length} tasks, agent ${agentName}`, reports, steps),
+    );
+    console.error(`sandgym eval: report written to ${report}`);
+  }
   console.error(`sandgym eval: ${summary.resolved}/${summary.tasks} resolved with --agent ${agentName}`);
   if (summary.failedInfrastructure > 0) return EXIT.infrastructure;
   return summary.resolved === summary.tasks ? EXIT.ok : EXIT.failed;

@@ -1,0 +1,78 @@
+import type { EpisodeReport, StepEvent } from './episode-report.ts';
+
+function escape(text: string): string {
+  return text.replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
+}
+
+/** A horizontal bar chart as inline SVG: one labelled bar per entry. */
+function barChart(title: string, entries: [string, number][], unit = ''): string {
+  const max = Math.max(1, ...entries.map(([, v]) => v));
+  const rowHeight = 26;
+  const bars = entries
+    .map(([label, value], i) => {
+      const width = Math.round((value / max) * 300);
+      const y = i * rowHeight;
+      return (
+        `<text x="0" y="${y + 17}" class="label">${escape(label)}</text>` +
+        `<rect x="170" y="${y + 4}" width="${width}" height="18" rx="3"></rect>` +
+        `<text x="${176 + width}" y="${y + 17}" class="value">${escape(`${Number(value.toFixed(2))}${unit}`)}</text>`
+      );
+    })
+    .join('');
+  return `<figure><figcaption>${escape(title)}</figcaption><svg width="560" height="${entries.length * rowHeight + 4}" role="img" aria-label="${escape(title)}">${bars}</svg></figure>`;
+}
+
+function percentile(values: number[], q: number): number {
+  const sorted = [...values].sort((a, b) => a - b);
+  return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1))] ?? 0;
+}
+
+/** The evaluation report: a summary, three charts and the per-task table, in one static HTML file. */
+export function renderHtmlReport(title: string, episodes: EpisodeReport[], steps: StepEvent[]): string {
+  const scored = episodes.filter((e) => e.outcome.kind === 'ok');
+  const resolved = scored.filter((e) => e.reward >= 1).length;
+  const bins: [string, number][] = [
+    ['0', scored.filter((e) => e.reward <= 0).length],
+    ['0 < r < 1', scored.filter((e) => e.reward > 0 && e.reward < 1).length],
+    ['1 or more', scored.filter((e) => e.reward >= 1).length],
+  ];
+  const outcomes = new Map<string, number>();
+  for (const e of episodes) outcomes.set(e.outcome.kind, (outcomes.get(e.outcome.kind) ?? 0) + 1);
+  const byAction = new Map<string, number[]>();
+  for (const s of steps) byAction.set(s.action, [...(byAction.get(s.action) ?? []), s.durationMs]);
+  const latency: [string, number][] = [...byAction.entries()].flatMap(([action, times]) => [
+    [`${action} p50`, percentile(times, 0.5)] as [string, number],
+    [`${action} p95`, percentile(times, 0.95)] as [string, number],
+  ]);
+  const rows = episodes
+    .map(
+      (e) =>
+        `<tr><td>${escape(e.task)}</td><td class="num">${e.reward}</td><td>${escape(e.outcome.kind)}${
+          'reason' in e.outcome ? ` (${escape(e.outcome.reason)})` : ''
+        }</td><td class="num">${e.steps}</td><td class="num">${(e.durationMs / 1000).toFixed(1)} s</td><td>${escape(e.tampered.join(', '))}</td></tr>`,
+    )
+    .join('\n');
+  return `<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>${escape(title)}</title>
+<style>
+body { font: 14px system-ui, sans-serif; margin: 2em; color: #1d2330; }
+h1 { font-size: 1.4em; } .summary { margin: 1em 0 2em; font-size: 1.1em; }
+.charts { display: flex; flex-wrap: wrap; gap: 2em; } figure { margin: 0; } figcaption { font-weight: 600; margin-bottom: .5em; }
+rect { fill: #4a7bd0; } .label, .value { font-size: 12px; fill: #1d2330; }
+table { border-collapse: collapse; margin-top: 2em; } th, td { padding: 4px 12px; border-bottom: 1px solid #dde; text-align: left; }
+.num { text-align: right; font-variant-numeric: tabular-nums; }
+</style></head><body>
+<h1>${escape(title)}</h1>
+<p class="summary">${resolved} of ${episodes.length} tasks resolved; ${episodes.length - scored.length} infrastructure or verifier outcomes (not rewards); ${steps.length} steps.</p>
+<div class="charts">
+${barChart('Reward distribution (episodes)', bins)}
+${barChart('Outcomes (episodes)', [...outcomes.entries()])}
+${barChart('Latency per step (ms)', latency, ' ms')}
+</div>
+<table><thead><tr><th>task</th><th>reward</th><th>outcome</th><th>steps</th><th>time</th><th>tamper signals</th></tr></thead>
+<tbody>
+${rows}
+</tbody></table>
+</body></html>
+`;
+}

@@ -1,0 +1,40 @@
+import { describe, expect, it } from 'vitest';
+import { renderHtmlReport } from '../../src/rollout/index.ts';
+
+describe('the evaluation report', () => {
+  it('summarises rewards, outcomes and step latency, and escapes what tasks and agents name', () => {
+    const html = renderHtmlReport(
+      'eval <script>',
+      [
+        { task: 'a<b', reward: 1, outcome: { kind: 'ok' }, steps: 3, durationMs: 1500, tampered: [] },
+        {
+          task: 'c',
+          reward: 0,
+          outcome: { kind: 'infra_failure', reason: 'oom', message: 'x' },
+          steps: 1,
+          durationMs: 10,
+          tampered: ['/tests'],
+        },
+      ],
+      [
+        {
+          task: 'a<b',
+          episodeId: 'e',
+          stepIndex: 0,
+          action: 'exec',
+          reward: 0,
+          outcome: 'ok',
+          durationMs: 4,
+        },
+      ],
+    );
+    expect(html).toContain(
+      '1 of 2 tasks resolved; 1 infrastructure or verifier outcomes (not rewards); 1 steps.',
+    );
+    expect(html).toContain('a&#60;b');
+    expect(html).not.toContain('<script>');
+    expect(html).toContain('infra_failure (oom)');
+    expect(html).toContain('exec p50');
+    expect(html).toContain('/tests');
+  });
+});
