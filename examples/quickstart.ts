@@ -8,7 +8,7 @@ import { fileURLToPath } from 'node:url';
 import { writeFileAtomic } from '../src/common/index.ts';
 import { loadTasks } from '../src/env/index.ts';
 import { Platform, defaultDataDir, type LocalPlatform } from '../src/platform/index.ts';
-import { BUILT_IN_AGENTS, evaluate } from '../src/rollout/index.ts';
+import { BUILT_IN_AGENTS, RolloutRunner, renderHtmlReport, type StepEvent } from '../src/rollout/index.ts';
 
 const TASKS = fileURLToPath(new URL('../../examples/tasks', import.meta.url));
 
@@ -51,22 +51,23 @@ async function sandboxTour(platform: LocalPlatform): Promise<void> {
 
 async function evaluation(platform: LocalPlatform): Promise<void> {
   const tasks = await loadTasks([TASKS]);
-  const report: Record<string, unknown> = {};
-  for (const agent of ['oracle', 'nop']) {
-    console.log(`\nevaluating ${tasks.length} example tasks with the ${agent} agent`);
-    const episodes = await evaluate(platform, tasks, BUILT_IN_AGENTS[agent]!, { concurrency: 2 });
-    for (const e of episodes) {
-      const extra = e.outcome.kind === 'ok' ? '' : ` (${e.outcome.kind})`;
-      console.log(
-        `  ${e.task.padEnd(12)} reward ${e.reward}${extra}, ${e.steps} steps, ${(e.durationMs / 1000).toFixed(1)} s`,
-      );
-    }
-    report[agent] = episodes;
-  }
   const dir = join(defaultDataDir(), 'reports');
   await mkdir(dir, { recursive: true });
-  await writeFileAtomic(join(dir, 'quickstart.json'), JSON.stringify(report, null, 2));
-  console.log(`\nreport written to ${join(dir, 'quickstart.json')}`);
+  for (const agent of ['oracle', 'nop']) {
+    console.log(`\nevaluating ${tasks.length} example tasks with the ${agent} agent`);
+    const runner = new RolloutRunner(platform, BUILT_IN_AGENTS[agent]!, { concurrency: 2 });
+    const steps: StepEvent[] = [];
+    runner.steps$.subscribe((step) => steps.push(step));
+    runner.rewards$.subscribe(({ task, reward }) => console.log(`  ${task.padEnd(12)} reward ${reward}`));
+    const episodes = await runner.run(tasks);
+    const report = join(dir, `quickstart-${agent}.html`);
+    await writeFileAtomic(join(dir, `quickstart-${agent}.json`), JSON.stringify(episodes, null, 2));
+    await writeFileAtomic(
+      report,
+      renderHtmlReport(`quickstart: example tasks, ${agent} agent`, episodes, steps),
+    );
+    console.log(`  report: ${report}`);
+  }
 }
 
 async function main(): Promise<void> {
