@@ -4,10 +4,22 @@ export type { SandboxEnvOptions } from './sandbox-env.ts';
 export { sandboxActionSchema } from './sandbox-actions.ts';
 export type { SandboxAction, SandboxObservation } from './sandbox-actions.ts';
 export { withStepLimit } from './wrappers.ts';
-export { TaskEnv, stageFolder } from './task-env.ts';
-export type { Grade, TaskObservation } from './task-env.ts';
+export { TaskEnv } from './task-env.ts';
+export type { Grade, TaskEnvOptions, TaskObservation } from './task-env.ts';
+export { stageFolder } from './stage-folder.ts';
 export { loadHarborTask, loadTasks } from './tasks/harbor.ts';
-export type { Task } from './tasks/task.ts';
+export { loadOjProblem } from './tasks/oj.ts';
+export type { OjCase, Task, TaskEnvironmentSource, TaskGrading } from './tasks/task.ts';
+export {
+  customVerifier,
+  defaultVerifier,
+  exitCodeVerifier,
+  normaliseOutput,
+  ojVerifier,
+  rewardFileVerifier,
+  runVerifiers,
+} from './verifiers.ts';
+export type { Verifier, VerifierResult, VerifyContext } from './verifiers.ts';
 export type {
   EnvCallOptions,
   Environment,

@@ -1,12 +1,12 @@
 import { existsSync } from 'node:fs';
-import { readFile, readdir, stat } from 'node:fs/promises';
-import { join, relative } from 'node:path';
+import { join } from 'node:path';
 import { SandgymError, messageOf } from '../common/index.ts';
 import type { Environment as LayerEnvironment, LocalPlatform, Sandbox } from '../platform/index.ts';
 import type { EnvCallOptions, Environment, ResetOptions, ResetResult, StepResult } from './environment.ts';
 import type { SandboxAction, SandboxObservation } from './sandbox-actions.ts';
 import { SandboxEnv } from './sandbox-env.ts';
 import type { Task } from './tasks/task.ts';
+import { defaultVerifier, runVerifiers, type Verifier } from './verifiers.ts';
 
 /**
  * Paths the grader takes from the task's own layers, never from the agent's diff; an agent's
@@ -54,41 +54,14 @@ export interface Grade {
   reward: number;
   /** Protected paths the agent's diff touched. */
   tampered: string[];
-  verifierExitCode: number | null;
-  verifierOutput: string;
+  /** What the verifiers reported. */
+  details: Record<string, unknown>;
 }
 
-async function filesUnder(dir: string): Promise<string[]> {
-  const files: string[] = [];
-  for (const entry of await readdir(dir, { withFileTypes: true })) {
-    const path = join(dir, entry.name);
-    if (entry.isDirectory()) files.push(...(await filesUnder(path)));
-    else if (entry.isFile()) files.push(path);
-  }
-  return files;
-}
-
-/** Copies a host folder into a sandbox (tests for the grader, the solution for the oracle). */
-export async function stageFolder(sandbox: Sandbox, from: string, to: string): Promise<void> {
-  for (const file of await filesUnder(from)) {
-    const mode = (await stat(file)).mode & 0o777;
-    await sandbox.writeFile(join(to, relative(from, file)), await readFile(file), { mode: mode | 0o444 });
-  }
-}
-
-/** Reads reward.txt (one number) or reward.json (a `reward` field, or the mean of its numbers). */
-function parseReward(text: string, json: boolean): number {
-  if (!json) {
-    const value = Number(text.trim());
-    if (!Number.isFinite(value))
-      throw new SandgymError('invalid_argument', `reward.txt holds "${text.trim()}", not a number`);
-    return value;
-  }
-  const parsed = JSON.parse(text) as Record<string, unknown>;
-  if (typeof parsed['reward'] === 'number') return parsed['reward'];
-  const values = Object.values(parsed).filter((v): v is number => typeof v === 'number');
-  if (values.length === 0) throw new SandgymError('invalid_argument', 'reward.json holds no number');
-  return values.reduce((a, b) => a + b, 0) / values.length;
+/** Options for {@link TaskEnv.create}. */
+export interface TaskEnvOptions {
+  /** Interceptors run before the task's own verifier: they may decide, or adjust its verdict. */
+  verifiers?: Verifier[];
 }
 
 /**
@@ -107,18 +80,21 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
   private constructor(
     private readonly platform: LocalPlatform,
     readonly task: Task,
+    private readonly options: TaskEnvOptions,
   ) {}
 
-  static create(platform: LocalPlatform, task: Task): TaskEnv {
-    return new TaskEnv(platform, task);
+  static create(platform: LocalPlatform, task: Task, options: TaskEnvOptions = {}): TaskEnv {
+    return new TaskEnv(platform, task, options);
   }
 
   /** Builds the task's environment from its Dockerfile (cached step by step). */
   async prepare(): Promise<LayerEnvironment> {
     if (this.built) return this.built;
+    const source = this.task.environment;
+    if (source.kind === 'stored') return (this.built = await this.platform.store.getEnvironment(source.ref));
     const result = await this.platform.buildFromDockerfile({
-      file: this.task.dockerfile,
-      context: this.task.context,
+      file: source.dockerfile,
+      context: source.context,
       name: `task-${this.task.id.toLowerCase().replace(/[^a-z0-9._-]/g, '-')}:latest`,
       fromFallback: FALLBACK_BASE,
     });
@@ -217,36 +193,14 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
       },
     );
     try {
-      // whatever the diff put at the protected paths goes; the tests come from the task alone
-      const cleared = await grader.exec(['rm', '-rf', '/tests', '/solution', '/logs/verifier']);
-      if (cleared.exitCode !== 0)
-        throw new SandgymError('platform_error', `Cannot clear protected paths: ${cleared.stderr}`);
-      await stageFolder(grader, this.task.testsDir, '/tests');
-      await grader.exec(['mkdir', '-p', '/logs/verifier']);
-      const run = await grader.exec(['/tests/test.sh'], {
-        timeoutMs: this.task.verifierTimeoutMs,
-        cwd: environment.config.workdir,
+      const verdict = await runVerifiers([...(this.options.verifiers ?? []), defaultVerifier(this.task)], {
+        task: this.task,
+        grader,
+        workdir: environment.config.workdir,
       });
-      if (run.timedOut)
-        throw new SandgymError('timeout', `The verifier ran out of its ${this.task.verifierTimeoutMs} ms`);
-      const verifierOutput = `${run.stdout}${run.stderr}`.slice(-4000);
-      const files = (await grader.listDir('/logs/verifier')).map((e) => e.name);
-      const json = files.includes('reward.json');
-      const reward =
-        files.includes('reward.txt') || json
-          ? parseReward(
-              (
-                await grader.readFile(json ? '/logs/verifier/reward.json' : '/logs/verifier/reward.txt')
-              ).toString(),
-              json,
-            )
-          : 0;
-      return {
-        reward: tampered.length > 0 ? 0 : reward,
-        tampered,
-        verifierExitCode: run.exitCode,
-        verifierOutput,
-      };
+      // Tampering is reported, not punished: the protected paths came from the task's own
+      // layers, so the verifier judged the real work.
+      return { reward: verdict.reward, tampered, details: verdict.details };
     } finally {
       await grader.close();
     }

@@ -26,19 +26,23 @@ async function solutionFiles(dir: string): Promise<string[]> {
 }
 
 /**
- * The oracle: copies the task's solution into a scratch folder of the sandbox, runs solve.sh,
- * removes the folder (so it leaves no trace in the diff), and submits.
+ * The oracle: for a Harbor task, copies the solution into a scratch folder of the sandbox, runs
+ * solve.sh and removes the folder (so it leaves no trace in the diff); for an OJ problem, writes
+ * the reference program. Then it submits.
  */
 export function oracleAgent(): Agent {
   let plan: SandboxAction[] | undefined;
   return async (_observation, { task, stepIndex }) => {
     if (!plan) {
       plan = [];
-      if (task.solutionDir) {
-        for (const file of await solutionFiles(task.solutionDir)) {
+      const oracle = task.oracle;
+      if (oracle?.kind === 'program')
+        plan.push({ type: 'write_file', path: oracle.path, content: oracle.content });
+      if (oracle?.kind === 'script') {
+        for (const file of await solutionFiles(oracle.dir)) {
           plan.push({
             type: 'write_file',
-            path: join(ORACLE_DIR, relative(task.solutionDir, file)),
+            path: join(ORACLE_DIR, relative(oracle.dir, file)),
             content: await readFile(file, 'utf8'),
           });
         }

@@ -28,12 +28,12 @@ describe('rollout streams', () => {
     })();
     const reports = await runner.run(tasks);
     await pulling;
-    expect(reports.map((r) => r.reward)).toEqual([1, 1]);
-    expect(pulled.map((r) => r.task).sort()).toEqual(['fix-sum', 'hello-file']);
-    expect((await rewards).sort((a, b) => a.task.localeCompare(b.task))).toEqual([
-      { task: 'fix-sum', reward: 1 },
-      { task: 'hello-file', reward: 1 },
-    ]);
+    const ids = ['fix-sum', 'hello-file', 'oj-reverse-words', 'oj-sum-pairs'];
+    expect(reports.map((r) => r.reward)).toEqual([1, 1, 1, 1]);
+    expect(pulled.map((r) => r.task).sort()).toEqual(ids);
+    expect((await rewards).sort((a, b) => a.task.localeCompare(b.task))).toEqual(
+      ids.map((task) => ({ task, reward: 1 })),
+    );
     const all = await steps;
     for (const task of ['fix-sum', 'hello-file']) {
       const mine = all.filter((s) => s.task === task);
@@ -42,8 +42,8 @@ describe('rollout streams', () => {
       expect(mine.at(-1)?.reward).toBe(1);
     }
     const states = await lifecycle;
-    expect(states.filter((s) => s.state === 'running')).toHaveLength(2);
-    expect(states.filter((s) => s.state === 'stopped')).toHaveLength(2);
+    expect(states.filter((s) => s.state === 'running')).toHaveLength(4);
+    expect(states.filter((s) => s.state === 'stopped')).toHaveLength(4);
     for (const running of states.filter((s) => s.state === 'running')) {
       expect(states.indexOf(running)).toBeLessThan(
         states.findIndex((s) => s.sandboxId === running.sandboxId && s.state === 'stopped'),

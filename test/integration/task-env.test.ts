@@ -3,7 +3,13 @@ import { readFileSync } from 'node:fs';
 import { cp, mkdir, rm, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { TaskEnv, loadHarborTask, loadTasks, type SandboxAction } from '../../src/env/index.ts';
+import {
+  TaskEnv,
+  loadHarborTask,
+  loadTasks,
+  type SandboxAction,
+  type Verifier,
+} from '../../src/env/index.ts';
 import {
   EvalJournal,
   checkTask,
@@ -52,14 +58,16 @@ describe('Harbor tasks, fresh-box grading and evaluation', () => {
 
   it('resolves every example with the oracle and none with the do-nothing agent', async () => {
     const tasks = await loadTasks([EXAMPLES]);
-    expect(tasks.map((t) => t.id)).toEqual(['fix-sum', 'hello-file']);
+    expect(tasks.map((t) => t.id)).toEqual(['fix-sum', 'hello-file', 'oj-reverse-words', 'oj-sum-pairs']);
     const oracle = await evaluate(env.platform, tasks, oracleAgent, { concurrency: 2 });
     expect(oracle.map((r) => [r.task, r.reward, r.outcome.kind])).toEqual([
       ['fix-sum', 1, 'ok'],
       ['hello-file', 1, 'ok'],
+      ['oj-reverse-words', 1, 'ok'],
+      ['oj-sum-pairs', 1, 'ok'],
     ]);
     const nop = await evaluate(env.platform, tasks, nopAgent, { concurrency: 2 });
-    expect(nop.map((r) => r.reward)).toEqual([0, 0]);
+    expect(nop.map((r) => r.reward)).toEqual([0, 0, 0, 0]);
   });
 
   it('keeps tests and solutions out of the agent sandbox and says how it mapped FROM', async () => {
@@ -121,13 +129,13 @@ describe('Harbor tasks, fresh-box grading and evaluation', () => {
       { env: cliEnv, encoding: 'utf8' },
     );
     expect(oracle.status, oracle.stderr).toBe(0);
-    expect(JSON.parse(readFileSync(out, 'utf8'))).toMatchObject({ agent: 'oracle', tasks: 2, resolved: 2 });
+    expect(JSON.parse(readFileSync(out, 'utf8'))).toMatchObject({ agent: 'oracle', tasks: 4, resolved: 4 });
     const nop = spawnSync('node', [resolve('dist/src/cli/main.js'), 'eval', EXAMPLES, '--agent', 'nop'], {
       env: cliEnv,
       encoding: 'utf8',
     });
     expect(nop.status).toBe(1);
-    expect(nop.stderr).toMatch(/0\/2 resolved with --agent nop/);
+    expect(nop.stderr).toMatch(/0\/4 resolved with --agent nop/);
     const bad = spawnSync('node', [resolve('dist/src/cli/main.js'), 'eval', EXAMPLES, '--agent', 'genius'], {
       env: cliEnv,
       encoding: 'utf8',
@@ -160,7 +168,7 @@ describe('Harbor tasks, fresh-box grading and evaluation', () => {
   });
 
   it('resumes an interrupted evaluation without re-running finished episodes', async () => {
-    const tasks = await loadTasks([EXAMPLES]);
+    const tasks = (await loadTasks([EXAMPLES])).slice(0, 2);
     const journal = await EvalJournal.open(join(env.dataDir, 'evals', 'resume.jsonl'));
     let started = 0;
     const counting = (): Agent => {
@@ -174,6 +182,43 @@ describe('Harbor tasks, fresh-box grading and evaluation', () => {
     expect(started).toBe(2);
     expect(resumed[0]).toEqual(first);
     expect(resumed.map((r) => r.reward)).toEqual([1, 1]);
+  });
+
+  it('judges OJ programs case by case, and names a malformed problem', async () => {
+    const [problem] = await loadTasks([join(EXAMPLES, 'oj-sum-pairs.oj.json')]);
+    const wrong = scriptedAgent([
+      { type: 'write_file', path: '/work/solution.py', content: 'print(3)\nprint(6)\n' },
+    ]);
+    await using task = TaskEnv.create(env.platform, problem!);
+    await task.reset();
+    await task.step({ type: 'write_file', path: '/work/solution.py', content: 'print(3)\nprint(6)\n' });
+    const graded = await task.grade();
+    expect(graded.reward).toBe(0);
+    expect(graded.details).toMatchObject({
+      cases: ['accepted', 'wrong_answer', 'wrong_answer'],
+      passed: 1,
+      total: 3,
+    });
+    const [report] = await evaluate(env.platform, [problem!], () => wrong, { concurrency: 1 });
+    expect(report?.reward).toBe(0);
+    const bad = join(env.dataDir, 'bad.oj.json');
+    await writeFile(bad, JSON.stringify({ id: 'x', statement: 's', language: 'cobol', tests: [] }));
+    await expect(loadTasks([bad])).rejects.toThrow(/bad\.oj\.json: language: .*; tests: /);
+  });
+
+  it('lets a custom verifier intercept the chain', async () => {
+    const halve: Verifier = async (_context, next) => {
+      const verdict = await next();
+      return { ...verdict, reward: verdict.reward / 2, details: { ...verdict.details, halved: true } };
+    };
+    await using task = TaskEnv.create(env.platform, await loadHarborTask(join(EXAMPLES, 'hello-file')), {
+      verifiers: [halve],
+    });
+    await task.reset();
+    await task.step({ type: 'exec', command: 'echo "hello sandgym" > /app/hello.txt' });
+    const graded = await task.grade();
+    expect(graded.reward).toBe(0.5);
+    expect(graded.details['halved']).toBe(true);
   });
 
   it('catches every cheat in examples/agents', async () => {

@@ -34,3 +34,12 @@ describe('input checks', () => {
     expect(() => parseEnvironmentRef('a:b:c')).toThrow(/name:version/);
   });
 });
+
+describe('OJ output comparison', () => {
+  it('ignores trailing spaces and trailing blank lines, nothing else', async () => {
+    const { normaliseOutput } = await import('../../src/env/index.ts');
+    expect(normaliseOutput('3  \n6\n\n')).toBe(normaliseOutput('3\n6'));
+    expect(normaliseOutput(' 3\n6')).not.toBe(normaliseOutput('3\n6'));
+    expect(normaliseOutput('3\n\n6')).not.toBe(normaliseOutput('3\n6'));
+  });
+});

@@ -37,7 +37,7 @@ export async function evalCommand(args: string[]): Promise<number> {
   const journal = await EvalJournal.open(
     EvalJournal.pathFor(
       join(defaultDataDir(), 'evals'),
-      tasks.map((t) => t.dir),
+      tasks.map((t) => t.source),
       agentName,
     ),
   );

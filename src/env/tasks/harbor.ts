@@ -4,6 +4,7 @@ import { basename, join, resolve } from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 import { z } from 'zod';
 import { SandgymError, parseAt } from '../../common/index.ts';
+import { isOjProblem, loadOjProblem } from './oj.ts';
 import type { Task } from './task.ts';
 
 /** task.toml of a Harbor / Terminal-Bench 2 task; every section is optional. */
@@ -52,21 +53,24 @@ export async function loadHarborTask(path: string): Promise<Task> {
   return {
     id: basename(dir),
     format: 'harbor',
-    dir,
+    source: dir,
     instruction: await readFile(join(dir, 'instruction.md'), 'utf8'),
-    dockerfile: join(dir, 'environment/Dockerfile'),
-    context: join(dir, 'environment'),
+    environment: {
+      kind: 'dockerfile',
+      dockerfile: join(dir, 'environment/Dockerfile'),
+      context: join(dir, 'environment'),
+    },
+    grading: { kind: 'reward_file', testsDir: join(dir, 'tests') },
     resources: { cpu: toml.environment.cpus, memoryMib: toml.environment.memory_mb },
     env: toml.environment.env,
     agentTimeoutMs: toml.agent.timeout_sec * 1000,
     verifierTimeoutMs: toml.verifier.timeout_sec * 1000,
     allowInternet: toml.environment.allow_internet,
-    testsDir: join(dir, 'tests'),
-    solutionDir: existsSync(join(solution, 'solve.sh')) ? solution : undefined,
+    oracle: existsSync(join(solution, 'solve.sh')) ? { kind: 'script', dir: solution } : undefined,
   };
 }
 
-/** Task folders named on the command line: a task itself, or a folder of tasks. */
+/** Tasks named on the command line: a Harbor task folder, an OJ problem file, or a folder of either. */
 export async function loadTasks(paths: string[]): Promise<Task[]> {
   const tasks: Task[] = [];
   for (const path of paths) {
@@ -75,16 +79,21 @@ export async function loadTasks(paths: string[]): Promise<Task[]> {
       tasks.push(await loadHarborTask(path));
       continue;
     }
+    if (isOjProblem(path)) {
+      tasks.push(await loadOjProblem(path));
+      continue;
+    }
     if (!(await stat(path)).isDirectory())
       throw new SandgymError('invalid_argument', `${path} is neither a task folder nor a folder of tasks`);
     const children = (await readdir(path)).sort().map((name) => join(path, name));
-    const found = children.filter(isHarborTask);
+    const found = children.filter((child) => isHarborTask(child) || isOjProblem(child));
     if (found.length === 0)
       throw new SandgymError(
         'invalid_argument',
         `${path} holds no task (no task.toml in it or its subfolders)`,
       );
-    for (const child of found) tasks.push(await loadHarborTask(child));
+    for (const child of found)
+      tasks.push(isOjProblem(child) ? await loadOjProblem(child) : await loadHarborTask(child));
   }
   return tasks;
 }

@@ -1,19 +1,34 @@
+/** Where a task's environment comes from: its own Dockerfile, or an environment in the store. */
+export type TaskEnvironmentSource =
+  { kind: 'dockerfile'; dockerfile: string; context: string } | { kind: 'stored'; ref: string };
+
+/** One OJ test case: the input and the expected output. */
+export interface OjCase {
+  stdin: string;
+  stdout: string;
+}
+
+/** How a task is graded, by its format. */
+export type TaskGrading =
+  /** Harbor: tests/test.sh writes /logs/verifier/reward.txt or reward.json. */
+  | { kind: 'reward_file'; testsDir: string }
+  /** OJ: the agent's program at `program` runs once per case; normalised stdout must match. */
+  | { kind: 'oj'; program: string; run: string[]; cases: OjCase[]; caseTimeoutMs: number };
+
 /** A task, whatever format it came in: what the agent is told, where it runs, how it is graded. */
 export interface Task {
   id: string;
-  format: 'harbor';
-  dir: string;
+  format: 'harbor' | 'oj';
+  /** The file or folder it was loaded from. */
+  source: string;
   instruction: string;
-  /** The Dockerfile that builds the task's environment, and its build context. */
-  dockerfile: string;
-  context: string;
+  environment: TaskEnvironmentSource;
+  grading: TaskGrading;
   resources: { cpu: number; memoryMib: number };
   env: Record<string, string>;
   agentTimeoutMs: number;
   verifierTimeoutMs: number;
   allowInternet: boolean;
-  /** Files staged only into the grading sandbox, at /tests. */
-  testsDir: string;
-  /** The oracle's files; never staged into an agent's sandbox except by the oracle itself. */
-  solutionDir: string | undefined;
+  /** What the oracle does: run a solution folder's solve.sh, or write a reference program. */
+  oracle: { kind: 'script'; dir: string } | { kind: 'program'; path: string; content: string } | undefined;
 }
