@@ -6,7 +6,7 @@ export type { SandboxAction, SandboxObservation } from './sandbox-actions.ts';
 export { withStepLimit } from './wrappers.ts';
 export { TaskEnv } from './task-env.ts';
 export type { Grade, TaskEnvOptions, TaskObservation } from './task-env.ts';
-export { stageFolder } from './stage-folder.ts';
+export { filesUnder, stageFolder } from './stage-folder.ts';
 export { loadHarborTask, loadTasks } from './tasks/harbor.ts';
 export { loadOjProblem } from './tasks/oj.ts';
 export type { OjCase, Task, TaskEnvironmentSource, TaskGrading } from './tasks/task.ts';

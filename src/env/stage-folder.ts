@@ -2,7 +2,8 @@ import { readFile, readdir, stat } from 'node:fs/promises';
 import { join, relative } from 'node:path';
 import type { Sandbox } from '../platform/index.ts';
 
-async function filesUnder(dir: string): Promise<string[]> {
+/** Every regular file below a host folder, recursively. */
+export async function filesUnder(dir: string): Promise<string[]> {
   const files: string[] = [];
   for (const entry of await readdir(dir, { withFileTypes: true })) {
     const path = join(dir, entry.name);

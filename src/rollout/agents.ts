@@ -1,8 +1,8 @@
-import { readFile, readdir } from 'node:fs/promises';
+import { readFile } from 'node:fs/promises';
 import { join, relative, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { SandgymError } from '../common/index.ts';
-import type { SandboxAction, Task, TaskObservation } from '../env/index.ts';
+import { filesUnder, type SandboxAction, type Task, type TaskObservation } from '../env/index.ts';
 
 /** What a policy sees besides the observation. */
 export interface AgentContext {
@@ -14,16 +14,6 @@ export interface AgentContext {
 export type Agent = (observation: TaskObservation, context: AgentContext) => Promise<SandboxAction>;
 
 const ORACLE_DIR = '/tmp/sandgym-oracle';
-
-async function solutionFiles(dir: string): Promise<string[]> {
-  const found: string[] = [];
-  for (const entry of await readdir(dir, { withFileTypes: true })) {
-    const path = join(dir, entry.name);
-    if (entry.isDirectory()) found.push(...(await solutionFiles(path)));
-    else if (entry.isFile()) found.push(path);
-  }
-  return found;
-}
 
 /**
  * The oracle: for a Harbor task, copies the solution into a scratch folder of the sandbox, runs
@@ -39,7 +29,7 @@ export function oracleAgent(): Agent {
       if (oracle?.kind === 'program')
         plan.push({ type: 'write_file', path: oracle.path, content: oracle.content });
       if (oracle?.kind === 'script') {
-        for (const file of await solutionFiles(oracle.dir)) {
+        for (const file of await filesUnder(oracle.dir)) {
           plan.push({
             type: 'write_file',
             path: join(ORACLE_DIR, relative(oracle.dir, file)),
