@@ -1,5 +1,6 @@
 import { mkdir, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { hostProgram, runProgram } from '../src/backends/index.ts';
 
 /**
@@ -44,7 +45,8 @@ export class ShapedStore implements AsyncDisposable {
       ].join('\n'),
     );
     await runProgram(hostProgram('sshd'), ['-f', config, '-E', join(workDir, 'sshd.log')]);
-    const pid = Number((await readFile(join(workDir, 'sshd.pid'), 'utf8').catch(() => '0')).trim());
+    // sshd writes its pid file from the daemon it forks, after the command above has returned
+    const pid = await waitForPid(join(workDir, 'sshd.pid'));
     const store = new ShapedStore(workDir, exportDir, join(workDir, 'mnt'), pid);
     try {
       await shapeLoopback(rateMbit);
@@ -82,14 +84,26 @@ export class ShapedStore implements AsyncDisposable {
   async [Symbol.asyncDispose](): Promise<void> {
     await this.unmount();
     await runProgram('tc', ['qdisc', 'del', 'dev', 'lo', 'root']).catch(() => undefined);
-    if (this.sshdPid > 0) {
+    // read again: the file is the truth if the start-up read raced the daemon
+    const pid = this.sshdPid || (await waitForPid(join(this.dir, 'sshd.pid')));
+    if (pid > 0) {
       try {
-        process.kill(this.sshdPid, 'SIGTERM');
+        process.kill(pid, 'SIGTERM');
       } catch {
         // already gone
       }
     }
   }
+}
+
+/** The pid in a daemon's pid file, waiting up to 5 s for the file to appear; 0 if it never does. */
+async function waitForPid(path: string): Promise<number> {
+  for (let i = 0; i < 100; i++) {
+    const pid = Number((await readFile(path, 'utf8').catch(() => '')).trim());
+    if (pid > 0) return pid;
+    await sleep(50);
+  }
+  return 0;
 }
 
 /** Everything the SFTP server sends (source port PORT) goes through one rate-limited class. */
