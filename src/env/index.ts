@@ -4,6 +4,8 @@ export type { SandboxEnvOptions } from './sandbox-env.ts';
 export { sandboxActionSchema } from './sandbox-actions.ts';
 export type { SandboxAction, SandboxObservation } from './sandbox-actions.ts';
 export { withStepLimit } from './wrappers.ts';
+export { VectorEnv } from './vector-env.ts';
+export type { AutoresetMode, VectorEnvOptions, VectorStepResult } from './vector-env.ts';
 export { TaskEnv } from './task-env.ts';
 export type { Grade, TaskEnvOptions, TaskObservation } from './task-env.ts';
 export { filesUnder, stageFolder } from './stage-folder.ts';
