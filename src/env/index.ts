@@ -11,6 +11,8 @@ export type { Grade, TaskEnvOptions, TaskObservation } from './task-env.ts';
 export { filesUnder, stageFolder } from './stage-folder.ts';
 export { loadHarborTask, loadTasks } from './tasks/harbor.ts';
 export { loadOjProblem } from './tasks/oj.ts';
+export { loadSweBenchFile } from './tasks/swebench.ts';
+export { scrubToBase } from './tasks/workspace.ts';
 export type { OjCase, Task, TaskEnvironmentSource, TaskGrading } from './tasks/task.ts';
 export {
   customVerifier,
@@ -20,6 +22,7 @@ export {
   ojVerifier,
   rewardFileVerifier,
   runVerifiers,
+  sweBenchVerifier,
 } from './verifiers.ts';
 export type { Verifier, VerifierResult, VerifyContext } from './verifiers.ts';
 export type {

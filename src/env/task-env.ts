@@ -7,6 +7,7 @@ import type { SandboxAction, SandboxObservation } from './sandbox-actions.ts';
 import { SandboxEnv } from './sandbox-env.ts';
 import type { Task } from './tasks/task.ts';
 import { defaultVerifier, runVerifiers, type Verifier } from './verifiers.ts';
+import { workspaceEnvironment } from './tasks/workspace.ts';
 
 /**
  * Paths the grader takes from the task's own layers, never from the agent's diff; an agent's
@@ -92,6 +93,8 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
     if (this.built) return this.built;
     const source = this.task.environment;
     if (source.kind === 'stored') return (this.built = await this.platform.store.getEnvironment(source.ref));
+    if (source.kind === 'workspace')
+      return (this.built = await workspaceEnvironment(this.platform, this.task.id, source));
     const result = await this.platform.buildFromDockerfile({
       file: source.dockerfile,
       context: source.context,

@@ -1,6 +1,6 @@
 import { SandgymError } from '../common/index.ts';
 import type { Sandbox } from '../platform/index.ts';
-import type { OjCase, Task } from './tasks/task.ts';
+import type { OjCase, Task, TaskGrading } from './tasks/task.ts';
 import { stageFolder } from './stage-folder.ts';
 
 /** What a verifier works with: the grading sandbox (task layers plus the agent's diff). */
@@ -133,6 +133,87 @@ export function ojVerifier(run: string[], cases: OjCase[], caseTimeoutMs: number
   };
 }
 
+/**
+ * The test runner staged into the grader for SWE-bench tasks. Python runs isolated (-I: no
+ * current folder, script folder or PYTHON* variables on the path), and unittest is imported
+ * before the repository joins the path, so a planted unittest.py cannot stand in for it. Every
+ * requested id gets an explicit status in a JSON report; a missing id counts as failed.
+ */
+const SWEBENCH_RUNNER = `import json, sys, unittest
+repo, report, ids = sys.argv[1], sys.argv[2], sys.argv[3:]
+sys.path.insert(0, repo)
+statuses = {}
+class Recorder(unittest.TestResult):
+    def addSuccess(self, test): statuses[test.id()] = 'passed'
+    def addFailure(self, test, err): statuses[test.id()] = 'failed'
+    def addError(self, test, err): statuses[test.id()] = 'error'
+    def addSkip(self, test, reason): statuses[test.id()] = 'skipped'
+    def addExpectedFailure(self, test, err): statuses[test.id()] = 'failed'
+    def addUnexpectedSuccess(self, test): statuses[test.id()] = 'failed'
+for test_id in ids:
+    try:
+        unittest.defaultTestLoader.loadTestsFromName(test_id).run(Recorder())
+    except Exception:
+        statuses[test_id] = 'error'
+with open(report, 'w') as out:
+    json.dump(statuses, out)
+`;
+
+/** Files a unified diff touches (its "a/" side), for resetting them before the test patch goes in. */
+function patchedFiles(patch: string): string[] {
+  return [...patch.matchAll(/^diff --git a\/(\S+) b\//gm)].map((m) => m[1] ?? '').filter(Boolean);
+}
+
+/**
+ * SWE-bench: the folders of the test patch's files are reset to the base commit (edits and
+ * planted files such as a conftest.py go), the test patch is applied, the FAIL_TO_PASS and
+ * PASS_TO_PASS tests run, and the reward is 1 only when every one of them passed.
+ */
+export function sweBenchVerifier(
+  grading: Extract<TaskGrading, { kind: 'swebench' }>,
+  timeoutMs: number,
+): Verifier {
+  return async ({ grader }) => {
+    const repo = grading.repoPath;
+    const dirs = [
+      ...new Set(
+        patchedFiles(grading.testPatch).map((file) => file.split('/').slice(0, -1).join('/') || '.'),
+      ),
+    ];
+    for (const dir of dirs) {
+      await grader.exec(['git', '-C', repo, 'checkout', '-q', grading.baseCommit, '--', dir]);
+      await grader.exec(['git', '-C', repo, 'clean', '-fdxq', '--', dir]);
+    }
+    await grader.writeFile('/tmp/sandgym-test.patch', grading.testPatch);
+    const applied = await grader.exec(['git', '-C', repo, 'apply', '/tmp/sandgym-test.patch']);
+    if (applied.exitCode !== 0)
+      throw new SandgymError(
+        'failed_precondition',
+        `The test patch does not apply: ${applied.stderr.trim()}`,
+      );
+    await grader.writeFile('/sandgym-runner/run_tests.py', SWEBENCH_RUNNER);
+    await grader.exec(['mkdir', '-p', '/logs/verifier']);
+    const ids = [...grading.failToPass, ...grading.passToPass];
+    const run = await grader.exec(
+      ['python3', '-I', '/sandgym-runner/run_tests.py', repo, '/logs/verifier/report.json', ...ids],
+      {
+        timeoutMs,
+        cwd: repo,
+      },
+    );
+    if (run.timedOut) throw new SandgymError('timeout', `The tests ran out of their ${timeoutMs} ms`);
+    const report = JSON.parse((await grader.readFile('/logs/verifier/report.json')).toString()) as Record<
+      string,
+      string
+    >;
+    const status = (id: string): string => report[id] ?? 'missing';
+    const failToPass = Object.fromEntries(grading.failToPass.map((id) => [id, status(id)]));
+    const passToPass = Object.fromEntries(grading.passToPass.map((id) => [id, status(id)]));
+    const resolved = ids.every((id) => status(id) === 'passed');
+    return { reward: resolved ? 1 : 0, details: { resolved, failToPass, passToPass } };
+  };
+}
+
 /** A verifier from a plain function of the context. */
 export function customVerifier(decide: (context: VerifyContext) => Promise<VerifierResult>): Verifier {
   return (context) => decide(context);
@@ -141,7 +222,12 @@ export function customVerifier(decide: (context: VerifyContext) => Promise<Verif
 /** The verifier a task's format calls for. */
 export function defaultVerifier(task: Task): Verifier {
   const grading = task.grading;
-  return grading.kind === 'reward_file'
-    ? rewardFileVerifier(grading.testsDir, task.verifierTimeoutMs)
-    : ojVerifier(grading.run, grading.cases, grading.caseTimeoutMs);
+  switch (grading.kind) {
+    case 'reward_file':
+      return rewardFileVerifier(grading.testsDir, task.verifierTimeoutMs);
+    case 'oj':
+      return ojVerifier(grading.run, grading.cases, grading.caseTimeoutMs);
+    case 'swebench':
+      return sweBenchVerifier(grading, task.verifierTimeoutMs);
+  }
 }

@@ -28,6 +28,14 @@ export function oracleAgent(): Agent {
       const oracle = task.oracle;
       if (oracle?.kind === 'program')
         plan.push({ type: 'write_file', path: oracle.path, content: oracle.content });
+      if (oracle?.kind === 'patch') {
+        plan.push({ type: 'write_file', path: '/tmp/sandgym-oracle.patch', content: oracle.patch });
+        plan.push({
+          type: 'exec',
+          command: ['git', '-C', oracle.repoPath, 'apply', '/tmp/sandgym-oracle.patch'],
+        });
+        plan.push({ type: 'exec', command: ['rm', '-f', '/tmp/sandgym-oracle.patch'] });
+      }
       if (oracle?.kind === 'script') {
         for (const file of await filesUnder(oracle.dir)) {
           plan.push({

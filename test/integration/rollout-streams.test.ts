@@ -28,8 +28,8 @@ describe('rollout streams', () => {
     })();
     const reports = await runner.run(tasks);
     await pulling;
-    const ids = ['fix-sum', 'hello-file', 'oj-reverse-words', 'oj-sum-pairs'];
-    expect(reports.map((r) => r.reward)).toEqual([1, 1, 1, 1]);
+    const ids = ['calc__mean-1', 'fix-sum', 'hello-file', 'oj-reverse-words', 'oj-sum-pairs'];
+    expect(reports.map((r) => r.reward)).toEqual([1, 1, 1, 1, 1]);
     expect(pulled.map((r) => r.task).sort()).toEqual(ids);
     expect((await rewards).sort((a, b) => a.task.localeCompare(b.task))).toEqual(
       ids.map((task) => ({ task, reward: 1 })),
@@ -42,8 +42,8 @@ describe('rollout streams', () => {
       expect(mine.at(-1)?.reward).toBe(1);
     }
     const states = await lifecycle;
-    expect(states.filter((s) => s.state === 'running')).toHaveLength(4);
-    expect(states.filter((s) => s.state === 'stopped')).toHaveLength(4);
+    expect(states.filter((s) => s.state === 'running')).toHaveLength(5);
+    expect(states.filter((s) => s.state === 'stopped')).toHaveLength(5);
     for (const running of states.filter((s) => s.state === 'running')) {
       expect(states.indexOf(running)).toBeLessThan(
         states.findIndex((s) => s.sandboxId === running.sandboxId && s.state === 'stopped'),

@@ -58,16 +58,23 @@ describe('Harbor tasks, fresh-box grading and evaluation', () => {
 
   it('resolves every example with the oracle and none with the do-nothing agent', async () => {
     const tasks = await loadTasks([EXAMPLES]);
-    expect(tasks.map((t) => t.id)).toEqual(['fix-sum', 'hello-file', 'oj-reverse-words', 'oj-sum-pairs']);
+    expect(tasks.map((t) => t.id)).toEqual([
+      'calc__mean-1',
+      'fix-sum',
+      'hello-file',
+      'oj-reverse-words',
+      'oj-sum-pairs',
+    ]);
     const oracle = await evaluate(env.platform, tasks, oracleAgent, { concurrency: 2 });
     expect(oracle.map((r) => [r.task, r.reward, r.outcome.kind])).toEqual([
+      ['calc__mean-1', 1, 'ok'],
       ['fix-sum', 1, 'ok'],
       ['hello-file', 1, 'ok'],
       ['oj-reverse-words', 1, 'ok'],
       ['oj-sum-pairs', 1, 'ok'],
     ]);
     const nop = await evaluate(env.platform, tasks, nopAgent, { concurrency: 2 });
-    expect(nop.map((r) => r.reward)).toEqual([0, 0, 0, 0]);
+    expect(nop.map((r) => r.reward)).toEqual([0, 0, 0, 0, 0]);
   });
 
   it('keeps tests and solutions out of the agent sandbox and says how it mapped FROM', async () => {
@@ -129,13 +136,13 @@ describe('Harbor tasks, fresh-box grading and evaluation', () => {
       { env: cliEnv, encoding: 'utf8' },
     );
     expect(oracle.status, oracle.stderr).toBe(0);
-    expect(JSON.parse(readFileSync(out, 'utf8'))).toMatchObject({ agent: 'oracle', tasks: 4, resolved: 4 });
+    expect(JSON.parse(readFileSync(out, 'utf8'))).toMatchObject({ agent: 'oracle', tasks: 5, resolved: 5 });
     const nop = spawnSync('node', [resolve('dist/src/cli/main.js'), 'eval', EXAMPLES, '--agent', 'nop'], {
       env: cliEnv,
       encoding: 'utf8',
     });
     expect(nop.status).toBe(1);
-    expect(nop.stderr).toMatch(/0\/4 resolved with --agent nop/);
+    expect(nop.stderr).toMatch(/0\/5 resolved with --agent nop/);
     const bad = spawnSync('node', [resolve('dist/src/cli/main.js'), 'eval', EXAMPLES, '--agent', 'genius'], {
       env: cliEnv,
       encoding: 'utf8',

@@ -15,6 +15,7 @@ const REQUIRED_PROGRAMS: Record<string, string> = {
   unshare: 'util-linux',
   setfattr: 'attr',
   tar: 'tar',
+  git: 'git',
 };
 
 /** What only the benchmarks need: baseline timing, and the shaped network store of `layers`. */

@@ -1,6 +1,11 @@
-/** Where a task's environment comes from: its own Dockerfile, or an environment in the store. */
+/**
+ * Where a task's environment comes from: its own Dockerfile, an environment in the store, or a
+ * stored base plus a git workspace checked out at a base commit with its later history scrubbed.
+ */
 export type TaskEnvironmentSource =
-  { kind: 'dockerfile'; dockerfile: string; context: string } | { kind: 'stored'; ref: string };
+  | { kind: 'dockerfile'; dockerfile: string; context: string }
+  | { kind: 'stored'; ref: string }
+  | { kind: 'workspace'; base: string; repo: string; baseCommit: string; path: string };
 
 /** One OJ test case: the input and the expected output. */
 export interface OjCase {
@@ -13,12 +18,21 @@ export type TaskGrading =
   /** Harbor: tests/test.sh writes /logs/verifier/reward.txt or reward.json. */
   | { kind: 'reward_file'; testsDir: string }
   /** OJ: the agent's program at `program` runs once per case; normalised stdout must match. */
-  | { kind: 'oj'; program: string; run: string[]; cases: OjCase[]; caseTimeoutMs: number };
+  | { kind: 'oj'; program: string; run: string[]; cases: OjCase[]; caseTimeoutMs: number }
+  /** SWE-bench: test files reset to the base commit, the test patch applied, every listed test must pass. */
+  | {
+      kind: 'swebench';
+      repoPath: string;
+      baseCommit: string;
+      testPatch: string;
+      failToPass: string[];
+      passToPass: string[];
+    };
 
 /** A task, whatever format it came in: what the agent is told, where it runs, how it is graded. */
 export interface Task {
   id: string;
-  format: 'harbor' | 'oj';
+  format: 'harbor' | 'oj' | 'swebench';
   /** The file or folder it was loaded from. */
   source: string;
   instruction: string;
@@ -30,5 +44,9 @@ export interface Task {
   verifierTimeoutMs: number;
   allowInternet: boolean;
   /** What the oracle does: run a solution folder's solve.sh, or write a reference program. */
-  oracle: { kind: 'script'; dir: string } | { kind: 'program'; path: string; content: string } | undefined;
+  oracle:
+    | { kind: 'script'; dir: string }
+    | { kind: 'program'; path: string; content: string }
+    | { kind: 'patch'; repoPath: string; patch: string }
+    | undefined;
 }

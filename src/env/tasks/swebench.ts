@@ -1,0 +1,89 @@
+import { readFile } from 'node:fs/promises';
+import { dirname, resolve } from 'node:path';
+import { z } from 'zod';
+import { SandgymError, parseAt } from '../../common/index.ts';
+import type { Task } from './task.ts';
+
+/** FAIL_TO_PASS / PASS_TO_PASS: a JSON array, or a string holding one (both occur in the wild). */
+const testList = z.preprocess(
+  (value) => {
+    if (typeof value !== 'string') return value;
+    try {
+      return JSON.parse(value) as unknown;
+    } catch {
+      return value;
+    }
+  },
+  z.array(z.string(), { error: 'must be a JSON array of test ids, or a string holding one' }),
+);
+
+const sweBenchRowSchema = z.object({
+  instance_id: z.string().regex(/^[A-Za-z0-9._-]+$/, 'instance_id is letters, digits, ".", "_" and "-"'),
+  repo: z.string().min(1),
+  base_commit: z.string().regex(/^[0-9a-f]{7,40}$/, 'base_commit must be a commit hash'),
+  patch: z.string(),
+  test_patch: z.string().min(1),
+  problem_statement: z.string().min(1),
+  FAIL_TO_PASS: testList.refine((list) => list.length > 0, 'FAIL_TO_PASS must name at least one test'),
+  PASS_TO_PASS: testList,
+  version: z.string().optional(),
+  environment_setup_commit: z.string().optional(),
+});
+
+/** True for a file of SWE-bench rows. */
+export function isSweBenchFile(path: string): boolean {
+  return path.endsWith('.swebench.jsonl');
+}
+
+/** Where the workspace repository sits in the sandbox, as in SWE-bench. */
+const TESTBED = '/testbed';
+
+/**
+ * Loads SWE-bench rows (jsonl). `repo` names a local git repository or bundle, relative to the
+ * file: nothing is fetched. Errors name the file, the line and the field.
+ */
+export async function loadSweBenchFile(path: string): Promise<Task[]> {
+  const lines = (await readFile(path, 'utf8')).split('\n');
+  const tasks: Task[] = [];
+  for (const [index, line] of lines.entries()) {
+    if (!line.trim()) continue;
+    let raw: unknown;
+    try {
+      raw = JSON.parse(line);
+    } catch (error) {
+      throw new SandgymError(
+        'invalid_argument',
+        `${path} line ${index + 1} is not valid JSON: ${(error as Error).message}`,
+      );
+    }
+    const row = parseAt(sweBenchRowSchema, raw, `${path} line ${index + 1}`);
+    tasks.push({
+      id: row.instance_id,
+      format: 'swebench',
+      source: `${path}#${row.instance_id}`,
+      instruction: `${row.problem_statement}\n\nThe repository is checked out at ${TESTBED}.`,
+      environment: {
+        kind: 'workspace',
+        base: 'debian:bookworm',
+        repo: resolve(dirname(path), row.repo),
+        baseCommit: row.base_commit,
+        path: TESTBED,
+      },
+      grading: {
+        kind: 'swebench',
+        repoPath: TESTBED,
+        baseCommit: row.base_commit,
+        testPatch: row.test_patch,
+        failToPass: row.FAIL_TO_PASS,
+        passToPass: row.PASS_TO_PASS,
+      },
+      resources: { cpu: 1, memoryMib: 1024 },
+      env: {},
+      agentTimeoutMs: 1_800_000,
+      verifierTimeoutMs: 600_000,
+      allowInternet: false,
+      oracle: row.patch ? { kind: 'patch', repoPath: TESTBED, patch: row.patch } : undefined,
+    });
+  }
+  return tasks;
+}

@@ -1,0 +1,98 @@
+import { readFile, writeFile } from 'node:fs/promises';
+import { join, resolve } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { TaskEnv, loadSweBenchFile, type Task } from '../../src/env/index.ts';
+import { evaluate, oracleAgent, scriptedAgent } from '../../src/rollout/index.ts';
+import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
+
+const ROWS = resolve('examples/tasks/calc.swebench.jsonl');
+const FIX_COMMIT = 'b191cdd';
+
+describe('SWE-bench tasks', () => {
+  let env: TestPlatform;
+  let task: Task;
+
+  beforeAll(async () => {
+    env = await createTestPlatform('swebench', { privateStore: true, seed: ['debian:bookworm'] });
+    [task] = (await loadSweBenchFile(ROWS)) as [Task];
+  });
+
+  afterAll(async () => {
+    await env?.[Symbol.asyncDispose]();
+  });
+
+  it('checks the repository out at the base commit with every later commit scrubbed', async () => {
+    await using taskEnv = TaskEnv.create(env.platform, task);
+    await taskEnv.reset();
+    const git = async (...args: string[]): Promise<string> =>
+      (await taskEnv.sandbox!.exec(['git', '-C', '/testbed', ...args])).stdout.trim();
+    expect(await git('log', '--all', '--format=%s')).toBe('calc: add and mean');
+    expect(await git('tag')).toBe('');
+    expect(await git('branch', '-a', '--format=%(refname)')).toBe('refs/heads/main');
+    expect(await git('remote')).toBe('');
+    const hidden = await taskEnv.sandbox!.exec(['git', '-C', '/testbed', 'cat-file', '-e', FIX_COMMIT]);
+    expect(hidden.exitCode).not.toBe(0);
+  });
+
+  it('resolves with the reference patch and reports each test', async () => {
+    const [report] = await evaluate(env.platform, [task], oracleAgent, { concurrency: 1 });
+    expect(report).toMatchObject({ reward: 1, outcome: { kind: 'ok' } });
+  });
+
+  it('resets the test folder and ignores a planted unittest, so rewriting tests earns nothing', async () => {
+    const cheat = scriptedAgent([
+      {
+        type: 'write_file',
+        path: '/testbed/tests/test_ops.py',
+        content:
+          'import unittest\n\nclass OpsTest(unittest.TestCase):\n    def test_add(self): pass\n    def test_mean(self): pass\n',
+      },
+      {
+        type: 'write_file',
+        path: '/testbed/tests/__init__.py',
+        content: 'import unittest\nunittest.TestCase.run = lambda self, result=None: None\n',
+      },
+      { type: 'write_file', path: '/testbed/unittest.py', content: 'raise SystemExit(0)\n' },
+    ]);
+    await using taskEnv = TaskEnv.create(env.platform, task);
+    await taskEnv.reset();
+    const step = (i: number): ReturnType<ReturnType<typeof scriptedAgent>> =>
+      cheat({ type: 'submitted' }, { task, stepIndex: i });
+    for (let i = 0; i < 3; i++) await taskEnv.step(await step(i));
+    const grade = await taskEnv.grade();
+    expect(grade.reward).toBe(0);
+    expect(grade.details).toMatchObject({
+      resolved: false,
+      failToPass: { 'tests.test_ops.OpsTest.test_mean': 'failed' },
+      passToPass: { 'tests.test_ops.OpsTest.test_add': 'passed' },
+    });
+  });
+
+  it('fails a test id that does not exist instead of counting it as passed', async () => {
+    const rows = join(env.dataDir, 'missing.swebench.jsonl');
+    const row = JSON.parse((await readFile(ROWS, 'utf8')).trim()) as Record<string, unknown>;
+    await writeFile(
+      rows,
+      `${JSON.stringify({ ...row, repo: resolve('examples/tasks/swe/calc.bundle'), FAIL_TO_PASS: ['tests.test_ops.OpsTest.test_nope'] })}\n`,
+    );
+    const [missing] = await loadSweBenchFile(rows);
+    await using taskEnv = TaskEnv.create(env.platform, missing!);
+    await taskEnv.reset();
+    await taskEnv.step({
+      type: 'exec',
+      command: "sed -i 's/(len(values) + 1)/len(values)/' /testbed/calc/ops.py",
+    });
+    const grade = await taskEnv.grade();
+    expect(grade.reward).toBe(0);
+    expect(grade.details['failToPass']).toEqual({ 'tests.test_ops.OpsTest.test_nope': 'missing' });
+  });
+
+  it('names the line and field of a malformed row', async () => {
+    const rows = join(env.dataDir, 'bad.swebench.jsonl');
+    const row = JSON.parse((await readFile(ROWS, 'utf8')).trim()) as Record<string, unknown>;
+    await writeFile(rows, `\n${JSON.stringify({ ...row, FAIL_TO_PASS: 'not json' })}\n`);
+    await expect(loadSweBenchFile(rows)).rejects.toThrow(
+      /bad\.swebench\.jsonl line 2: FAIL_TO_PASS: must be a JSON array of test ids/,
+    );
+  });
+});
