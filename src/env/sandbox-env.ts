@@ -24,6 +24,15 @@ const INFRA_CODES: Record<string, FailureReason> = {
   oom: 'oom',
 };
 
+/** Where a checkpoint's state is kept: an environment in the store, and where the episode was. */
+export interface CheckpointRef {
+  environment: string;
+  episodeId: string;
+  stepIndex: number;
+  /** `disk`: files, not processes or memory (containers); `memory` would include both. */
+  depth: 'disk' | 'memory';
+}
+
 /** Options for {@link SandboxEnv.create}. */
 export interface SandboxEnvOptions {
   /** The sandbox each reset starts; its `environment` names the layer stack. */
@@ -42,6 +51,7 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
   private episodeId = '';
   private stepIndex = 0;
   private isClosed = false;
+  private checkpoints = 0;
 
   private constructor(
     private readonly platform: LocalPlatform,
@@ -189,6 +199,37 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
     this.steps = undefined;
     if (sandbox && this.owned) await sandbox.close();
     this.owned = false;
+  }
+
+  /**
+   * Saves the sandbox's state at the depth its backend offers (for containers: the filesystem,
+   * not the processes) as an environment, and returns a reference to restore from.
+   */
+  async checkpoint(): Promise<CheckpointRef> {
+    const sandbox = this.sandbox;
+    if (!sandbox) throw new SandgymError('failed_precondition', 'Call reset() before checkpoint()');
+    const count = ++this.checkpoints;
+    const name = `ckpt-${sandbox.id}:${count}`;
+    await this.platform.packDiff(sandbox, {
+      name,
+      description: `checkpoint ${count} of episode ${this.episodeId}`,
+    });
+    return { environment: name, episodeId: this.episodeId, stepIndex: this.stepIndex, depth: 'disk' };
+  }
+
+  /** Starts a new sandbox from a checkpoint; the episode goes on from there as a new branch. */
+  async restore(ref: CheckpointRef): Promise<ResetResult<SandboxObservation>> {
+    const request = { ...(this.options.sandbox ?? {}), environment: ref.environment };
+    const restored = SandboxEnv.create(this.platform, { sandbox: request });
+    const reset = await restored.reset({ options: { episodeId: `${ref.episodeId}@${ref.environment}` } });
+    await this.releaseSandbox();
+    this.sandbox = restored.sandbox;
+    this.owned = true;
+    this.steps = restored.steps;
+    this.episodeId = restored.episodeId;
+    this.stepIndex = 0;
+    restored.sandbox = undefined; // ownership moved here
+    return { ...reset, info: { ...reset.info, restoredFrom: ref } };
   }
 
   async close(): Promise<void> {

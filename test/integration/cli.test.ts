@@ -81,12 +81,20 @@ describe('the sandgym command line', () => {
   });
 
   it('leaves residue on SIGKILL that gc removes completely', async () => {
-    const child = spawn('node', [CLI, 'run', '--env', 'busybox:latest', '--', 'sleep', '600'], {
-      env: cliEnv,
-      stdio: 'ignore',
-    });
+    const child = spawn(
+      'node',
+      [CLI, 'run', '--env', 'busybox:latest', '--', 'sh', '-c', 'echo started; sleep 600'],
+      {
+        env: cliEnv,
+        stdio: ['ignore', 'pipe', 'ignore'],
+      },
+    );
     let id: string | undefined;
     try {
+      // kill it once the command inside runs: the sandbox is fully up, not half-way through crun
+      await new Promise<void>((started) =>
+        child.stdout.on('data', (d: Buffer) => d.toString().includes('started') && started()),
+      );
       for (let i = 0; i < 300 && !id; i++) {
         await sleep(50);
         const listed = JSON.parse(sandgym('ps', '--json').stdout) as {

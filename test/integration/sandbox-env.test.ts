@@ -14,7 +14,7 @@ describe('SandboxEnv and exactly-once steps', () => {
   let env: TestPlatform;
 
   beforeAll(async () => {
-    env = await createTestPlatform('sandbox-env');
+    env = await createTestPlatform('sandbox-env', { privateStore: true });
   });
 
   afterAll(async () => {
@@ -93,6 +93,22 @@ describe('SandboxEnv and exactly-once steps', () => {
     const step = await gym.step({ type: 'exec', command: ['true'] });
     expect(step.outcome).toMatchObject({ kind: 'infra_failure', reason: 'agent_crash' });
     expect(step.truncated).toBe(true);
+  });
+
+  it('checkpoints the filesystem and restores it into a new sandbox', async () => {
+    await using gym = SandboxEnv.create(env.platform, { sandbox: { environment: 'busybox:latest' } });
+    await gym.reset();
+    await gym.step({ type: 'write_file', path: '/work/kept.txt', content: 'before the checkpoint' });
+    const ref = await gym.checkpoint();
+    expect(ref).toMatchObject({ stepIndex: 1, depth: 'disk' });
+    await gym.step({ type: 'exec', command: 'rm /work/kept.txt && echo later > /work/lost.txt' });
+    const first = gym.current!;
+    const restored = await gym.restore(ref);
+    expect(restored.info['restoredFrom']).toEqual(ref);
+    expect(first.state).toBe('stopped');
+    const seen = await gym.step({ type: 'exec', command: 'cat /work/kept.txt; ls /work' });
+    expect(seen.observation).toMatchObject({ stdout: 'before the checkpointkept.txt\n' });
+    expect(seen.info['stepIndex']).toBe(0);
   });
 
   it('truncates an episode at a step limit', async () => {

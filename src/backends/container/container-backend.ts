@@ -41,7 +41,7 @@ import { AgentChannel } from '../internal/agent-channel.ts';
 import { ContainerSandbox } from './container-sandbox.ts';
 import { buildOciConfig } from './oci-config.ts';
 import { removeContainerResidue, type ContainerPaths } from './residue.ts';
-import { readContainerState, writeContainerState } from './sandbox-record.ts';
+import { readContainerState, writeContainerState, type ContainerState } from './sandbox-record.ts';
 
 /** Options for {@link ContainerBackend.create}. */
 export interface ContainerBackendOptions {
@@ -147,14 +147,15 @@ export class ContainerBackend implements Backend {
       await Promise.all(
         ['upper', 'work', 'rootfs'].map((d) => mkdir(join(paths.dir, d), { recursive: true })),
       );
-      await writeContainerState(paths.dir, {
+      const state: ContainerState = {
         id: spec.id,
         backend: 'container',
         owner: this.owner,
         createdAt: new Date().toISOString(),
         layers: spec.layers.map((l) => l.digest),
         labels: spec.labels,
-      });
+      };
+      await writeContainerState(paths.dir, state);
       const unpacked = this.options.loadMode === 'tar';
       const points = unpacked
         ? await this.tarballs.unpack(spec.layers, paths.dir)
@@ -167,6 +168,9 @@ export class ContainerBackend implements Backend {
       });
       await writeFile(join(paths.dir, 'config.json'), JSON.stringify(config));
       launcher = this.launch(spec.id, paths, points, joins, !unpacked);
+      // so that gc can stop a launcher whose owner died before the sandbox was up
+      const launcherIdentity = await processIdentity(launcher.pid ?? -1);
+      if (launcherIdentity) await writeContainerState(paths.dir, { ...state, launcher: launcherIdentity });
       const [, , , requests, responses] = launcher.stdio as [unknown, unknown, unknown, Writable, Readable];
       const channel = new AgentChannel(requests, responses, this.codec);
       const sandbox = new ContainerSandbox({

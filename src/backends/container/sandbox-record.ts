@@ -11,6 +11,8 @@ export const containerStateSchema = z.object({
   createdAt: z.string(),
   layers: z.array(z.string()),
   labels: z.record(z.string(), z.string()),
+  /** The runtime process that starts the container; recorded once it is spawned. */
+  launcher: z.object({ pid: z.number().int(), startTime: z.number() }).optional(),
 });
 
 export type ContainerState = z.infer<typeof containerStateSchema>;
