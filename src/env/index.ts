@@ -5,6 +5,8 @@ export { sandboxActionSchema } from './sandbox-actions.ts';
 export type { SandboxAction, SandboxObservation } from './sandbox-actions.ts';
 export { withStepLimit } from './wrappers.ts';
 export { VectorEnv } from './vector-env.ts';
+export { replayTrajectory } from './replay.ts';
+export type { ReplayReport } from './replay.ts';
 export type { AutoresetMode, VectorEnvOptions, VectorStepResult } from './vector-env.ts';
 export { TaskEnv } from './task-env.ts';
 export type { Grade, TaskEnvOptions, TaskObservation } from './task-env.ts';

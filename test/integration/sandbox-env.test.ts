@@ -3,7 +3,7 @@ import { appendFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { isSandgymError } from '../../src/common/index.ts';
-import { SandboxEnv, withStepLimit, type SandboxAction } from '../../src/env/index.ts';
+import { SandboxEnv, replayTrajectory, withStepLimit, type SandboxAction } from '../../src/env/index.ts';
 import { TrajectoryLog } from '../../src/platform/index.ts';
 import { createMsgpackCodec } from '../../src/common/index.ts';
 import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
@@ -109,6 +109,20 @@ describe('SandboxEnv and exactly-once steps', () => {
     const seen = await gym.step({ type: 'exec', command: 'cat /work/kept.txt; ls /work' });
     expect(seen.observation).toMatchObject({ stdout: 'before the checkpointkept.txt\n' });
     expect(seen.info['stepIndex']).toBe(0);
+  });
+
+  it('replays a logged episode in a fresh sandbox and finds where it stops matching', async () => {
+    await using gym = SandboxEnv.create(env.platform, { sandbox: { environment: 'busybox:latest' } });
+    await gym.reset();
+    await gym.step({ type: 'write_file', path: '/work/n', content: '1' });
+    await gym.step({ type: 'exec', command: 'cat /work/n; echo; ls /work' });
+    await gym.step({ type: 'exec', command: ['cat', '/proc/sys/kernel/random/uuid'] });
+    const records = (await env.platform.trajectory(gym.current!.id)).episode(gym.episode);
+    const same = await replayTrajectory(env.platform, 'busybox:latest', records.slice(0, 2));
+    expect(same).toEqual({ steps: 2, matched: true });
+    // a random uuid cannot repeat: replay reports the step where the trajectory stops being reproducible
+    const differs = await replayTrajectory(env.platform, 'busybox:latest', records);
+    expect(differs).toMatchObject({ steps: 3, matched: false, mismatch: { stepIndex: 2 } });
   });
 
   it('truncates an episode at a step limit', async () => {
