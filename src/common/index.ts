@@ -8,3 +8,4 @@ export { createLogger, silentLogger } from './logger.ts';
 export type { Logger, LoggerOptions } from './logger.ts';
 export { parseAt } from './validation.ts';
 export { writeFileAtomic } from './atomic-file.ts';
+export { settleAll } from './settle-all.ts';

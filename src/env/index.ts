@@ -5,7 +5,7 @@ export { sandboxActionSchema } from './sandbox-actions.ts';
 export type { SandboxAction, SandboxObservation } from './sandbox-actions.ts';
 export { withStepLimit } from './wrappers.ts';
 export { VectorEnv } from './vector-env.ts';
-export { replayTrajectory } from './replay.ts';
+export { comparableObservation, replayTrajectory } from './replay.ts';
 export type { ReplayReport } from './replay.ts';
 export type { AutoresetMode, VectorEnvOptions, VectorStepResult } from './vector-env.ts';
 export { TaskEnv } from './task-env.ts';

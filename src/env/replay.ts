@@ -12,8 +12,11 @@ export interface ReplayReport {
   mismatch?: { stepIndex: number; recorded: unknown; replayed: unknown };
 }
 
-/** An observation without its timing, which differs run to run by nature. */
-function comparable(observation: unknown): string {
+/**
+ * An observation as replays compare it: timing zeroed, since it differs run to run by nature;
+ * everything else must match exactly.
+ */
+export function comparableObservation(observation: unknown): string {
   const o = observation as SandboxObservation;
   return JSON.stringify(o?.type === 'exec' ? { ...o, durationMs: 0 } : o);
 }
@@ -32,7 +35,7 @@ export async function replayTrajectory(
   for (const [index, record] of [...records].sort((a, b) => a.stepIndex - b.stepIndex).entries()) {
     const step = await env.step(sandboxActionSchema.parse(record.action));
     const recorded = (record.result as StepResult<SandboxObservation>).observation;
-    if (comparable(step.observation) !== comparable(recorded)) {
+    if (comparableObservation(step.observation) !== comparableObservation(recorded)) {
       return {
         steps: index + 1,
         matched: false,

@@ -1,4 +1,4 @@
-import { SandgymError } from '../common/index.ts';
+import { SandgymError, settleAll } from '../common/index.ts';
 import type { EnvCallOptions, Environment, ResetOptions, StepResult } from './environment.ts';
 
 /**
@@ -130,13 +130,10 @@ export class VectorEnv<Action, Observation> implements AsyncDisposable {
   }
 
   async close(): Promise<void> {
-    const results = await Promise.allSettled(this.envs.map((env) => env.close()));
-    const failed = results.filter((r): r is PromiseRejectedResult => r.status === 'rejected');
-    if (failed.length)
-      throw new AggregateError(
-        failed.map((f): unknown => f.reason),
-        'Some environments did not close cleanly',
-      );
+    await settleAll(
+      this.envs.map((env) => env.close()),
+      'Some environments did not close cleanly',
+    );
   }
 
   [Symbol.asyncDispose](): Promise<void> {

@@ -1,4 +1,4 @@
-import { TaskEnv, type SandboxAction, type Task, type TaskObservation } from '../env/index.ts';
+import { TaskEnv, comparableObservation, type SandboxAction, type Task } from '../env/index.ts';
 import type { LocalPlatform } from '../platform/index.ts';
 import { nopAgent, oracleAgent, type Agent } from './agents.ts';
 
@@ -12,15 +12,10 @@ export interface CheckResult {
 /** Every path of the sandbox root, then a checksum of each file (md5sum batched, not one per file). */
 const TREE_SCRIPT = 'find / -xdev | sort; find / -xdev -type f -exec md5sum {} + | sort';
 
-/** Observations without their timings, which differ run to run by nature. */
-function comparable(observation: TaskObservation): unknown {
-  return observation.type === 'exec' ? { ...observation, durationMs: 0 } : observation;
-}
-
 interface Episode {
   reward: number;
   actions: SandboxAction[];
-  observations: unknown[];
+  observations: string[];
 }
 
 async function play(env: TaskEnv, task: Task, agent: Agent, seed = 0): Promise<Episode> {
@@ -30,7 +25,7 @@ async function play(env: TaskEnv, task: Task, agent: Agent, seed = 0): Promise<E
     const action = await agent(observation, { task, stepIndex });
     const step = await env.step(action);
     episode.actions.push(action);
-    episode.observations.push(comparable(step.observation));
+    episode.observations.push(comparableObservation(step.observation));
     observation = step.observation;
     if (step.outcome.kind !== 'ok')
       throw new Error(

@@ -8,6 +8,7 @@ import {
   SandgymError,
   createMsgpackCodec,
   messageOf,
+  settleAll,
   silentLogger,
   type Codec,
   type Logger,
@@ -389,15 +390,14 @@ export class ContainerBackend implements Backend {
   async close(): Promise<void> {
     if (this.isClosed) return;
     this.isClosed = true;
-    const results = await Promise.allSettled([...this.live].map((s) => s.close()));
+    const closing = settleAll(
+      [...this.live].map((s) => s.close()),
+      'Some sandboxes did not close cleanly',
+    );
+    await closing.catch(() => undefined); // wait for every sandbox before the node-level cleanup
     await this.mounts.unmountIdle().catch(() => undefined);
     await removeIdleParents(this.layout, this.scope);
-    const failed = results.filter((r): r is PromiseRejectedResult => r.status === 'rejected');
-    if (failed.length)
-      throw new AggregateError(
-        failed.map((f): unknown => f.reason),
-        'Some sandboxes did not close cleanly',
-      );
+    await closing;
   }
 
   [Symbol.asyncDispose](): Promise<void> {
