@@ -52,16 +52,36 @@ function findLeaks(): string[] {
   return leaks;
 }
 
-/** Reaps what an interrupted earlier run left in the test data folders, so this run starts clean. */
+/** Data folders (nested ones too, as the load-mode tests make) that a platform ran in. */
+function dataDirsUnder(dir: string): string[] {
+  const found: string[] = [];
+  for (const entry of readdirSync(dir, { withFileTypes: true })) {
+    if (!entry.isDirectory() || entry.name === 'layers' || entry.name === 'store') continue;
+    const path = join(dir, entry.name);
+    if (readdirSync(path).includes('sandboxes')) found.push(path);
+    found.push(...dataDirsUnder(path));
+  }
+  return found;
+}
+
+/**
+ * Reaps what an interrupted earlier run left in the test data folders, so this run starts clean:
+ * its sandboxes and cgroups through gc, then any layer mount still under the folders.
+ */
 export async function setup(): Promise<void> {
-  for (const name of readdirSync(TEST_DATA_ROOT, { withFileTypes: true })) {
-    if (!name.isDirectory()) continue;
-    const dataDir = join(TEST_DATA_ROOT, name.name);
+  for (const dataDir of dataDirsUnder(TEST_DATA_ROOT)) {
     const platform = await Platform.local({ dataDir, storeDir: STORE_DIR });
     await platform.gc();
     await platform.close();
-    rmSync(dataDir, { recursive: true, force: true });
   }
+  const stale = readFileSync('/proc/self/mountinfo', 'utf8')
+    .split('\n')
+    .map((line) => line.split(' ')[4] ?? '')
+    .filter((point) => point.startsWith(`${TEST_DATA_ROOT}/`))
+    .sort((a, b) => b.length - a.length);
+  for (const point of stale) execFileSync('umount', [point]);
+  for (const name of readdirSync(TEST_DATA_ROOT))
+    rmSync(join(TEST_DATA_ROOT, name), { recursive: true, force: true });
 }
 
 export function teardown(): void {
