@@ -197,6 +197,8 @@ export interface Backend extends AsyncDisposable {
   list(): Promise<SandboxRecord[]>;
   /** Destroys a sandbox by id, whichever process owns it. */
   kill(id: string): Promise<void>;
+  /** The handle of a live sandbox this process created; `not_found` for any other. */
+  attach(id: string): BackendSandbox;
   /**
    * {@link BackendSandbox.withWritableLayer} for a sandbox by id, whichever process owns it;
    * also hands over the sandbox's layers and labels.

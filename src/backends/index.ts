@@ -25,6 +25,7 @@ export type {
   SandboxStats,
   WriteFileOptions,
 } from './contract.ts';
+export { collectExec } from './collect-exec.ts';
 export { buildErofsImage } from './host/erofs.ts';
 export type { ErofsBuildOptions } from './host/erofs.ts';
 export { buildBusyboxRootfs, buildDebianRootfs } from './host/base-rootfs.ts';

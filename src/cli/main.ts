@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 import { benchCommand } from './commands/bench.ts';
 import { checkCommand } from './commands/check.ts';
+import { controllerCommand, nodeCommand } from './commands/cluster.ts';
 import { evalCommand } from './commands/eval.ts';
 import { envCommand, layerCommand } from './commands/layers.ts';
 import { gcCommand, killCommand, psCommand } from './commands/ps.ts';
@@ -31,6 +32,14 @@ const USAGE = `usage: sandgym COMMAND [ARGS]
   kill ID ...                             destroy sandboxes, whichever process owns them
   gc [--json]                             reap what crashed owners left behind
   bench [NAME ...] [--json [OUT]]         benchmarks beside their baselines (create, exec)
+  node --listen ADDR [--data-dir D] [--store S] [--node-id ID] [--max-sandboxes N] [--memory-mib N]
+                                          a node agent (cluster mode); token in $SANDGYM_NODE_TOKEN
+                                          or --node-token-file
+  controller --listen ADDR --nodes ADDR,... --grants FILE [--poll-ms N] [--queue-timeout-ms N]
+                                          a controller replica (cluster mode)
+
+run, ps, kill and gc work on the cluster at $SANDGYM_PLATFORM (grpc://HOST:PORT, with $SANDGYM_TOKEN)
+when it is set, else on this host.
 
 Exit codes: 0 success, 1 the command failed, 2 bad usage or input, 3 infrastructure failure.`;
 
@@ -45,6 +54,8 @@ const COMMANDS: Record<string, (args: string[]) => Promise<number>> = {
   env: envCommand,
   eval: evalCommand,
   check: checkCommand,
+  node: nodeCommand,
+  controller: controllerCommand,
 };
 
 async function main(argv: string[]): Promise<number> {

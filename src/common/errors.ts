@@ -16,6 +16,8 @@ export type SandgymErrorCode =
   | 'agent_crash'
   | 'admission_rejected'
   | 'divergence'
+  | 'unauthenticated'
+  | 'node_lost'
   | 'platform_error';
 
 /** Why a sandbox failed: an infrastructure outcome, never a reward of 0. */

@@ -9,3 +9,4 @@ export type { Logger, LoggerOptions } from './logger.ts';
 export { parseAt } from './validation.ts';
 export { writeFileAtomic } from './atomic-file.ts';
 export { settleAll } from './settle-all.ts';
+export { AsyncQueue } from './async-queue.ts';

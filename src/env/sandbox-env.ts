@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { SandgymError, isSandgymError, messageOf, parseAt, type FailureReason } from '../common/index.ts';
 import {
   ExactlyOnceSteps,
-  type LocalPlatform,
+  type PlatformClient,
   type Sandbox,
   type SandboxRequest,
 } from '../platform/index.ts';
@@ -54,11 +54,11 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
   private checkpoints = 0;
 
   private constructor(
-    private readonly platform: LocalPlatform,
+    private readonly platform: PlatformClient,
     private readonly options: SandboxEnvOptions,
   ) {}
 
-  static create(platform: LocalPlatform, options: SandboxEnvOptions = {}): SandboxEnv {
+  static create(platform: PlatformClient, options: SandboxEnvOptions = {}): SandboxEnv {
     return new SandboxEnv(platform, options);
   }
 
@@ -66,11 +66,11 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
    * Attaches to a live sandbox and an episode another client started; its next steps replay
    * from the log until they reach the tail. The attached env does not destroy the sandbox.
    */
-  static async attach(platform: LocalPlatform, sandbox: Sandbox, episodeId: string): Promise<SandboxEnv> {
+  static async attach(platform: PlatformClient, sandbox: Sandbox, episodeId: string): Promise<SandboxEnv> {
     const env = new SandboxEnv(platform, {});
     env.sandbox = sandbox;
     env.episodeId = episodeId;
-    env.steps = new ExactlyOnceSteps(await platform.trajectory(sandbox.id));
+    env.steps = new ExactlyOnceSteps(await platform.stepLog(sandbox.id));
     return env;
   }
 
@@ -93,7 +93,7 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
     );
     this.sandbox = sandbox;
     this.owned = true;
-    this.steps = new ExactlyOnceSteps(await this.platform.trajectory(sandbox.id));
+    this.steps = new ExactlyOnceSteps(await this.platform.stepLog(sandbox.id));
     const given = options.options?.['episodeId'];
     this.episodeId = typeof given === 'string' ? given : randomBytes(8).toString('hex');
     this.stepIndex = 0;

@@ -1,5 +1,5 @@
 import { SandgymError } from '../common/index.ts';
-import { divergence, type TrajectoryLog } from './trajectory-log.ts';
+import type { TrajectoryLog, TrajectoryRecord } from './trajectory-log.ts';
 
 /** A step as a client sends it: which episode, which index, what to do. */
 export interface StepRequest {
@@ -23,31 +23,65 @@ function sameValue(a: unknown, b: unknown): boolean {
   );
 }
 
+/** Where a step stands in its episode's log. */
+export type StepLookup = { logged: true; result: unknown } | { logged: false };
+
 /**
- * Exactly-once steps over a trajectory log: a step already logged returns its recorded result
+ * A sandbox's step log, wherever it lives: in this process (embedded platform) or on the node
+ * that runs the sandbox (cluster). {@link ExactlyOnceSteps} runs over either.
+ */
+export interface StepLog {
+  /** The recorded result of a logged step, or that it is the next to run; throws otherwise. */
+  lookup(request: StepRequest): Promise<StepLookup>;
+  /** Makes a step's record durable; returns once it is. */
+  append(record: TrajectoryRecord): Promise<void>;
+  /** Every record, in order. */
+  records(): Promise<readonly TrajectoryRecord[]>;
+}
+
+/**
+ * The exactly-once rule: a step already logged returns its record (if the action matches, else
+ * a `divergence`); the first step past the tail may run; anything further ahead is refused.
+ */
+export function lookupStep(log: TrajectoryLog, request: StepRequest): StepLookup {
+  const episode = log.episode(request.episodeId);
+  const logged = episode[request.stepIndex];
+  if (logged) {
+    if (!sameValue(logged.action, request.action)) {
+      throw divergence(request.episodeId, request.stepIndex, logged.action, request.action);
+    }
+    return { logged: true, result: logged.result };
+  }
+  if (request.stepIndex !== episode.length) {
+    throw new SandgymError(
+      'invalid_argument',
+      `Step ${request.stepIndex} of episode ${request.episodeId} skips ahead: the next step the log can take is ${episode.length}`,
+    );
+  }
+  return { logged: false };
+}
+
+/** A step log over a trajectory log file in this process. */
+export function localStepLog(log: TrajectoryLog): StepLog {
+  return {
+    lookup: (request) => Promise.resolve(lookupStep(log, request)),
+    append: (record) => log.append(record),
+    records: () => Promise.resolve(log.records),
+  };
+}
+
+/**
+ * Exactly-once steps over a step log: a step already logged returns its recorded result
  * without running; a different action at a logged index is a `divergence`; the first step past
  * the tail runs for real and is logged before its result returns. So a client that crashed and
  * retries, or a new client that attaches, fast-forwards and never runs `git commit` twice.
  */
 export class ExactlyOnceSteps {
-  constructor(private readonly log: TrajectoryLog) {}
+  constructor(private readonly log: StepLog) {}
 
   async run<R>(request: StepRequest, execute: () => Promise<R>): Promise<{ result: R; replayed: boolean }> {
-    const episode = this.log.episode(request.episodeId);
-    const logged = episode[request.stepIndex];
-    if (logged) {
-      if (!sameValue(logged.action, request.action)) {
-        throw divergence(request.episodeId, request.stepIndex, logged.action, request.action);
-      }
-      return { result: logged.result as R, replayed: true };
-    }
-    const next = episode.length;
-    if (request.stepIndex !== next) {
-      throw new SandgymError(
-        'invalid_argument',
-        `Step ${request.stepIndex} of episode ${request.episodeId} skips ahead: the next step the log can take is ${next}`,
-      );
-    }
+    const found = await this.log.lookup(request);
+    if (found.logged) return { result: found.result as R, replayed: true };
     const startedAt = new Date().toISOString();
     const started = performance.now();
     const result = await execute();
@@ -61,4 +95,17 @@ export class ExactlyOnceSteps {
     });
     return { result, replayed: false };
   }
+}
+
+/** Thrown when a step at a logged index asks for something other than what the log holds. */
+export function divergence(
+  episodeId: string,
+  stepIndex: number,
+  logged: unknown,
+  asked: unknown,
+): SandgymError {
+  return new SandgymError(
+    'divergence',
+    `Step ${stepIndex} of episode ${episodeId} diverges from the trajectory log: it logged ${JSON.stringify(logged)} but was asked ${JSON.stringify(asked)}`,
+  );
 }

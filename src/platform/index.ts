@@ -1,6 +1,14 @@
 /** The platform: layer store, environments, and the client that creates sandboxes. */
 export { Platform, LocalPlatform, defaultDataDir, defaultStoreDir } from './local-platform.ts';
 export type { LocalPlatformOptions } from './local-platform.ts';
+export { RemotePlatform, parseGrpcUrl } from './remote-platform.ts';
+export type { ConnectOptions } from './remote-platform.ts';
+export { NodeAgent, PROJECT_LABEL } from './node-agent.ts';
+export type { NodeAgentOptions } from './node-agent.ts';
+export { Controller } from './controller.ts';
+export type { ControllerOptions, ProjectGrant } from './controller.ts';
+export { Placer } from './placement.ts';
+export type { Demand, NodeLoad } from './placement.ts';
 export type {
   LayerGcOptions,
   LayerGcReport,
@@ -24,5 +32,5 @@ export { buildLayerFromOci } from './layer-build/from-oci.ts';
 export type { OciBuildResult } from './layer-build/from-oci.ts';
 export { TrajectoryLog } from './trajectory-log.ts';
 export type { TrajectoryRecord } from './trajectory-log.ts';
-export { ExactlyOnceSteps } from './exactly-once.ts';
-export type { StepRequest } from './exactly-once.ts';
+export { ExactlyOnceSteps, localStepLog, lookupStep } from './exactly-once.ts';
+export type { StepLog, StepLookup, StepRequest } from './exactly-once.ts';

@@ -18,6 +18,8 @@ import {
   type Logger,
 } from '../common/index.ts';
 import { TrajectoryLog } from './trajectory-log.ts';
+import { RemotePlatform, type ConnectOptions } from './remote-platform.ts';
+import { localStepLog, type StepLog } from './exactly-once.ts';
 import { LayerStore, parseEnvironmentRef, type Environment, type LayerManifest } from './layer-store.ts';
 import type {
   LayerGcOptions,
@@ -45,6 +47,8 @@ export interface LocalPlatformOptions {
   loadMode?: LoadMode;
   /** What is checked before mounting a layer: `digest` (default) or `size`. */
   verifyLayers?: LayerVerification;
+  /** The node's name, which every sandbox id carries. Default `local`. */
+  nodeId?: string;
 }
 
 /**
@@ -60,8 +64,6 @@ export function defaultStoreDir(dataDir: string): string {
   return resolve(process.env['SANDGYM_STORE'] ?? join(dataDir, 'store'));
 }
 
-const NODE_ID = 'local';
-
 /** The embedded platform: every component in this process, no servers. */
 export class LocalPlatform implements PlatformClient {
   private isClosed = false;
@@ -73,6 +75,7 @@ export class LocalPlatform implements PlatformClient {
     readonly store: LayerStore,
     private readonly container: ContainerBackend,
     private readonly logger: Logger,
+    readonly nodeId = 'local',
   ) {}
 
   async createSandbox(request: SandboxRequest = {}, options: CallOptions = {}): Promise<Sandbox> {
@@ -104,7 +107,7 @@ export class LocalPlatform implements PlatformClient {
     resolved: ResolvedSandboxRequest,
     options: CallOptions,
   ): Promise<Sandbox> {
-    const id = newSandboxId(NODE_ID);
+    const id = newSandboxId(this.nodeId);
     this.logger.debug({ id, environment: `${environment.name}:${environment.version}` }, 'creating sandbox');
     const labels: Record<string, string> = { ...resolved.labels };
     if (environment.name !== 'build') labels['environment'] = `${environment.name}:${environment.version}`;
@@ -128,6 +131,10 @@ export class LocalPlatform implements PlatformClient {
 
   listSandboxes(): Promise<SandboxRecord[]> {
     return this.container.list();
+  }
+
+  attachSandbox(id: string): Promise<Sandbox> {
+    return Promise.resolve(this.container.attach(id));
   }
 
   killSandbox(id: string): Promise<void> {
@@ -188,6 +195,10 @@ export class LocalPlatform implements PlatformClient {
     return log;
   }
 
+  async stepLog(sandboxId: string): Promise<StepLog> {
+    return localStepLog(await this.trajectory(sandboxId));
+  }
+
   async close(): Promise<void> {
     if (this.isClosed) return;
     this.isClosed = true;
@@ -225,6 +236,18 @@ export const Platform = {
       ...(options.loadMode ? { loadMode: options.loadMode } : {}),
       ...(options.verifyLayers ? { verifyLayers: options.verifyLayers } : {}),
     });
-    return new LocalPlatform(dataDir, store, container, logger);
+    return new LocalPlatform(dataDir, store, container, logger, options.nodeId);
+  },
+
+  /**
+   * The cluster client: the same interface, over gRPC to a controller (`grpc://host:port`).
+   *
+   * @example
+   * ```ts
+   * await using platform = await Platform.connect('grpc://controller:7443', { token });
+   * ```
+   */
+  connect(url: string, options: ConnectOptions): Promise<RemotePlatform> {
+    return RemotePlatform.connect(url, options);
   },
 };

@@ -1,6 +1,7 @@
 import type { BackendSandbox, CallOptions, GcReport, SandboxRecord } from '../backends/index.ts';
 import type { Environment, LayerManifest } from './layer-store.ts';
 import type { SandboxRequest } from './sandbox-request.ts';
+import type { StepLog } from './exactly-once.ts';
 
 /** A live sandbox, whichever backend runs it. */
 export type Sandbox = BackendSandbox;
@@ -12,6 +13,11 @@ export type Sandbox = BackendSandbox;
 export interface PlatformClient extends AsyncDisposable {
   createSandbox(request?: SandboxRequest, options?: CallOptions): Promise<Sandbox>;
   listSandboxes(options?: CallOptions): Promise<SandboxRecord[]>;
+  /**
+   * A handle on a live sandbox by id, e.g. for a trainer that restarted. Closing it destroys
+   * the sandbox; closing the platform does not. Missing (or another project's) is `not_found`.
+   */
+  attachSandbox(id: string, options?: CallOptions): Promise<Sandbox>;
   killSandbox(id: string, options?: CallOptions): Promise<void>;
   /** Removes what crashed owners left behind. */
   gc(options?: CallOptions): Promise<GcReport>;
@@ -27,6 +33,11 @@ export interface PlatformClient extends AsyncDisposable {
    * Takes a handle, or the id of a sandbox on this node that another process owns.
    */
   packDiff(sandbox: Sandbox | string, options: PackDiffOptions): Promise<PackDiffResult>;
+  /**
+   * The step log of a sandbox, kept where the sandbox runs, for exactly-once steps and replay.
+   * A sandbox of another project is `not_found`.
+   */
+  stepLog(sandboxId: string, options?: CallOptions): Promise<StepLog>;
   /** Destroys this client's sandboxes. Idempotent. */
   close(): Promise<void>;
 }

@@ -4,12 +4,15 @@ import { DEFAULT_ENVIRONMENT } from './base-environments.ts';
 /** Below this the agent, the runtime's setup and a shell do not fit. */
 export const MIN_MEMORY_MIB = 16;
 
-/** What a caller asks for. Validated at createSandbox(); every field but the environment has a default. */
-export const sandboxRequestSchema = z.object({
+/**
+ * What a caller asks for. Validated at createSandbox(); every field has a default, and an unknown
+ * field (a typo) is an error rather than silently ignored.
+ */
+export const sandboxRequestSchema = z.strictObject({
   backend: z.enum(['container', 'fncall', 'microvm', 'vm']).default('container'),
   environment: z.string().default(DEFAULT_ENVIRONMENT),
   resources: z
-    .object({
+    .strictObject({
       cpu: z.number().positive().max(1024).default(1),
       memoryMib: z
         .number()

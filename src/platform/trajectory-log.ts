@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto';
 import { mkdir, open, readFile, truncate, type FileHandle } from 'node:fs/promises';
 import { dirname } from 'node:path';
-import { SandgymError, type Codec } from '../common/index.ts';
+import type { Codec } from '../common/index.ts';
 
 /** One logged step: what was asked, what came back, and when. */
 export interface TrajectoryRecord {
@@ -87,17 +87,4 @@ export class TrajectoryLog {
   async close(): Promise<void> {
     await this.file.close().catch(() => undefined);
   }
-}
-
-/** Thrown when a step at a logged index asks for something other than what the log holds. */
-export function divergence(
-  episodeId: string,
-  stepIndex: number,
-  logged: unknown,
-  asked: unknown,
-): SandgymError {
-  return new SandgymError(
-    'divergence',
-    `Step ${stepIndex} of episode ${episodeId} diverges from the trajectory log: it logged ${JSON.stringify(logged)} but was asked ${JSON.stringify(asked)}`,
-  );
 }

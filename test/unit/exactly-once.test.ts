@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { createMsgpackCodec, isSandgymError } from '../../src/common/index.ts';
-import { ExactlyOnceSteps, TrajectoryLog } from '../../src/platform/index.ts';
+import { ExactlyOnceSteps, TrajectoryLog, localStepLog } from '../../src/platform/index.ts';
 
 describe('exactly-once steps', () => {
   let dir: string | undefined;
@@ -15,7 +15,7 @@ describe('exactly-once steps', () => {
   async function fixture(): Promise<{ log: TrajectoryLog; steps: ExactlyOnceSteps }> {
     dir = await mkdtemp(join(tmpdir(), 'sandgym-log-'));
     const log = await TrajectoryLog.open(join(dir, 'sandbox.log'), createMsgpackCodec());
-    return { log, steps: new ExactlyOnceSteps(log) };
+    return { log, steps: new ExactlyOnceSteps(localStepLog(log)) };
   }
 
   it('runs a step once, then replays it whatever the key order of the action', async () => {

@@ -315,6 +315,13 @@ export class ContainerBackend implements Backend {
     return records;
   }
 
+  attach(id: string): ContainerSandbox {
+    const mine = [...this.live].find((s) => s.id === id);
+    if (!mine)
+      throw new SandgymError('not_found', `No live sandbox "${id}" of this process: see "sandgym ps"`);
+    return mine;
+  }
+
   async kill(id: string): Promise<void> {
     const mine = [...this.live].find((s) => s.id === id);
     if (mine) return mine.close();

@@ -19,7 +19,8 @@ import type {
 import type { SandboxCgroup } from '../host/cgroups.ts';
 import type { AgentChannel } from '../internal/agent-channel.ts';
 import type { AgentExit } from '../internal/agent-protocol.ts';
-import { AsyncQueue } from '../internal/async-queue.ts';
+import { AsyncQueue } from '../../common/index.ts';
+import { collectExec } from '../collect-exec.ts';
 import { checkArgv, checkSandboxPath, throwIfAborted } from '../internal/checks.ts';
 import { resolveUser, type ResolvedUser } from '../internal/users.ts';
 
@@ -104,17 +105,8 @@ export class ContainerSandbox implements BackendSandbox {
     }
   }
 
-  async exec(argv: string[], options: ExecOptions = {}): Promise<ExecResult> {
-    const out: Buffer[] = [];
-    const err: Buffer[] = [];
-    const result = await this.run(argv, options, (chunk) =>
-      (chunk.stream === 'stdout' ? out : err).push(chunk.data),
-    );
-    return {
-      ...result,
-      stdout: Buffer.concat(out).toString('utf8'),
-      stderr: Buffer.concat(err).toString('utf8'),
-    };
+  exec(argv: string[], options: ExecOptions = {}): Promise<ExecResult> {
+    return collectExec(this.execStream(argv, options));
   }
 
   execStream(argv: string[], options: ExecOptions = {}): ExecStream {

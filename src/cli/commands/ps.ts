@@ -1,11 +1,11 @@
-import { Platform } from '../../platform/index.ts';
+import { openPlatform } from './cluster.ts';
 import { parseCommandArgs } from '../args.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
 
 /** `sandgym ps [--json]`: the sandboxes on this node, from every process. */
 export async function psCommand(args: string[]): Promise<number> {
   const { values } = parseCommandArgs('ps', args, { json: { type: 'boolean' } });
-  await using platform = await Platform.local();
+  await using platform = await openPlatform();
   const records = await platform.listSandboxes();
   if (values.json) {
     console.log(JSON.stringify({ sandboxes: records }));
@@ -34,7 +34,7 @@ export async function killCommand(args: string[]): Promise<number> {
   const { positionals } = parseCommandArgs('kill', args, {});
   if (positionals.length === 0)
     throw new UsageError('sandgym kill: give the id of a sandbox (see sandgym ps)');
-  await using platform = await Platform.local();
+  await using platform = await openPlatform();
   for (const id of positionals) await platform.killSandbox(id);
   return EXIT.ok;
 }
@@ -42,7 +42,7 @@ export async function killCommand(args: string[]): Promise<number> {
 /** `sandgym gc`: reaps what crashed owners left: sandboxes, cgroups, runtime state, idle layer mounts. */
 export async function gcCommand(args: string[]): Promise<number> {
   const { values } = parseCommandArgs('gc', args, { json: { type: 'boolean' } });
-  await using platform = await Platform.local();
+  await using platform = await openPlatform();
   const report = await platform.gc();
   if (values.json) console.log(JSON.stringify(report));
   else {

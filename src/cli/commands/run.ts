@@ -1,4 +1,4 @@
-import { Platform } from '../../platform/index.ts';
+import { openPlatform } from './cluster.ts';
 import { parseCommandArgs, positiveInt, splitAtDoubleDash, text } from '../args.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
 
@@ -28,7 +28,7 @@ export async function runCommand(args: string[]): Promise<number> {
   if (loadMode !== 'ondemand' && loadMode !== 'eager' && loadMode !== 'tar') {
     throw new UsageError(`sandgym run: --load-mode must be ondemand, eager or tar; got "${loadMode}"`);
   }
-  await using platform = await Platform.local({ loadMode });
+  await using platform = await openPlatform({ loadMode });
   // A signal to the CLI tears the sandbox down before exiting.
   const onSignal = (): void => {
     void platform.close().finally(() => process.exit(130));

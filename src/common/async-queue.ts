@@ -1,4 +1,4 @@
-import { messageOf } from '../../common/index.ts';
+import { messageOf } from './errors.ts';
 
 /** A single-consumer queue exposed as an AsyncIterable: the producer pushes, then ends or fails it. */
 export class AsyncQueue<T> implements AsyncIterable<T> {

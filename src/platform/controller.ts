@@ -1,0 +1,245 @@
+import { SandgymError, isSandgymError, nodeOfSandboxId, type Logger } from '../common/index.ts';
+import { FairQueue } from './fair-queue.ts';
+import { NodeWatcher } from './node-watcher.ts';
+import { Placer, type Demand } from './placement.ts';
+import { sandboxRequestSchema } from './sandbox-request.ts';
+import {
+  PROJECT_KEY,
+  SANDBOXES,
+  WireServer,
+  register,
+  tokenAuthenticator,
+  type CallContext,
+  type SandboxInfo,
+  type WireClient,
+} from './wire/index.ts';
+
+/** A project a token maps to, and its quota. */
+export interface ProjectGrant {
+  project: string;
+  /** Most sandboxes the project may have at once across the cluster. */
+  maxSandboxes: number;
+}
+
+/** Options for {@link Controller.start}. */
+export interface ControllerOptions {
+  listen: string;
+  /** Node agent addresses, host:port. */
+  nodes: string[];
+  /** The token node agents accept. */
+  nodeToken: string;
+  /** Client tokens and what each may do. */
+  grants: Record<string, ProjectGrant>;
+  logger: Logger;
+  /** How often node loads are polled. Default 500 ms. */
+  pollMs?: number;
+  /** How many random nodes placement compares. Default 2. */
+  sampleK?: number;
+  /** How long a create may wait for room before it fails. Default 60 s. */
+  queueTimeoutMs?: number;
+}
+
+type SandboxClient = WireClient<typeof SANDBOXES>;
+
+/**
+ * A controller replica. It keeps no state of its own: it authenticates clients, places creates
+ * on nodes (power-of-k over the loads its watcher polls, plus its own in-flight placements),
+ * queues bursts the cluster cannot hold yet, and routes every sandbox call to the node its id
+ * names. Run several behind one address; a restarted one rebuilds its view from the nodes.
+ */
+export class Controller {
+  private readonly placer: Placer;
+  private readonly queue = new FairQueue();
+  /** Per project, creates this replica placed that the nodes have not reported yet. */
+  private readonly inFlight = new Map<string, number>();
+  /** Per node, placements to forget once a poll that started after them completes. */
+  private readonly settled = new Map<string, { at: number; release: () => void }[]>();
+
+  private constructor(
+    private readonly options: ControllerOptions,
+    private readonly watcher: NodeWatcher,
+    private server: WireServer | undefined,
+  ) {
+    this.placer = new Placer(options.sampleK ?? 2);
+  }
+
+  static async start(options: ControllerOptions): Promise<Controller> {
+    const logger = options.logger.child({ component: 'controller' });
+    const watcher = new NodeWatcher(options.nodes, options.nodeToken, options.pollMs ?? 500, logger);
+    const controller = new Controller(options, watcher, undefined);
+    watcher.onPolled((nodeId, polledAt) => controller.polled(nodeId, polledAt));
+    await watcher.start();
+    const projects = Object.fromEntries(
+      Object.entries(options.grants).map(([token, grant]) => [token, grant.project]),
+    );
+    controller.server = await WireServer.listen(options.listen, [controller.service()], {
+      authenticate: tokenAuthenticator(projects),
+      logger,
+    });
+    logger.info({ port: controller.server.port, nodes: options.nodes.length }, 'controller listening');
+    return controller;
+  }
+
+  get port(): number {
+    if (!this.server) throw new SandgymError('failed_precondition', 'The controller is not listening');
+    return this.server.port;
+  }
+
+  private polled(nodeId: string, polledAt: number): void {
+    const pending = this.settled.get(nodeId);
+    if (!pending) return;
+    const still = pending.filter((entry) => {
+      if (entry.at >= polledAt) return true;
+      entry.release();
+      return false;
+    });
+    if (still.length) this.settled.set(nodeId, still);
+    else this.settled.delete(nodeId);
+    // the fresh view may have room: give waiting creates a turn
+    this.queue.wake();
+  }
+
+  private service() {
+    const route = (sandboxId: string): SandboxClient =>
+      this.watcher.clientOf(nodeOfSandboxId(sandboxId), `sandbox ${sandboxId}`);
+    const as = (call: CallContext) => ({
+      signal: call.signal,
+      metadata: { [PROJECT_KEY]: call.principal.project },
+    });
+    return register(SANDBOXES, {
+      Create: ({ request }, call) => this.create(request, call),
+      Describe: (request, call) => route(request.sandboxId).call('Describe', request, as(call)),
+      Exec: (request, call) => route(request.sandboxId).stream('Exec', request, as(call)),
+      ReadFile: (request, call) => route(request.sandboxId).call('ReadFile', request, as(call)),
+      WriteFile: (request, call) => route(request.sandboxId).call('WriteFile', request, as(call)),
+      ListDir: (request, call) => route(request.sandboxId).call('ListDir', request, as(call)),
+      Pause: (request, call) => route(request.sandboxId).call('Pause', request, as(call)),
+      Resume: (request, call) => route(request.sandboxId).call('Resume', request, as(call)),
+      Stats: (request, call) => route(request.sandboxId).call('Stats', request, as(call)),
+      Destroy: async (request, call) => {
+        const done = await route(request.sandboxId).call('Destroy', request, as(call));
+        this.queue.wake(1);
+        return done;
+      },
+      PackDiff: (request, call) => route(request.sandboxId).call('PackDiff', request, as(call)),
+      StepLookup: (request, call) => route(request.sandboxId).call('StepLookup', request, as(call)),
+      StepAppend: (request, call) => route(request.sandboxId).call('StepAppend', request, as(call)),
+      Trajectory: (request, call) => route(request.sandboxId).call('Trajectory', request, as(call)),
+      List: async (_request, call) => ({
+        sandboxes: (await this.fanOut((node) => node.call('List', {}, as(call)))).flatMap((r) => r.sandboxes),
+      }),
+      // the store is shared by every node, so any one of them can answer
+      ListEnvironments: (_request, call) => this.anyNode().call('ListEnvironments', {}, as(call)),
+      Gc: async (_request, call) => {
+        const reports = await this.fanOut((node) => node.call('Gc', {}, as(call)));
+        return {
+          sandboxes: reports.flatMap((r) => r.sandboxes),
+          mounts: reports.flatMap((r) => r.mounts),
+          cgroups: reports.flatMap((r) => r.cgroups),
+        };
+      },
+      LayerGc: async (request, call) => {
+        const reports = await this.fanOut((node) => node.call('LayerGc', request, as(call)));
+        return {
+          unmounted: reports.flatMap((r) => r.unmounted),
+          removedCopies: reports.flatMap((r) => r.removedCopies),
+          removedLayers: reports.flatMap((r) => r.removedLayers),
+          freedBytes: reports.reduce((sum, r) => sum + r.freedBytes, 0),
+        };
+      },
+    });
+  }
+
+  private async fanOut<T>(work: (node: SandboxClient) => Promise<T>): Promise<T[]> {
+    return Promise.all(this.watcher.reachableClients().map(work));
+  }
+
+  private anyNode(): SandboxClient {
+    const [first] = this.watcher.reachableClients();
+    if (!first) throw new SandgymError('node_lost', 'No node agent is reachable', { retryable: true });
+    return first;
+  }
+
+  /** The quota check, placement, the node's veto, and waiting for room, in that order. */
+  private async create(request: unknown, call: CallContext): Promise<SandboxInfo> {
+    const { project } = call.principal;
+    const resolved = sandboxRequestSchema.parse(request);
+    const grant = Object.values(this.options.grants).find((g) => g.project === project);
+    const live = this.watcher.projectCount(project) + (this.inFlight.get(project) ?? 0);
+    if (grant && live >= grant.maxSandboxes) {
+      throw new SandgymError(
+        'resource_exhausted',
+        `Project ${project} has ${live} of its ${grant.maxSandboxes} sandboxes; destroy some or raise its quota`,
+        { retryable: true },
+      );
+    }
+    const demand: Demand = { backend: resolved.backend, memoryMib: resolved.resources.memoryMib };
+    const deadline = Date.now() + (this.options.queueTimeoutMs ?? 60_000);
+    const vetoed = new Set<string>();
+    let waited = false;
+    for (;;) {
+      if (call.signal.aborted) throw new SandgymError('cancelled', 'The create was cancelled');
+      const node = this.placer.choose(this.watcher.loads(), demand, vetoed);
+      if (!node) {
+        if (
+          !this.watcher
+            .loads()
+            .some((n) => n.backends.includes(demand.backend) && n.memoryCapacityMib >= demand.memoryMib)
+        ) {
+          throw new SandgymError(
+            'admission_rejected',
+            `No node can ever hold a ${demand.backend} sandbox of ${demand.memoryMib} MiB; ask for less memory or another backend`,
+          );
+        }
+        await this.queue.wait(project, deadline, call.signal, waited);
+        waited = true;
+        vetoed.clear();
+        continue;
+      }
+      const release = this.reserve(node.nodeId, project, demand);
+      try {
+        const info = await this.watcher
+          .clientOf(node.nodeId, 'node')
+          .call('Create', { request }, { signal: call.signal, metadata: { [PROJECT_KEY]: project } });
+        this.settleAfterNextPoll(node.nodeId, release);
+        return info;
+      } catch (error) {
+        release();
+        // a full or lost node: place elsewhere; anything else is the caller's to see
+        if (
+          isSandgymError(error, 'admission_rejected', 'node_lost') &&
+          (error.retryable || error.code === 'node_lost')
+        ) {
+          vetoed.add(node.nodeId);
+          continue;
+        }
+        throw error;
+      }
+    }
+  }
+
+  private reserve(nodeId: string, project: string, demand: Demand): () => void {
+    const releasePlacement = this.placer.reserve(nodeId, demand);
+    this.inFlight.set(project, (this.inFlight.get(project) ?? 0) + 1);
+    let released = false;
+    return () => {
+      if (released) return;
+      released = true;
+      releasePlacement();
+      const left = (this.inFlight.get(project) ?? 1) - 1;
+      if (left > 0) this.inFlight.set(project, left);
+      else this.inFlight.delete(project);
+    };
+  }
+
+  private settleAfterNextPoll(nodeId: string, release: () => void): void {
+    const pending = this.settled.get(nodeId) ?? [];
+    pending.push({ at: Date.now(), release });
+    this.settled.set(nodeId, pending);
+  }
+
+  async close(): Promise<void> {
+    await this.server?.close();
+    this.watcher.close();
+  }
+}

@@ -1,0 +1,273 @@
+import { totalmem } from 'node:os';
+import { SandgymError, type Logger } from '../common/index.ts';
+import type { BackendSandbox, LoadMode } from '../backends/index.ts';
+import type { LocalPlatform } from './local-platform.ts';
+import type { SandboxRequest } from './sandbox-request.ts';
+import { sandboxRequestSchema } from './sandbox-request.ts';
+import {
+  NODE,
+  SANDBOXES,
+  WireServer,
+  register,
+  tokenAuthenticator,
+  type CallContext,
+  type NodeStatus,
+  type SandboxInfo,
+} from './wire/index.ts';
+
+/** Options for {@link NodeAgent.start}. */
+export interface NodeAgentOptions {
+  /** host:port to listen on; port 0 picks a free one. */
+  listen: string;
+  /** The token controllers (and direct clients) present. */
+  token: string;
+  /** Most sandboxes this node runs at once. */
+  maxSandboxes?: number;
+  /** Memory the node may promise to sandboxes, in MiB (requested sizes are summed). */
+  memoryCapacityMib?: number;
+  logger: Logger;
+  loadMode?: LoadMode;
+}
+
+/** The label that records which project owns a sandbox. Callers cannot set it. */
+export const PROJECT_LABEL = 'sandgym.project';
+
+interface Owned {
+  sandbox: BackendSandbox;
+  project: string;
+  memoryMib: number;
+}
+
+/**
+ * The node agent: serves this host's sandboxes over gRPC. It owns their handles, trajectory logs
+ * and layer mounts (through its embedded platform), and has the final say on admission: short of
+ * capacity, it refuses with a retryable `admission_rejected` so the controller places elsewhere.
+ */
+export class NodeAgent {
+  private readonly owned = new Map<string, Owned>();
+  private committedMib = 0;
+  /** Admitted creates still starting. */
+  private pending = 0;
+  private closed = false;
+
+  private constructor(
+    readonly nodeId: string,
+    private readonly platform: LocalPlatform,
+    private readonly maxSandboxes: number,
+    private readonly memoryCapacityMib: number,
+    private server: WireServer | undefined,
+    private readonly logger: Logger,
+  ) {}
+
+  static async start(platform: LocalPlatform, options: NodeAgentOptions): Promise<NodeAgent> {
+    const memoryCapacityMib = options.memoryCapacityMib ?? Math.floor(totalmem() / 1024 / 1024);
+    const agent = new NodeAgent(
+      platform.nodeId,
+      platform,
+      options.maxSandboxes ?? 256,
+      memoryCapacityMib,
+      undefined,
+      options.logger.child({ component: 'node-agent', node: platform.nodeId }),
+    );
+    agent.server = await WireServer.listen(options.listen, [agent.sandboxService(), agent.nodeService()], {
+      authenticate: tokenAuthenticator({ [options.token]: 'default' }, { trustProjectHeader: true }),
+      logger: agent.logger,
+    });
+    agent.logger.info({ port: agent.server.port }, 'node agent listening');
+    return agent;
+  }
+
+  /** The port it listens on (useful with port 0). */
+  get port(): number {
+    if (!this.server) throw new SandgymError('failed_precondition', 'The node agent is not listening');
+    return this.server.port;
+  }
+
+  /** What controllers' watchers see. */
+  status(): NodeStatus {
+    const projects: Record<string, number> = {};
+    for (const { project } of this.owned.values()) projects[project] = (projects[project] ?? 0) + 1;
+    return {
+      nodeId: this.nodeId,
+      backends: ['container'],
+      healthy: !this.closed,
+      sandboxes: this.owned.size,
+      capacity: this.maxSandboxes,
+      memoryCommittedMib: this.committedMib,
+      memoryCapacityMib: this.memoryCapacityMib,
+      projects,
+    };
+  }
+
+  private nodeService() {
+    return register(NODE, { Status: () => Promise.resolve(this.status()) });
+  }
+
+  private sandboxService() {
+    return register(SANDBOXES, {
+      Create: async ({ request }, call) => info(await this.create(request, call)),
+      Describe: ({ sandboxId }, call) => Promise.resolve(info(this.sandboxOf(sandboxId, call))),
+      Exec: (request, call) => this.exec(request, call),
+      ReadFile: async ({ sandboxId, path, maxBytes }, call) => ({
+        data: await this.sandboxOf(sandboxId, call).readFile(path, {
+          signal: call.signal,
+          ...(maxBytes === undefined ? {} : { maxBytes }),
+        }),
+      }),
+      WriteFile: async ({ sandboxId, path, data, mode }, call) => {
+        await this.sandboxOf(sandboxId, call).writeFile(path, data, {
+          signal: call.signal,
+          ...(mode === undefined ? {} : { mode }),
+        });
+        return {};
+      },
+      ListDir: async ({ sandboxId, path }, call) => ({
+        entries: await this.sandboxOf(sandboxId, call).listDir(path, { signal: call.signal }),
+      }),
+      Pause: async ({ sandboxId }, call) => {
+        await this.sandboxOf(sandboxId, call).pause({ signal: call.signal });
+        return {};
+      },
+      Resume: async ({ sandboxId }, call) => {
+        await this.sandboxOf(sandboxId, call).resume({ signal: call.signal });
+        return {};
+      },
+      Stats: ({ sandboxId }, call) => this.sandboxOf(sandboxId, call).stats({ signal: call.signal }),
+      Destroy: async ({ sandboxId }, call) => {
+        await this.destroy(sandboxId, call.principal.project);
+        return {};
+      },
+      List: async (_request, call) => ({
+        sandboxes: (await this.platform.listSandboxes()).filter(
+          (record) => record.labels[PROJECT_LABEL] === call.principal.project,
+        ),
+      }),
+      PackDiff: ({ sandboxId, name, description }, call) =>
+        this.platform.packDiff(this.sandboxOf(sandboxId, call), {
+          name,
+          signal: call.signal,
+          ...(description === undefined ? {} : { description }),
+        }),
+      ListEnvironments: async () => ({ environments: await this.platform.listEnvironments() }),
+      StepLookup: async ({ sandboxId, episodeId, stepIndex, action }, call) =>
+        (await this.stepLogOf(sandboxId, call)).lookup({ episodeId, stepIndex, action }),
+      StepAppend: async ({ sandboxId, record }, call) => {
+        await (await this.stepLogOf(sandboxId, call)).append(record);
+        return {};
+      },
+      Trajectory: async ({ sandboxId }, call) => ({
+        records: [...(await (await this.stepLogOf(sandboxId, call)).records())],
+      }),
+      Gc: () => this.platform.gc(),
+      LayerGc: ({ minAgeMs }) => this.platform.layerGc(minAgeMs === undefined ? {} : { minAgeMs }),
+    });
+  }
+
+  private async create(request: SandboxRequest, call: CallContext): Promise<BackendSandbox> {
+    if (this.closed)
+      throw new SandgymError('admission_rejected', `Node ${this.nodeId} is shutting down`, {
+        retryable: true,
+      });
+    const resolved = sandboxRequestSchema.parse(request);
+    const memoryMib = resolved.resources.memoryMib;
+    if (memoryMib > this.memoryCapacityMib) {
+      // not retryable: no amount of waiting makes this node big enough
+      throw new SandgymError(
+        'admission_rejected',
+        `A sandbox of ${memoryMib} MiB can never fit node ${this.nodeId} (${this.memoryCapacityMib} MiB); ask for less memory`,
+      );
+    }
+    if (
+      this.owned.size + this.pending >= this.maxSandboxes ||
+      this.committedMib + memoryMib > this.memoryCapacityMib
+    ) {
+      throw new SandgymError(
+        'admission_rejected',
+        `Node ${this.nodeId} is full (${this.owned.size}/${this.maxSandboxes} sandboxes, ${this.committedMib}/${this.memoryCapacityMib} MiB promised)`,
+        { retryable: true },
+      );
+    }
+    // reserve before the slow part, so concurrent creates cannot all pass the check
+    this.committedMib += memoryMib;
+    this.pending++;
+    try {
+      const sandbox = await this.platform.createSandbox(
+        { ...resolved, labels: { ...resolved.labels, [PROJECT_LABEL]: call.principal.project } },
+        { signal: call.signal },
+      );
+      this.owned.set(sandbox.id, { sandbox, project: call.principal.project, memoryMib });
+      return sandbox;
+    } catch (error) {
+      this.committedMib -= memoryMib;
+      throw error;
+    } finally {
+      this.pending--;
+    }
+  }
+
+  /** A sandbox of the caller's project; another project's is as missing as one that never was. */
+  private sandboxOf(id: string, call: CallContext): BackendSandbox {
+    const found = this.owned.get(id);
+    if (found?.project !== call.principal.project) {
+      throw new SandgymError('not_found', `No sandbox ${id} on node ${this.nodeId}`);
+    }
+    return found.sandbox;
+  }
+
+  private async stepLogOf(id: string, call: CallContext) {
+    this.sandboxOf(id, call);
+    return this.platform.stepLog(id);
+  }
+
+  private async *exec(
+    request: {
+      sandboxId: string;
+      argv: string[];
+      cwd?: string | undefined;
+      user?: string | undefined;
+      env?: Record<string, string> | undefined;
+      stdin?: Uint8Array | undefined;
+      outputCapBytes?: number | undefined;
+      timeoutMs?: number | undefined;
+    },
+    call: CallContext,
+  ) {
+    const { sandboxId, argv, ...rest } = request;
+    const options = Object.fromEntries(Object.entries(rest).filter(([, value]) => value !== undefined));
+    const running = this.sandboxOf(sandboxId, call).execStream(argv, { ...options, signal: call.signal });
+    for await (const chunk of running.output)
+      yield { type: 'chunk' as const, stream: chunk.stream, data: chunk.data };
+    yield { type: 'result' as const, result: await running.result };
+  }
+
+  private async destroy(id: string, project: string): Promise<void> {
+    const found = this.owned.get(id);
+    // another project's sandbox is as missing as one that never was
+    if (found?.project !== project)
+      throw new SandgymError('not_found', `No sandbox ${id} on node ${this.nodeId}`);
+    this.owned.delete(id);
+    this.committedMib -= found.memoryMib;
+    await found.sandbox.close();
+  }
+
+  /** Stops serving and destroys every sandbox it runs. */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    await this.server?.close();
+    this.owned.clear();
+    this.committedMib = 0;
+    await this.platform.close();
+  }
+}
+
+function info(sandbox: BackendSandbox): SandboxInfo {
+  return {
+    id: sandbox.id,
+    backend: sandbox.backend,
+    state: sandbox.state,
+    failure: sandbox.failure ?? null,
+    layers: sandbox.layers.map((layer) => ({ ...layer })),
+    labels: { ...sandbox.labels },
+  };
+}

@@ -1,0 +1,365 @@
+import {
+  AsyncQueue,
+  SandgymError,
+  isSandgymError,
+  parseAt,
+  settleAll,
+  type FailureReason,
+} from '../common/index.ts';
+import { collectExec } from '../backends/index.ts';
+import type {
+  BackendName,
+  BackendSandbox,
+  CallOptions,
+  DirEntry,
+  ExecChunk,
+  ExecOptions,
+  ExecResult,
+  ExecStream,
+  GcReport,
+  LayerImage,
+  ReadFileOptions,
+  SandboxRecord,
+  SandboxState,
+  SandboxStats,
+  WriteFileOptions,
+} from '../backends/index.ts';
+import type { Environment } from './layer-store.ts';
+import type { StepLog, StepLookup, StepRequest } from './exactly-once.ts';
+import type { TrajectoryRecord } from './trajectory-log.ts';
+import type {
+  LayerGcOptions,
+  LayerGcReport,
+  PackDiffOptions,
+  PackDiffResult,
+  PlatformClient,
+  Sandbox,
+} from './platform-client.ts';
+import { sandboxRequestSchema, type SandboxRequest } from './sandbox-request.ts';
+import { SANDBOXES, WireClient, type SandboxInfo, type WireClientOptions } from './wire/index.ts';
+
+/** Options for {@link Platform.connect}. */
+export interface ConnectOptions {
+  token: string;
+  /** How long to wait for the first connection. Default 10 s. */
+  connectTimeoutMs?: number;
+  /** Extra metadata on every call (a controller uses it to say which project it acts for). */
+  metadata?: Record<string, string>;
+}
+
+/** Slack on top of a command's own time limit before the call itself is abandoned. */
+const EXEC_DEADLINE_SLACK_MS = 30_000;
+
+type Client = WireClient<typeof SANDBOXES>;
+
+/** Parses `grpc://host:port` (or a bare `host:port`). */
+export function parseGrpcUrl(url: string): string {
+  const match = /^(?:grpc:\/\/)?([^/\s]+:\d{1,5})\/?$/.exec(url);
+  if (!match?.[1]) {
+    throw new SandgymError('invalid_argument', `"${url}" is not a platform address; use grpc://HOST:PORT`);
+  }
+  return match[1];
+}
+
+function callOptions(options: CallOptions): CallOptions {
+  return {
+    ...(options.signal ? { signal: options.signal } : {}),
+    ...(options.timeoutMs === undefined ? {} : { timeoutMs: options.timeoutMs }),
+  };
+}
+
+/**
+ * The cluster client: the same {@link PlatformClient} as the embedded platform, over gRPC to a
+ * controller (or straight to one node agent). Sandboxes it creates are destroyed by close().
+ */
+export class RemotePlatform implements PlatformClient {
+  private readonly mine = new Map<string, RemoteSandbox>();
+  private isClosed = false;
+
+  private constructor(private readonly client: Client) {}
+
+  static async connect(
+    url: string,
+    options: ConnectOptions,
+    clientOptions: Partial<WireClientOptions> = {},
+  ): Promise<RemotePlatform> {
+    const client = new WireClient(parseGrpcUrl(url), SANDBOXES, {
+      token: options.token,
+      ...(options.metadata ? { metadata: options.metadata } : {}),
+      ...clientOptions,
+    });
+    try {
+      await client.waitForReady(options.connectTimeoutMs ?? 10_000);
+    } catch (error) {
+      client.close();
+      throw error;
+    }
+    return new RemotePlatform(client);
+  }
+
+  async createSandbox(request: SandboxRequest = {}, options: CallOptions = {}): Promise<Sandbox> {
+    if (this.isClosed) throw new SandgymError('failed_precondition', 'The platform client is closed');
+    // validate here too, so a bad request fails the same way as on the embedded platform
+    const resolved = parseAt(sandboxRequestSchema, request, 'sandbox request');
+    const info = await this.client.call('Create', { request: resolved }, callOptions(options));
+    const sandbox = new RemoteSandbox(this.client, info, (id) => this.mine.delete(id));
+    this.mine.set(sandbox.id, sandbox);
+    return sandbox;
+  }
+
+  async attachSandbox(sandboxId: string, options: CallOptions = {}): Promise<Sandbox> {
+    const info = await this.client.call('Describe', { sandboxId }, callOptions(options));
+    return new RemoteSandbox(this.client, info, () => undefined);
+  }
+
+  async listSandboxes(options: CallOptions = {}): Promise<SandboxRecord[]> {
+    return (await this.client.call('List', {}, callOptions(options))).sandboxes;
+  }
+
+  async killSandbox(id: string, options: CallOptions = {}): Promise<void> {
+    await this.client.call('Destroy', { sandboxId: id }, callOptions(options));
+    this.mine.get(id)?.markStopped();
+  }
+
+  gc(options: CallOptions = {}): Promise<GcReport> {
+    return this.client.call('Gc', {}, callOptions(options));
+  }
+
+  layerGc(options: LayerGcOptions = {}): Promise<LayerGcReport> {
+    return this.client.call(
+      'LayerGc',
+      options.minAgeMs === undefined ? {} : { minAgeMs: options.minAgeMs },
+      callOptions(options),
+    );
+  }
+
+  async listEnvironments(options: CallOptions = {}): Promise<Environment[]> {
+    return (await this.client.call('ListEnvironments', {}, callOptions(options))).environments;
+  }
+
+  packDiff(sandbox: Sandbox | string, options: PackDiffOptions): Promise<PackDiffResult> {
+    return this.client.call(
+      'PackDiff',
+      {
+        sandboxId: typeof sandbox === 'string' ? sandbox : sandbox.id,
+        name: options.name,
+        ...(options.description === undefined ? {} : { description: options.description }),
+      },
+      callOptions(options),
+    );
+  }
+
+  stepLog(sandboxId: string, options: CallOptions = {}): Promise<StepLog> {
+    const call = callOptions(options);
+    const client = this.client;
+    return Promise.resolve({
+      lookup: (request: StepRequest): Promise<StepLookup> =>
+        client.call('StepLookup', { sandboxId, ...request }, call),
+      append: async (record: TrajectoryRecord): Promise<void> => {
+        await client.call('StepAppend', { sandboxId, record }, call);
+      },
+      records: async (): Promise<readonly TrajectoryRecord[]> =>
+        (await client.call('Trajectory', { sandboxId }, call)).records,
+    });
+  }
+
+  async close(): Promise<void> {
+    if (this.isClosed) return;
+    this.isClosed = true;
+    try {
+      await settleAll(
+        [...this.mine.values()].map((sandbox) => sandbox.close()),
+        'Some sandboxes of this client could not be destroyed',
+      );
+    } finally {
+      this.client.close();
+    }
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
+  }
+}
+
+/** A sandbox on some node of the cluster, driven through the wire protocol. */
+class RemoteSandbox implements BackendSandbox {
+  readonly id: string;
+  readonly backend: BackendName;
+  readonly layers: readonly LayerImage[];
+  readonly labels: Readonly<Record<string, string>>;
+  private currentState: SandboxState;
+  private currentFailure: FailureReason | undefined;
+  private closed = false;
+
+  constructor(
+    private readonly client: Client,
+    info: SandboxInfo,
+    private readonly forget: (id: string) => void,
+  ) {
+    this.id = info.id;
+    this.backend = info.backend;
+    this.layers = info.layers.map(({ digest, path, sizeBytes }) => ({
+      digest,
+      path,
+      ...(sizeBytes === undefined ? {} : { sizeBytes }),
+    }));
+    this.labels = info.labels;
+    this.currentState = info.state;
+    this.currentFailure = info.failure ?? undefined;
+  }
+
+  get state(): SandboxState {
+    return this.currentState;
+  }
+
+  get failure(): FailureReason | undefined {
+    return this.currentFailure;
+  }
+
+  private checkOpen(): void {
+    if (this.closed) {
+      throw new SandgymError(
+        'failed_precondition',
+        `Sandbox ${this.id} is ${this.currentState}: it was closed`,
+      );
+    }
+  }
+
+  /** Runs a call, and records a lost node as this sandbox's failure. */
+  private async guard<T>(call: () => Promise<T>): Promise<T> {
+    this.checkOpen();
+    try {
+      return await call();
+    } catch (error) {
+      if (error instanceof SandgymError && error.code === 'node_lost') {
+        this.currentState = 'failed';
+        this.currentFailure = 'node_lost';
+      }
+      throw error;
+    }
+  }
+
+  exec(argv: string[], options: ExecOptions = {}): Promise<ExecResult> {
+    return collectExec(this.execStream(argv, options));
+  }
+
+  execStream(argv: string[], options: ExecOptions = {}): ExecStream {
+    const output = new AsyncQueue<ExecChunk>();
+    if (this.closed) {
+      const failed = this.guard(() => Promise.reject(new Error('unreachable')));
+      failed.catch((error: unknown) => output.end(error));
+      return { output, result: failed };
+    }
+    const { signal, timeoutMs, stdin, ...rest } = options;
+    const request = {
+      sandboxId: this.id,
+      argv,
+      ...Object.fromEntries(Object.entries(rest).filter(([, value]) => value !== undefined)),
+      ...(stdin === undefined ? {} : { stdin: typeof stdin === 'string' ? Buffer.from(stdin) : stdin }),
+      ...(timeoutMs === undefined ? {} : { timeoutMs }),
+    };
+    const events = this.client.stream('Exec', request, {
+      ...(signal ? { signal } : {}),
+      ...(timeoutMs === undefined ? {} : { timeoutMs: timeoutMs + EXEC_DEADLINE_SLACK_MS }),
+    });
+    const result = this.guard(async () => {
+      for await (const event of events) {
+        if (event.type === 'chunk') output.push({ stream: event.stream, data: Buffer.from(event.data) });
+        else return event.result;
+      }
+      throw new SandgymError('platform_error', `The exec stream of ${this.id} ended without a result`);
+    });
+    result.then(
+      () => output.end(),
+      (error: unknown) => output.end(error),
+    );
+    return { output, result };
+  }
+
+  async readFile(path: string, options: ReadFileOptions = {}): Promise<Buffer> {
+    const { data } = await this.guard(() =>
+      this.client.call(
+        'ReadFile',
+        {
+          sandboxId: this.id,
+          path,
+          ...(options.maxBytes === undefined ? {} : { maxBytes: options.maxBytes }),
+        },
+        callOptions(options),
+      ),
+    );
+    return Buffer.from(data);
+  }
+
+  async writeFile(path: string, data: string | Uint8Array, options: WriteFileOptions = {}): Promise<void> {
+    await this.guard(() =>
+      this.client.call(
+        'WriteFile',
+        {
+          sandboxId: this.id,
+          path,
+          data: typeof data === 'string' ? Buffer.from(data) : data,
+          ...(options.mode === undefined ? {} : { mode: options.mode }),
+        },
+        callOptions(options),
+      ),
+    );
+  }
+
+  async listDir(path: string, options: CallOptions = {}): Promise<DirEntry[]> {
+    return (
+      await this.guard(() => this.client.call('ListDir', { sandboxId: this.id, path }, callOptions(options)))
+    ).entries;
+  }
+
+  async pause(options: CallOptions = {}): Promise<void> {
+    await this.guard(() => this.client.call('Pause', { sandboxId: this.id }, callOptions(options)));
+    this.currentState = 'paused';
+  }
+
+  async resume(options: CallOptions = {}): Promise<void> {
+    await this.guard(() => this.client.call('Resume', { sandboxId: this.id }, callOptions(options)));
+    this.currentState = 'running';
+  }
+
+  async stats(options: CallOptions = {}): Promise<SandboxStats> {
+    const stats = await this.guard(() =>
+      this.client.call('Stats', { sandboxId: this.id }, callOptions(options)),
+    );
+    this.currentState = stats.state;
+    return stats;
+  }
+
+  withWritableLayer<T>(): Promise<T> {
+    return Promise.reject(
+      new SandgymError(
+        'unsupported',
+        `The files of remote sandbox ${this.id} live on its node; use platform.packDiff() to turn them into a layer`,
+      ),
+    );
+  }
+
+  markStopped(): void {
+    this.closed = true;
+    this.currentState = 'stopped';
+    this.forget(this.id);
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    try {
+      await this.client.call('Destroy', { sandboxId: this.id });
+    } catch (error) {
+      // gone already (killed elsewhere, or a lost node took it with it): nothing left to destroy
+      if (!isSandgymError(error, 'node_lost', 'not_found')) throw error;
+    } finally {
+      this.currentState = 'stopped';
+      this.forget(this.id);
+    }
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
+  }
+}

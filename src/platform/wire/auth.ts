@@ -1,0 +1,56 @@
+import { timingSafeEqual, createHash } from 'node:crypto';
+import type { Metadata } from '@grpc/grpc-js';
+import { SandgymError } from '../../common/index.ts';
+import type { Authenticate, Principal } from './server.ts';
+
+/** The metadata key a trusted caller (a controller) uses to say which project it acts for. */
+export const PROJECT_KEY = 'sandgym-project';
+export const DEFAULT_PROJECT = 'default';
+
+const PROJECT_NAME = /^[a-z0-9][a-z0-9_-]{0,63}$/;
+
+function digest(token: string): Buffer {
+  return createHash('sha256').update(token).digest();
+}
+
+/** The bearer token of a call, or undefined. */
+function bearerOf(metadata: Metadata): string | undefined {
+  const header = metadata.get('authorization')[0];
+  if (typeof header !== 'string') return undefined;
+  const match = /^Bearer\s+(\S+)$/i.exec(header);
+  return match?.[1];
+}
+
+function unauthenticated(path: string, why: string): SandgymError {
+  return new SandgymError('unauthenticated', `${path}: ${why}; send "authorization: Bearer <token>"`);
+}
+
+/**
+ * Authenticates calls by bearer token. `tokens` maps each token to its project. With
+ * `trustProjectHeader`, a caller holding a valid token may act for the project it names in
+ * `sandgym-project` (how controllers call node agents).
+ */
+export function tokenAuthenticator(
+  tokens: Record<string, string>,
+  options: { trustProjectHeader?: boolean } = {},
+): Authenticate {
+  // compare digests in constant time, so a token cannot be guessed byte by byte from timings
+  const known = Object.entries(tokens).map(([token, project]) => ({ hash: digest(token), project }));
+  return (metadata, path): Principal => {
+    const token = bearerOf(metadata);
+    if (!token) throw unauthenticated(path, 'no token');
+    const hash = digest(token);
+    const match = known.find((entry) => timingSafeEqual(entry.hash, hash));
+    if (!match) throw unauthenticated(path, 'the token is not valid');
+    if (!options.trustProjectHeader) return { project: match.project };
+    const named = metadata.get(PROJECT_KEY)[0];
+    if (named === undefined) return { project: match.project };
+    if (typeof named !== 'string' || !PROJECT_NAME.test(named)) {
+      throw new SandgymError(
+        'invalid_argument',
+        `${path}: ${PROJECT_KEY} must be a project name (a-z, 0-9, _ and -)`,
+      );
+    }
+    return { project: named };
+  };
+}

@@ -1,0 +1,12 @@
+/** The wire protocol: gRPC services defined in TypeScript, msgpack messages validated by zod. */
+export { WireServer, register, TRANSPORT_MAX_BYTES } from './server.ts';
+export type { Authenticate, CallContext, Handlers, Principal, Registration } from './server.ts';
+export { WireClient } from './client.ts';
+export type { WireCallOptions, WireClientOptions } from './client.ts';
+export { tokenAuthenticator, PROJECT_KEY, DEFAULT_PROJECT } from './auth.ts';
+export { SANDBOXES, NODE } from './services.ts';
+export type { SandboxInfo, NodeStatus, ExecEvent } from './messages.ts';
+export { decodeMessage, encodeMessage } from './decode.ts';
+export { methodPath } from './service.ts';
+export type { MethodDef, ServiceDef } from './service.ts';
+export { STATUS_OF_CODE } from './status.ts';

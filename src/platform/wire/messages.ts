@@ -1,0 +1,201 @@
+import { z } from 'zod';
+import { environmentSchema, layerManifestSchema } from '../layer-store.ts';
+import { sandboxRequestSchema } from '../sandbox-request.ts';
+
+/**
+ * Message schemas of the wire protocol; docs/wire.md describes them for other languages.
+ * Requests are strict (an unknown field is an error that names it); responses are parsed
+ * leniently so an older client keeps working against a newer server.
+ */
+
+const count = z.number().int().nonnegative();
+const bytes = z.instanceof(Uint8Array);
+const absolutePath = z.string().min(1).max(4096).startsWith('/', 'paths are absolute');
+export const sandboxIdField = z
+  .string()
+  .regex(/^sg-[a-z0-9]{1,32}-[a-z0-9]{12}$/, 'a sandbox id, sg-<node>-<12 chars>');
+
+export const empty = z.strictObject({});
+export const sandboxRef = z.strictObject({ sandboxId: sandboxIdField });
+
+export const createRequest = z.strictObject({
+  request: sandboxRequestSchema,
+  /** All or nothing: the group is admitted whole or not at all (fork groups). */
+  runName: z.string().max(128).optional(),
+});
+
+const layerImage = z.object({ digest: z.string(), path: z.string(), sizeBytes: count.optional() });
+const sandboxState = z.enum(['creating', 'running', 'paused', 'hibernated', 'stopping', 'stopped', 'failed']);
+const failureReason = z.enum([
+  'oom',
+  'timeout',
+  'preempted',
+  'node_lost',
+  'admission_rejected',
+  'agent_crash',
+  'platform_error',
+]);
+
+export const sandboxInfo = z.object({
+  id: z.string(),
+  backend: z.enum(['container', 'fncall', 'microvm', 'vm']),
+  state: sandboxState,
+  failure: failureReason.nullable(),
+  layers: z.array(layerImage),
+  labels: z.record(z.string(), z.string()),
+});
+export type SandboxInfo = z.infer<typeof sandboxInfo>;
+
+export const execRequest = z.strictObject({
+  sandboxId: sandboxIdField,
+  argv: z
+    .array(z.string().max(128 * 1024))
+    .min(1, 'argv needs a program')
+    .max(4096),
+  cwd: absolutePath.optional(),
+  user: z.string().max(64).optional(),
+  env: z.record(z.string().max(256), z.string().max(128 * 1024)).optional(),
+  stdin: bytes.optional(),
+  outputCapBytes: z
+    .number()
+    .int()
+    .positive()
+    .max(64 * 1024 * 1024)
+    .optional(),
+  /** The command's own time limit: when it passes, its process group is killed and timedOut set. */
+  timeoutMs: z.number().int().positive().optional(),
+});
+
+export const execResult = z.object({
+  exitCode: z.number().int().nullable(),
+  signal: z.string().nullable(),
+  stdout: z.string(),
+  stderr: z.string(),
+  stdoutBytes: count,
+  stderrBytes: count,
+  stdoutTruncated: z.boolean(),
+  stderrTruncated: z.boolean(),
+  timedOut: z.boolean(),
+  oomKilled: z.boolean(),
+  durationMs: z.number().nonnegative(),
+});
+
+/** Exec streams output chunks as they arrive, then exactly one result. */
+export const execEvent = z.discriminatedUnion('type', [
+  z.object({ type: z.literal('chunk'), stream: z.enum(['stdout', 'stderr']), data: bytes }),
+  z.object({ type: z.literal('result'), result: execResult }),
+]);
+export type ExecEvent = z.infer<typeof execEvent>;
+
+export const readFileRequest = z.strictObject({
+  sandboxId: sandboxIdField,
+  path: absolutePath,
+  maxBytes: z
+    .number()
+    .int()
+    .positive()
+    .max(64 * 1024 * 1024)
+    .optional(),
+});
+export const fileData = z.object({ data: bytes });
+
+export const writeFileRequest = z.strictObject({
+  sandboxId: sandboxIdField,
+  path: absolutePath,
+  data: bytes.refine((value) => value.byteLength <= 64 * 1024 * 1024, 'files are at most 64 MiB per call'),
+  mode: z.number().int().min(0).max(0o7777).optional(),
+});
+
+export const listDirRequest = z.strictObject({ sandboxId: sandboxIdField, path: absolutePath });
+export const dirEntries = z.object({
+  entries: z.array(
+    z.object({
+      name: z.string(),
+      type: z.enum(['file', 'dir', 'symlink', 'other']),
+      size: count,
+      mode: count,
+    }),
+  ),
+});
+
+export const sandboxStats = z.object({
+  state: sandboxState,
+  memoryBytes: count,
+  pids: count,
+  cpuUsageMs: z.number().nonnegative(),
+  oomKills: count,
+});
+
+export const sandboxRecords = z.object({
+  sandboxes: z.array(
+    z.object({
+      id: z.string(),
+      backend: z.enum(['container', 'fncall', 'microvm', 'vm']),
+      state: z.enum(['running', 'paused', 'orphaned']),
+      ownerPid: z.number().int(),
+      createdAt: z.string(),
+      labels: z.record(z.string(), z.string()),
+      layers: z.array(z.string()),
+    }),
+  ),
+});
+
+export const packDiffRequest = z.strictObject({
+  sandboxId: sandboxIdField,
+  name: z.string().min(1).max(160),
+  description: z.string().max(4096).optional(),
+});
+export const packDiffResult = z.object({ layer: layerManifestSchema, environment: environmentSchema });
+export const environments = z.object({ environments: z.array(environmentSchema) });
+
+export const gcReport = z.object({
+  sandboxes: z.array(z.string()),
+  mounts: z.array(z.string()),
+  cgroups: z.array(z.string()),
+});
+export const layerGcRequest = z.strictObject({ minAgeMs: count.optional() });
+export const layerGcReport = z.object({
+  unmounted: z.array(z.string()),
+  removedCopies: z.array(z.string()),
+  removedLayers: z.array(z.string()),
+  freedBytes: count,
+});
+
+const stepRequestFields = {
+  sandboxId: sandboxIdField,
+  episodeId: z.string().min(1).max(256),
+  stepIndex: count,
+};
+/** Actions are opaque here (the env layer validates them); they are compared, never interpreted. */
+export const stepLookupRequest = z.strictObject({ ...stepRequestFields, action: z.unknown() });
+export const stepLookup = z.discriminatedUnion('logged', [
+  z.object({ logged: z.literal(true), result: z.unknown() }),
+  z.object({ logged: z.literal(false) }),
+]);
+const trajectoryRecord = z.object({
+  episodeId: z.string(),
+  stepIndex: count,
+  action: z.unknown(),
+  result: z.unknown(),
+  startedAt: z.string(),
+  durationMs: z.number().nonnegative(),
+});
+export const stepAppendRequest = z.strictObject({
+  sandboxId: sandboxIdField,
+  record: trajectoryRecord.strict(),
+});
+export const trajectory = z.object({ records: z.array(trajectoryRecord) });
+
+/** What a node agent reports to the controllers' watchers. */
+export const nodeStatus = z.object({
+  nodeId: z.string(),
+  backends: z.array(z.enum(['container', 'fncall', 'microvm', 'vm'])),
+  healthy: z.boolean(),
+  sandboxes: count,
+  capacity: count,
+  memoryCommittedMib: count,
+  memoryCapacityMib: count,
+  /** Live sandboxes per project, for quotas. */
+  projects: z.record(z.string(), count),
+});
+export type NodeStatus = z.infer<typeof nodeStatus>;

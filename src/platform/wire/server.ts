@@ -1,0 +1,205 @@
+import {
+  Server,
+  ServerCredentials,
+  type Metadata,
+  type ServerUnaryCall,
+  type ServerWritableStream,
+  type ServiceDefinition,
+  type UntypedServiceImplementation,
+  type sendUnaryData,
+} from '@grpc/grpc-js';
+import { SandgymError, type Logger } from '../../common/index.ts';
+import { decodeMessage, encodeMessage } from './decode.ts';
+import {
+  DEFAULT_MAX_REQUEST_BYTES,
+  methodPath,
+  type MethodDef,
+  type RequestOf,
+  type ServiceDef,
+} from './service.ts';
+import { toStatus } from './status.ts';
+
+/** Largest frame the transport accepts; each method then applies its own, smaller, limit. */
+export const TRANSPORT_MAX_BYTES = 96 * 1024 * 1024;
+
+/** Who is calling, as {@link Authenticate} decided from the call's metadata. */
+export interface Principal {
+  /** The project whose sandboxes and quota the call may touch. */
+  project: string;
+}
+
+/** Decides who a call is from, or throws `unauthenticated`. */
+export type Authenticate = (metadata: Metadata, path: string) => Principal;
+
+/** What a handler gets besides the request. */
+export interface CallContext {
+  principal: Principal;
+  /** Aborted when the client cancels or its deadline passes. */
+  signal: AbortSignal;
+  metadata: Metadata;
+}
+
+type Handler<M extends MethodDef> = M extends { kind: 'server_stream' }
+  ? (request: RequestOf<M>, call: CallContext) => AsyncIterable<unknown>
+  : (request: RequestOf<M>, call: CallContext) => Promise<unknown>;
+
+/** The implementation of every method of a service. */
+export type Handlers<S extends ServiceDef> = { [K in keyof S['methods']]: Handler<S['methods'][K]> };
+
+/** A service and its implementation, ready to serve. */
+export interface Registration {
+  service: ServiceDef;
+  handlers: Record<string, (request: never, call: CallContext) => AsyncIterable<unknown> | Promise<unknown>>;
+}
+
+/** Pairs a service with its handlers, checking their types. */
+export function register<S extends ServiceDef>(service: S, handlers: Handlers<S>): Registration {
+  return { service, handlers: handlers as Registration['handlers'] };
+}
+
+const identity = (bytes: Buffer): Buffer => bytes;
+
+/**
+ * A gRPC server whose messages are msgpack, validated with zod before a handler sees them, with
+ * every error mapped through one status table. Handlers are plain async functions.
+ */
+export class WireServer {
+  private constructor(
+    private readonly server: Server,
+    readonly port: number,
+  ) {}
+
+  static async listen(
+    address: string,
+    registrations: Registration[],
+    options: { authenticate: Authenticate; logger: Logger },
+  ): Promise<WireServer> {
+    const server = new Server({
+      'grpc.max_receive_message_length': TRANSPORT_MAX_BYTES,
+      'grpc.max_send_message_length': TRANSPORT_MAX_BYTES,
+    });
+    for (const { service, handlers } of registrations) {
+      const definition: Record<string, ServiceDefinition[string]> = {};
+      const implementation: UntypedServiceImplementation = {};
+      for (const [name, method] of Object.entries(service.methods)) {
+        const handler = handlers[name];
+        if (!handler) throw new Error(`No handler for ${service.name}.${name}`);
+        const path = methodPath(service, name);
+        definition[name] = {
+          path,
+          requestStream: false,
+          responseStream: method.kind === 'server_stream',
+          requestSerialize: identity,
+          requestDeserialize: identity,
+          responseSerialize: identity,
+          responseDeserialize: identity,
+          originalName: name,
+        };
+        const prepare = (call: ServerUnaryCall<Buffer, Buffer> | ServerWritableStream<Buffer, Buffer>) =>
+          prepareCall(call, method, path, options.authenticate);
+        implementation[name] =
+          method.kind === 'unary'
+            ? (call: ServerUnaryCall<Buffer, Buffer>, callback: sendUnaryData<Buffer>) => {
+                void (async () => {
+                  const { request, context } = prepare(call);
+                  return encodeMessage(
+                    await (handler as (r: never, c: CallContext) => Promise<unknown>)(request, context),
+                  );
+                })().then(
+                  (response) => callback(null, response),
+                  (error: unknown) => {
+                    logFailure(options.logger, path, error);
+                    callback(toStatus(error));
+                  },
+                );
+              }
+            : (call: ServerWritableStream<Buffer, Buffer>) => {
+                void (async () => {
+                  const { request, context } = prepare(call);
+                  const stream = (handler as (r: never, c: CallContext) => AsyncIterable<unknown>)(
+                    request,
+                    context,
+                  );
+                  for await (const message of stream) {
+                    if (context.signal.aborted) break;
+                    if (!call.write(encodeMessage(message))) await waitForDrain(call, context.signal);
+                  }
+                })().then(
+                  () => call.end(),
+                  (error: unknown) => {
+                    logFailure(options.logger, path, error);
+                    call.emit('error', toStatus(error));
+                  },
+                );
+              };
+      }
+      server.addService(definition, implementation);
+    }
+    const port = await new Promise<number>((resolve, reject) =>
+      server.bindAsync(address, ServerCredentials.createInsecure(), (error, bound) =>
+        error
+          ? reject(new SandgymError('platform_error', `Cannot listen on ${address}: ${error.message}`))
+          : resolve(bound),
+      ),
+    );
+    return new WireServer(server, port);
+  }
+
+  /** Stops taking calls, lets running ones finish for `graceMs`, then cuts the rest. */
+  async close(graceMs = 2000): Promise<void> {
+    await new Promise<void>((resolve) => {
+      const timer = setTimeout(() => {
+        this.server.forceShutdown();
+        resolve();
+      }, graceMs);
+      this.server.tryShutdown(() => {
+        clearTimeout(timer);
+        resolve();
+      });
+    });
+  }
+
+  /** Cuts every call at once, as a crash would (for tests and `kill`-like shutdowns). */
+  forceClose(): void {
+    this.server.forceShutdown();
+  }
+}
+
+function prepareCall(
+  call: ServerUnaryCall<Buffer, Buffer> | ServerWritableStream<Buffer, Buffer>,
+  method: MethodDef,
+  path: string,
+  authenticate: Authenticate,
+): { request: never; context: CallContext } {
+  const principal = authenticate(call.metadata, path);
+  const request = decodeMessage(
+    method.request,
+    call.request,
+    method.maxRequestBytes ?? DEFAULT_MAX_REQUEST_BYTES,
+    `request to ${path}`,
+  ) as never;
+  const controller = new AbortController();
+  call.on('cancelled', () => controller.abort(new SandgymError('cancelled', `The client cancelled ${path}`)));
+  if (call.cancelled) controller.abort(new SandgymError('cancelled', `The client cancelled ${path}`));
+  return { request, context: { principal, signal: controller.signal, metadata: call.metadata } };
+}
+
+function waitForDrain(call: ServerWritableStream<Buffer, Buffer>, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    const done = (): void => {
+      call.off('drain', done);
+      signal.removeEventListener('abort', done);
+      resolve();
+    };
+    call.once('drain', done);
+    signal.addEventListener('abort', done, { once: true });
+  });
+}
+
+function logFailure(logger: Logger, path: string, error: unknown): void {
+  if (error instanceof SandgymError && error.code !== 'platform_error') {
+    logger.debug({ path, code: error.code, message: error.message }, 'call failed');
+  } else {
+    logger.warn({ path, err: error }, 'call failed unexpectedly');
+  }
+}

@@ -1,0 +1,84 @@
+import * as m from './messages.ts';
+import { serverStream, unary, type ServiceDef } from './service.ts';
+
+const MAX_FILE_MESSAGE = 65 * 1024 * 1024;
+
+/**
+ * Sandboxes: what a client drives. Node agents serve it for their own sandboxes; controllers serve
+ * it for the cluster, routing each sandbox call to the node its id names.
+ */
+export const SANDBOXES = {
+  name: 'sandgym.v1.Sandboxes',
+  methods: {
+    Create: unary({ request: m.createRequest, response: m.sandboxInfo, summary: 'create a sandbox' }),
+    Describe: unary({
+      request: m.sandboxRef,
+      response: m.sandboxInfo,
+      summary: 'one sandbox: state, layers, labels',
+    }),
+    Exec: serverStream({
+      request: m.execRequest,
+      response: m.execEvent,
+      maxRequestBytes: MAX_FILE_MESSAGE,
+      summary: 'run a command: output chunks as they arrive, then its result',
+    }),
+    ReadFile: unary({ request: m.readFileRequest, response: m.fileData, summary: 'read a file' }),
+    WriteFile: unary({
+      request: m.writeFileRequest,
+      response: m.empty,
+      maxRequestBytes: MAX_FILE_MESSAGE,
+      summary: 'write a file (parents created)',
+    }),
+    ListDir: unary({ request: m.listDirRequest, response: m.dirEntries, summary: 'list a directory' }),
+    Pause: unary({ request: m.sandboxRef, response: m.empty, summary: 'freeze every process' }),
+    Resume: unary({ request: m.sandboxRef, response: m.empty, summary: 'thaw' }),
+    Stats: unary({ request: m.sandboxRef, response: m.sandboxStats, summary: 'measured use' }),
+    Destroy: unary({ request: m.sandboxRef, response: m.empty, summary: 'destroy (idempotent)' }),
+    List: unary({
+      request: m.empty,
+      response: m.sandboxRecords,
+      summary: "the caller's project's sandboxes",
+    }),
+    PackDiff: unary({
+      request: m.packDiffRequest,
+      response: m.packDiffResult,
+      summary: "a sandbox's changes as a layer and a new environment",
+    }),
+    ListEnvironments: unary({
+      request: m.empty,
+      response: m.environments,
+      summary: 'environments in the store',
+    }),
+    StepLookup: unary({
+      request: m.stepLookupRequest,
+      response: m.stepLookup,
+      maxRequestBytes: MAX_FILE_MESSAGE,
+      summary: 'exactly-once steps: the logged result of a step, or that it is next',
+    }),
+    StepAppend: unary({
+      request: m.stepAppendRequest,
+      response: m.empty,
+      maxRequestBytes: MAX_FILE_MESSAGE,
+      summary: "log a step's result durably before the client returns it",
+    }),
+    Trajectory: unary({
+      request: m.sandboxRef,
+      response: m.trajectory,
+      summary: "a sandbox's trajectory log",
+    }),
+    Gc: unary({ request: m.empty, response: m.gcReport, summary: 'reap what crashed owners left' }),
+    LayerGc: unary({
+      request: m.layerGcRequest,
+      response: m.layerGcReport,
+      summary: 'unused mounts and layers',
+    }),
+  },
+} satisfies ServiceDef;
+
+/** Node: what controllers ask a node agent besides sandbox calls. */
+export const NODE = {
+  name: 'sandgym.v1.Node',
+  methods: {
+    Status: unary({ request: m.empty, response: m.nodeStatus, summary: 'load, capacity and health' }),
+  },
+} satisfies ServiceDef;

@@ -1,0 +1,181 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { isSandgymError } from '../../src/common/index.ts';
+import type { PlatformClient, Sandbox } from '../../src/platform/index.ts';
+import { SandboxEnv } from '../../src/env/index.ts';
+
+/** How a way of running sandgym joins the contract suite. */
+export interface PlatformTarget {
+  name: string;
+  /**
+   * A ready client, plus (where projects exist) a client of another project on the same
+   * platform, to prove one project cannot see another's sandboxes.
+   */
+  open(): Promise<{ platform: PlatformClient; otherProject?: PlatformClient; dispose(): Promise<void> }>;
+}
+
+export async function expectCode(promise: Promise<unknown>, code: string, message?: RegExp): Promise<void> {
+  const error: unknown = await promise.then(
+    () => undefined,
+    (e: unknown) => e,
+  );
+  expect(isSandgymError(error), `expected a SandgymError "${code}", got ${String(error)}`).toBe(true);
+  expect((error as { code: string }).code).toBe(code);
+  if (message) expect((error as Error).message).toMatch(message);
+}
+
+/** The PlatformClient contract: the embedded platform and the cluster client keep it alike. */
+export function describePlatformContract(target: PlatformTarget): void {
+  describe(`platform contract: ${target.name}`, () => {
+    let opened: Awaited<ReturnType<PlatformTarget['open']>>;
+    let sandbox: Sandbox;
+
+    beforeAll(async () => {
+      opened = await target.open();
+      sandbox = await opened.platform.createSandbox({
+        environment: 'busybox:latest',
+        resources: { memoryMib: 64 },
+      });
+    });
+
+    afterAll(async () => {
+      try {
+        await sandbox?.close();
+      } finally {
+        await opened?.dispose();
+      }
+    });
+
+    it('runs commands and reports output and exit codes', async () => {
+      const ok = await sandbox.exec(['sh', '-c', 'echo out; echo err >&2; exit 3']);
+      expect(ok).toMatchObject({ exitCode: 3, stdout: 'out\n', stderr: 'err\n', timedOut: false });
+      const slow = await sandbox.exec(['sleep', '5'], { timeoutMs: 300 });
+      expect(slow.timedOut).toBe(true);
+    });
+
+    it('streams output before the command ends', async () => {
+      const running = sandbox.execStream(['sh', '-c', 'echo first; sleep 0.3; echo second']);
+      const chunks: string[] = [];
+      for await (const chunk of running.output) chunks.push(chunk.data.toString());
+      expect(chunks.join('')).toBe('first\nsecond\n');
+      expect(chunks.length).toBeGreaterThanOrEqual(2);
+      expect((await running.result).exitCode).toBe(0);
+    });
+
+    it('writes, reads and lists files', async () => {
+      await sandbox.writeFile('/tmp/contract/a.txt', 'hello', { mode: 0o600 });
+      expect((await sandbox.readFile('/tmp/contract/a.txt')).toString()).toBe('hello');
+      const entries = await sandbox.listDir('/tmp/contract');
+      expect(entries).toEqual([expect.objectContaining({ name: 'a.txt', type: 'file', size: 5 })]);
+      await expectCode(sandbox.readFile('/tmp/contract/missing'), 'not_found');
+    });
+
+    it('pauses and resumes', async () => {
+      await sandbox.pause();
+      expect((await sandbox.stats()).state).toBe('paused');
+      await sandbox.resume();
+      expect((await sandbox.exec(['true'])).exitCode).toBe(0);
+    });
+
+    it('rejects a bad request with a message that names the field', async () => {
+      await expectCode(
+        opened.platform.createSandbox({ resources: { memoryMib: 1 } }),
+        'invalid_argument',
+        /resources\.memoryMib/,
+      );
+      await expectCode(
+        opened.platform.createSandbox({ enviroment: 'busybox:latest' } as never),
+        'invalid_argument',
+        /enviroment/,
+      );
+      await expectCode(opened.platform.createSandbox({ environment: 'nope:1' }), 'not_found');
+    });
+
+    it('lists and kills sandboxes', async () => {
+      const extra = await opened.platform.createSandbox({
+        environment: 'busybox:latest',
+        resources: { memoryMib: 64 },
+      });
+      try {
+        expect((await opened.platform.listSandboxes()).map((r) => r.id)).toContain(extra.id);
+        await opened.platform.killSandbox(extra.id);
+        expect((await opened.platform.listSandboxes()).map((r) => r.id)).not.toContain(extra.id);
+      } finally {
+        await extra.close();
+      }
+    });
+
+    it('runs each step exactly once, even for a second client attached to the episode', async () => {
+      const env = SandboxEnv.create(opened.platform, {
+        sandbox: { environment: 'busybox:latest', resources: { memoryMib: 64 } },
+      });
+      try {
+        const reset = await env.reset({ options: { episodeId: 'contract' } });
+        const step = { type: 'exec' as const, command: 'date +%s%N >> /tmp/steps; wc -l < /tmp/steps' };
+        const first = await env.step(step);
+        expect(first.observation).toMatchObject({ type: 'exec', stdout: '1\n' });
+        const live = env.current as Sandbox;
+        // a second client (a restarted trainer) attaches and replays step 0 from the node's log
+        const again = await SandboxEnv.attach(opened.platform, live, 'contract');
+        const replayed = await again.step(step);
+        expect(replayed.info['replayed']).toBe(true);
+        expect(replayed.observation).toEqual(first.observation);
+        expect((await live.readFile('/tmp/steps')).toString().trim().split('\n')).toHaveLength(1);
+        // a client that asks for something else at a logged index gets a typed divergence
+        const stray = await SandboxEnv.attach(opened.platform, live, 'contract');
+        await expectCode(stray.step({ type: 'exec', command: 'echo other' }), 'divergence');
+        const records = await (await opened.platform.stepLog(reset.info['sandboxId'] as string)).records();
+        expect(records.filter((r) => r.episodeId === 'contract')).toHaveLength(1);
+      } finally {
+        await env.close();
+      }
+    });
+
+    it('packs a sandbox diff into an environment new sandboxes start from', async () => {
+      await sandbox.writeFile('/root/packed.txt', 'from the diff');
+      const name = `contract-${Date.now().toString(36)}:v1`;
+      const { environment } = await opened.platform.packDiff(sandbox, { name });
+      expect(environment.layers.length).toBeGreaterThan(1);
+      expect((await opened.platform.listEnvironments()).map((e) => `${e.name}:${e.version}`)).toContain(name);
+      const child = await opened.platform.createSandbox({ environment: name, resources: { memoryMib: 64 } });
+      try {
+        expect((await child.readFile('/root/packed.txt')).toString()).toBe('from the diff');
+      } finally {
+        await child.close();
+      }
+    });
+
+    it("hides one project's sandboxes from another", async (context) => {
+      const other = opened.otherProject;
+      if (!other) return context.skip();
+      expect((await other.listSandboxes()).map((r) => r.id)).not.toContain(sandbox.id);
+      await expectCode(other.killSandbox(sandbox.id), 'not_found');
+      expect((await sandbox.exec(['true'])).exitCode).toBe(0);
+      await expectCode(other.attachSandbox(sandbox.id), 'not_found');
+      await expectCode(
+        other.stepLog(sandbox.id).then((log) => log.records()),
+        'not_found',
+      );
+      await expectCode(other.packDiff(sandbox.id, { name: 'stolen:v1' }), 'not_found');
+    });
+
+    it('destroys its sandboxes on close', async () => {
+      const second = await target.open();
+      const platform = second.platform;
+      try {
+        const made = await platform.createSandbox({
+          environment: 'busybox:latest',
+          resources: { memoryMib: 64 },
+        });
+        await platform.close();
+        expect(made.state).toBe('stopped');
+        const error: unknown = await made.exec(['true']).then(
+          () => undefined,
+          (e: unknown) => e,
+        );
+        expect(isSandgymError(error)).toBe(true);
+      } finally {
+        await second.dispose();
+      }
+    });
+  });
+}

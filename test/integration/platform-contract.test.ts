@@ -1,0 +1,86 @@
+import { silentLogger } from '../../src/common/index.ts';
+import { Controller, NodeAgent, Platform } from '../../src/platform/index.ts';
+import { describePlatformContract } from '../conformance/platform-contract.ts';
+import { createTestPlatform } from '../support/platform.ts';
+
+const NODE_TOKEN = 'node-secret';
+const GRANTS = {
+  'token-a': { project: 'alpha', maxSandboxes: 50 },
+  'token-b': { project: 'beta', maxSandboxes: 50 },
+};
+
+describePlatformContract({
+  name: 'local',
+  async open() {
+    const test = await createTestPlatform('contract-local', { privateStore: true });
+    return { platform: test.platform, dispose: async () => test[Symbol.asyncDispose]() };
+  },
+});
+
+describePlatformContract({
+  name: 'remote, straight to a node agent',
+  async open() {
+    const test = await createTestPlatform('contract-node', { privateStore: true });
+    const node = await NodeAgent.start(test.platform, {
+      listen: '127.0.0.1:0',
+      token: NODE_TOKEN,
+      logger: silentLogger(),
+    });
+    const url = `grpc://127.0.0.1:${node.port}`;
+    const platform = await Platform.connect(url, { token: NODE_TOKEN });
+    const otherProject = await Platform.connect(url, {
+      token: NODE_TOKEN,
+      metadata: { 'sandgym-project': 'other' },
+    });
+    return {
+      platform,
+      otherProject,
+      async dispose() {
+        try {
+          await platform.close();
+          await otherProject.close();
+          await node.close();
+        } finally {
+          await test[Symbol.asyncDispose]();
+        }
+      },
+    };
+  },
+});
+
+describePlatformContract({
+  name: 'remote, through a controller',
+  async open() {
+    const test = await createTestPlatform('contract-ctl', { privateStore: true });
+    const node = await NodeAgent.start(test.platform, {
+      listen: '127.0.0.1:0',
+      token: NODE_TOKEN,
+      logger: silentLogger(),
+    });
+    const controller = await Controller.start({
+      listen: '127.0.0.1:0',
+      nodes: [`127.0.0.1:${node.port}`],
+      nodeToken: NODE_TOKEN,
+      grants: GRANTS,
+      logger: silentLogger(),
+      pollMs: 200,
+    });
+    const url = `grpc://127.0.0.1:${controller.port}`;
+    const platform = await Platform.connect(url, { token: 'token-a' });
+    const otherProject = await Platform.connect(url, { token: 'token-b' });
+    return {
+      platform,
+      otherProject,
+      async dispose() {
+        try {
+          await platform.close();
+          await otherProject.close();
+          await controller.close();
+          await node.close();
+        } finally {
+          await test[Symbol.asyncDispose]();
+        }
+      },
+    };
+  },
+});
