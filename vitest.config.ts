@@ -1,6 +1,7 @@
 import { defineConfig } from 'vitest/config';
 
-// unit: pure logic. integration: real sandboxes, real layers, the real CLI; needs root and
+// unit: pure logic. integration: real sandboxes, real layers, the real CLI; system: several
+// processes over network namespaces. Integration and system need root and
 // `npm run prepare-host` (the test script runs it). The leak check runs after everything.
 export default defineConfig({
   test: {
@@ -16,6 +17,17 @@ export default defineConfig({
           // Two cores: more than two files at once only adds contention.
           maxWorkers: 2,
           sequence: { groupOrder: 1 },
+        },
+      },
+      {
+        // several processes and network namespaces per test: one file at a time, after the rest
+        test: {
+          name: 'system',
+          include: ['test/system/**/*.test.ts'],
+          testTimeout: 300_000,
+          hookTimeout: 180_000,
+          maxWorkers: 1,
+          sequence: { groupOrder: 2 },
         },
       },
     ],

@@ -5,6 +5,13 @@
  * can open its fds through /proc or ptrace it), and never calls the image's shell for its own
  * work. When the request pipe closes, the sandbox has no owner: it kills everything and exits.
  *
+ * With --durable (node agents), the sandbox outlives its owner instead: the agent keeps a spare
+ * writer on its request pipe and a spare reader on its response pipe, so neither ever reports
+ * that the other end went away. A restarted owner (root on the host) reopens both pipes through
+ * /proc/<pid>/fd/100 and /101, and sends `sync` with a random nonce; the agent answers with the
+ * raw nonce before a normal reply, so the owner can skip whatever a dead predecessor left half
+ * read. Such a sandbox ends only on `shutdown` or when its cgroup is killed.
+ *
  * The same binary has a host-side mode, `launch`, documented in launch.c. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -144,6 +151,16 @@ static void handle_exec(request *req) {
   exec_request_free(&ex);
 }
 
+static void shutdown_sandbox(void);
+
+/* Resynchronises a reopened channel: the raw nonce marks where this owner's replies begin. */
+static void handle_sync(request *req) {
+  if ((req->data.type != MP_BIN && req->data.type != MP_STR) || req->data.len < 8 || req->data.len > 64)
+    return send_error(req->id, "bad_request", "sync needs an 8-64 byte nonce in data");
+  channel_write_raw(req->data.ptr, req->data.len);
+  send_ok(req->id);
+}
+
 static void handle_frame(const uint8_t *p, size_t n) {
   request req;
   if (!parse_request(p, n, &req) || req.bad || req.op.type != MP_STR) {
@@ -162,6 +179,11 @@ static void handle_frame(const uint8_t *p, size_t n) {
     file_list(req.id, &req.path);
   } else if (mp_item_is(&req.op, "ping")) {
     send_ok(req.id);
+  } else if (mp_item_is(&req.op, "sync")) {
+    handle_sync(&req);
+  } else if (mp_item_is(&req.op, "shutdown")) {
+    send_ok(req.id);
+    shutdown_sandbox();
   } else {
     send_error(req.id, "bad_request", "unknown op");
   }
@@ -208,19 +230,34 @@ static void read_requests(void) {
 
 /* Moves the channel to close-on-exec fds so that no command can inherit it. The runtime hands
  * it over as fds 3 and 4 (crun --preserve-fds), apart from stdio, which the runtime itself reads. */
-static void take_channel(void) {
-  request_fd = fcntl(3, F_DUPFD_CLOEXEC, 100);
-  int out = fcntl(4, F_DUPFD_CLOEXEC, 100);
-  if (request_fd < 0 || out < 0) _exit(111);
+static void take_channel(bool durable) {
+  request_fd = dup3(3, CHANNEL_REQUEST_FD, O_CLOEXEC) < 0 ? -1 : CHANNEL_REQUEST_FD;
+  int out = dup3(4, CHANNEL_RESPONSE_FD, O_CLOEXEC) < 0 ? -1 : CHANNEL_RESPONSE_FD;
+  if (request_fd < 0 || out < 0) {
+    fprintf(stderr, "sandgym-agent: no channel on fds 3 and 4: %s\n", strerror(errno));
+    _exit(111);
+  }
   close(3);
   close(4);
+  if (durable) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", CHANNEL_REQUEST_FD);
+    int spare_writer = open(path, O_WRONLY | O_CLOEXEC);
+    snprintf(path, sizeof path, "/proc/self/fd/%d", CHANNEL_RESPONSE_FD);
+    int spare_reader = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (spare_writer < 0 || spare_reader < 0) {
+      fprintf(stderr, "sandgym-agent: --durable cannot hold its channel open: %s\n", strerror(errno));
+      _exit(112);
+    }
+    /* kept open for the life of the agent, never used */
+  }
   fcntl(request_fd, F_SETFL, fcntl(request_fd, F_GETFL) | O_NONBLOCK);
   channel_init(out);
 }
 
-static _Noreturn void agent_main(void) {
+static _Noreturn void agent_main(bool durable) {
   prctl(PR_SET_DUMPABLE, 0);
-  take_channel();
+  take_channel(durable);
   files_init();
   signal(SIGPIPE, SIG_IGN);
   sigset_t chld;
@@ -274,11 +311,12 @@ static _Noreturn void agent_main(void) {
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "launch") == 0) return launch_main(argc - 1, argv + 1);
   if (argc > 1 && strcmp(argv[1], "mount-erofs") == 0) return mount_erofs_main(argc - 1, argv + 1);
-  if (argc > 1) {
-    fprintf(stderr, "usage: sandgym-agent            (as a sandbox's first process)\n"
+  bool durable = argc == 2 && strcmp(argv[1], "--durable") == 0;
+  if (argc > 1 && !durable) {
+    fprintf(stderr, "usage: sandgym-agent [--durable] (as a sandbox's first process)\n"
                     "       sandgym-agent launch ...  (host side; see launch.c)\n"
                     "       sandgym-agent mount-erofs IMAGE TARGET\n");
     return 2;
   }
-  agent_main();
+  agent_main(durable);
 }

@@ -22,6 +22,8 @@ static void write_all(const uint8_t *p, size_t n) {
   }
 }
 
+void channel_write_raw(const uint8_t *p, size_t n) { write_all(p, n); }
+
 void channel_send(mp_writer *w) {
   if (w->failed) {
     mp_writer_free(w);

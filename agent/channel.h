@@ -5,8 +5,13 @@
 #include "msgpack.h"
 
 #define CHANNEL_MAX_FRAME (80u * 1024u * 1024u)
+/* Where the agent keeps its channel, so a restarted owner can find it in /proc/<pid>/fd. */
+#define CHANNEL_REQUEST_FD 100
+#define CHANNEL_RESPONSE_FD 101
 
 void channel_init(int out_fd);
+/* Writes bytes outside any frame: only the sync marker does this. */
+void channel_write_raw(const uint8_t *p, size_t n);
 /* Sends the writer's bytes as one frame and resets the writer. */
 void channel_send(mp_writer *w);
 /* Starts a reply map: its type, the request id, then room for `fields` more entries. */

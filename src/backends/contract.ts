@@ -151,6 +151,8 @@ export interface BackendSandbox extends AsyncDisposable {
   readonly layers: readonly LayerImage[];
   /** The labels it was created with (the platform adds `environment`). */
   readonly labels: Readonly<Record<string, string>>;
+  /** The caps it was created with. */
+  readonly resources: Readonly<SandboxResources>;
   exec(argv: string[], options?: ExecOptions): Promise<ExecResult>;
   execStream(argv: string[], options?: ExecOptions): ExecStream;
   readFile(path: string, options?: ReadFileOptions): Promise<Buffer>;

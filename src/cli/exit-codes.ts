@@ -11,7 +11,9 @@ export class UsageError extends Error {
 /** The exit code and one-line message for an error that reached the top. */
 export function describeFailure(error: unknown): { code: number; message: string } {
   if (error instanceof UsageError) return { code: EXIT.usage, message: error.message };
-  if (isSandgymError(error, 'invalid_argument', 'not_found', 'unsupported', 'already_exists', 'unauthenticated')) {
+  if (
+    isSandgymError(error, 'invalid_argument', 'not_found', 'unsupported', 'already_exists', 'unauthenticated')
+  ) {
     return { code: EXIT.usage, message: error.message };
   }
   if (isSandgymError(error))

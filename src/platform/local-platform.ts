@@ -49,6 +49,11 @@ export interface LocalPlatformOptions {
   verifyLayers?: LayerVerification;
   /** The node's name, which every sandbox id carries. Default `local`. */
   nodeId?: string;
+  /**
+   * Sandboxes outlive this process, for a successor on the same data dir to adopt with
+   * {@link LocalPlatform.adoptSandboxes} (node agents). Default: they end with it.
+   */
+  durable?: boolean;
 }
 
 /**
@@ -131,6 +136,11 @@ export class LocalPlatform implements PlatformClient {
 
   listSandboxes(): Promise<SandboxRecord[]> {
     return this.container.list();
+  }
+
+  /** Adopts the durable sandboxes a crashed predecessor on this data dir left running. */
+  adoptSandboxes(): Promise<Sandbox[]> {
+    return this.container.adopt();
   }
 
   attachSandbox(id: string): Promise<Sandbox> {
@@ -235,6 +245,7 @@ export const Platform = {
       logger,
       ...(options.loadMode ? { loadMode: options.loadMode } : {}),
       ...(options.verifyLayers ? { verifyLayers: options.verifyLayers } : {}),
+      ...(options.durable ? { durable: true } : {}),
     });
     return new LocalPlatform(dataDir, store, container, logger, options.nodeId);
   },

@@ -59,6 +59,10 @@ export class NodeAgent {
     private readonly logger: Logger,
   ) {}
 
+  /**
+   * Starts serving. Sandboxes a crashed predecessor left running on the same data dir are adopted
+   * first (with their trajectory logs, which live on disk), and true orphans are destroyed.
+   */
   static async start(platform: LocalPlatform, options: NodeAgentOptions): Promise<NodeAgent> {
     const memoryCapacityMib = options.memoryCapacityMib ?? Math.floor(totalmem() / 1024 / 1024);
     const agent = new NodeAgent(
@@ -69,6 +73,22 @@ export class NodeAgent {
       undefined,
       options.logger.child({ component: 'node-agent', node: platform.nodeId }),
     );
+    for (const sandbox of await platform.adoptSandboxes()) {
+      const memoryMib = sandbox.resources.memoryMib;
+      agent.owned.set(sandbox.id, {
+        sandbox,
+        project: sandbox.labels[PROJECT_LABEL] ?? 'default',
+        memoryMib,
+      });
+      agent.committedMib += memoryMib;
+    }
+    const reaped = await platform.gc();
+    if (agent.owned.size || reaped.sandboxes.length) {
+      agent.logger.info(
+        { adopted: agent.owned.size, reaped: reaped.sandboxes.length },
+        'recovered sandboxes',
+      );
+    }
     agent.server = await WireServer.listen(options.listen, [agent.sandboxService(), agent.nodeService()], {
       authenticate: tokenAuthenticator({ [options.token]: 'default' }, { trustProjectHeader: true }),
       logger: agent.logger,
@@ -269,5 +289,6 @@ function info(sandbox: BackendSandbox): SandboxInfo {
     failure: sandbox.failure ?? null,
     layers: sandbox.layers.map((layer) => ({ ...layer })),
     labels: { ...sandbox.labels },
+    resources: { ...sandbox.resources },
   };
 }

@@ -20,6 +20,7 @@ import type {
   LayerImage,
   ReadFileOptions,
   SandboxRecord,
+  SandboxResources,
   SandboxState,
   SandboxStats,
   WriteFileOptions,
@@ -52,13 +53,25 @@ const EXEC_DEADLINE_SLACK_MS = 30_000;
 
 type Client = WireClient<typeof SANDBOXES>;
 
-/** Parses `grpc://host:port` (or a bare `host:port`). */
+const IPV4_PORT = /^\d{1,3}(?:\.\d{1,3}){3}:\d{1,5}$/;
+
+/**
+ * Parses `grpc://host:port` (or a bare `host:port`) into a gRPC target. Several controller
+ * replicas, `grpc://10.0.0.1:7443,10.0.0.2:7443`, become one target that fails over between them.
+ */
 export function parseGrpcUrl(url: string): string {
-  const match = /^(?:grpc:\/\/)?([^/\s]+:\d{1,5})\/?$/.exec(url);
-  if (!match?.[1]) {
-    throw new SandgymError('invalid_argument', `"${url}" is not a platform address; use grpc://HOST:PORT`);
+  const match = /^(?:grpc:\/\/)?([^/\s]+)\/?$/.exec(url);
+  const addresses = match?.[1]?.split(',') ?? [];
+  if (addresses.length > 1 && addresses.every((address) => IPV4_PORT.test(address))) {
+    return `ipv4:${addresses.join(',')}`;
   }
-  return match[1];
+  if (addresses.length !== 1 || !/^[^,:]+:\d{1,5}$/.test(addresses[0] ?? '')) {
+    throw new SandgymError(
+      'invalid_argument',
+      `"${url}" is not a platform address; use grpc://HOST:PORT (or grpc://IP:PORT,IP:PORT for replicas)`,
+    );
+  }
+  return addresses[0] as string;
 }
 
 function callOptions(options: CallOptions): CallOptions {
@@ -187,6 +200,7 @@ class RemoteSandbox implements BackendSandbox {
   readonly backend: BackendName;
   readonly layers: readonly LayerImage[];
   readonly labels: Readonly<Record<string, string>>;
+  readonly resources: Readonly<SandboxResources>;
   private currentState: SandboxState;
   private currentFailure: FailureReason | undefined;
   private closed = false;
@@ -204,6 +218,7 @@ class RemoteSandbox implements BackendSandbox {
       ...(sizeBytes === undefined ? {} : { sizeBytes }),
     }));
     this.labels = info.labels;
+    this.resources = info.resources;
     this.currentState = info.state;
     this.currentFailure = info.failure ?? undefined;
   }

@@ -1,4 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process';
+import { randomBytes, randomInt } from 'node:crypto';
 import { existsSync, openSync, closeSync } from 'node:fs';
 import { mkdir, readdir, readFile, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
@@ -39,6 +40,7 @@ import { agentBinaryPath, hostProgram } from '../host/paths.ts';
 import { isAlive, processIdentity, signalProcess, type ProcessIdentity } from '../host/processes.ts';
 import { runProgram } from '../host/run-program.ts';
 import { AgentChannel } from '../internal/agent-channel.ts';
+import { channelFifos, createChannelFifos, openPipe } from '../internal/channel-fifos.ts';
 import { ContainerSandbox } from './container-sandbox.ts';
 import { buildOciConfig } from './oci-config.ts';
 import { removeContainerResidue, type ContainerPaths } from './residue.ts';
@@ -58,7 +60,15 @@ export interface ContainerBackendOptions {
   loadMode?: LoadMode;
   /** What is checked before mounting a layer; default `digest`. */
   verifyLayers?: LayerVerification;
+  /**
+   * Sandboxes outlive this process (a node agent): after a crash, the next process on the same
+   * data dir adopts them with {@link ContainerBackend.adopt}. Otherwise they end with their owner.
+   */
+  durable?: boolean;
 }
+
+/** How long a reopened channel may take to answer its sync before the sandbox counts as lost. */
+const ADOPT_SYNC_TIMEOUT_MS = 3_000;
 
 const CAPABILITIES: BackendCapabilities = {
   pause: true,
@@ -155,6 +165,7 @@ export class ContainerBackend implements Backend {
         createdAt: new Date().toISOString(),
         layers: spec.layers.map((l) => l.digest),
         labels: spec.labels,
+        ...(this.options.durable ? { durable: true, spec } : {}),
       };
       await writeContainerState(paths.dir, state);
       const unpacked = this.options.loadMode === 'tar';
@@ -166,17 +177,22 @@ export class ContainerBackend implements Backend {
         spec,
         agentHostPath: this.agentPath,
         cgroupsPath: `/${cgroup.relativePath}`,
+        durable: this.options.durable ?? false,
       });
       await writeFile(join(paths.dir, 'config.json'), JSON.stringify(config));
-      launcher = this.launch(spec.id, paths, points, joins, !unpacked);
+      const launched = await this.launch(spec.id, paths, points, joins, !unpacked);
+      launcher = launched.launcher;
       // so that gc can stop a launcher whose owner died before the sandbox was up
       const launcherIdentity = await processIdentity(launcher.pid ?? -1);
       if (launcherIdentity) await writeContainerState(paths.dir, { ...state, launcher: launcherIdentity });
-      const [, , , requests, responses] = launcher.stdio as [unknown, unknown, unknown, Writable, Readable];
-      const channel = new AgentChannel(requests, responses, this.codec);
+      const channel = new AgentChannel(launched.requests, launched.responses, this.codec);
+      const started = launcher;
       const sandbox = new ContainerSandbox({
         spec,
-        launcher,
+        exited: new Promise((resolve) => {
+          if (started.exitCode !== null || started.signalCode !== null) return resolve();
+          started.once('exit', () => resolve());
+        }),
         channel,
         cgroup,
         upperDir: join(paths.dir, 'upper'),
@@ -198,13 +214,13 @@ export class ContainerBackend implements Backend {
     }
   }
 
-  private launch(
+  private async launch(
     id: string,
     paths: ContainerPaths,
     points: string[],
     joins: string[],
     erofs: boolean,
-  ): ChildProcess {
+  ): Promise<{ launcher: ChildProcess; requests: Writable; responses: Readable }> {
     const args = ['launch'];
     for (const file of joins) args.push('--join-cgroup', file);
     if (erofs) args.push('--lowers-are-erofs');
@@ -230,13 +246,23 @@ export class ContainerBackend implements Backend {
       paths.dir,
       id,
     );
+    // the channel is fds 3 and 4: a socketpair that dies with this process, or, for a durable
+    // sandbox, a FIFO pair a successor can reopen
+    const durable = this.options.durable ? await createChannelFifos(paths.dir) : undefined;
     const log = openSync(join(paths.dir, 'runtime.log'), 'a');
     try {
       // detached: a Ctrl-C meant for the CLI must not reach the sandbox before the CLI tears it down
-      // the channel is fds 3 and 4; stdio carries only the runtime's and the agent's own messages
-      return spawn(this.agentPath, args, { stdio: ['ignore', log, log, 'pipe', 'pipe'], detached: true });
+      // stdio carries only the runtime's and the agent's own messages
+      const launcher = spawn(this.agentPath, args, {
+        stdio: ['ignore', log, log, ...(durable ? durable.agentEnds : (['pipe', 'pipe'] as const))],
+        detached: true,
+      });
+      if (durable) return { launcher, requests: durable.requests, responses: durable.responses };
+      const [, , , requests, responses] = launcher.stdio as [unknown, unknown, unknown, Writable, Readable];
+      return { launcher, requests, responses };
     } finally {
       closeSync(log);
+      durable?.closeAgentEnds();
     }
   }
 
@@ -276,7 +302,7 @@ export class ContainerBackend implements Backend {
     const errors: unknown[] = [];
     try {
       await cgroup.setFrozen(false).catch(() => undefined); // a frozen agent cannot exit
-      sandbox.disconnect();
+      await sandbox.disconnect();
       const graceMs = this.options.stopGraceMs ?? 5_000;
       const exited = await Promise.race([
         sandbox.launcherExited.then(() => true),
@@ -331,6 +357,75 @@ export class ContainerBackend implements Backend {
       throw new SandgymError('not_found', `No sandbox "${id}" on this node: see "sandgym ps"`);
     }
     await removeContainerResidue(id, cgroup, paths);
+  }
+
+  /**
+   * Takes over the durable sandboxes a dead predecessor on this data dir left running: reopens
+   * each agent's channel (two FIFOs in the sandbox's folder), resynchronises it, and makes this
+   * process the owner. A sandbox whose channel does not resynchronise is left for gc.
+   */
+  async adopt(): Promise<ContainerSandbox[]> {
+    const adopted: ContainerSandbox[] = [];
+    const sandboxesDir = join(this.options.dataDir, 'sandboxes');
+    const mine = new Set([...this.live].map((s) => s.id));
+    for (const id of await readdir(sandboxesDir).catch(() => [] as string[])) {
+      if (mine.has(id)) continue;
+      const state = await readContainerState(join(sandboxesDir, id));
+      if (!state?.durable || !state.spec || (await isAlive(state.owner))) continue;
+      try {
+        adopted.push(await this.adoptOne(state, state.spec));
+      } catch (error) {
+        this.logger.warn({ id, error: messageOf(error) }, 'cannot adopt sandbox; gc will reap it');
+      }
+    }
+    return adopted;
+  }
+
+  private async adoptOne(
+    state: ContainerState,
+    recorded: NonNullable<ContainerState['spec']>,
+  ): Promise<ContainerSandbox> {
+    const spec: SandboxSpec = {
+      ...recorded,
+      layers: recorded.layers.map(({ digest, path, sizeBytes }) => ({
+        digest,
+        path,
+        ...(sizeBytes === undefined ? {} : { sizeBytes }),
+      })),
+    };
+    const paths = this.pathsOf(state.id);
+    const cgroup = new SandboxCgroup(this.layout, this.scope, state.id);
+    if ((await cgroup.processes()).length === 0) throw new Error('none of its processes is left');
+    const wasFrozen = await cgroup.isFrozen();
+    if (wasFrozen) await cgroup.setFrozen(false); // a frozen agent cannot answer the sync
+    const fifos = channelFifos(paths.dir);
+    const channel = new AgentChannel(
+      openPipe(fifos.requests, 'write'),
+      openPipe(fifos.responses, 'read'),
+      this.codec,
+      { resyncMarker: randomBytes(16), firstId: 1 + randomInt(1 << 30) },
+    );
+    try {
+      await channel.sync(ADOPT_SYNC_TIMEOUT_MS);
+    } catch (error) {
+      channel.fail(new SandgymError('agent_crash', 'adoption failed'));
+      if (wasFrozen) await cgroup.setFrozen(true).catch(() => undefined);
+      throw error;
+    }
+    await this.mounts.acquire(spec.layers);
+    await writeContainerState(paths.dir, { ...state, owner: this.owner });
+    const sandbox = new ContainerSandbox({
+      spec,
+      exited: channel.closed,
+      channel,
+      cgroup,
+      upperDir: join(paths.dir, 'upper'),
+      destroy: (s) => this.destroy(s),
+    });
+    this.live.add(sandbox);
+    if (wasFrozen) await sandbox.pause();
+    this.logger.info({ id: state.id }, 'adopted sandbox');
+    return sandbox;
   }
 
   async withWritableLayerOf<T>(

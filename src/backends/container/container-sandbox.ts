@@ -1,4 +1,3 @@
-import type { ChildProcess } from 'node:child_process';
 import { constants } from 'node:os';
 import { SandgymError, type FailureReason } from '../../common/index.ts';
 import type {
@@ -11,6 +10,7 @@ import type {
   ExecStream,
   LayerImage,
   ReadFileOptions,
+  SandboxResources,
   SandboxSpec,
   SandboxState,
   SandboxStats,
@@ -36,7 +36,8 @@ function callOptions({ signal, timeoutMs }: CallOptions): CallOptions {
 /** What a container sandbox needs from its backend. */
 export interface ContainerSandboxParts {
   spec: SandboxSpec;
-  launcher: ChildProcess;
+  /** Resolves when the sandbox's processes are gone (the runtime exited, or the agent's channel closed). */
+  exited: Promise<void>;
   channel: AgentChannel;
   cgroup: SandboxCgroup;
   /** The overlay upper dir on the node. */
@@ -57,10 +58,7 @@ export class ContainerSandbox implements BackendSandbox {
 
   constructor(private readonly parts: ContainerSandboxParts) {
     this.id = parts.spec.id;
-    this.exited = new Promise((resolve) => {
-      if (parts.launcher.exitCode !== null || parts.launcher.signalCode !== null) return resolve();
-      parts.launcher.once('exit', () => resolve());
-    });
+    this.exited = parts.exited;
     void this.exited.then(() => this.onLauncherExit());
   }
 
@@ -83,6 +81,10 @@ export class ContainerSandbox implements BackendSandbox {
 
   get labels(): Readonly<Record<string, string>> {
     return this.parts.spec.labels;
+  }
+
+  get resources(): Readonly<SandboxResources> {
+    return this.parts.spec.resources;
   }
 
   private onLauncherExit(): void {
@@ -258,8 +260,12 @@ export class ContainerSandbox implements BackendSandbox {
     return true;
   }
 
-  /** Closes the agent channel; the agent then ends every process of the sandbox and exits. */
-  disconnect(): void {
+  /**
+   * Asks the agent to end every process and exit, then closes the channel (which alone is enough
+   * for an agent that is not durable).
+   */
+  async disconnect(): Promise<void> {
+    await this.parts.channel.shutdown(2_000);
     this.parts.channel.fail(new SandgymError('failed_precondition', `Sandbox ${this.id} is closed`));
   }
 

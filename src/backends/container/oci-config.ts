@@ -46,6 +46,8 @@ export interface OciConfigInputs {
   spec: SandboxSpec;
   agentHostPath: string;
   cgroupsPath: string;
+  /** The agent keeps the sandbox alive when its owner goes away, for a successor to adopt. */
+  durable?: boolean;
 }
 
 /** The bundle's config.json: the agent as pid 1 over an overlay root, isolated and limited. */
@@ -53,6 +55,7 @@ export function buildOciConfig({
   spec,
   agentHostPath,
   cgroupsPath,
+  durable = false,
 }: OciConfigInputs): Record<string, unknown> {
   const env = {
     PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
@@ -66,7 +69,7 @@ export function buildOciConfig({
     process: {
       terminal: false,
       user: { uid: 0, gid: 0 },
-      args: [AGENT_PATH_IN_SANDBOX],
+      args: durable ? [AGENT_PATH_IN_SANDBOX, '--durable'] : [AGENT_PATH_IN_SANDBOX],
       env: Object.entries(env).map(([key, value]) => `${key}=${value}`),
       // The agent starts in /; the sandbox's workdir is where its commands start (it may not exist yet).
       cwd: '/',

@@ -13,6 +13,25 @@ export const containerStateSchema = z.object({
   labels: z.record(z.string(), z.string()),
   /** The runtime process that starts the container; recorded once it is spawned. */
   launcher: z.object({ pid: z.number().int(), startTime: z.number() }).optional(),
+  /** Set for sandboxes that outlive their owner, to be adopted by its successor. */
+  durable: z.boolean().optional(),
+  /** The spec it was created from, so a successor can rebuild its handle. */
+  spec: z
+    .object({
+      id: z.string(),
+      layers: z.array(z.object({ digest: z.string(), path: z.string(), sizeBytes: z.number().optional() })),
+      env: z.record(z.string(), z.string()),
+      workdir: z.string(),
+      resources: z.object({
+        cpu: z.number(),
+        memoryMib: z.number(),
+        pids: z.number(),
+        outputCapBytes: z.number(),
+      }),
+      qos: z.enum(['latency', 'best_effort']),
+      labels: z.record(z.string(), z.string()),
+    })
+    .optional(),
 });
 
 export type ContainerState = z.infer<typeof containerStateSchema>;

@@ -45,8 +45,23 @@ export type AgentRequest = Record<string, unknown> & { op: string };
  * The host end of the agent channel: framed msgpack over the pipes the sandbox's first process
  * inherited. Requests carry ids, so any number of commands and file calls may be in flight.
  */
+/** Options for {@link AgentChannel}. */
+export interface AgentChannelOptions {
+  /**
+   * For a channel reopened to a running agent: drop everything before these bytes, which the
+   * agent writes in answer to {@link AgentChannel.sync}. What comes before is a dead owner's.
+   */
+  resyncMarker?: Buffer;
+  /** The first request id; a reopened channel starts far from its predecessor's ids. */
+  firstId?: number;
+}
+
 export class AgentChannel {
   readonly ready: Promise<AgentReady>;
+  /** Resolves when the agent's side of the channel closed: the agent is gone. */
+  readonly closed: Promise<void>;
+  private resyncMarker: Buffer | undefined;
+  private skipped = Buffer.alloc(0);
   private readonly pending = new Map<number, Pending>();
   private readonly reader = new FrameReader(MAX_FRAME_BYTES);
   private nextId = 1;
@@ -57,10 +72,14 @@ export class AgentChannel {
     private readonly input: Writable,
     output: Readable,
     private readonly codec: Codec,
+    options: AgentChannelOptions = {},
   ) {
     this.ready = new Promise<AgentReady>((resolve, reject) => (this.settleReady = { resolve, reject }));
     this.ready.catch(() => undefined); // observed by whoever awaits it; never an unhandled rejection
+    this.resyncMarker = options.resyncMarker;
+    this.nextId = options.firstId ?? 1;
     output.on('data', (chunk: Buffer) => this.receive(chunk));
+    this.closed = new Promise((resolve) => output.once('close', () => resolve()));
     output.on('close', () =>
       this.fail(new SandgymError('agent_crash', 'The sandbox agent closed its channel')),
     );
@@ -153,7 +172,31 @@ export class AgentChannel {
     pending?.reject(error);
   }
 
+  /** Proves a reopened channel works: the agent echoes the marker, then replies. */
+  async sync(timeoutMs: number): Promise<void> {
+    if (!this.resyncMarker) throw new SandgymError('failed_precondition', 'This channel was not reopened');
+    await this.call({ op: 'sync', data: this.resyncMarker }, { timeoutMs });
+  }
+
+  /** Asks the agent to end every process of the sandbox and exit; best effort. */
+  async shutdown(timeoutMs: number): Promise<void> {
+    if (this.isClosed) return;
+    await this.call({ op: 'shutdown' }, { timeoutMs }).catch(() => undefined);
+  }
+
   private receive(chunk: Buffer): void {
+    if (this.resyncMarker) {
+      const seen = Buffer.concat([this.skipped, chunk]);
+      const at = seen.indexOf(this.resyncMarker);
+      if (at < 0) {
+        // keep only what could be the start of a marker split across chunks
+        this.skipped = seen.subarray(Math.max(0, seen.length - this.resyncMarker.length + 1));
+        return;
+      }
+      chunk = seen.subarray(at + this.resyncMarker.length);
+      this.resyncMarker = undefined;
+      this.skipped = Buffer.alloc(0);
+    }
     try {
       for (const body of this.reader.push(chunk)) this.dispatch(body);
     } catch (error) {

@@ -93,6 +93,7 @@ export async function nodeCommand(args: string[]): Promise<number> {
     dataDir: text(parsed, 'data-dir') ?? defaultDataDir(),
     nodeId,
     logger,
+    durable: true,
     ...(storeDir ? { storeDir } : {}),
   });
   const node = await NodeAgent.start(platform, {

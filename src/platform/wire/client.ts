@@ -51,6 +51,9 @@ export class WireClient<S extends ServiceDef> {
     this.client = new Client(address, credentials.createInsecure(), {
       'grpc.max_receive_message_length': TRANSPORT_MAX_BYTES,
       'grpc.max_send_message_length': TRANSPORT_MAX_BYTES,
+      // a restarted peer is back within seconds: do not back off for minutes
+      'grpc.initial_reconnect_backoff_ms': 200,
+      'grpc.max_reconnect_backoff_ms': 2_000,
     });
   }
 

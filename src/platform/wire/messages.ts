@@ -43,6 +43,7 @@ export const sandboxInfo = z.object({
   failure: failureReason.nullable(),
   layers: z.array(layerImage),
   labels: z.record(z.string(), z.string()),
+  resources: z.object({ cpu: z.number(), memoryMib: count, pids: count, outputCapBytes: count }),
 });
 export type SandboxInfo = z.infer<typeof sandboxInfo>;
 
