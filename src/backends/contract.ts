@@ -121,6 +121,11 @@ export interface DirEntry {
   mode: number;
 }
 
+/** What {@link BackendSandbox.hibernate} freed. */
+export interface HibernateReport {
+  freedBytes: number;
+}
+
 /** Measured use of one sandbox. */
 export interface SandboxStats {
   state: SandboxState;
@@ -153,12 +158,20 @@ export interface BackendSandbox extends AsyncDisposable {
   readonly labels: Readonly<Record<string, string>>;
   /** The caps it was created with. */
   readonly resources: Readonly<SandboxResources>;
+  /** Requests of this handle in flight right now (a phase policy leaves busy sandboxes be). */
+  readonly activeCalls: number;
   exec(argv: string[], options?: ExecOptions): Promise<ExecResult>;
   execStream(argv: string[], options?: ExecOptions): ExecStream;
   readFile(path: string, options?: ReadFileOptions): Promise<Buffer>;
   writeFile(path: string, data: string | Uint8Array, options?: WriteFileOptions): Promise<void>;
   listDir(path: string, options?: CallOptions): Promise<DirEntry[]>;
   pause(options?: CallOptions): Promise<void>;
+  /**
+   * Frees the sandbox's memory while keeping it: frozen, then its memory pushed out as far as the
+   * backend can. Any later request resumes it. Backends without the capability fail `unsupported`.
+   */
+  hibernate(options?: CallOptions): Promise<HibernateReport>;
+  /** Thaws a paused or hibernated sandbox. */
   resume(options?: CallOptions): Promise<void>;
   stats(options?: CallOptions): Promise<SandboxStats>;
   /**

@@ -13,6 +13,7 @@ export type {
   ExecResult,
   ExecStream,
   GcReport,
+  HibernateReport,
   LayerImage,
   LayerVerification,
   LoadMode,

@@ -5,14 +5,17 @@ import { Placer, type Demand } from './placement.ts';
 import { sandboxRequestSchema } from './sandbox-request.ts';
 import {
   PROJECT_KEY,
+  RUNS,
   SANDBOXES,
   WireServer,
   register,
   tokenAuthenticator,
   type CallContext,
   type SandboxInfo,
+  type WireCallOptions,
   type WireClient,
 } from './wire/index.ts';
+import type { RunStatus as RunStatusMessage } from './runs.ts';
 
 /** A project a token maps to, and its quota. */
 export interface ProjectGrant {
@@ -72,10 +75,14 @@ export class Controller {
     const projects = Object.fromEntries(
       Object.entries(options.grants).map(([token, grant]) => [token, grant.project]),
     );
-    controller.server = await WireServer.listen(options.listen, [controller.service()], {
-      authenticate: tokenAuthenticator(projects),
-      logger,
-    });
+    controller.server = await WireServer.listen(
+      options.listen,
+      [controller.service(), controller.runService()],
+      {
+        authenticate: tokenAuthenticator(projects),
+        logger,
+      },
+    );
     logger.info({ port: controller.server.port, nodes: options.nodes.length }, 'controller listening');
     return controller;
   }
@@ -115,6 +122,7 @@ export class Controller {
       ListDir: (request, call) => route(request.sandboxId).call('ListDir', request, as(call)),
       Pause: (request, call) => route(request.sandboxId).call('Pause', request, as(call)),
       Resume: (request, call) => route(request.sandboxId).call('Resume', request, as(call)),
+      Hibernate: (request, call) => route(request.sandboxId).call('Hibernate', request, as(call)),
       Stats: (request, call) => route(request.sandboxId).call('Stats', request, as(call)),
       Destroy: async (request, call) => {
         const done = await route(request.sandboxId).call('Destroy', request, as(call));
@@ -147,6 +155,59 @@ export class Controller {
           freedBytes: reports.reduce((sum, r) => sum + r.freedBytes, 0),
         };
       },
+    });
+  }
+
+  /**
+   * Runs live on the nodes: each run call goes to every reachable node. A node that does not
+   * know the run has none of its sandboxes; a run no node knows is `not_found`.
+   */
+  private runService() {
+    const everywhere = async <T>(
+      call: CallContext,
+      work: (node: WireClient<typeof RUNS>, options: WireCallOptions) => Promise<T>,
+    ): Promise<T[]> => {
+      const options = { signal: call.signal, metadata: { [PROJECT_KEY]: call.principal.project } };
+      const answers = await Promise.all(
+        this.watcher.reachableRunClients().map((node) =>
+          work(node, options).catch((error: unknown) => {
+            if (isSandgymError(error, 'not_found')) return undefined;
+            throw error;
+          }),
+        ),
+      );
+      const known = answers.filter((answer): answer is Awaited<T> => answer !== undefined);
+      if (known.length === 0)
+        throw new SandgymError('not_found', 'No node knows this run: start it with platform.startRun()');
+      return known;
+    };
+    const status = (answers: RunStatusMessage[]): RunStatusMessage => ({
+      name: answers[0]!.name,
+      phase: answers[0]!.phase,
+      lapsed: answers.some((a) => a.lapsed),
+      sandboxes: answers.reduce((sum, a) => sum + a.sandboxes, 0),
+    });
+    return register(RUNS, {
+      StartRun: async (request, call) =>
+        status(await everywhere(call, (node, o) => node.call('StartRun', request, o))),
+      RenewLease: async (request, call) =>
+        status(await everywhere(call, (node, o) => node.call('RenewLease', request, o))),
+      SetPhase: async (request, call) => {
+        const reports = await everywhere(call, (node, o) => node.call('SetPhase', request, o));
+        return {
+          phase: request.phase,
+          paused: reports.flatMap((r) => r.paused),
+          hibernated: reports.flatMap((r) => r.hibernated),
+          resumed: reports.flatMap((r) => r.resumed),
+          busy: reports.flatMap((r) => r.busy),
+          freedBytes: reports.reduce((sum, r) => sum + r.freedBytes, 0),
+        };
+      },
+      EndRun: async (request, call) => ({
+        destroyed: (await everywhere(call, (node, o) => node.call('EndRun', request, o))).flatMap(
+          (r) => r.destroyed,
+        ),
+      }),
     });
   }
 

@@ -3,7 +3,9 @@ export { Platform, LocalPlatform, defaultDataDir, defaultStoreDir } from './loca
 export type { LocalPlatformOptions } from './local-platform.ts';
 export { RemotePlatform, parseGrpcUrl } from './remote-platform.ts';
 export type { ConnectOptions } from './remote-platform.ts';
-export { NodeAgent, PROJECT_LABEL } from './node-agent.ts';
+export { NodeAgent } from './node-agent.ts';
+export { PROJECT_LABEL, RUN_LABEL } from './runs.ts';
+export type { PhaseReport, Run, RunOptions, RunStatus, TrainingPhase } from './runs.ts';
 export type { NodeAgentOptions } from './node-agent.ts';
 export { Controller } from './controller.ts';
 export type { ControllerOptions, ProjectGrant } from './controller.ts';
@@ -16,6 +18,7 @@ export type {
   PackDiffResult,
   PlatformClient,
   Sandbox,
+  SandboxGroup,
 } from './platform-client.ts';
 export { LayerStore, parseEnvironmentRef } from './layer-store.ts';
 export type { Environment, EnvironmentInput, LayerManifest } from './layer-store.ts';

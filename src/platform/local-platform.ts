@@ -1,3 +1,4 @@
+import { rm } from 'node:fs/promises';
 import { resolve, join } from 'node:path';
 import {
   ContainerBackend,
@@ -18,6 +19,9 @@ import {
   type Logger,
 } from '../common/index.ts';
 import { TrajectoryLog } from './trajectory-log.ts';
+import { forkSandbox } from './fork.ts';
+import { DEFAULT_PROJECT, PROJECT_LABEL, RUN_LABEL, RunManager, type Run, type RunOptions } from './runs.ts';
+import { localRun, runOptionsSchema } from './run-handles.ts';
 import { RemotePlatform, type ConnectOptions } from './remote-platform.ts';
 import { localStepLog, type StepLog } from './exactly-once.ts';
 import { LayerStore, parseEnvironmentRef, type Environment, type LayerManifest } from './layer-store.ts';
@@ -28,6 +32,7 @@ import type {
   PackDiffResult,
   PlatformClient,
   Sandbox,
+  SandboxGroup,
 } from './platform-client.ts';
 import { sandboxRequestSchema, type ResolvedSandboxRequest, type SandboxRequest } from './sandbox-request.ts';
 import {
@@ -80,12 +85,43 @@ export class LocalPlatform implements PlatformClient {
     readonly store: LayerStore,
     private readonly container: ContainerBackend,
     private readonly logger: Logger,
+    /** The runs of this node: leases, phases, cleanup. */
+    readonly runManager: RunManager,
     readonly nodeId = 'local',
   ) {}
 
-  async createSandbox(request: SandboxRequest = {}, options: CallOptions = {}): Promise<Sandbox> {
+  /** Starts (or rejoins) a run of this platform's default project. */
+  async startRun(options: RunOptions): Promise<Run> {
+    await this.runManager.start(DEFAULT_PROJECT, parseAt(runOptionsSchema, options, 'run options'));
+    return localRun(this.runManager, DEFAULT_PROJECT, options.name);
+  }
+
+  /** Closes and deletes a sandbox's trajectory log (its run ended). */
+  async dropTrajectory(sandboxId: string): Promise<void> {
+    const log = this.trajectories.get(sandboxId);
+    this.trajectories.delete(sandboxId);
+    await (await log?.catch(() => undefined))?.close();
+    await rm(join(this.dataDir, 'trajectories', `${sandboxId}.log`), { force: true });
+  }
+
+  createSandbox(request: SandboxRequest = {}, options: CallOptions = {}): Promise<Sandbox> {
+    return this.createSandboxFor(DEFAULT_PROJECT, request, options);
+  }
+
+  /** A sandbox owned by `project` (node agents create on behalf of their callers' projects). */
+  async createSandboxFor(
+    project: string,
+    request: SandboxRequest,
+    options: CallOptions = {},
+  ): Promise<Sandbox> {
     if (this.isClosed) throw new SandgymError('failed_precondition', 'The platform is closed');
     const resolved = parseAt(sandboxRequestSchema, request, 'sandbox request');
+    if (resolved.run) this.runManager.require(project, resolved.run);
+    resolved.labels = {
+      ...resolved.labels,
+      [PROJECT_LABEL]: project,
+      ...(resolved.run ? { [RUN_LABEL]: resolved.run } : {}),
+    };
     if (resolved.backend !== 'container') {
       throw new SandgymError(
         'unsupported',
@@ -209,10 +245,15 @@ export class LocalPlatform implements PlatformClient {
     return localStepLog(await this.trajectory(sandboxId));
   }
 
+  fork(sandbox: Sandbox, count: number, options: CallOptions = {}): Promise<SandboxGroup> {
+    return forkSandbox(this, sandbox, count, options);
+  }
+
   async close(): Promise<void> {
     if (this.isClosed) return;
     this.isClosed = true;
     try {
+      this.runManager.close();
       await this.container.close();
     } finally {
       for (const log of this.trajectories.values()) await (await log.catch(() => undefined))?.close();
@@ -247,7 +288,19 @@ export const Platform = {
       ...(options.verifyLayers ? { verifyLayers: options.verifyLayers } : {}),
       ...(options.durable ? { durable: true } : {}),
     });
-    return new LocalPlatform(dataDir, store, container, logger, options.nodeId);
+    // the run manager is opened first and reaches the platform once it exists
+    const late: { platform?: LocalPlatform } = {};
+    const runs = await RunManager.open(
+      join(dataDir, 'runs.json'),
+      {
+        live: () => container.liveSandboxes(),
+        destroy: (sandbox) => sandbox.close(),
+        dropLog: (id) => late.platform?.dropTrajectory(id) ?? Promise.resolve(),
+      },
+      logger,
+    );
+    late.platform = new LocalPlatform(dataDir, store, container, logger, runs, options.nodeId);
+    return late.platform;
   },
 
   /**

@@ -3,9 +3,11 @@ import { SandgymError, type Logger } from '../common/index.ts';
 import type { BackendSandbox, LoadMode } from '../backends/index.ts';
 import type { LocalPlatform } from './local-platform.ts';
 import type { SandboxRequest } from './sandbox-request.ts';
+import { PROJECT_LABEL } from './runs.ts';
 import { sandboxRequestSchema } from './sandbox-request.ts';
 import {
   NODE,
+  RUNS,
   SANDBOXES,
   WireServer,
   register,
@@ -28,9 +30,6 @@ export interface NodeAgentOptions {
   logger: Logger;
   loadMode?: LoadMode;
 }
-
-/** The label that records which project owns a sandbox. Callers cannot set it. */
-export const PROJECT_LABEL = 'sandgym.project';
 
 interface Owned {
   sandbox: BackendSandbox;
@@ -89,10 +88,14 @@ export class NodeAgent {
         'recovered sandboxes',
       );
     }
-    agent.server = await WireServer.listen(options.listen, [agent.sandboxService(), agent.nodeService()], {
-      authenticate: tokenAuthenticator({ [options.token]: 'default' }, { trustProjectHeader: true }),
-      logger: agent.logger,
-    });
+    agent.server = await WireServer.listen(
+      options.listen,
+      [agent.sandboxService(), agent.runService(), agent.nodeService()],
+      {
+        authenticate: tokenAuthenticator({ [options.token]: 'default' }, { trustProjectHeader: true }),
+        logger: agent.logger,
+      },
+    );
     agent.logger.info({ port: agent.server.port }, 'node agent listening');
     return agent;
   }
@@ -103,8 +106,14 @@ export class NodeAgent {
     return this.server.port;
   }
 
+  /** Drops sandboxes that are gone without a Destroy call (a run's cleanup, a lease expiry). */
+  private prune(): void {
+    for (const [id, { sandbox }] of this.owned) if (sandbox.state === 'stopped') this.forget(id);
+  }
+
   /** What controllers' watchers see. */
   status(): NodeStatus {
+    this.prune();
     const projects: Record<string, number> = {};
     for (const { project } of this.owned.values()) projects[project] = (projects[project] ?? 0) + 1;
     return {
@@ -117,6 +126,20 @@ export class NodeAgent {
       memoryCapacityMib: this.memoryCapacityMib,
       projects,
     };
+  }
+
+  private runService() {
+    const runs = this.platform.runManager;
+    return register(RUNS, {
+      StartRun: (request, call) => runs.start(call.principal.project, request),
+      RenewLease: ({ name }, call) => runs.renew(call.principal.project, name),
+      SetPhase: ({ name, phase }, call) => runs.setPhase(call.principal.project, name, phase),
+      EndRun: async ({ name }, call) => {
+        const report = await runs.end(call.principal.project, name);
+        for (const id of report.destroyed) this.forget(id);
+        return report;
+      },
+    });
   }
 
   private nodeService() {
@@ -152,6 +175,7 @@ export class NodeAgent {
         await this.sandboxOf(sandboxId, call).resume({ signal: call.signal });
         return {};
       },
+      Hibernate: ({ sandboxId }, call) => this.sandboxOf(sandboxId, call).hibernate({ signal: call.signal }),
       Stats: ({ sandboxId }, call) => this.sandboxOf(sandboxId, call).stats({ signal: call.signal }),
       Destroy: async ({ sandboxId }, call) => {
         await this.destroy(sandboxId, call.principal.project);
@@ -190,6 +214,7 @@ export class NodeAgent {
       });
     const resolved = sandboxRequestSchema.parse(request);
     const memoryMib = resolved.resources.memoryMib;
+    this.prune();
     if (memoryMib > this.memoryCapacityMib) {
       // not retryable: no amount of waiting makes this node big enough
       throw new SandgymError(
@@ -211,10 +236,9 @@ export class NodeAgent {
     this.committedMib += memoryMib;
     this.pending++;
     try {
-      const sandbox = await this.platform.createSandbox(
-        { ...resolved, labels: { ...resolved.labels, [PROJECT_LABEL]: call.principal.project } },
-        { signal: call.signal },
-      );
+      const sandbox = await this.platform.createSandboxFor(call.principal.project, request, {
+        signal: call.signal,
+      });
       this.owned.set(sandbox.id, { sandbox, project: call.principal.project, memoryMib });
       return sandbox;
     } catch (error) {
@@ -265,9 +289,16 @@ export class NodeAgent {
     // another project's sandbox is as missing as one that never was
     if (found?.project !== project)
       throw new SandgymError('not_found', `No sandbox ${id} on node ${this.nodeId}`);
+    this.forget(id);
+    await found.sandbox.close();
+  }
+
+  /** Stops counting a sandbox that is gone (destroyed here, or by its run's cleanup). */
+  private forget(id: string): void {
+    const found = this.owned.get(id);
+    if (!found) return;
     this.owned.delete(id);
     this.committedMib -= found.memoryMib;
-    await found.sandbox.close();
   }
 
   /** Stops serving and destroys every sandbox it runs. */

@@ -1,6 +1,6 @@
 import { SandgymError, type Logger } from '../common/index.ts';
 import type { NodeLoad } from './placement.ts';
-import { NODE, SANDBOXES, WireClient, type NodeStatus } from './wire/index.ts';
+import { NODE, RUNS, SANDBOXES, WireClient, type NodeStatus } from './wire/index.ts';
 
 interface Watched {
   address: string;
@@ -8,6 +8,7 @@ interface Watched {
   reachable: boolean;
   node: WireClient<typeof NODE>;
   sandboxes: WireClient<typeof SANDBOXES>;
+  runs: WireClient<typeof RUNS>;
 }
 
 /**
@@ -33,6 +34,7 @@ export class NodeWatcher {
       reachable: false,
       node: new WireClient(address, NODE, { token, unreachable: 'node_lost' }),
       sandboxes: new WireClient(address, SANDBOXES, { token, unreachable: 'node_lost' }),
+      runs: new WireClient(address, RUNS, { token, unreachable: 'node_lost' }),
     }));
   }
 
@@ -94,6 +96,11 @@ export class NodeWatcher {
     return watched.sandboxes;
   }
 
+  /** Run clients of every node that answered its last poll. */
+  reachableRunClients(): WireClient<typeof RUNS>[] {
+    return this.watched.filter((entry) => entry.reachable).map((entry) => entry.runs);
+  }
+
   /** Clients of every node that answered its last poll. */
   reachableClients(): WireClient<typeof SANDBOXES>[] {
     return this.watched.filter((entry) => entry.reachable).map((entry) => entry.sandboxes);
@@ -105,6 +112,7 @@ export class NodeWatcher {
     for (const watched of this.watched) {
       watched.node.close();
       watched.sandboxes.close();
+      watched.runs.close();
     }
   }
 }

@@ -2,6 +2,7 @@ import type { BackendSandbox, CallOptions, GcReport, SandboxRecord } from '../ba
 import type { Environment, LayerManifest } from './layer-store.ts';
 import type { SandboxRequest } from './sandbox-request.ts';
 import type { StepLog } from './exactly-once.ts';
+import type { Run, RunOptions } from './runs.ts';
 
 /** A live sandbox, whichever backend runs it. */
 export type Sandbox = BackendSandbox;
@@ -38,7 +39,24 @@ export interface PlatformClient extends AsyncDisposable {
    * A sandbox of another project is `not_found`.
    */
   stepLog(sandboxId: string, options?: CallOptions): Promise<StepLog>;
+  /**
+   * Starts a run (or rejoins one of the same name): sandboxes created with `run: name` belong to
+   * it, its lease pauses them when the trainer stops renewing, and its phases steer them.
+   */
+  startRun(options: RunOptions): Promise<Run>;
+  /**
+   * fork(n) for group rollouts: n sandboxes from `sandbox`'s current state, admitted all or
+   * nothing and cleaned up together.
+   */
+  fork(sandbox: Sandbox, count: number, options?: CallOptions): Promise<SandboxGroup>;
   /** Destroys this client's sandboxes. Idempotent. */
+  close(): Promise<void>;
+}
+
+/** Sandboxes forked together, cleaned up together. */
+export interface SandboxGroup extends AsyncDisposable {
+  readonly sandboxes: readonly Sandbox[];
+  /** Destroys every sandbox of the group. */
   close(): Promise<void>;
 }
 

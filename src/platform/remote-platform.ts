@@ -17,6 +17,7 @@ import type {
   ExecResult,
   ExecStream,
   GcReport,
+  HibernateReport,
   LayerImage,
   ReadFileOptions,
   SandboxRecord,
@@ -35,9 +36,13 @@ import type {
   PackDiffResult,
   PlatformClient,
   Sandbox,
+  SandboxGroup,
 } from './platform-client.ts';
 import { sandboxRequestSchema, type SandboxRequest } from './sandbox-request.ts';
-import { SANDBOXES, WireClient, type SandboxInfo, type WireClientOptions } from './wire/index.ts';
+import { RUNS, SANDBOXES, WireClient, type SandboxInfo, type WireClientOptions } from './wire/index.ts';
+import { remoteRun, runOptionsSchema } from './run-handles.ts';
+import { forkSandbox } from './fork.ts';
+import type { Run, RunOptions } from './runs.ts';
 
 /** Options for {@link Platform.connect}. */
 export interface ConnectOptions {
@@ -89,7 +94,10 @@ export class RemotePlatform implements PlatformClient {
   private readonly mine = new Map<string, RemoteSandbox>();
   private isClosed = false;
 
-  private constructor(private readonly client: Client) {}
+  private constructor(
+    private readonly client: Client,
+    private readonly runs: WireClient<typeof RUNS>,
+  ) {}
 
   static async connect(
     url: string,
@@ -101,13 +109,19 @@ export class RemotePlatform implements PlatformClient {
       ...(options.metadata ? { metadata: options.metadata } : {}),
       ...clientOptions,
     });
+    const runs = new WireClient(parseGrpcUrl(url), RUNS, {
+      token: options.token,
+      ...(options.metadata ? { metadata: options.metadata } : {}),
+      ...clientOptions,
+    });
     try {
       await client.waitForReady(options.connectTimeoutMs ?? 10_000);
     } catch (error) {
       client.close();
+      runs.close();
       throw error;
     }
-    return new RemotePlatform(client);
+    return new RemotePlatform(client, runs);
   }
 
   async createSandbox(request: SandboxRequest = {}, options: CallOptions = {}): Promise<Sandbox> {
@@ -176,6 +190,16 @@ export class RemotePlatform implements PlatformClient {
     });
   }
 
+  async startRun(options: RunOptions, call: CallOptions = {}): Promise<Run> {
+    const valid = parseAt(runOptionsSchema, options, 'run options');
+    await this.runs.call('StartRun', valid, callOptions(call));
+    return remoteRun(this.runs, valid.name);
+  }
+
+  fork(sandbox: Sandbox, count: number, options: CallOptions = {}): Promise<SandboxGroup> {
+    return forkSandbox(this, sandbox, count, options);
+  }
+
   async close(): Promise<void> {
     if (this.isClosed) return;
     this.isClosed = true;
@@ -186,6 +210,7 @@ export class RemotePlatform implements PlatformClient {
       );
     } finally {
       this.client.close();
+      this.runs.close();
     }
   }
 
@@ -201,6 +226,7 @@ class RemoteSandbox implements BackendSandbox {
   readonly layers: readonly LayerImage[];
   readonly labels: Readonly<Record<string, string>>;
   readonly resources: Readonly<SandboxResources>;
+  private calls = 0;
   private currentState: SandboxState;
   private currentFailure: FailureReason | undefined;
   private closed = false;
@@ -240,9 +266,14 @@ class RemoteSandbox implements BackendSandbox {
     }
   }
 
+  get activeCalls(): number {
+    return this.calls;
+  }
+
   /** Runs a call, and records a lost node as this sandbox's failure. */
   private async guard<T>(call: () => Promise<T>): Promise<T> {
     this.checkOpen();
+    this.calls++;
     try {
       return await call();
     } catch (error) {
@@ -251,6 +282,8 @@ class RemoteSandbox implements BackendSandbox {
         this.currentFailure = 'node_lost';
       }
       throw error;
+    } finally {
+      this.calls--;
     }
   }
 
@@ -335,6 +368,14 @@ class RemoteSandbox implements BackendSandbox {
   async resume(options: CallOptions = {}): Promise<void> {
     await this.guard(() => this.client.call('Resume', { sandboxId: this.id }, callOptions(options)));
     this.currentState = 'running';
+  }
+
+  async hibernate(options: CallOptions = {}): Promise<HibernateReport> {
+    const report = await this.guard(() =>
+      this.client.call('Hibernate', { sandboxId: this.id }, callOptions(options)),
+    );
+    this.currentState = 'hibernated';
+    return report;
   }
 
   async stats(options: CallOptions = {}): Promise<SandboxStats> {

@@ -33,7 +33,16 @@ export const sandboxRequestSchema = z.strictObject({
     .record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'env names are letters, digits and _'), z.string())
     .default({}),
   workdir: z.string().startsWith('/', 'workdir must be absolute').optional(),
-  labels: z.record(z.string(), z.string()).default({}),
+  labels: z
+    .record(
+      z
+        .string()
+        .refine((name) => !name.startsWith('sandgym.'), 'labels starting with "sandgym." are reserved'),
+      z.string(),
+    )
+    .default({}),
+  /** The run (see startRun) that owns the sandbox: its lease and phases govern it. */
+  run: z.string().optional(),
 });
 
 /** The caller's form of a sandbox request. */

@@ -13,6 +13,15 @@ export interface PlatformTarget {
   open(): Promise<{ platform: PlatformClient; otherProject?: PlatformClient; dispose(): Promise<void> }>;
 }
 
+/** Polls a condition (no wall-clock assertion: a generous bound, then a clear failure). */
+async function waitFor(condition: () => Promise<boolean>, timeoutMs = 20_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!(await condition())) {
+    if (Date.now() > deadline) throw new Error(`condition not met within ${timeoutMs} ms`);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+}
+
 export async function expectCode(promise: Promise<unknown>, code: string, message?: RegExp): Promise<void> {
   const error: unknown = await promise.then(
     () => undefined,
@@ -156,6 +165,87 @@ export function describePlatformContract(target: PlatformTarget): void {
         'not_found',
       );
       await expectCode(other.packDiff(sandbox.id, { name: 'stolen:v1' }), 'not_found');
+    });
+
+    it('forks a sandbox into a group that diverges independently and is cleaned up together', async () => {
+      await sandbox.writeFile('/root/state.txt', 'before fork');
+      const group = await opened.platform.fork(sandbox, 3);
+      try {
+        expect(group.sandboxes).toHaveLength(3);
+        for (const [i, child] of group.sandboxes.entries()) {
+          expect((await child.readFile('/root/state.txt')).toString()).toBe('before fork');
+          await child.writeFile('/root/state.txt', `child ${i}`);
+        }
+        for (const [i, child] of group.sandboxes.entries()) {
+          expect((await child.readFile('/root/state.txt')).toString()).toBe(`child ${i}`);
+        }
+        expect((await sandbox.readFile('/root/state.txt')).toString()).toBe('before fork');
+      } finally {
+        await group.close();
+      }
+      const live = (await opened.platform.listSandboxes()).map((r) => r.id);
+      for (const child of group.sandboxes) expect(live).not.toContain(child.id);
+    });
+
+    it('couples a run to training phases, its lease and its end', async () => {
+      const name = `run-${Date.now().toString(36)}`;
+      const run = await opened.platform.startRun({ name, leaseMs: 60_000 });
+      const request = { environment: 'busybox:latest', resources: { memoryMib: 64 }, run: name };
+      const [idle, busy] = [
+        await opened.platform.createSandbox(request),
+        await opened.platform.createSandbox(request),
+      ];
+      try {
+        const running = busy.exec(['sleep', '1.5']);
+        await waitFor(async () => (await busy.exec(['true'])).exitCode === 0); // both up
+        const slow = busy.exec(['sleep', '1']);
+        const train = await run.phase('train');
+        expect(train.paused).toContain(idle.id);
+        expect(train.busy).toContain(busy.id); // a step is running in it: left alone
+        expect((await idle.stats()).state).toBe('paused');
+        await Promise.all([running, slow]);
+        const preempted = await run.phase('preempted');
+        expect(preempted.hibernated.sort()).toEqual([idle.id, busy.id].sort());
+        expect((await idle.stats()).state).toBe('hibernated');
+        // any request to a hibernated sandbox resumes it transparently
+        expect((await idle.exec(['echo', 'back'])).stdout).toBe('back\n');
+        const rollout = await run.phase('rollout');
+        expect(rollout.resumed).toContain(busy.id);
+        expect((await run.renew()).sandboxes).toBe(2);
+        await expectCode(
+          opened.platform.createSandbox({ ...request, run: 'no-such-run' }),
+          'not_found',
+          /startRun/,
+        );
+        const ended = await run.end();
+        expect(ended.destroyed.sort()).toEqual([idle.id, busy.id].sort());
+        const live = (await opened.platform.listSandboxes()).map((r) => r.id);
+        expect(live).not.toContain(idle.id);
+        expect(live).not.toContain(busy.id);
+      } finally {
+        await idle.close().catch(() => undefined);
+        await busy.close().catch(() => undefined);
+      }
+    });
+
+    it('pauses the sandboxes of a lapsed lease and cleans up an expired run', async () => {
+      const name = `lease-${Date.now().toString(36)}`;
+      const run = await opened.platform.startRun({ name, leaseMs: 400, ttlMs: 1_500 });
+      const member = await opened.platform.createSandbox({
+        environment: 'busybox:latest',
+        resources: { memoryMib: 64 },
+        run: name,
+      });
+      try {
+        await waitFor(async () => (await member.stats()).state === 'paused');
+        expect((await run.renew()).lapsed).toBe(false);
+        expect((await member.stats()).state).toBe('running');
+        // no renewals from here: lapse, then expiry destroys it
+        await waitFor(async () => !(await opened.platform.listSandboxes()).some((r) => r.id === member.id));
+        await expectCode(run.renew(), 'not_found');
+      } finally {
+        await member.close().catch(() => undefined);
+      }
     });
 
     it('destroys its sandboxes on close', async () => {

@@ -72,7 +72,7 @@ const ADOPT_SYNC_TIMEOUT_MS = 3_000;
 
 const CAPABILITIES: BackendCapabilities = {
   pause: true,
-  hibernate: false,
+  hibernate: true,
   checkpoint: 'disk',
   fork: false,
   shellSessions: false,
@@ -339,6 +339,11 @@ export class ContainerBackend implements Backend {
       });
     }
     return records;
+  }
+
+  /** The sandboxes this process holds. */
+  liveSandboxes(): ContainerSandbox[] {
+    return [...this.live];
   }
 
   attach(id: string): ContainerSandbox {

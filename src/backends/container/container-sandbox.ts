@@ -8,6 +8,7 @@ import type {
   ExecOptions,
   ExecResult,
   ExecStream,
+  HibernateReport,
   LayerImage,
   ReadFileOptions,
   SandboxResources,
@@ -83,6 +84,10 @@ export class ContainerSandbox implements BackendSandbox {
     return this.parts.spec.labels;
   }
 
+  get activeCalls(): number {
+    return this.parts.channel.pendingCount;
+  }
+
   get resources(): Readonly<SandboxResources> {
     return this.parts.spec.resources;
   }
@@ -97,7 +102,7 @@ export class ContainerSandbox implements BackendSandbox {
   /** Makes the sandbox ready for a request: a paused sandbox resumes transparently. */
   private async ready(what: string, signal: AbortSignal | undefined): Promise<void> {
     throwIfAborted(signal, what);
-    if (this.currentState === 'paused') await this.resume();
+    if (this.currentState === 'paused' || this.currentState === 'hibernated') await this.resume();
     if (this.currentState !== 'running') {
       const why = this.failureReason ? ` (${this.failureReason})` : '';
       throw new SandgymError(
@@ -229,9 +234,18 @@ export class ContainerSandbox implements BackendSandbox {
     this.currentState = 'paused';
   }
 
+  async hibernate(options: CallOptions = {}): Promise<HibernateReport> {
+    throwIfAborted(options.signal, 'Hibernate');
+    if (this.currentState === 'hibernated') return { freedBytes: 0 };
+    await this.pause();
+    const freedBytes = await this.parts.cgroup.reclaim();
+    this.currentState = 'hibernated';
+    return { freedBytes };
+  }
+
   async resume(options: CallOptions = {}): Promise<void> {
     throwIfAborted(options.signal, 'Resume');
-    if (this.currentState !== 'paused') return;
+    if (this.currentState !== 'paused' && this.currentState !== 'hibernated') return;
     await this.parts.cgroup.setFrozen(false);
     this.currentState = 'running';
   }

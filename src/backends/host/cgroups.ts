@@ -165,6 +165,34 @@ export class SandboxCgroup {
     await this.waitFor(state, (t) => t.trim() === (frozen ? 'FROZEN' : 'THAWED'));
   }
 
+  /**
+   * Pushes the sandbox's reclaimable memory out (page cache always; anonymous memory to swap
+   * where the node has swap): cgroup v2's memory.reclaim, or on v1 a brief squeeze of the limit.
+   * Best effort; returns the bytes its usage dropped by.
+   */
+  async reclaim(): Promise<number> {
+    const before = (await this.usage()).memoryBytes;
+    if (this.layout.kind === 'v2') {
+      await writeFile(this.v2('memory.reclaim'), String(before)).catch(() => undefined); // EAGAIN: did what it could
+    } else {
+      const limitFile = this.v1('memory', 'memory.limit_in_bytes');
+      const limit = await readText(limitFile);
+      // the kernel reclaims down to a lowered limit, or refuses (EBUSY) when it cannot
+      for (const fraction of [0.25, 0.5, 0.75]) {
+        const target = Math.max(4 * 1024 * 1024, Math.floor(before * fraction));
+        if (
+          await writeFile(limitFile, String(target)).then(
+            () => true,
+            () => false,
+          )
+        )
+          break;
+      }
+      if (limit) await writeFile(limitFile, limit.trim());
+    }
+    return Math.max(0, before - (await this.usage()).memoryBytes);
+  }
+
   /** True while the sandbox is frozen. */
   async isFrozen(): Promise<boolean> {
     const v2Dir = this.layout.kind === 'v2' ? join(this.layout.root, this.relativePath) : this.freezeLeaf;

@@ -91,6 +91,11 @@ export class AgentChannel {
     );
   }
 
+  /** Requests waiting for their answer. */
+  get pendingCount(): number {
+    return this.pending.size;
+  }
+
   /** True once the channel is gone. */
   get isClosed(): boolean {
     return this.closedError !== undefined;

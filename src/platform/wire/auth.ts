@@ -5,7 +5,9 @@ import type { Authenticate, Principal } from './server.ts';
 
 /** The metadata key a trusted caller (a controller) uses to say which project it acts for. */
 export const PROJECT_KEY = 'sandgym-project';
-export const DEFAULT_PROJECT = 'default';
+import { DEFAULT_PROJECT } from '../runs.ts';
+
+export { DEFAULT_PROJECT };
 
 const PROJECT_NAME = /^[a-z0-9][a-z0-9_-]{0,63}$/;
 

@@ -119,6 +119,45 @@ export const dirEntries = z.object({
   ),
 });
 
+export const hibernateReport = z.object({ freedBytes: count });
+
+const runName = z.string().regex(/^[a-z0-9][a-z0-9._-]{0,63}$/, 'run names are a-z, 0-9, ., _ and -');
+export const trainingPhase = z.enum(['rollout', 'weight_sync', 'train', 'preempted', 'resumed']);
+export const startRunRequest = z.strictObject({
+  name: runName,
+  leaseMs: z
+    .number()
+    .int()
+    .min(100, 'leaseMs is at least 100')
+    .max(24 * 3600_000),
+  /** How long after the lease lapses the run is cleaned up. */
+  ttlMs: z
+    .number()
+    .int()
+    .min(0)
+    .max(7 * 24 * 3600_000)
+    .optional(),
+});
+export const runRef = z.strictObject({ name: runName });
+export const setPhaseRequest = z.strictObject({ name: runName, phase: trainingPhase });
+export const runStatus = z.object({
+  name: z.string(),
+  phase: trainingPhase,
+  /** True while the lease has lapsed (the run's sandboxes are paused). */
+  lapsed: z.boolean(),
+  sandboxes: count,
+});
+export const phaseReport = z.object({
+  phase: trainingPhase,
+  paused: z.array(z.string()),
+  hibernated: z.array(z.string()),
+  resumed: z.array(z.string()),
+  /** Sandboxes left running because a request was in flight. */
+  busy: z.array(z.string()),
+  freedBytes: count,
+});
+export const endRunReport = z.object({ destroyed: z.array(z.string()) });
+
 export const sandboxStats = z.object({
   state: sandboxState,
   memoryBytes: count,

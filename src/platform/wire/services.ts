@@ -31,7 +31,12 @@ export const SANDBOXES = {
     }),
     ListDir: unary({ request: m.listDirRequest, response: m.dirEntries, summary: 'list a directory' }),
     Pause: unary({ request: m.sandboxRef, response: m.empty, summary: 'freeze every process' }),
-    Resume: unary({ request: m.sandboxRef, response: m.empty, summary: 'thaw' }),
+    Resume: unary({ request: m.sandboxRef, response: m.empty, summary: 'thaw (paused or hibernated)' }),
+    Hibernate: unary({
+      request: m.sandboxRef,
+      response: m.hibernateReport,
+      summary: 'freeze, then push its memory out; any request resumes it',
+    }),
     Stats: unary({ request: m.sandboxRef, response: m.sandboxStats, summary: 'measured use' }),
     Destroy: unary({ request: m.sandboxRef, response: m.empty, summary: 'destroy (idempotent)' }),
     List: unary({
@@ -71,6 +76,32 @@ export const SANDBOXES = {
       request: m.layerGcRequest,
       response: m.layerGcReport,
       summary: 'unused mounts and layers',
+    }),
+  },
+} satisfies ServiceDef;
+
+/**
+ * Runs: a trainer's lease over its sandboxes and the training phase they follow. Runs live on
+ * the node agents (a controller fans each call out to every node and merges the answers).
+ */
+export const RUNS = {
+  name: 'sandgym.v1.Runs',
+  methods: {
+    StartRun: unary({
+      request: m.startRunRequest,
+      response: m.runStatus,
+      summary: 'start (or rejoin) a run',
+    }),
+    RenewLease: unary({ request: m.runRef, response: m.runStatus, summary: "extend the run's lease" }),
+    SetPhase: unary({
+      request: m.setPhaseRequest,
+      response: m.phaseReport,
+      summary: 'apply the phase policy to the run’s sandboxes',
+    }),
+    EndRun: unary({
+      request: m.runRef,
+      response: m.endRunReport,
+      summary: 'destroy everything the run owns',
     }),
   },
 } satisfies ServiceDef;
