@@ -32,9 +32,12 @@ export interface StepEvent {
   durationMs: number;
 }
 
-/** A sandbox state change of a rollout, as `lifecycle$` emits it. */
+/** A sandbox state change, as `lifecycle$` emits it. */
 export interface LifecycleEvent {
-  task: string;
   sandboxId: string;
-  state: 'running' | 'stopped';
+  state: 'running' | 'paused' | 'hibernated' | 'stopped';
+  /** The task whose episode the sandbox runs, in a rollout. */
+  task?: string;
+  /** What caused it, for changes a run made: `phase:train`, `end`. */
+  cause?: string;
 }

@@ -27,6 +27,8 @@ export interface TestPlatformOptions {
   privateStore?: boolean;
   /** More environments to copy into the private store (debian:bookworm, say). */
   seed?: string[];
+  /** The node id its sandbox ids carry (default `local`). */
+  nodeId?: string;
 }
 
 export async function createTestPlatform(
@@ -40,7 +42,11 @@ export async function createTestPlatform(
     const shared = await LayerStore.open(STORE_DIR);
     for (const ref of ['busybox:latest', ...(options.seed ?? [])]) await store.importEnvironment(shared, ref);
   }
-  const platform = await Platform.local({ dataDir, storeDir });
+  const platform = await Platform.local({
+    dataDir,
+    storeDir,
+    ...(options.nodeId ? { nodeId: options.nodeId } : {}),
+  });
   return {
     platform,
     dataDir,
