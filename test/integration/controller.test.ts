@@ -24,7 +24,7 @@ describe('controller admission', () => {
 
   async function node(name: string, maxSandboxes: number, memoryCapacityMib = 4096): Promise<NodeAgent> {
     const test: TestPlatform = await createTestPlatform(`ctl-${name}`, { nodeId: name });
-    cleanup.push(() => test[Symbol.asyncDispose]());
+    cleanup.push(async () => test[Symbol.asyncDispose]());
     const agent = await NodeAgent.start(test.platform, {
       listen: '127.0.0.1:0',
       token: NODE_TOKEN,
