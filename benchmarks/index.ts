@@ -2,6 +2,9 @@ import { benchCreate } from './create.ts';
 import { benchExec } from './exec.ts';
 import { benchLayers } from './layers.ts';
 import { benchReplay } from './replay.ts';
+import { benchPlacement } from './placement.ts';
+import { benchRemoteStep } from './remote-step.ts';
+import { benchPreempt } from './preempt.ts';
 import type { BenchOptions, BenchReport } from './report.ts';
 
 /** Every benchmark by name, in the order `sandgym bench` runs them. */
@@ -10,6 +13,9 @@ export const BENCHMARKS: Record<string, (options: BenchOptions) => Promise<Bench
   exec: benchExec,
   layers: benchLayers,
   replay: benchReplay,
+  placement: benchPlacement,
+  'remote-step': benchRemoteStep,
+  preempt: benchPreempt,
 };
 
 export type { BenchReport, BenchOptions, Metric } from './report.ts';

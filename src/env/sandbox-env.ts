@@ -96,6 +96,7 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
     this.steps = new ExactlyOnceSteps(await this.platform.stepLog(sandbox.id));
     const given = options.options?.['episodeId'];
     this.episodeId = typeof given === 'string' ? given : randomBytes(8).toString('hex');
+    this.steps.startEpisode(this.episodeId); // a fresh sandbox: its log is empty
     this.stepIndex = 0;
     const environment = sandbox.labels['environment'] ?? '';
     return {

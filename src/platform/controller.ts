@@ -117,6 +117,7 @@ export class Controller {
       Create: ({ request }, call) => this.create(request, call),
       Describe: (request, call) => route(request.sandboxId).call('Describe', request, as(call)),
       Exec: (request, call) => route(request.sandboxId).stream('Exec', request, as(call)),
+      ExecCollected: (request, call) => route(request.sandboxId).call('ExecCollected', request, as(call)),
       ReadFile: (request, call) => route(request.sandboxId).call('ReadFile', request, as(call)),
       WriteFile: (request, call) => route(request.sandboxId).call('WriteFile', request, as(call)),
       ListDir: (request, call) => route(request.sandboxId).call('ListDir', request, as(call)),

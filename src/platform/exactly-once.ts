@@ -61,11 +61,21 @@ export function lookupStep(log: TrajectoryLog, request: StepRequest): StepLookup
   return { logged: false };
 }
 
+/**
+ * Appends a step's record under the exactly-once rule: a record already there with the same
+ * action is a no-op (a retried append), a different one is a `divergence`, a gap is refused.
+ * Whoever skipped the lookup (see {@link ExactlyOnceSteps}) is still checked here.
+ */
+export async function appendStep(log: TrajectoryLog, record: TrajectoryRecord): Promise<void> {
+  if (lookupStep(log, record).logged) return;
+  await log.append(record);
+}
+
 /** A step log over a trajectory log file in this process. */
 export function localStepLog(log: TrajectoryLog): StepLog {
   return {
     lookup: (request) => Promise.resolve(lookupStep(log, request)),
-    append: (record) => log.append(record),
+    append: (record) => appendStep(log, record),
     records: () => Promise.resolve(log.records),
   };
 }
@@ -77,11 +87,24 @@ export function localStepLog(log: TrajectoryLog): StepLog {
  * retries, or a new client that attaches, fast-forwards and never runs `git commit` twice.
  */
 export class ExactlyOnceSteps {
+  /** Per episode, the step index this client knows to be the log's tail (it wrote the one before). */
+  private readonly tails = new Map<string, number>();
+
   constructor(private readonly log: StepLog) {}
 
+  /**
+   * Declares an episode this client starts on a fresh sandbox, whose log is empty: its steps
+   * skip the lookup (one round trip less when the log is remote). The append still checks.
+   */
+  startEpisode(episodeId: string): void {
+    this.tails.set(episodeId, 0);
+  }
+
   async run<R>(request: StepRequest, execute: () => Promise<R>): Promise<{ result: R; replayed: boolean }> {
-    const found = await this.log.lookup(request);
-    if (found.logged) return { result: found.result as R, replayed: true };
+    if (this.tails.get(request.episodeId) !== request.stepIndex) {
+      const found = await this.log.lookup(request);
+      if (found.logged) return { result: found.result as R, replayed: true };
+    }
     const startedAt = new Date().toISOString();
     const started = performance.now();
     const result = await execute();
@@ -93,6 +116,7 @@ export class ExactlyOnceSteps {
       startedAt,
       durationMs: performance.now() - started,
     });
+    this.tails.set(request.episodeId, request.stepIndex + 1);
     return { result, replayed: false };
   }
 }

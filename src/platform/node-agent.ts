@@ -1,6 +1,6 @@
 import { totalmem } from 'node:os';
 import { SandgymError, type Logger } from '../common/index.ts';
-import type { BackendSandbox, LoadMode } from '../backends/index.ts';
+import type { BackendSandbox, ExecOptions, LoadMode } from '../backends/index.ts';
 import type { LocalPlatform } from './local-platform.ts';
 import type { SandboxRequest } from './sandbox-request.ts';
 import { PROJECT_LABEL } from './runs.ts';
@@ -13,6 +13,7 @@ import {
   register,
   tokenAuthenticator,
   type CallContext,
+  type ExecRequest,
   type NodeStatus,
   type SandboxInfo,
 } from './wire/index.ts';
@@ -151,6 +152,10 @@ export class NodeAgent {
       Create: async ({ request }, call) => info(await this.create(request, call)),
       Describe: ({ sandboxId }, call) => Promise.resolve(info(this.sandboxOf(sandboxId, call))),
       Exec: (request, call) => this.exec(request, call),
+      ExecCollected: (request, call) => {
+        const { sandboxId, argv, options } = execArguments(request, call);
+        return this.sandboxOf(sandboxId, call).exec(argv, options);
+      },
       ReadFile: async ({ sandboxId, path, maxBytes }, call) => ({
         data: await this.sandboxOf(sandboxId, call).readFile(path, {
           signal: call.signal,
@@ -196,6 +201,7 @@ export class NodeAgent {
       StepLookup: async ({ sandboxId, episodeId, stepIndex, action }, call) =>
         (await this.stepLogOf(sandboxId, call)).lookup({ episodeId, stepIndex, action }),
       StepAppend: async ({ sandboxId, record }, call) => {
+        // the exactly-once rule is enforced here too: a client may skip lookups for its own episodes
         await (await this.stepLogOf(sandboxId, call)).append(record);
         return {};
       },
@@ -263,22 +269,9 @@ export class NodeAgent {
     return this.platform.stepLog(id);
   }
 
-  private async *exec(
-    request: {
-      sandboxId: string;
-      argv: string[];
-      cwd?: string | undefined;
-      user?: string | undefined;
-      env?: Record<string, string> | undefined;
-      stdin?: Uint8Array | undefined;
-      outputCapBytes?: number | undefined;
-      timeoutMs?: number | undefined;
-    },
-    call: CallContext,
-  ) {
-    const { sandboxId, argv, ...rest } = request;
-    const options = Object.fromEntries(Object.entries(rest).filter(([, value]) => value !== undefined));
-    const running = this.sandboxOf(sandboxId, call).execStream(argv, { ...options, signal: call.signal });
+  private async *exec(request: ExecRequest, call: CallContext) {
+    const { sandboxId, argv, options } = execArguments(request, call);
+    const running = this.sandboxOf(sandboxId, call).execStream(argv, options);
     for await (const chunk of running.output)
       yield { type: 'chunk' as const, stream: chunk.stream, data: chunk.data };
     yield { type: 'result' as const, result: await running.result };
@@ -310,6 +303,16 @@ export class NodeAgent {
     this.committedMib = 0;
     await this.platform.close();
   }
+}
+
+/** A wire exec request as backend arguments; the call's cancellation reaches the command. */
+function execArguments(
+  request: ExecRequest,
+  call: CallContext,
+): { sandboxId: string; argv: string[]; options: ExecOptions } {
+  const { sandboxId, argv, ...rest } = request;
+  const options = Object.fromEntries(Object.entries(rest).filter(([, value]) => value !== undefined));
+  return { sandboxId, argv, options: { ...options, signal: call.signal } };
 }
 
 function info(sandbox: BackendSandbox): SandboxInfo {

@@ -6,7 +6,6 @@ import {
   settleAll,
   type FailureReason,
 } from '../common/index.ts';
-import { collectExec } from '../backends/index.ts';
 import type {
   BackendName,
   BackendSandbox,
@@ -288,7 +287,25 @@ class RemoteSandbox implements BackendSandbox {
   }
 
   exec(argv: string[], options: ExecOptions = {}): Promise<ExecResult> {
-    return collectExec(this.execStream(argv, options));
+    const { signal, timeoutMs } = options;
+    return this.guard(() =>
+      this.client.call('ExecCollected', this.execRequest(argv, options), {
+        ...(signal ? { signal } : {}),
+        ...(timeoutMs === undefined ? {} : { timeoutMs: timeoutMs + EXEC_DEADLINE_SLACK_MS }),
+      }),
+    );
+  }
+
+  /** The wire form of a command and its options. */
+  private execRequest(argv: string[], options: ExecOptions): Record<string, unknown> {
+    const { stdin, ...rest } = options;
+    delete rest.signal; // cancellation travels as the call's own, not in the message
+    return {
+      sandboxId: this.id,
+      argv,
+      ...Object.fromEntries(Object.entries(rest).filter(([, value]) => value !== undefined)),
+      ...(stdin === undefined ? {} : { stdin: typeof stdin === 'string' ? Buffer.from(stdin) : stdin }),
+    };
   }
 
   execStream(argv: string[], options: ExecOptions = {}): ExecStream {
@@ -298,15 +315,8 @@ class RemoteSandbox implements BackendSandbox {
       failed.catch((error: unknown) => output.end(error));
       return { output, result: failed };
     }
-    const { signal, timeoutMs, stdin, ...rest } = options;
-    const request = {
-      sandboxId: this.id,
-      argv,
-      ...Object.fromEntries(Object.entries(rest).filter(([, value]) => value !== undefined)),
-      ...(stdin === undefined ? {} : { stdin: typeof stdin === 'string' ? Buffer.from(stdin) : stdin }),
-      ...(timeoutMs === undefined ? {} : { timeoutMs }),
-    };
-    const events = this.client.stream('Exec', request, {
+    const { signal, timeoutMs } = options;
+    const events = this.client.stream('Exec', this.execRequest(argv, options), {
       ...(signal ? { signal } : {}),
       ...(timeoutMs === undefined ? {} : { timeoutMs: timeoutMs + EXEC_DEADLINE_SLACK_MS }),
     });

@@ -3,16 +3,16 @@ import { describe, expect, it } from 'vitest';
 import { isSandgymError } from '../../src/common/index.ts';
 import {
   NODE,
+  RUNS,
   SANDBOXES,
   decodeMessage,
   encodeMessage,
   type MethodDef,
+  type ServiceDef,
 } from '../../src/platform/wire/index.ts';
 
-const METHODS: [string, MethodDef][] = [
-  ...Object.entries(SANDBOXES.methods),
-  ...Object.entries(NODE.methods),
-];
+const SERVICES: ServiceDef[] = [SANDBOXES, RUNS, NODE];
+const METHODS: [string, MethodDef][] = SERVICES.flatMap((service) => Object.entries(service.methods));
 
 /** A decoder may accept a message or reject it with invalid_argument; anything else is a bug. */
 function decodeSafely(method: MethodDef, bytes: Uint8Array): 'accepted' | 'rejected' {

@@ -5,7 +5,7 @@ export { WireClient } from './client.ts';
 export type { WireCallOptions, WireClientOptions } from './client.ts';
 export { tokenAuthenticator, PROJECT_KEY, DEFAULT_PROJECT } from './auth.ts';
 export { SANDBOXES, NODE, RUNS } from './services.ts';
-export type { SandboxInfo, NodeStatus, ExecEvent } from './messages.ts';
+export type { SandboxInfo, NodeStatus, ExecEvent, ExecRequest } from './messages.ts';
 export { decodeMessage, encodeMessage } from './decode.ts';
 export { methodPath } from './service.ts';
 export type { MethodDef, ServiceDef } from './service.ts';

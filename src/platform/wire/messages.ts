@@ -67,6 +67,8 @@ export const execRequest = z.strictObject({
   timeoutMs: z.number().int().positive().optional(),
 });
 
+export type ExecRequest = z.output<typeof execRequest>;
+
 export const execResult = z.object({
   exitCode: z.number().int().nullable(),
   signal: z.string().nullable(),

@@ -22,6 +22,12 @@ export const SANDBOXES = {
       maxRequestBytes: MAX_FILE_MESSAGE,
       summary: 'run a command: output chunks as they arrive, then its result',
     }),
+    ExecCollected: unary({
+      request: m.execRequest,
+      response: m.execResult,
+      maxRequestBytes: MAX_FILE_MESSAGE,
+      summary: 'run a command and return its result with the captured output (one round trip)',
+    }),
     ReadFile: unary({ request: m.readFileRequest, response: m.fileData, summary: 'read a file' }),
     WriteFile: unary({
       request: m.writeFileRequest,
