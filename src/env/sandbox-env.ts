@@ -111,10 +111,28 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
     const steps = this.steps;
     if (!sandbox || !steps) throw new SandgymError('failed_precondition', 'Call reset() before step()');
     const stepIndex = this.stepIndex;
-    const { result, replayed } = await steps.run(
-      { episodeId: this.episodeId, stepIndex, action: valid },
-      () => this.execute(sandbox, valid, options),
-    );
+    let ran: { result: StepResult<SandboxObservation>; replayed: boolean };
+    try {
+      ran = await steps.run({ episodeId: this.episodeId, stepIndex, action: valid }, () =>
+        this.execute(sandbox, valid, options),
+      );
+    } catch (error) {
+      if (!isSandgymError(error, 'node_lost')) throw error;
+      // the node that runs the sandbox (and keeps its log) is unreachable, so nothing was logged
+      // and the index stays: a retry once the node is back replays the step if its record made
+      // it to the log, and runs it otherwise. (A node that died in the middle of a command may
+      // have run it unlogged; a node that died between steps lost nothing.)
+      const message = messageOf(error);
+      return {
+        observation: { type: 'error', code: 'node_lost', message },
+        reward: 0,
+        terminated: false,
+        truncated: true,
+        info: { episodeId: this.episodeId, stepIndex, replayed: false },
+        outcome: { kind: 'infra_failure', reason: 'node_lost', message },
+      };
+    }
+    const { result, replayed } = ran;
     this.stepIndex++;
     return { ...result, info: { ...result.info, episodeId: this.episodeId, stepIndex, replayed } };
   }
@@ -179,6 +197,7 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
           return done({ type: 'submitted' }, true);
       }
     } catch (error) {
+      if (isSandgymError(error, 'node_lost')) throw error; // not a result: step() reports it unlogged
       // a sandbox that died under the call (killed, crashed) reports why through its own state
       const reason = isSandgymError(error) ? (INFRA_CODES[error.code] ?? sandbox.failure) : undefined;
       if (reason) {

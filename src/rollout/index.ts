@@ -10,5 +10,5 @@ export { checkTask } from './check-task.ts';
 export type { CheckResult } from './check-task.ts';
 export { EvalJournal } from './eval-journal.ts';
 export { renderHtmlReport } from './html-report.ts';
-export { TrainingCoordinator } from './training.ts';
-export type { PhaseEvent, TrainingCoordinatorOptions } from './training.ts';
+export { TrainingCoordinator, leaseRenewals } from './training.ts';
+export type { KeepAliveOptions, LeaseEvent, PhaseEvent, TrainingCoordinatorOptions } from './training.ts';

@@ -1,6 +1,27 @@
-import { Subject, type Observable } from 'rxjs';
+import {
+  Subject,
+  asyncScheduler,
+  catchError,
+  defer,
+  exhaustMap,
+  interval,
+  map,
+  of,
+  takeUntil,
+  type Observable,
+  type ObservableInput,
+  type SchedulerLike,
+  type Subscription,
+} from 'rxjs';
 import { messageOf, type Logger } from '../common/index.ts';
-import type { PhaseReport, PlatformClient, Run, RunOptions, TrainingPhase } from '../platform/index.ts';
+import type {
+  PhaseReport,
+  PlatformClient,
+  Run,
+  RunOptions,
+  RunStatus,
+  TrainingPhase,
+} from '../platform/index.ts';
 import type { LifecycleEvent } from './episode-report.ts';
 
 /** A phase the trainer published and what it did. */
@@ -11,53 +32,84 @@ export interface PhaseEvent {
   report: PhaseReport;
 }
 
-/** Options for {@link TrainingCoordinator.start}. */
-export interface TrainingCoordinatorOptions extends RunOptions {
+/** A lease renewal: the run's status, or why it failed. */
+export type LeaseEvent = { ok: true; status: RunStatus } | { ok: false; error: string };
+
+/**
+ * Renews every `periodMs` on `scheduler`'s clock and reports each outcome. A renewal still in
+ * flight when the next falls due makes that tick a no-op (exhaustMap): a slow node never gets a
+ * pile of renewals. A failed renewal is reported and the next tick tries again.
+ */
+export function leaseRenewals(
+  renew: () => ObservableInput<RunStatus>,
+  periodMs: number,
+  scheduler: SchedulerLike,
+): Observable<LeaseEvent> {
+  return interval(periodMs, scheduler).pipe(
+    exhaustMap(() =>
+      defer(renew).pipe(
+        map((status): LeaseEvent => ({ ok: true, status })),
+        catchError((error: unknown) => of<LeaseEvent>({ ok: false, error: messageOf(error) })),
+      ),
+    ),
+  );
+}
+
+/** Options for {@link TrainingCoordinator}, besides the run itself. */
+export interface KeepAliveOptions {
   /** How often the lease is renewed; default a third of leaseMs. */
   renewEveryMs?: number;
   logger?: Logger;
+  /** The clock of the renewals (a TestScheduler in tests). */
+  scheduler?: SchedulerLike;
 }
+
+/** Options for {@link TrainingCoordinator.start}. */
+export interface TrainingCoordinatorOptions extends RunOptions, KeepAliveOptions {}
 
 /**
  * Couples a trainer to its sandboxes: it owns a run, keeps its lease alive while the trainer
  * lives, and publishes training phases. `phases$` shows each phase and its effect; `lifecycle$`
- * each sandbox the phases paused, hibernated, resumed or ended. Stop renewing (the trainer
- * crashed) and the platform pauses the run's sandboxes by itself.
+ * each sandbox the phases paused, hibernated, resumed or ended; `lease$` each renewal. Stop
+ * renewing (the trainer crashed) and the platform pauses the run's sandboxes by itself.
  */
 export class TrainingCoordinator implements AsyncDisposable {
   private readonly phaseSubject = new Subject<PhaseEvent>();
   private readonly lifecycleSubject = new Subject<LifecycleEvent>();
+  private readonly leaseSubject = new Subject<LeaseEvent>();
+  private readonly ending = new Subject<void>();
   readonly phases$: Observable<PhaseEvent> = this.phaseSubject.asObservable();
   readonly lifecycle$: Observable<LifecycleEvent> = this.lifecycleSubject.asObservable();
-  private readonly timer: NodeJS.Timeout;
+  /** Each lease renewal; a renewal still in flight when the next falls due is not doubled. */
+  readonly lease$: Observable<LeaseEvent> = this.leaseSubject.asObservable();
+  private readonly renewals: Subscription;
   private ended = false;
 
-  private constructor(
+  /** Keeps `run`'s lease alive every `renewEveryMs` from now on. */
+  constructor(
     readonly run: Run,
     renewEveryMs: number,
-    logger: Logger | undefined,
+    options: Omit<KeepAliveOptions, 'renewEveryMs'> = {},
   ) {
-    this.timer = setInterval(() => {
-      run
-        .renew()
-        .catch((error: unknown) =>
-          logger?.warn({ run: run.name, error: messageOf(error) }, 'lease renewal failed'),
-        );
-    }, renewEveryMs);
-    this.timer.unref();
+    const { logger } = options;
+    this.renewals = leaseRenewals(() => run.renew(), renewEveryMs, options.scheduler ?? asyncScheduler)
+      .pipe(takeUntil(this.ending))
+      .subscribe((event) => {
+        if (!event.ok) logger?.warn({ run: run.name, error: event.error }, 'lease renewal failed');
+        this.leaseSubject.next(event);
+      });
   }
 
   static async start(
     platform: PlatformClient,
     options: TrainingCoordinatorOptions,
   ): Promise<TrainingCoordinator> {
-    const { renewEveryMs, logger, ...runOptions } = options;
+    const { renewEveryMs, logger, scheduler, ...runOptions } = options;
     const run = await platform.startRun(runOptions);
-    return new TrainingCoordinator(
-      run,
-      renewEveryMs ?? Math.max(50, Math.floor(options.leaseMs / 3)),
-      logger,
-    );
+    return new TrainingCoordinator(run, renewEveryMs ?? Math.max(50, Math.floor(options.leaseMs / 3)), {
+      ...(logger ? { logger } : {}),
+      ...(scheduler ? { scheduler } : {}),
+    });
   }
 
   /** The run's name: pass it as `run` in sandbox requests. */
@@ -78,11 +130,17 @@ export class TrainingCoordinator implements AsyncDisposable {
     return report;
   }
 
+  /** Stops the renewals without ending the run (a trainer handing over, or a test). */
+  stopRenewing(): void {
+    this.ending.next();
+    this.renewals.unsubscribe();
+  }
+
   /** Ends the run (destroying its sandboxes) and completes the streams. Idempotent. */
   async end(): Promise<void> {
     if (this.ended) return;
     this.ended = true;
-    clearInterval(this.timer);
+    this.stopRenewing();
     try {
       const { destroyed } = await this.run.end();
       for (const sandboxId of destroyed)
@@ -90,6 +148,7 @@ export class TrainingCoordinator implements AsyncDisposable {
     } finally {
       this.phaseSubject.complete();
       this.lifecycleSubject.complete();
+      this.leaseSubject.complete();
     }
   }
 
