@@ -9,7 +9,7 @@ export { comparableObservation, replayTrajectory } from './replay.ts';
 export type { ReplayReport } from './replay.ts';
 export type { AutoresetMode, VectorEnvOptions, VectorStepResult } from './vector-env.ts';
 export { TaskEnv } from './task-env.ts';
-export type { Grade, TaskEnvOptions, TaskObservation } from './task-env.ts';
+export type { Grade, TaskCheckpoint, TaskEnvOptions, TaskObservation } from './task-env.ts';
 export { filesUnder, stageFolder } from './stage-folder.ts';
 export { loadHarborTask, loadTasks } from './tasks/harbor.ts';
 export { loadOjProblem } from './tasks/oj.ts';

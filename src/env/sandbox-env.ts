@@ -64,11 +64,18 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
 
   /**
    * Attaches to a live sandbox and an episode another client started; its next steps replay
-   * from the log until they reach the tail. The attached env does not destroy the sandbox.
+   * from the log until they reach the tail. The attached env destroys the sandbox on close
+   * only when told it now `owned` it (the client that started it is gone).
    */
-  static async attach(platform: PlatformClient, sandbox: Sandbox, episodeId: string): Promise<SandboxEnv> {
+  static async attach(
+    platform: PlatformClient,
+    sandbox: Sandbox,
+    episodeId: string,
+    options: { owned?: boolean } = {},
+  ): Promise<SandboxEnv> {
     const env = new SandboxEnv(platform, {});
     env.sandbox = sandbox;
+    env.owned = options.owned ?? false;
     env.episodeId = episodeId;
     env.steps = new ExactlyOnceSteps(await platform.stepLog(sandbox.id));
     return env;
@@ -81,6 +88,11 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
 
   get episode(): string {
     return this.episodeId;
+  }
+
+  /** The index the next step will have. */
+  get nextStepIndex(): number {
+    return this.stepIndex;
   }
 
   async reset(options: ResetOptions = {}): Promise<ResetResult<SandboxObservation>> {

@@ -1,7 +1,12 @@
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { SandgymError, messageOf } from '../common/index.ts';
-import type { Environment as LayerEnvironment, LocalPlatform, Sandbox } from '../platform/index.ts';
+import type {
+  Environment as LayerEnvironment,
+  LayerManifest,
+  LocalPlatform,
+  Sandbox,
+} from '../platform/index.ts';
 import type { EnvCallOptions, Environment, ResetOptions, ResetResult, StepResult } from './environment.ts';
 import type { SandboxAction, SandboxObservation } from './sandbox-actions.ts';
 import { SandboxEnv } from './sandbox-env.ts';
@@ -50,6 +55,20 @@ const FALLBACK_BASE = 'debian:bookworm';
 /** What the agent is shown at reset: the instruction, and where it is. */
 export type TaskObservation = SandboxObservation | { type: 'task'; instruction: string; sandboxId: string };
 
+/** A task episode's saved state, for {@link TaskEnv.restore}. */
+export interface TaskCheckpoint {
+  /** The stored environment that holds it: the task's layers plus the agent's work so far. */
+  environment: string;
+  episodeId: string;
+  stepIndex: number;
+  /** Protected paths the agent had touched by then (left out of the checkpoint, reported at grading). */
+  tampered: string[];
+  /** What was left of the agent's time budget. */
+  budgetLeftMs: number;
+  /** Files only: processes and memory are not kept by container checkpoints. */
+  depth: 'disk';
+}
+
 /** The result of grading one episode. */
 export interface Grade {
   reward: number;
@@ -77,6 +96,11 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
   private buildNotes: string[] = [];
   private deadline = 0;
   private isClosed = false;
+  /** The graded stack: the task's layers, plus the agent's work restored from a checkpoint. */
+  private stack: string[] | undefined;
+  /** Tamper signals carried over from checkpoints. */
+  private earlierTampering: string[] = [];
+  private checkpoints = 0;
 
   private constructor(
     private readonly platform: LocalPlatform,
@@ -112,13 +136,24 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
   }
 
   async reset(options: ResetOptions = {}): Promise<ResetResult<TaskObservation>> {
+    const environment = await this.prepare();
+    this.stack = undefined;
+    this.earlierTampering = [];
+    return this.start(`${environment.name}:${environment.version}`, this.task.agentTimeoutMs, options);
+  }
+
+  /** Starts the agent's sandbox from a stored environment, with `budgetMs` of agent time. */
+  private async start(
+    environment: string,
+    budgetMs: number,
+    options: ResetOptions,
+  ): Promise<ResetResult<TaskObservation>> {
     if (this.isClosed)
       throw new SandgymError('failed_precondition', 'Cannot reset: the environment is closed');
-    const environment = await this.prepare();
     await this.inner?.close();
     this.inner = SandboxEnv.create(this.platform, {
       sandbox: {
-        environment: `${environment.name}:${environment.version}`,
+        environment,
         resources: { cpu: this.task.resources.cpu, memoryMib: this.task.resources.memoryMib },
         env: this.task.env,
       },
@@ -126,16 +161,76 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
     const reset = await this.inner.reset(options);
     const sandbox = this.inner.current!;
     await sandbox.exec(['mkdir', '-p', '/logs/agent', '/logs/artifacts']);
-    this.deadline = Date.now() + this.task.agentTimeoutMs;
+    this.deadline = Date.now() + budgetMs;
+    return this.opening(sandbox, reset.info);
+  }
+
+  private opening(sandbox: Sandbox, info: Record<string, unknown>): ResetResult<TaskObservation> {
     return {
       observation: { type: 'task', instruction: this.task.instruction, sandboxId: sandbox.id },
       info: {
-        ...reset.info,
+        ...info,
         task: this.task.id,
         agentTimeoutMs: this.task.agentTimeoutMs,
         notes: this.buildNotes,
       },
     };
+  }
+
+  /**
+   * Takes over an episode whose sandbox outlived the client that ran it (an eval that was
+   * killed): its logged steps replay from the trajectory log as the agent re-issues them, and
+   * the first step past the log runs for real. `budgetLeftMs` is the agent time still left.
+   */
+  async attach(sandbox: Sandbox, episodeId: string, budgetLeftMs: number): Promise<ResetResult<TaskObservation>> {
+    if (this.isClosed) throw new SandgymError('failed_precondition', 'Cannot attach: the environment is closed');
+    await this.prepare();
+    await this.inner?.close();
+    this.inner = await SandboxEnv.attach(this.platform, sandbox, episodeId, { owned: true });
+    this.deadline = Date.now() + budgetLeftMs;
+    return this.opening(sandbox, { episodeId, sandboxId: sandbox.id, attached: true });
+  }
+
+  /**
+   * Saves the episode so far: the agent's changes, minus protected paths (reported as tampering
+   * when graded), become a layer over the task's, stored as an environment.
+   */
+  async checkpoint(): Promise<TaskCheckpoint> {
+    const agent = this.inner?.current;
+    const environment = this.built;
+    if (!agent || !environment || !this.inner)
+      throw new SandgymError('failed_precondition', 'Nothing to checkpoint: call reset() first');
+    const { layer, tampered } = await this.agentDiff(agent);
+    const stack = [...(this.stack ?? environment.layers), layer.digest];
+    const name = `ckpt-${this.task.id.toLowerCase().replace(/[^a-z0-9._-]/g, '-')}`.slice(0, 64);
+    const version = `${this.inner.episode}-${++this.checkpoints}`.slice(0, 64);
+    await this.platform.store.putEnvironment({
+      name,
+      version,
+      layers: stack,
+      config: environment.config,
+      description: `checkpoint ${this.checkpoints} of ${this.task.id}, episode ${this.inner.episode}`,
+    });
+    return {
+      environment: `${name}:${version}`,
+      episodeId: this.inner.episode,
+      stepIndex: this.inner.nextStepIndex,
+      tampered: [...new Set([...this.earlierTampering, ...tampered])],
+      budgetLeftMs: Math.max(0, this.deadline - Date.now()),
+      depth: 'disk',
+    };
+  }
+
+  /** Starts a new sandbox from a checkpoint; the episode goes on from there as a new branch. */
+  async restore(checkpoint: TaskCheckpoint): Promise<ResetResult<TaskObservation>> {
+    await this.prepare();
+    const stored = await this.platform.store.getEnvironment(checkpoint.environment);
+    const restored = await this.start(checkpoint.environment, checkpoint.budgetLeftMs, {
+      options: { episodeId: `${checkpoint.episodeId}@${checkpoint.environment}` },
+    });
+    this.stack = stored.layers;
+    this.earlierTampering = checkpoint.tampered;
+    return { ...restored, info: { ...restored.info, restoredFrom: checkpoint } };
   }
 
   async step(action: SandboxAction, options: EnvCallOptions = {}): Promise<StepResult<TaskObservation>> {
@@ -180,15 +275,10 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
     const environment = this.built;
     if (!agent || !environment)
       throw new SandgymError('failed_precondition', 'Nothing to grade: call reset() first');
-    const { layer, tampered } = await agent.withWritableLayer(async (dir) => ({
-      tampered: PROTECTED.filter((path) => existsSync(join(dir, path))).map((path) => `/${path}`),
-      layer: await this.platform.store.addLayerFromDirectory(dir, `agent diff of ${agent.id}`, {
-        excludePaths: PROTECTED,
-        excludeRegexes: PROTECTED_PATTERNS,
-      }),
-    }));
+    const { layer, tampered: now } = await this.agentDiff(agent);
+    const tampered = [...new Set([...this.earlierTampering, ...now])];
     const grader = await this.platform.createSandboxFromLayers(
-      [...environment.layers, layer.digest],
+      [...(this.stack ?? environment.layers), layer.digest],
       environment.config,
       {
         cpu: this.task.resources.cpu,
@@ -207,6 +297,17 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
     } finally {
       await grader.close();
     }
+  }
+
+  /** The agent's changes as a layer without the protected paths, and which of those it touched. */
+  private agentDiff(agent: Sandbox): Promise<{ layer: LayerManifest; tampered: string[] }> {
+    return agent.withWritableLayer(async (dir) => ({
+      tampered: PROTECTED.filter((path) => existsSync(join(dir, path))).map((path) => `/${path}`),
+      layer: await this.platform.store.addLayerFromDirectory(dir, `agent diff of ${agent.id}`, {
+        excludePaths: PROTECTED,
+        excludeRegexes: PROTECTED_PATTERNS,
+      }),
+    }));
   }
 
   async close(): Promise<void> {

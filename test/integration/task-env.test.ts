@@ -89,6 +89,27 @@ describe('Harbor tasks, fresh-box grading and evaluation', () => {
     expect((await task.sandbox!.listDir('/logs')).map((e) => e.name)).toEqual(['agent', 'artifacts']);
   });
 
+  it('checkpoints an episode and restores it as a branch, protected paths and budget kept', async () => {
+    await using task = TaskEnv.create(env.platform, await loadHarborTask(join(EXAMPLES, 'hello-file')));
+    await task.reset();
+    await task.step({ type: 'write_file', path: '/app/hello.txt', content: 'hello sandgym\n' });
+    // a tamper attempt before the checkpoint: it must not ride along into the restored stack
+    await task.step({ type: 'exec', command: 'echo forged > /usr/bin/forged-tool' });
+    const checkpoint = await task.checkpoint();
+    expect(checkpoint).toMatchObject({ depth: 'disk', stepIndex: 2, tampered: ['/usr/bin'] });
+    expect(checkpoint.budgetLeftMs).toBeGreaterThan(0);
+    // go on down a wrong branch, then come back
+    await task.step({ type: 'exec', command: 'rm /app/hello.txt' });
+    const restored = await task.restore(checkpoint);
+    expect(restored.info['restoredFrom']).toEqual(checkpoint);
+    const sandbox = task.sandbox!;
+    expect((await sandbox.readFile('/app/hello.txt')).toString()).toBe('hello sandgym\n');
+    expect((await sandbox.exec(['sh', '-c', 'test -e /usr/bin/forged-tool; echo $?'])).stdout).toBe('1\n');
+    const submitted = await task.step({ type: 'submit' });
+    expect(submitted.reward).toBe(1);
+    expect((submitted.info['grade'] as { tampered: string[] }).tampered).toEqual(['/usr/bin']);
+  });
+
   it('gives a cheating agent no reward and raises its tamper signals', async () => {
     const cheats: SandboxAction[] = [
       { type: 'exec', command: 'mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt' },
