@@ -182,8 +182,13 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
    * killed): its logged steps replay from the trajectory log as the agent re-issues them, and
    * the first step past the log runs for real. `budgetLeftMs` is the agent time still left.
    */
-  async attach(sandbox: Sandbox, episodeId: string, budgetLeftMs: number): Promise<ResetResult<TaskObservation>> {
-    if (this.isClosed) throw new SandgymError('failed_precondition', 'Cannot attach: the environment is closed');
+  async attach(
+    sandbox: Sandbox,
+    episodeId: string,
+    budgetLeftMs: number,
+  ): Promise<ResetResult<TaskObservation>> {
+    if (this.isClosed)
+      throw new SandgymError('failed_precondition', 'Cannot attach: the environment is closed');
     await this.prepare();
     await this.inner?.close();
     this.inner = await SandboxEnv.attach(this.platform, sandbox, episodeId, { owned: true });
