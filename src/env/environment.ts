@@ -12,6 +12,11 @@ export type StepOutcome =
 /** Cancellation for a call. */
 export interface EnvCallOptions {
   signal?: AbortSignal;
+  /**
+   * The most a command of this step may run, whatever its action asks (what is left of an
+   * agent's time budget). Not part of the action: a replayed step still matches its log.
+   */
+  commandTimeoutCapMs?: number;
 }
 
 /** Options for {@link Environment.reset}. */

@@ -24,6 +24,12 @@ const INFRA_CODES: Record<string, FailureReason> = {
   oom: 'oom',
 };
 
+/** A command's time limit: what the action asks, within the cap, in whole milliseconds. */
+function commandTimeout(asked: number | undefined, cap: number | undefined): { timeoutMs?: number } {
+  const limit = cap === undefined ? asked : Math.min(asked ?? cap, cap);
+  return limit === undefined ? {} : { timeoutMs: Math.max(1, Math.floor(limit)) };
+}
+
 /** Where a checkpoint's state is kept: an environment in the store, and where the episode was. */
 export interface CheckpointRef {
   environment: string;
@@ -173,7 +179,7 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
             ...call,
             ...(action.cwd ? { cwd: action.cwd } : {}),
             ...(action.env ? { env: action.env } : {}),
-            ...(action.timeoutMs ? { timeoutMs: action.timeoutMs } : {}),
+            ...commandTimeout(action.timeoutMs, options.commandTimeoutCapMs),
           });
           return done({
             type: 'exec',

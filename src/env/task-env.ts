@@ -192,7 +192,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
     await this.prepare();
     await this.inner?.close();
     this.inner = await SandboxEnv.attach(this.platform, sandbox, episodeId, { owned: true });
-    this.deadline = Date.now() + budgetLeftMs;
+    this.deadline = Date.now() + Math.floor(budgetLeftMs);
     return this.opening(sandbox, { episodeId, sandboxId: sandbox.id, attached: true });
   }
 
@@ -243,10 +243,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
     if (!inner) throw new SandgymError('failed_precondition', 'Call reset() before step()');
     const left = this.deadline - Date.now();
     const outOfTime = left <= 0;
-    const capped =
-      action.type === 'exec' && !outOfTime
-        ? { ...action, timeoutMs: Math.min(action.timeoutMs ?? left, left) }
-        : action;
+
     const result: StepResult<TaskObservation> = outOfTime
       ? {
           observation: { type: 'submitted' },
@@ -256,7 +253,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
           info: {},
           outcome: { kind: 'ok' },
         }
-      : await inner.step(capped, options);
+      : await inner.step(action, { ...options, commandTimeoutCapMs: left });
     if (result.outcome.kind !== 'ok' || !(result.terminated || result.truncated)) return result;
     try {
       const grade = await this.grade();

@@ -9,6 +9,10 @@ export interface EpisodeReport {
   durationMs: number;
   tampered: string[];
   error?: string;
+  sandboxId?: string;
+  episodeId?: string;
+  /** Steps fast-forwarded from the trajectory log of an interrupted run, not run again. */
+  replayedSteps?: number;
 }
 
 /** Progress of a batch: what a progress bar shows. */

@@ -1,7 +1,15 @@
-import { TaskEnv, type StepOutcome, type Task } from '../env/index.ts';
+import { isSandgymError, messageOf } from '../common/index.ts';
+import {
+  TaskEnv,
+  type ResetResult,
+  type StepOutcome,
+  type StepResult,
+  type Task,
+  type TaskObservation,
+} from '../env/index.ts';
 import type { LocalPlatform } from '../platform/index.ts';
 import type { Agent } from './agents.ts';
-import type { EvalJournal } from './eval-journal.ts';
+import type { EvalJournal, StartedEpisode } from './eval-journal.ts';
 import type { EpisodeReport, EvalProgress, LifecycleEvent, StepEvent } from './episode-report.ts';
 
 /** Options for {@link evaluate}. */
@@ -18,18 +26,45 @@ export interface EvaluateOptions {
   journal?: EvalJournal;
 }
 
+/**
+ * Takes over an episode an interrupted run started, if its sandbox is still alive on this node
+ * (a durable platform adopted it): the agent starts over, and its steps replay from the
+ * trajectory log until they pass its tail. Undefined when there is nothing to take over.
+ */
+async function takeOver(
+  platform: LocalPlatform,
+  env: TaskEnv,
+  task: Task,
+  earlier: StartedEpisode,
+): Promise<ResetResult<TaskObservation> | undefined> {
+  const sandbox = await platform.attachSandbox(earlier.sandboxId).catch(() => undefined);
+  if (!sandbox) return undefined;
+  const records = await (await platform.stepLog(sandbox.id)).records();
+  const used = records
+    .filter((record) => record.episodeId === earlier.episodeId)
+    .reduce((sum, record) => sum + record.durationMs, 0);
+  return env.attach(sandbox, earlier.episodeId, Math.max(0, task.agentTimeoutMs - used));
+}
+
+/** Thrown when a taken-over episode's agent does not repeat its logged actions. */
+class TakeOverDiverged extends Error {}
+
 async function runEpisode(
   platform: LocalPlatform,
   task: Task,
   agent: Agent,
   maxSteps: number,
   options: EvaluateOptions,
+  earlier: StartedEpisode | undefined,
 ): Promise<EpisodeReport> {
   const started = performance.now();
   await using env = TaskEnv.create(platform, task);
-  let { observation, info } = await env.reset();
+  const takenOver = earlier ? await takeOver(platform, env, task, earlier) : undefined;
+  let { observation, info } = takenOver ?? (await env.reset());
   const episodeId = String(info['episodeId']);
   const sandboxId = String(info['sandboxId']);
+  if (!takenOver) await options.journal?.recordStart({ task: task.id, sandboxId, episodeId });
+  let replayedSteps = 0;
   options.onLifecycle?.({ task: task.id, sandboxId, state: 'running' });
   const report = (
     steps: number,
@@ -43,12 +78,22 @@ async function runEpisode(
     steps,
     durationMs: performance.now() - started,
     tampered,
+    sandboxId,
+    episodeId,
+    ...(takenOver ? { replayedSteps } : {}),
   });
   try {
     for (let stepIndex = 0; stepIndex < maxSteps; stepIndex++) {
       const action = await agent(observation, { task, stepIndex });
       const stepStarted = performance.now();
-      const result = await env.step(action);
+      let result: StepResult<TaskObservation>;
+      try {
+        result = await env.step(action);
+      } catch (error) {
+        if (takenOver && isSandgymError(error, 'divergence')) throw new TakeOverDiverged(messageOf(error));
+        throw error;
+      }
+      if (result.info['replayed'] === true) replayedSteps++;
       options.onStep?.({
         task: task.id,
         episodeId,
@@ -107,8 +152,23 @@ export async function evaluate(
       progress();
       let report: EpisodeReport;
       const earlier = options.journal?.get(task.id);
+      const maxSteps = options.maxSteps ?? 50;
       try {
-        report = earlier ?? (await runEpisode(platform, task, makeAgent(), options.maxSteps ?? 50, options));
+        report =
+          earlier ??
+          (await runEpisode(
+            platform,
+            task,
+            makeAgent(),
+            maxSteps,
+            options,
+            options.journal?.startedEpisode(task.id),
+          ).catch((error: unknown) => {
+            // the agent chose differently this time: its logged steps cannot be replayed, so start over
+            if (error instanceof TakeOverDiverged)
+              return runEpisode(platform, task, makeAgent(), maxSteps, options, undefined);
+            throw error;
+          }));
       } catch (error) {
         const message = error instanceof Error ? error.message : String(error);
         report = {

@@ -46,7 +46,15 @@ export async function evalCommand(args: string[]): Promise<number> {
     console.error(
       `sandgym eval: resuming: ${resumed} of ${tasks.length} tasks finished in an earlier run (${journal.path})`,
     );
-  await using platform = await Platform.local();
+  // durable: if this eval is killed, its running sandboxes live on for the next one to take over
+  await using platform = await Platform.local({ durable: true });
+  const adopted = await platform.adoptSandboxes();
+  const takenOver = tasks.filter((t) => journal.startedEpisode(t.id)).length;
+  if (adopted.length > 0 || takenOver > 0) {
+    console.error(
+      `sandgym eval: ${adopted.length} sandboxes of an interrupted run are still alive; ${takenOver} running episodes fast-forward from their logs`,
+    );
+  }
   const interactive = process.stderr.isTTY;
   const runner = new RolloutRunner(platform, makeAgent, {
     concurrency,

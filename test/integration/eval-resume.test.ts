@@ -1,0 +1,78 @@
+import { spawn, spawnSync } from 'node:child_process';
+import { readFile, readdir } from 'node:fs/promises';
+import { join, resolve } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { packageRoot } from '../../src/backends/index.ts';
+import { createMsgpackCodec } from '../../src/common/index.ts';
+import { TrajectoryLog } from '../../src/platform/index.ts';
+import { COUNTED_STEPS } from '../../examples/agents/slow-hello.ts';
+import { createTestPlatform } from '../support/platform.ts';
+
+const CLI = join(packageRoot(), 'dist', 'src', 'cli', 'main.js');
+const AGENT = join(packageRoot(), 'dist', 'examples', 'agents', 'slow-hello.js');
+const TASK = resolve('examples/tasks/hello-file');
+
+/** Whole records in a trajectory log that another process is writing: read, never opened for append. */
+async function loggedRecords(dataDir: string): Promise<number> {
+  let total = 0;
+  for (const name of await readdir(join(dataDir, 'trajectories')).catch(() => [] as string[])) {
+    const bytes = await readFile(join(dataDir, 'trajectories', name));
+    for (let offset = 0; offset + 8 <= bytes.length; total++) {
+      const end = offset + 8 + bytes.readUInt32BE(offset);
+      if (end > bytes.length) break;
+      offset = end;
+    }
+  }
+  return total;
+}
+
+describe('sandgym eval, killed and run again', () => {
+  it('takes over the running episode of a killed eval and fast-forwards it from its log, each step once', async () => {
+    await using test = await createTestPlatform('eval-resume', {
+      privateStore: true,
+      seed: ['debian:bookworm'],
+    });
+    const env = { ...process.env, SANDGYM_DATA_DIR: test.dataDir };
+    const out = join(test.dataDir, 'report.json');
+    const args = [CLI, 'eval', TASK, '--agent', AGENT, '--json', out];
+    const first = spawn('node', args, { env, stdio: 'ignore' });
+    const exited = new Promise((done) => first.once('exit', done));
+    try {
+      // kill it during a pause step: three steps logged, the counted ones all done
+      const deadline = Date.now() + 120_000;
+      while ((await loggedRecords(test.dataDir)) < 3) {
+        if (Date.now() > deadline || first.exitCode !== null)
+          throw new Error('the first eval never got going');
+        await new Promise((done) => setTimeout(done, 50));
+      }
+    } finally {
+      first.kill('SIGKILL');
+      await exited;
+    }
+    const second = spawnSync('node', args, { env, encoding: 'utf8', timeout: 180_000 });
+    expect(second.status, second.stderr).toBe(0);
+    expect(second.stderr).toMatch(/1 running episodes fast-forward from their logs/);
+    const report = JSON.parse(await readFile(out, 'utf8')) as {
+      episodes: { reward: number; replayedSteps?: number; sandboxId: string; episodeId: string }[];
+    };
+    const [episode] = report.episodes;
+    expect(episode?.reward).toBe(1);
+    expect(episode?.replayedSteps).toBeGreaterThanOrEqual(3);
+    // the step that counted the lines saw one per counted step: none ran twice
+    const log = await TrajectoryLog.open(
+      join(test.dataDir, 'trajectories', `${episode!.sandboxId}.log`),
+      createMsgpackCodec(),
+    );
+    try {
+      const counting = log.episode(episode!.episodeId)[COUNTED_STEPS * 2];
+      expect((counting?.result as { observation: { stdout: string } }).observation.stdout).toBe(
+        `${COUNTED_STEPS}\n`,
+      );
+    } finally {
+      await log.close();
+    }
+    expect(spawnSync('node', [CLI, 'ps', '--json'], { env, encoding: 'utf8' }).stdout).toBe(
+      '{"sandboxes":[]}\n',
+    );
+  });
+});
