@@ -10,3 +10,5 @@ export { parseAt } from './validation.ts';
 export { writeFileAtomic } from './atomic-file.ts';
 export { settleAll } from './settle-all.ts';
 export { AsyncQueue } from './async-queue.ts';
+export { definedFields } from './defined-fields.ts';
+export type { DefinedFields } from './defined-fields.ts';

@@ -1,4 +1,4 @@
-import type { LocalPlatform, TrajectoryRecord } from '../platform/index.ts';
+import type { PlatformClient, TrajectoryRecord } from '../platform/index.ts';
 import type { SandboxObservation } from './sandbox-actions.ts';
 import { SandboxEnv } from './sandbox-env.ts';
 import { sandboxActionSchema } from './sandbox-actions.ts';
@@ -26,7 +26,7 @@ export function comparableObservation(observation: unknown): string {
  * episode, in order, and reports whether every observation matches the recorded one.
  */
 export async function replayTrajectory(
-  platform: LocalPlatform,
+  platform: PlatformClient,
   environment: string,
   records: readonly TrajectoryRecord[],
 ): Promise<ReplayReport> {

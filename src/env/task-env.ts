@@ -1,18 +1,16 @@
-import { existsSync } from 'node:fs';
-import { join } from 'node:path';
-import { SandgymError, messageOf } from '../common/index.ts';
-import type {
-  Environment as LayerEnvironment,
-  LayerManifest,
+import { SandgymError, isSandgymError, messageOf } from '../common/index.ts';
+import {
   LocalPlatform,
-  Sandbox,
+  type Environment as LayerEnvironment,
+  type PlatformClient,
+  type Sandbox,
 } from '../platform/index.ts';
 import type { EnvCallOptions, Environment, ResetOptions, ResetResult, StepResult } from './environment.ts';
 import type { SandboxAction, SandboxObservation } from './sandbox-actions.ts';
 import { SandboxEnv } from './sandbox-env.ts';
 import type { Task } from './tasks/task.ts';
 import { defaultVerifier, runVerifiers, type Verifier } from './verifiers.ts';
-import { workspaceEnvironment } from './tasks/workspace.ts';
+import { workspaceEnvironment, workspaceEnvironmentName } from './tasks/workspace.ts';
 
 /**
  * Paths the grader takes from the task's own layers, never from the agent's diff; an agent's
@@ -51,6 +49,11 @@ const PROTECTED_PATTERNS = [
 ];
 /** Where a task's environment starts when its Dockerfile names an image we do not have. */
 const FALLBACK_BASE = 'debian:bookworm';
+
+/** The name a task's Dockerfile build is stored under. */
+function taskEnvironmentName(task: Task): string {
+  return `task-${task.id.toLowerCase().replace(/[^a-z0-9._-]/g, '-')}:latest`;
+}
 
 /** What the agent is shown at reset: the instruction, and where it is. */
 export type TaskObservation = SandboxObservation | { type: 'task'; instruction: string; sandboxId: string };
@@ -96,38 +99,62 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
   private buildNotes: string[] = [];
   private deadline = 0;
   private isClosed = false;
-  /** The graded stack: the task's layers, plus the agent's work restored from a checkpoint. */
-  private stack: string[] | undefined;
+  /** What the agent's sandbox started from when that was a checkpoint, not the task's environment. */
+  private base: string | undefined;
   /** Tamper signals carried over from checkpoints. */
   private earlierTampering: string[] = [];
   private checkpoints = 0;
 
   private constructor(
-    private readonly platform: LocalPlatform,
+    private readonly platform: PlatformClient,
     readonly task: Task,
     private readonly options: TaskEnvOptions,
   ) {}
 
-  static create(platform: LocalPlatform, task: Task, options: TaskEnvOptions = {}): TaskEnv {
+  static create(platform: PlatformClient, task: Task, options: TaskEnvOptions = {}): TaskEnv {
     return new TaskEnv(platform, task, options);
   }
 
-  /** Builds the task's environment from its Dockerfile (cached step by step). */
+  /**
+   * The task's environment: stored, or built here from its Dockerfile or git workspace (cached
+   * step by step). A cluster client does not build; it uses what a node built under the same name.
+   */
   async prepare(): Promise<LayerEnvironment> {
     if (this.built) return this.built;
     const source = this.task.environment;
-    if (source.kind === 'stored') return (this.built = await this.platform.store.getEnvironment(source.ref));
+    if (source.kind === 'stored') return (this.built = await this.platform.getEnvironment(source.ref));
+    const platform = this.platform;
+    if (!(platform instanceof LocalPlatform)) return (this.built = await this.prebuilt());
     if (source.kind === 'workspace')
-      return (this.built = await workspaceEnvironment(this.platform, this.task.id, source));
-    const result = await this.platform.buildFromDockerfile({
+      return (this.built = await workspaceEnvironment(platform, this.task.id, source));
+    const result = await platform.buildFromDockerfile({
       file: source.dockerfile,
       context: source.context,
-      name: `task-${this.task.id.toLowerCase().replace(/[^a-z0-9._-]/g, '-')}:latest`,
+      name: taskEnvironmentName(this.task),
       fromFallback: FALLBACK_BASE,
     });
     this.built = result.environment;
     this.buildNotes = result.notes;
     return result.environment;
+  }
+
+  /** On a cluster: the environment this task's build leaves in the shared store. */
+  private async prebuilt(): Promise<LayerEnvironment> {
+    const source = this.task.environment;
+    const ref =
+      source.kind === 'workspace'
+        ? workspaceEnvironmentName(this.task.id, source)
+        : taskEnvironmentName(this.task);
+    try {
+      return await this.platform.getEnvironment(ref);
+    } catch (error) {
+      if (!isSandgymError(error, 'not_found')) throw error;
+      throw new SandgymError(
+        'failed_precondition',
+        `Task ${this.task.id} needs environment ${ref}, which a cluster client cannot build: run \`sandgym eval\` or \`sandgym check\` on the task once on a node that shares the store`,
+        { cause: error },
+      );
+    }
   }
 
   /** The live agent sandbox, once reset. */
@@ -137,7 +164,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
 
   async reset(options: ResetOptions = {}): Promise<ResetResult<TaskObservation>> {
     const environment = await this.prepare();
-    this.stack = undefined;
+    this.base = undefined;
     this.earlierTampering = [];
     return this.start(`${environment.name}:${environment.version}`, this.task.agentTimeoutMs, options);
   }
@@ -205,17 +232,15 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
     const environment = this.built;
     if (!agent || !environment || !this.inner)
       throw new SandgymError('failed_precondition', 'Nothing to checkpoint: call reset() first');
-    const { layer, tampered } = await this.agentDiff(agent);
-    const stack = [...(this.stack ?? environment.layers), layer.digest];
     const name = `ckpt-${this.task.id.toLowerCase().replace(/[^a-z0-9._-]/g, '-')}`.slice(0, 64);
     const version = `${this.inner.episode}-${++this.checkpoints}`.slice(0, 64);
-    await this.platform.store.putEnvironment({
-      name,
-      version,
-      layers: stack,
-      config: environment.config,
+    // the agent's own stack (the task's layers, or an earlier checkpoint's) plus its filtered diff
+    const { present } = await this.platform.packDiff(agent, {
+      ...this.diffOptions(),
+      name: `${name}:${version}`,
       description: `checkpoint ${this.checkpoints} of ${this.task.id}, episode ${this.inner.episode}`,
     });
+    const tampered = present.map((path) => `/${path}`);
     return {
       environment: `${name}:${version}`,
       episodeId: this.inner.episode,
@@ -229,11 +254,10 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
   /** Starts a new sandbox from a checkpoint; the episode goes on from there as a new branch. */
   async restore(checkpoint: TaskCheckpoint): Promise<ResetResult<TaskObservation>> {
     await this.prepare();
-    const stored = await this.platform.store.getEnvironment(checkpoint.environment);
     const restored = await this.start(checkpoint.environment, checkpoint.budgetLeftMs, {
       options: { episodeId: `${checkpoint.episodeId}@${checkpoint.environment}` },
     });
-    this.stack = stored.layers;
+    this.base = checkpoint.environment;
     this.earlierTampering = checkpoint.tampered;
     return { ...restored, info: { ...restored.info, restoredFrom: checkpoint } };
   }
@@ -277,16 +301,14 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
     const environment = this.built;
     if (!agent || !environment)
       throw new SandgymError('failed_precondition', 'Nothing to grade: call reset() first');
-    const { layer, tampered: now } = await this.agentDiff(agent);
-    const tampered = [...new Set([...this.earlierTampering, ...now])];
-    const grader = await this.platform.createSandboxFromLayers(
-      [...(this.stack ?? environment.layers), layer.digest],
-      environment.config,
-      {
-        cpu: this.task.resources.cpu,
-        memoryMib: this.task.resources.memoryMib,
-      },
-    );
+    // no name: a layer for this grading only, which layer gc reclaims later
+    const { layer, present } = await this.platform.packDiff(agent, this.diffOptions());
+    const tampered = [...new Set([...this.earlierTampering, ...present.map((path) => `/${path}`)])];
+    const grader = await this.platform.createSandbox({
+      environment: this.base ?? `${environment.name}:${environment.version}`,
+      extraLayers: [layer.digest],
+      resources: { cpu: this.task.resources.cpu, memoryMib: this.task.resources.memoryMib },
+    });
     try {
       const verdict = await runVerifiers([...(this.options.verifiers ?? []), defaultVerifier(this.task)], {
         task: this.task,
@@ -301,15 +323,9 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
     }
   }
 
-  /** The agent's changes as a layer without the protected paths, and which of those it touched. */
-  private agentDiff(agent: Sandbox): Promise<{ layer: LayerManifest; tampered: string[] }> {
-    return agent.withWritableLayer(async (dir) => ({
-      tampered: PROTECTED.filter((path) => existsSync(join(dir, path))).map((path) => `/${path}`),
-      layer: await this.platform.store.addLayerFromDirectory(dir, `agent diff of ${agent.id}`, {
-        excludePaths: PROTECTED,
-        excludeRegexes: PROTECTED_PATTERNS,
-      }),
-    }));
+  /** The agent's changes without the protected paths, reporting which of those it touched. */
+  private diffOptions(): { excludePaths: string[]; excludeRegexes: string[]; reportPaths: string[] } {
+    return { excludePaths: PROTECTED, excludeRegexes: PROTECTED_PATTERNS, reportPaths: PROTECTED };
   }
 
   async close(): Promise<void> {

@@ -139,6 +139,7 @@ export class Controller {
       }),
       // the store is shared by every node, so any one of them can answer
       ListEnvironments: (_request, call) => this.anyNode().call('ListEnvironments', {}, as(call)),
+      GetEnvironment: (request, call) => this.anyNode().call('GetEnvironment', request, as(call)),
       Gc: async (_request, call) => {
         const reports = await this.fanOut((node) => node.call('Gc', {}, as(call)));
         return {

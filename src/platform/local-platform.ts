@@ -1,3 +1,4 @@
+import { existsSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { resolve, join } from 'node:path';
 import {
@@ -24,7 +25,7 @@ import { DEFAULT_PROJECT, PROJECT_LABEL, RUN_LABEL, RunManager, type Run, type R
 import { localRun, runOptionsSchema } from './run-handles.ts';
 import { RemotePlatform, type ConnectOptions } from './remote-platform.ts';
 import { localStepLog, type StepLog } from './exactly-once.ts';
-import { LayerStore, parseEnvironmentRef, type Environment, type LayerManifest } from './layer-store.ts';
+import { LayerStore, parseEnvironmentRef, type Environment } from './layer-store.ts';
 import type {
   LayerGcOptions,
   LayerGcReport,
@@ -128,7 +129,10 @@ export class LocalPlatform implements PlatformClient {
         `Backend "${resolved.backend}" is not available yet; use "container"`,
       );
     }
-    const environment = await this.store.getEnvironment(resolved.environment);
+    const named = await this.store.getEnvironment(resolved.environment);
+    const environment = resolved.extraLayers?.length
+      ? { ...named, layers: [...named.layers, ...resolved.extraLayers] }
+      : named;
     return this.launch(environment, resolved, options);
   }
 
@@ -202,21 +206,27 @@ export class LocalPlatform implements PlatformClient {
     return this.store.listEnvironments();
   }
 
+  getEnvironment(ref: string): Promise<Environment> {
+    return this.store.getEnvironment(ref);
+  }
+
   async packDiff(sandbox: Sandbox | string, options: PackDiffOptions): Promise<PackDiffResult> {
-    const ref = parseEnvironmentRef(options.name);
+    const ref = options.name === undefined ? undefined : parseEnvironmentRef(options.name);
     const id = typeof sandbox === 'string' ? sandbox : sandbox.id;
-    const pack = async (
-      dir: string,
-      found: Pick<Sandbox, 'layers' | 'labels'>,
-    ): Promise<{ layer: LayerManifest; parent: string | undefined; stack: string[] }> => ({
-      layer: await this.store.addLayerFromDirectory(dir, `pack_diff of sandbox ${id}`),
+    const pack = async (dir: string, found: Pick<Sandbox, 'layers' | 'labels'>) => ({
+      present: (options.reportPaths ?? []).filter((path) => existsSync(join(dir, path))),
+      layer: await this.store.addLayerFromDirectory(dir, `pack_diff of sandbox ${id}`, {
+        ...(options.excludePaths ? { excludePaths: options.excludePaths } : {}),
+        ...(options.excludeRegexes ? { excludeRegexes: options.excludeRegexes } : {}),
+      }),
       parent: found.labels['environment'],
       stack: found.layers.map((l) => l.digest),
     });
-    const { layer, parent, stack } =
+    const { layer, present, parent, stack } =
       typeof sandbox === 'string'
         ? await this.container.withWritableLayerOf(sandbox, pack)
         : await sandbox.withWritableLayer((dir) => pack(dir, sandbox), options);
+    if (!ref) return { layer, present };
     const config = parent ? (await this.store.getEnvironment(parent)).config : {};
     const environment = await this.store.putEnvironment({
       ...ref,
@@ -224,7 +234,7 @@ export class LocalPlatform implements PlatformClient {
       config,
       description: options.description ?? `${parent ?? 'sandbox'} + changes of ${id}`,
     });
-    return { layer, environment };
+    return { layer, environment, present };
   }
 
   /**

@@ -1,5 +1,5 @@
 import { totalmem } from 'node:os';
-import { SandgymError, type Logger } from '../common/index.ts';
+import { SandgymError, definedFields, type Logger } from '../common/index.ts';
 import type { BackendSandbox, ExecOptions, LoadMode } from '../backends/index.ts';
 import type { LocalPlatform } from './local-platform.ts';
 import type { SandboxRequest } from './sandbox-request.ts';
@@ -191,13 +191,13 @@ export class NodeAgent {
           (record) => record.labels[PROJECT_LABEL] === call.principal.project,
         ),
       }),
-      PackDiff: ({ sandboxId, name, description }, call) =>
+      PackDiff: ({ sandboxId, ...options }, call) =>
         this.platform.packDiff(this.sandboxOf(sandboxId, call), {
-          name,
+          ...definedFields(options),
           signal: call.signal,
-          ...(description === undefined ? {} : { description }),
         }),
       ListEnvironments: async () => ({ environments: await this.platform.listEnvironments() }),
+      GetEnvironment: ({ ref }) => this.platform.getEnvironment(ref),
       StepLookup: async ({ sandboxId, episodeId, stepIndex, action }, call) =>
         (await this.stepLogOf(sandboxId, call)).lookup({ episodeId, stepIndex, action }),
       StepAppend: async ({ sandboxId, record }, call) => {

@@ -28,6 +28,8 @@ export interface PlatformClient extends AsyncDisposable {
    */
   layerGc(options?: LayerGcOptions): Promise<LayerGcReport>;
   listEnvironments(options?: CallOptions): Promise<Environment[]>;
+  /** One environment, "name:version"; `not_found` names the ones there are. */
+  getEnvironment(ref: string, options?: CallOptions): Promise<Environment>;
   /**
    * pack_diff: turns what a sandbox wrote into a new layer, and records `name` as an environment
    * that is the sandbox's own stack plus that layer. New sandboxes of it start where this one is.
@@ -62,15 +64,27 @@ export interface SandboxGroup extends AsyncDisposable {
 
 /** Options for {@link PlatformClient.packDiff}. */
 export interface PackDiffOptions extends CallOptions {
-  /** The new environment, "name:version". */
-  name: string;
+  /**
+   * The new environment, "name:version". Without it only the layer is made (nothing refers to
+   * it, so layer gc reclaims it once it is old): what a grader stacks for one episode.
+   */
+  name?: string;
   description?: string;
+  /** Paths (relative to /) left out of the layer, with everything below them. */
+  excludePaths?: string[];
+  /** Regular expressions over paths (relative to /) left out of the layer. */
+  excludeRegexes?: string[];
+  /** Paths (relative to /) whose presence in the sandbox's changes is reported in `present`. */
+  reportPaths?: string[];
 }
 
 /** The layer and environment that {@link PlatformClient.packDiff} made. */
 export interface PackDiffResult {
   layer: LayerManifest;
-  environment: Environment;
+  /** Set when a name was given. */
+  environment?: Environment;
+  /** The `reportPaths` the sandbox had written, created or deleted. */
+  present: string[];
 }
 
 /** Options for {@link PlatformClient.layerGc}. */

@@ -1,6 +1,7 @@
 import {
   AsyncQueue,
   SandgymError,
+  definedFields,
   isSandgymError,
   parseAt,
   settleAll,
@@ -163,16 +164,20 @@ export class RemotePlatform implements PlatformClient {
     return (await this.client.call('ListEnvironments', {}, callOptions(options))).environments;
   }
 
-  packDiff(sandbox: Sandbox | string, options: PackDiffOptions): Promise<PackDiffResult> {
-    return this.client.call(
+  async packDiff(sandbox: Sandbox | string, options: PackDiffOptions): Promise<PackDiffResult> {
+    const fields: Partial<PackDiffOptions> = { ...options };
+    delete fields.signal; // call options travel as the call's own
+    delete fields.timeoutMs;
+    const { layer, environment, present } = await this.client.call(
       'PackDiff',
-      {
-        sandboxId: typeof sandbox === 'string' ? sandbox : sandbox.id,
-        name: options.name,
-        ...(options.description === undefined ? {} : { description: options.description }),
-      },
+      { sandboxId: typeof sandbox === 'string' ? sandbox : sandbox.id, ...definedFields(fields) },
       callOptions(options),
     );
+    return environment ? { layer, environment, present } : { layer, present };
+  }
+
+  getEnvironment(ref: string, options: CallOptions = {}): Promise<Environment> {
+    return this.client.call('GetEnvironment', { ref }, callOptions(options));
   }
 
   stepLog(sandboxId: string, options: CallOptions = {}): Promise<StepLog> {

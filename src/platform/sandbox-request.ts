@@ -41,6 +41,11 @@ export const sandboxRequestSchema = z.strictObject({
       z.string(),
     )
     .default({}),
+  /** Layers (sha256 digests) stacked over the environment's own: an agent's diff, a checkpoint. */
+  extraLayers: z
+    .array(z.string().regex(/^sha256:[0-9a-f]{64}$/, 'extraLayers are layer digests, sha256:<64 hex>'))
+    .max(64)
+    .optional(),
   /** The run (see startRun) that owns the sandbox: its lease and phases govern it. */
   run: z.string().optional(),
 });

@@ -1,5 +1,5 @@
 import { TaskEnv, comparableObservation, type SandboxAction, type Task } from '../env/index.ts';
-import type { LocalPlatform } from '../platform/index.ts';
+import type { PlatformClient } from '../platform/index.ts';
 import { nopAgent, oracleAgent, type Agent } from './agents.ts';
 
 /** One check of the agentic environment checker. */
@@ -45,7 +45,7 @@ async function play(env: TaskEnv, task: Task, agent: Agent, seed = 0): Promise<E
  * deterministic, replaying the oracle's actions reproduces its observations, and close() is
  * idempotent and leaves nothing behind.
  */
-export async function checkTask(platform: LocalPlatform, task: Task): Promise<CheckResult[]> {
+export async function checkTask(platform: PlatformClient, task: Task): Promise<CheckResult[]> {
   const results: CheckResult[] = [];
   const check = async (name: string, run: () => Promise<string>): Promise<void> => {
     try {

@@ -7,7 +7,7 @@ import {
   type Task,
   type TaskObservation,
 } from '../env/index.ts';
-import type { LocalPlatform } from '../platform/index.ts';
+import type { PlatformClient } from '../platform/index.ts';
 import type { Agent } from './agents.ts';
 import type { EvalJournal, StartedEpisode } from './eval-journal.ts';
 import type { EpisodeReport, EvalProgress, LifecycleEvent, StepEvent } from './episode-report.ts';
@@ -32,7 +32,7 @@ export interface EvaluateOptions {
  * trajectory log until they pass its tail. Undefined when there is nothing to take over.
  */
 async function takeOver(
-  platform: LocalPlatform,
+  platform: PlatformClient,
   env: TaskEnv,
   task: Task,
   earlier: StartedEpisode,
@@ -50,7 +50,7 @@ async function takeOver(
 class TakeOverDiverged extends Error {}
 
 async function runEpisode(
-  platform: LocalPlatform,
+  platform: PlatformClient,
   task: Task,
   agent: Agent,
   maxSteps: number,
@@ -123,7 +123,7 @@ async function runEpisode(
  * episode that throws is reported with an `infra_failure` outcome, never as a reward of 0.
  */
 export async function evaluate(
-  platform: LocalPlatform,
+  platform: PlatformClient,
   tasks: Task[],
   makeAgent: () => Agent,
   options: EvaluateOptions,

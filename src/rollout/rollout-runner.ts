@@ -1,6 +1,6 @@
 import { Subject, filter, map, type Observable } from 'rxjs';
 import type { Task } from '../env/index.ts';
-import type { LocalPlatform } from '../platform/index.ts';
+import type { PlatformClient } from '../platform/index.ts';
 import type { Agent } from './agents.ts';
 import type { EpisodeReport, LifecycleEvent, StepEvent } from './episode-report.ts';
 import { evaluate, type EvaluateOptions } from './evaluate.ts';
@@ -31,7 +31,7 @@ export class RolloutRunner {
   );
 
   constructor(
-    private readonly platform: LocalPlatform,
+    private readonly platform: PlatformClient,
     private readonly makeAgent: () => Agent,
     private readonly options: Omit<EvaluateOptions, 'onStep' | 'onEpisode' | 'onLifecycle'>,
   ) {}

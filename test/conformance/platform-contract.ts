@@ -143,7 +143,7 @@ export function describePlatformContract(target: PlatformTarget): void {
       await sandbox.writeFile('/root/packed.txt', 'from the diff');
       const name = `contract-${Date.now().toString(36)}:v1`;
       const { environment } = await opened.platform.packDiff(sandbox, { name });
-      expect(environment.layers.length).toBeGreaterThan(1);
+      expect(environment?.layers.length).toBeGreaterThan(1);
       expect((await opened.platform.listEnvironments()).map((e) => `${e.name}:${e.version}`)).toContain(name);
       const child = await opened.platform.createSandbox({ environment: name, resources: { memoryMib: 64 } });
       try {

@@ -65,7 +65,7 @@ describe('composed layers on real mounts', () => {
         'rm /etc/hosts && echo new > /root/added && rm -rf /usr/sbin && mkdir /usr/sbin && touch /usr/sbin/only',
       ]);
       const { layer, environment } = await env.platform.packDiff(sandbox, { name: 'packed:1' });
-      expect(environment.layers).toEqual([...sandbox.layers.map((l) => l.digest), layer.digest]);
+      expect(environment?.layers).toEqual([...sandbox.layers.map((l) => l.digest), layer.digest]);
       expect(sandbox.state).toBe('running');
     } finally {
       await sandbox.close();

@@ -122,7 +122,7 @@ async function layerBuild(args: string[]): Promise<number> {
 /** A build's result: JSON on stdout, or the layer digest on stdout and the environment on stderr. */
 function printBuilt(
   parsed: ParsedCommandArgs,
-  built: { layer: LayerManifest; environment: Environment | undefined },
+  built: { layer: LayerManifest; environment?: Environment | undefined },
 ): number {
   if (parsed.values['json']) console.log(JSON.stringify(built));
   else {

@@ -2,7 +2,7 @@ import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { runProgram } from '../../backends/index.ts';
 import { SandgymError } from '../../common/index.ts';
-import type { Environment, LocalPlatform } from '../../platform/index.ts';
+import { parseEnvironmentRef, type Environment, type LocalPlatform } from '../../platform/index.ts';
 import type { TaskEnvironmentSource } from './task.ts';
 
 type Workspace = Extract<TaskEnvironmentSource, { kind: 'workspace' }>;
@@ -41,6 +41,11 @@ export async function scrubToBase(dir: string, baseCommit: string): Promise<void
   }
 }
 
+/** The name a task's workspace environment is stored under: it pins the repository's commit. */
+export function workspaceEnvironmentName(id: string, source: Workspace): string {
+  return `swe-${id.toLowerCase().replace(/[^a-z0-9._-]/g, '-')}:${source.baseCommit.slice(0, 12)}`;
+}
+
 /**
  * The environment of a task with a git workspace: its base environment plus one layer holding
  * the repository at the base commit, scrubbed. Built once and kept under a name that pins the
@@ -51,8 +56,8 @@ export async function workspaceEnvironment(
   id: string,
   source: Workspace,
 ): Promise<Environment> {
-  const name = `swe-${id.toLowerCase().replace(/[^a-z0-9._-]/g, '-')}`;
-  const ref = `${name}:${source.baseCommit.slice(0, 12)}`;
+  const ref = workspaceEnvironmentName(id, source);
+  const name = parseEnvironmentRef(ref).name;
   if (platform.store.hasEnvironment(ref)) return platform.store.getEnvironment(ref);
   const base = await platform.store.getEnvironment(source.base);
   const scratch = await platform.store.scratch('workspace');

@@ -182,12 +182,22 @@ export const sandboxRecords = z.object({
   ),
 });
 
+const relativePaths = z.array(z.string().min(1).max(4096)).max(256);
 export const packDiffRequest = z.strictObject({
   sandboxId: sandboxIdField,
-  name: z.string().min(1).max(160),
+  name: z.string().min(1).max(160).optional(),
   description: z.string().max(4096).optional(),
+  excludePaths: relativePaths.optional(),
+  excludeRegexes: relativePaths.optional(),
+  reportPaths: relativePaths.optional(),
 });
-export const packDiffResult = z.object({ layer: layerManifestSchema, environment: environmentSchema });
+export const packDiffResult = z.object({
+  layer: layerManifestSchema,
+  environment: environmentSchema.optional(),
+  present: z.array(z.string()),
+});
+export const environmentRef = z.strictObject({ ref: z.string().min(1).max(160) });
+export const environmentMessage = environmentSchema;
 export const environments = z.object({ environments: z.array(environmentSchema) });
 
 export const gcReport = z.object({

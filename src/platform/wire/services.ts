@@ -60,6 +60,11 @@ export const SANDBOXES = {
       response: m.environments,
       summary: 'environments in the store',
     }),
+    GetEnvironment: unary({
+      request: m.environmentRef,
+      response: m.environmentMessage,
+      summary: 'one environment, name:version',
+    }),
     StepLookup: unary({
       request: m.stepLookupRequest,
       response: m.stepLookup,
