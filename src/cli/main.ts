@@ -38,7 +38,7 @@ const USAGE = `usage: sandgym COMMAND [ARGS]
   controller --listen ADDR --nodes ADDR,... --grants FILE [--poll-ms N] [--queue-timeout-ms N]
                                           a controller replica (cluster mode)
 
-run, ps, kill and gc work on the cluster at $SANDGYM_PLATFORM (grpc://HOST:PORT, with $SANDGYM_TOKEN)
+run, ps, kill, gc, eval and check work on the cluster at $SANDGYM_PLATFORM (grpc://HOST:PORT, with $SANDGYM_TOKEN)
 when it is set, else on this host.
 
 Exit codes: 0 success, 1 the command failed, 2 bad usage or input, 3 infrastructure failure.`;

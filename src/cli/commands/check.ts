@@ -1,5 +1,5 @@
 import { loadTasks } from '../../env/index.ts';
-import { Platform } from '../../platform/index.ts';
+import { openPlatform } from './cluster.ts';
 import { checkTask } from '../../rollout/index.ts';
 import { parseCommandArgs } from '../args.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
@@ -10,7 +10,7 @@ export async function checkCommand(args: string[]): Promise<number> {
   if (parsed.positionals.length === 0)
     throw new UsageError('sandgym check: give task folders, e.g. sandgym check examples/tasks');
   const tasks = await loadTasks(parsed.positionals);
-  await using platform = await Platform.local();
+  await using platform = await openPlatform();
   const all: Record<string, Awaited<ReturnType<typeof checkTask>>> = {};
   for (const task of tasks) {
     const results = await checkTask(platform, task);

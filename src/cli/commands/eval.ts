@@ -1,7 +1,8 @@
 import { writeFileAtomic } from '../../common/index.ts';
 import { loadTasks } from '../../env/index.ts';
 import { join } from 'node:path';
-import { Platform, defaultDataDir } from '../../platform/index.ts';
+import { LocalPlatform, defaultDataDir } from '../../platform/index.ts';
+import { openPlatform } from './cluster.ts';
 import {
   EvalJournal,
   RolloutRunner,
@@ -47,8 +48,9 @@ export async function evalCommand(args: string[]): Promise<number> {
       `sandgym eval: resuming: ${resumed} of ${tasks.length} tasks finished in an earlier run (${journal.path})`,
     );
   // durable: if this eval is killed, its running sandboxes live on for the next one to take over
-  await using platform = await Platform.local({ durable: true });
-  const adopted = await platform.adoptSandboxes();
+  // (on a cluster, they live on their nodes anyway)
+  await using platform = await openPlatform({ durable: true });
+  const adopted = platform instanceof LocalPlatform ? await platform.adoptSandboxes() : [];
   const takenOver = tasks.filter((t) => journal.startedEpisode(t.id)).length;
   if (adopted.length > 0 || takenOver > 0) {
     console.error(
