@@ -17,15 +17,30 @@ describePlatformContract({
   },
 });
 
+/** A node agent over a fresh test platform; stopping it also disposes the platform. */
+async function startNode(name: string): Promise<{ node: NodeAgent; stop: () => Promise<void> }> {
+  const test = await createTestPlatform(name, { privateStore: true });
+  const node = await NodeAgent.start(test.platform, {
+    listen: '127.0.0.1:0',
+    token: NODE_TOKEN,
+    logger: silentLogger(),
+  });
+  return {
+    node,
+    stop: async () => {
+      try {
+        await node.close();
+      } finally {
+        await test[Symbol.asyncDispose]();
+      }
+    },
+  };
+}
+
 describePlatformContract({
   name: 'remote, straight to a node agent',
   async open() {
-    const test = await createTestPlatform('contract-node', { privateStore: true });
-    const node = await NodeAgent.start(test.platform, {
-      listen: '127.0.0.1:0',
-      token: NODE_TOKEN,
-      logger: silentLogger(),
-    });
+    const { node, stop } = await startNode('contract-node');
     const url = `grpc://127.0.0.1:${node.port}`;
     const platform = await Platform.connect(url, { token: NODE_TOKEN });
     const otherProject = await Platform.connect(url, {
@@ -39,9 +54,8 @@ describePlatformContract({
         try {
           await platform.close();
           await otherProject.close();
-          await node.close();
         } finally {
-          await test[Symbol.asyncDispose]();
+          await stop();
         }
       },
     };
@@ -51,12 +65,7 @@ describePlatformContract({
 describePlatformContract({
   name: 'remote, through a controller',
   async open() {
-    const test = await createTestPlatform('contract-ctl', { privateStore: true });
-    const node = await NodeAgent.start(test.platform, {
-      listen: '127.0.0.1:0',
-      token: NODE_TOKEN,
-      logger: silentLogger(),
-    });
+    const { node, stop } = await startNode('contract-ctl');
     const controller = await Controller.start({
       listen: '127.0.0.1:0',
       nodes: [`127.0.0.1:${node.port}`],
@@ -76,9 +85,8 @@ describePlatformContract({
           await platform.close();
           await otherProject.close();
           await controller.close();
-          await node.close();
         } finally {
-          await test[Symbol.asyncDispose]();
+          await stop();
         }
       },
     };

@@ -73,7 +73,7 @@ export class WireClient<S extends ServiceDef> {
         this.metadata(options.metadata),
         this.grpcOptions(options),
         (error: ServiceError | null, response?: Buffer) => {
-          options.signal?.removeEventListener('abort', cancel);
+          cancel.release();
           if (error) return reject(this.failure(error));
           try {
             resolve(
@@ -89,9 +89,7 @@ export class WireClient<S extends ServiceDef> {
           }
         },
       );
-      const cancel = (): void => call.cancel();
-      if (options.signal?.aborted) cancel();
-      options.signal?.addEventListener('abort', cancel, { once: true });
+      const cancel = cancelOnAbort(call, options.signal);
     });
   }
 
@@ -111,9 +109,7 @@ export class WireClient<S extends ServiceDef> {
       this.metadata(options.metadata),
       this.grpcOptions(options),
     );
-    const cancel = (): void => call.cancel();
-    if (options.signal?.aborted) cancel();
-    options.signal?.addEventListener('abort', cancel, { once: true });
+    const cancel = cancelOnAbort(call, options.signal);
     try {
       for await (const bytes of call as AsyncIterable<Buffer>) {
         yield decodeMessage(method.response, bytes, TRANSPORT_MAX_BYTES, `message of ${path}`) as ResponseOf<
@@ -124,7 +120,7 @@ export class WireClient<S extends ServiceDef> {
       if (isServiceError(error)) throw this.failure(error);
       throw asPlatformError(error);
     } finally {
-      options.signal?.removeEventListener('abort', cancel);
+      cancel.release();
       call.cancel();
     }
   }
@@ -173,6 +169,14 @@ export class WireClient<S extends ServiceDef> {
   private failure(error: ServiceError): SandgymError {
     return fromStatus(error, this.options.unreachable);
   }
+}
+
+/** Cancels the call when `signal` aborts (at once if it already has), until released. */
+function cancelOnAbort(call: { cancel(): void }, signal: AbortSignal | undefined): { release(): void } {
+  const cancel = (): void => call.cancel();
+  if (signal?.aborted) cancel();
+  signal?.addEventListener('abort', cancel, { once: true });
+  return { release: () => signal?.removeEventListener('abort', cancel) };
 }
 
 function isServiceError(error: unknown): error is ServiceError {
