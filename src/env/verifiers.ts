@@ -134,15 +134,30 @@ export function ojVerifier(run: string[], cases: OjCase[], caseTimeoutMs: number
 }
 
 /**
- * The test runner staged into the grader for SWE-bench tasks. Python runs isolated (-I: no
- * current folder, script folder or PYTHON* variables on the path), and unittest is imported
- * before the repository joins the path, so a planted unittest.py cannot stand in for it. Every
- * requested id gets an explicit status in a JSON report; a missing id counts as failed.
+ * The test runner staged into the grader for SWE-bench tasks. Ids are unittest names
+ * (`tests.test_ops.OpsTest.test_mean`) or pytest node ids (`tests/test_ops.py::test_mean[1]`).
+ * Python runs isolated (-I: no current folder, script folder or PYTHON* variables on the path),
+ * and unittest and pytest are imported before the repository joins the path, so a planted
+ * unittest.py or pytest.py cannot stand in for them. Every requested id gets an explicit status
+ * in a JSON report; a missing id counts as failed.
  */
 const SWEBENCH_RUNNER = `import json, sys, unittest
 repo, report, ids = sys.argv[1], sys.argv[2], sys.argv[3:]
-sys.path.insert(0, repo)
+node_ids = [i for i in ids if '::' in i or i.endswith('.py')]
 statuses = {}
+if node_ids:
+    import pytest
+    class Recorder:
+        def pytest_runtest_logreport(self, report):
+            if report.when == 'call':
+                statuses[report.nodeid] = report.outcome
+            elif report.failed:
+                statuses[report.nodeid] = 'error'
+            elif report.skipped and report.when == 'setup':
+                statuses[report.nodeid] = 'skipped'
+    pytest.main(['-q', '-p', 'no:cacheprovider', '--rootdir', repo, *node_ids], plugins=[Recorder()])
+sys.path.insert(0, repo)
+ids = [i for i in ids if i not in node_ids]
 class Recorder(unittest.TestResult):
     def addSuccess(self, test): statuses[test.id()] = 'passed'
     def addFailure(self, test, err): statuses[test.id()] = 'failed'
@@ -158,6 +173,32 @@ for test_id in ids:
 with open(report, 'w') as out:
     json.dump(statuses, out)
 `;
+
+/**
+ * Files that steer how tests run and that an agent could plant or edit to make them pass: every
+ * conftest.py, and pytest's configuration at the repository root. The grader puts them back as
+ * they were at the base commit.
+ */
+const TEST_HARNESS_FILES = /(^|\/)conftest\.py$|^(pytest\.ini|tox\.ini|setup\.cfg|pyproject\.toml)$/;
+
+/** Restores the test harness files of `repo` to the base commit; returns the ones it changed. */
+async function restoreTestHarness(grader: Sandbox, repo: string, baseCommit: string): Promise<string[]> {
+  const git = (...args: string[]) => grader.exec(['git', '-C', repo, ...args]);
+  const lines = (text: string): string[] => text.split('\n').filter(Boolean);
+  const untracked = lines((await git('ls-files', '--others')).stdout).filter((f) =>
+    TEST_HARNESS_FILES.test(f),
+  );
+  const changed = lines((await git('diff', '--name-only', baseCommit)).stdout).filter((f) =>
+    TEST_HARNESS_FILES.test(f),
+  );
+  for (const file of untracked) await grader.exec(['rm', '-f', '--', `${repo}/${file}`]);
+  for (const file of changed) {
+    const existed = (await git('cat-file', '-e', `${baseCommit}:${file}`)).exitCode === 0;
+    if (existed) await git('checkout', '-q', baseCommit, '--', file);
+    else await grader.exec(['rm', '-f', '--', `${repo}/${file}`]);
+  }
+  return [...untracked, ...changed];
+}
 
 /** Files a unified diff touches (its "a/" side), for resetting them before the test patch goes in. */
 function patchedFiles(patch: string): string[] {
@@ -184,6 +225,7 @@ export function sweBenchVerifier(
       await grader.exec(['git', '-C', repo, 'checkout', '-q', grading.baseCommit, '--', dir]);
       await grader.exec(['git', '-C', repo, 'clean', '-fdxq', '--', dir]);
     }
+    const restored = await restoreTestHarness(grader, repo, grading.baseCommit);
     await grader.writeFile('/tmp/sandgym-test.patch', grading.testPatch);
     const applied = await grader.exec(['git', '-C', repo, 'apply', '/tmp/sandgym-test.patch']);
     if (applied.exitCode !== 0)
@@ -210,7 +252,15 @@ export function sweBenchVerifier(
     const failToPass = Object.fromEntries(grading.failToPass.map((id) => [id, status(id)]));
     const passToPass = Object.fromEntries(grading.passToPass.map((id) => [id, status(id)]));
     const resolved = ids.every((id) => status(id) === 'passed');
-    return { reward: resolved ? 1 : 0, details: { resolved, failToPass, passToPass } };
+    return {
+      reward: resolved ? 1 : 0,
+      details: {
+        resolved,
+        failToPass,
+        passToPass,
+        ...(restored.length ? { restoredHarnessFiles: restored } : {}),
+      },
+    };
   };
 }
 

@@ -11,7 +11,8 @@ interface BaseEnvironment {
   createdFrom: string;
 }
 
-const DEBIAN_PACKAGES = ['python3', 'git', 'ca-certificates'];
+/** python3-pytest: SWE-bench rows name their tests as pytest node ids. */
+const DEBIAN_PACKAGES = ['python3', 'python3-pytest', 'git', 'ca-certificates'];
 
 function baseEnvironments(): BaseEnvironment[] {
   const mirror = process.env['SANDGYM_DEBIAN_MIRROR'] ?? 'http://deb.debian.org/debian';
@@ -34,11 +35,19 @@ function baseEnvironments(): BaseEnvironment[] {
 /** The environment `sandgym run` uses when none is named. */
 export const DEFAULT_ENVIRONMENT = 'debian:bookworm';
 
-/** Builds every base environment the store lacks. Idempotent: a present one is skipped. */
+/**
+ * Builds every base environment the store lacks, or holds from an older recipe (its description
+ * names the recipe). Idempotent: a present, current one is skipped.
+ */
 export async function ensureBaseEnvironments(store: LayerStore, logger: Logger): Promise<string[]> {
   const built: string[] = [];
   for (const base of baseEnvironments()) {
-    if (store.hasEnvironment(base.ref)) continue;
+    if (
+      store.hasEnvironment(base.ref) &&
+      (await store.getEnvironment(base.ref)).description === base.description
+    ) {
+      continue;
+    }
     logger.info({ environment: base.ref }, 'building base environment');
     const dir = await store.scratch('rootfs');
     try {

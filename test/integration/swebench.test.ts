@@ -87,6 +87,65 @@ describe('SWE-bench tasks', () => {
     expect(grade.details['failToPass']).toEqual({ 'tests.test_ops.OpsTest.test_nope': 'missing' });
   });
 
+  /** The example row, with its tests named as pytest node ids. */
+  async function pytestTask(): Promise<Task> {
+    const rows = join(env.dataDir, `pytest-${Math.random().toString(36).slice(2, 8)}.swebench.jsonl`);
+    const row = JSON.parse((await readFile(ROWS, 'utf8')).trim()) as Record<string, unknown>;
+    await writeFile(
+      rows,
+      `${JSON.stringify({
+        ...row,
+        repo: resolve('examples/tasks/swe/calc.bundle'),
+        FAIL_TO_PASS: ['tests/test_ops.py::OpsTest::test_mean'],
+        PASS_TO_PASS: ['tests/test_ops.py::OpsTest::test_add'],
+      })}\n`,
+    );
+    const [loaded] = await loadSweBenchFile(rows);
+    return loaded!;
+  }
+
+  it('runs tests named as pytest node ids', async () => {
+    const pytest = await pytestTask();
+    const [solved] = await evaluate(env.platform, [pytest], oracleAgent, { concurrency: 1 });
+    expect(solved).toMatchObject({ reward: 1, outcome: { kind: 'ok' } });
+    await using taskEnv = TaskEnv.create(env.platform, pytest);
+    await taskEnv.reset();
+    const grade = await taskEnv.grade();
+    expect(grade.reward).toBe(0);
+    expect(grade.details).toMatchObject({
+      failToPass: { 'tests/test_ops.py::OpsTest::test_mean': 'failed' },
+      passToPass: { 'tests/test_ops.py::OpsTest::test_add': 'passed' },
+    });
+  });
+
+  it('puts planted or edited pytest harness files back, so a conftest.py that forces passes earns nothing', async () => {
+    await using taskEnv = TaskEnv.create(env.platform, await pytestTask());
+    await taskEnv.reset();
+    await taskEnv.step({
+      type: 'write_file',
+      path: '/testbed/conftest.py',
+      content: [
+        'import pytest',
+        '@pytest.hookimpl(hookwrapper=True)',
+        'def pytest_runtest_makereport(item, call):',
+        '    outcome = yield',
+        "    outcome.get_result().outcome = 'passed'",
+        '',
+      ].join('\n'),
+    });
+    await taskEnv.step({
+      type: 'write_file',
+      path: '/testbed/pytest.ini',
+      content: '[pytest]\naddopts = -q\n',
+    });
+    const grade = await taskEnv.grade();
+    expect(grade.reward).toBe(0);
+    expect(grade.details).toMatchObject({
+      failToPass: { 'tests/test_ops.py::OpsTest::test_mean': 'failed' },
+      restoredHarnessFiles: ['conftest.py', 'pytest.ini'],
+    });
+  });
+
   it('names the line and field of a malformed row', async () => {
     const rows = join(env.dataDir, 'bad.swebench.jsonl');
     const row = JSON.parse((await readFile(ROWS, 'utf8')).trim()) as Record<string, unknown>;
