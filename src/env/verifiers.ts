@@ -1,3 +1,4 @@
+import { z } from 'zod';
 import { SandgymError } from '../common/index.ts';
 import type { Sandbox } from '../platform/index.ts';
 import type { OjCase, Task, TaskGrading } from './tasks/task.ts';
@@ -145,34 +146,71 @@ const SWEBENCH_RUNNER = `import json, sys, unittest
 repo, report, ids = sys.argv[1], sys.argv[2], sys.argv[3:]
 node_ids = [i for i in ids if '::' in i or i.endswith('.py')]
 statuses = {}
-if node_ids:
-    import pytest
-    class Recorder:
-        def pytest_runtest_logreport(self, report):
-            if report.when == 'call':
-                statuses[report.nodeid] = report.outcome
-            elif report.failed:
-                statuses[report.nodeid] = 'error'
-            elif report.skipped and report.when == 'setup':
-                statuses[report.nodeid] = 'skipped'
-    pytest.main(['-q', '-p', 'no:cacheprovider', '--rootdir', repo, *node_ids], plugins=[Recorder()])
-sys.path.insert(0, repo)
-ids = [i for i in ids if i not in node_ids]
-class Recorder(unittest.TestResult):
+dump, write_to = json.dump, open  # kept before any code under test runs
+
+class UnittestRecorder(unittest.TestResult):
     def addSuccess(self, test): statuses[test.id()] = 'passed'
     def addFailure(self, test, err): statuses[test.id()] = 'failed'
     def addError(self, test, err): statuses[test.id()] = 'error'
     def addSkip(self, test, reason): statuses[test.id()] = 'skipped'
     def addExpectedFailure(self, test, err): statuses[test.id()] = 'failed'
     def addUnexpectedSuccess(self, test): statuses[test.id()] = 'failed'
-for test_id in ids:
+
+class PytestRecorder:
+    def pytest_runtest_logreport(self, report):
+        if report.when == 'call':
+            statuses[report.nodeid] = report.outcome
+        elif report.failed:
+            statuses[report.nodeid] = 'error'
+        elif report.skipped and report.when == 'setup':
+            statuses[report.nodeid] = 'skipped'
+
+# The code under test runs in this process: if it rewires the test machinery, no status counts.
+watched = [unittest.TestCase, unittest.TestResult, unittest.TestSuite, unittest.TestLoader,
+           UnittestRecorder, PytestRecorder, json]
+if node_ids:
+    import pytest, _pytest.runner, _pytest.python, _pytest.reports
+    watched += [_pytest.runner, _pytest.python.Function, _pytest.reports.TestReport, pytest]
+before = [(holder, dict(vars(holder))) for holder in watched]
+
+if node_ids:
+    pytest.main(['-q', '-p', 'no:cacheprovider', '--rootdir', repo, *node_ids], plugins=[PytestRecorder()])
+sys.path.insert(0, repo)
+for test_id in [i for i in ids if i not in node_ids]:
     try:
-        unittest.defaultTestLoader.loadTestsFromName(test_id).run(Recorder())
+        unittest.defaultTestLoader.loadTestsFromName(test_id).run(UnittestRecorder())
     except Exception:
         statuses[test_id] = 'error'
-with open(report, 'w') as out:
-    json.dump(statuses, out)
+
+tampered = sorted(
+    f'{getattr(holder, "__name__", holder)}.{name}'
+    for holder, saved in before
+    for name, value in vars(holder).items()
+    if name in saved and saved[name] is not value
+    or name not in saved and isinstance(holder, type)
+)
+if tampered:
+    statuses = {test_id: 'error' for test_id in ids}
+with write_to(report, 'w') as out:
+    dump({'complete': True, 'statuses': statuses, 'harnessTampered': tampered}, out)
 `;
+
+const runnerReportSchema = z.object({
+  complete: z.literal(true),
+  statuses: z.record(z.string(), z.string()),
+  harnessTampered: z.array(z.string()),
+});
+
+/** The runner's report, or undefined when it never wrote a whole one. */
+async function runnerReport(grader: Sandbox): Promise<z.infer<typeof runnerReportSchema> | undefined> {
+  try {
+    return runnerReportSchema.parse(
+      JSON.parse((await grader.readFile('/logs/verifier/report.json')).toString()),
+    );
+  } catch {
+    return undefined;
+  }
+}
 
 /**
  * Files that steer how tests run and that an agent could plant or edit to make them pass: every
@@ -244,11 +282,19 @@ export function sweBenchVerifier(
       },
     );
     if (run.timedOut) throw new SandgymError('timeout', `The tests ran out of their ${timeoutMs} ms`);
-    const report = JSON.parse((await grader.readFile('/logs/verifier/report.json')).toString()) as Record<
-      string,
-      string
-    >;
-    const status = (id: string): string => report[id] ?? 'missing';
+    const report = await runnerReport(grader);
+    // the runner always finishes and says so: if it did not, the code under test ended it
+    if (!report || run.exitCode !== 0) {
+      return {
+        reward: 0,
+        details: {
+          resolved: false,
+          runner: `did not finish (exit ${run.exitCode ?? run.signal})`,
+          restoredHarnessFiles: restored,
+        },
+      };
+    }
+    const status = (id: string): string => report.statuses[id] ?? 'missing';
     const failToPass = Object.fromEntries(grading.failToPass.map((id) => [id, status(id)]));
     const passToPass = Object.fromEntries(grading.passToPass.map((id) => [id, status(id)]));
     const resolved = ids.every((id) => status(id) === 'passed');
@@ -259,6 +305,7 @@ export function sweBenchVerifier(
         failToPass,
         passToPass,
         ...(restored.length ? { restoredHarnessFiles: restored } : {}),
+        ...(report.harnessTampered.length ? { harnessTampered: report.harnessTampered } : {}),
       },
     };
   };

@@ -93,8 +93,7 @@ export class Controller {
   }
 
   private polled(nodeId: string, polledAt: number): void {
-    const pending = this.settled.get(nodeId);
-    if (!pending) return;
+    const pending = this.settled.get(nodeId) ?? [];
     const still = pending.filter((entry) => {
       if (entry.at >= polledAt) return true;
       entry.release();
@@ -102,7 +101,9 @@ export class Controller {
     });
     if (still.length) this.settled.set(nodeId, still);
     else this.settled.delete(nodeId);
-    // the fresh view may have room: give waiting creates a turn
+    // every fresh view may have room (a destroy elsewhere, a node back): give waiting creates a
+    // turn. A destroy through this replica wakes one at once, but its node may not show the room
+    // until this poll, so the poll must wake them again.
     this.queue.wake();
   }
 
@@ -254,6 +255,13 @@ export class Controller {
             `No node can ever hold a ${demand.backend} sandbox of ${demand.memoryMib} MiB; ask for less memory or another backend`,
           );
         }
+        this.options.logger.debug(
+          {
+            project,
+            loads: this.watcher.loads().map((n) => [n.nodeId, n.healthy, n.sandboxes, this.placer.load(n)]),
+          },
+          'create waits for room',
+        );
         await this.queue.wait(project, deadline, call.signal, waited);
         waited = true;
         vetoed.clear();

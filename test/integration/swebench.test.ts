@@ -146,6 +146,25 @@ describe('SWE-bench tasks', () => {
     });
   });
 
+  it('voids a run whose code under test rewires the test machinery or ends the runner', async () => {
+    const cheats: Record<string, string> = {
+      // every assertEqual passes: the failing test would look fixed
+      rewire: 'import unittest\nunittest.TestCase.assertEqual = lambda self, a, b, msg=None: None\n',
+      // the runner dies before its report: nothing would be counted against the agent
+      exit: 'import os\nos._exit(0)\n',
+    };
+    for (const [name, prelude] of Object.entries(cheats)) {
+      await using taskEnv = TaskEnv.create(env.platform, task);
+      await taskEnv.reset();
+      const source = (await taskEnv.sandbox!.readFile('/testbed/calc/ops.py')).toString();
+      await taskEnv.step({ type: 'write_file', path: '/testbed/calc/ops.py', content: prelude + source });
+      const grade = await taskEnv.grade();
+      expect(grade.reward, name).toBe(0);
+      if (name === 'rewire') expect(grade.details['harnessTampered']).toEqual(['TestCase.assertEqual']);
+      else expect(grade.details['runner']).toMatch(/did not finish/);
+    }
+  });
+
   it('names the line and field of a malformed row', async () => {
     const rows = join(env.dataDir, 'bad.swebench.jsonl');
     const row = JSON.parse((await readFile(ROWS, 'utf8')).trim()) as Record<string, unknown>;
