@@ -81,6 +81,8 @@ async function runEpisode(
     sandboxId,
     episodeId,
     ...(takenOver ? { replayedSteps } : {}),
+    // the agent ran out its time budget: scored as it stands, never masked as infrastructure
+    ...(info['timeout'] ? { timeout: info['timeout'] as { budgetMs: number } } : {}),
   });
   try {
     for (let stepIndex = 0; stepIndex < maxSteps; stepIndex++) {

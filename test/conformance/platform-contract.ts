@@ -196,9 +196,9 @@ export function describePlatformContract(target: PlatformTarget): void {
         await opened.platform.createSandbox(request),
       ];
       try {
-        const running = busy.exec(['sleep', '1.5']);
+        const running = busy.exec(['sleep', '3']);
         await waitFor(async () => (await busy.exec(['true'])).exitCode === 0); // both up
-        const slow = busy.exec(['sleep', '1']);
+        const slow = busy.exec(['sleep', '2.5']);
         const train = await run.phase('train');
         expect(train.paused).toContain(idle.id);
         expect(train.busy).toContain(busy.id); // a step is running in it: left alone
@@ -230,7 +230,7 @@ export function describePlatformContract(target: PlatformTarget): void {
 
     it('pauses the sandboxes of a lapsed lease and cleans up an expired run', async () => {
       const name = `lease-${Date.now().toString(36)}`;
-      const run = await opened.platform.startRun({ name, leaseMs: 400, ttlMs: 1_500 });
+      const run = await opened.platform.startRun({ name, leaseMs: 400, ttlMs: 4_000 });
       const member = await opened.platform.createSandbox({
         environment: 'busybox:latest',
         resources: { memoryMib: 64 },

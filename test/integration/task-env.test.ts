@@ -260,6 +260,21 @@ describe('Harbor tasks, fresh-box grading and evaluation', () => {
     }
   });
 
+  it('scores an agent that plays for time at its budget, instead of masking the episode', async () => {
+    const tight = await taskCopy('tight-budget', (d) =>
+      writeFile(join(d, 'task.toml'), '[agent]\ntimeout_sec = 2\n'),
+    );
+    // 10: run out the clock, hoping the cut-off counts as infrastructure noise
+    const stall = scriptedAgent([{ type: 'exec', command: ['sleep', '600'] }]);
+    const [report] = await evaluate(env.platform, [await loadHarborTask(tight)], () => stall, {
+      concurrency: 1,
+    });
+    expect(report).toMatchObject({ reward: 0, outcome: { kind: 'ok' }, timeout: { budgetMs: 2000 } });
+    // the sleep was cut at the budget, not waited out
+    const [stalled] = await (await env.platform.stepLog(report!.sandboxId!)).records();
+    expect(stalled?.result).toMatchObject({ observation: { type: 'exec', timedOut: true } });
+  });
+
   it('reports a verifier that runs out of time as verifier_error, not a reward of 0', async () => {
     const slow = await taskCopy('slow-verifier', async (d) => {
       await writeFile(join(d, 'task.toml'), '[verifier]\ntimeout_sec = 0.5\n');

@@ -6,7 +6,7 @@ import { createTestPlatform } from '../support/platform.ts';
 describe('TrainingCoordinator', () => {
   it('publishes phases and the sandbox changes they cause, then ends the run', async () => {
     await using test = await createTestPlatform('training');
-    const coordinator = await TrainingCoordinator.start(test.platform, { name: 'trainer', leaseMs: 1_000 });
+    const coordinator = await TrainingCoordinator.start(test.platform, { name: 'trainer', leaseMs: 2_000 });
     const phases = firstValueFrom(coordinator.phases$.pipe(toArray()));
     const lifecycle = firstValueFrom(coordinator.lifecycle$.pipe(toArray()));
     const request = { environment: 'busybox:latest', resources: { memoryMib: 64 }, run: coordinator.name };
@@ -14,7 +14,7 @@ describe('TrainingCoordinator', () => {
     const b = await test.platform.createSandbox(request);
     const ids = [a.id, b.id].sort();
     // the lease is renewed in the background: after several lease periods nothing has lapsed
-    await new Promise((resolve) => setTimeout(resolve, 2_500));
+    await new Promise((resolve) => setTimeout(resolve, 3_500));
     expect((await a.stats()).state).toBe('running');
     await coordinator.phase('train');
     await coordinator.phase('preempted');
