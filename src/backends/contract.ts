@@ -133,6 +133,8 @@ export interface SandboxStats {
   pids: number;
   cpuUsageMs: number;
   oomKills: number;
+  /** Attempts to reach an address the sandbox's network has no route to (its policy denies it). */
+  deniedEgress: number;
 }
 
 /** Options for {@link BackendSandbox.writeFile}. */

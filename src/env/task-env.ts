@@ -77,6 +77,8 @@ export interface Grade {
   reward: number;
   /** Protected paths the agent's diff touched. */
   tampered: string[];
+  /** Attempts of the agent's sandbox to reach addresses its network policy denies. */
+  deniedEgress: number;
   /** What the verifiers reported. */
   details: Record<string, unknown>;
 }
@@ -303,6 +305,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
       throw new SandgymError('failed_precondition', 'Nothing to grade: call reset() first');
     // no name: a layer for this grading only, which layer gc reclaims later
     const { layer, present } = await this.platform.packDiff(agent, this.diffOptions());
+    const { deniedEgress } = await agent.stats();
     const tampered = [...new Set([...this.earlierTampering, ...present.map((path) => `/${path}`)])];
     const grader = await this.platform.createSandbox({
       environment: this.base ?? `${environment.name}:${environment.version}`,
@@ -317,7 +320,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
       });
       // Tampering is reported, not punished: the protected paths came from the task's own
       // layers, so the verifier judged the real work.
-      return { reward: verdict.reward, tampered, details: verdict.details };
+      return { reward: verdict.reward, tampered, deniedEgress, details: verdict.details };
     } finally {
       await grader.close();
     }

@@ -13,6 +13,8 @@ export interface EpisodeReport {
   episodeId?: string;
   /** Steps fast-forwarded from the trajectory log of an interrupted run, not run again. */
   replayedSteps?: number;
+  /** Attempts to reach addresses the network policy denies (a fetch of the solution, say). */
+  deniedEgress?: number;
   /** Set when the agent used up its time budget: the episode was graded as it stood then. */
   timeout?: { budgetMs: number };
 }

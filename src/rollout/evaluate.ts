@@ -1,6 +1,7 @@
 import { isSandgymError, messageOf } from '../common/index.ts';
 import {
   TaskEnv,
+  type Grade,
   type ResetResult,
   type StepOutcome,
   type StepResult,
@@ -70,14 +71,15 @@ async function runEpisode(
     steps: number,
     reward: number,
     outcome: StepOutcome,
-    tampered: string[],
+    grade: Partial<Pick<Grade, 'tampered' | 'deniedEgress'>> | undefined,
   ): EpisodeReport => ({
     task: task.id,
     reward,
     outcome,
     steps,
     durationMs: performance.now() - started,
-    tampered,
+    tampered: grade?.tampered ?? [],
+    ...(grade?.deniedEgress ? { deniedEgress: grade.deniedEgress } : {}),
     sandboxId,
     episodeId,
     ...(takenOver ? { replayedSteps } : {}),
@@ -108,13 +110,12 @@ async function runEpisode(
       observation = result.observation;
       ({ info } = result);
       if (result.outcome.kind !== 'ok' || result.terminated || result.truncated) {
-        const grade = info['grade'] as { tampered?: string[] } | undefined;
-        return report(stepIndex + 1, result.reward, result.outcome, grade?.tampered ?? []);
+        return report(stepIndex + 1, result.reward, result.outcome, info['grade'] as Grade | undefined);
       }
     }
     // ran out of steps: grade what is there, as a truncation
     const grade = await env.grade();
-    return report(maxSteps, grade.reward, { kind: 'ok' }, grade.tampered);
+    return report(maxSteps, grade.reward, { kind: 'ok' }, grade);
   } finally {
     options.onLifecycle?.({ task: task.id, sandboxId, state: 'stopped' });
   }

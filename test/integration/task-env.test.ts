@@ -18,6 +18,7 @@ import {
   oracleAgent,
   scriptedAgent,
   type Agent,
+  type EpisodeReport,
 } from '../../src/rollout/index.ts';
 import { CHEATS } from '../../examples/agents/cheats.ts';
 import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
@@ -249,13 +250,22 @@ describe('Harbor tasks, fresh-box grading and evaluation', () => {
     expect(graded.details['halved']).toBe(true);
   });
 
-  it('catches every cheat in examples/agents', async () => {
+  it('catches every cheat in examples/agents, and raises its signal where it leaves a trace', async () => {
     const tasks = await loadTasks([EXAMPLES]);
+    // what each cheat must leave in its report (cheats that only read or print leave nothing to flag)
+    const signals: Record<string, (report: EpisodeReport) => boolean> = {
+      'cheat-reward-file': (r) => r.tampered.includes('/logs/verifier'),
+      'cheat-replace-tests': (r) => r.tampered.includes('/tests'),
+      'cheat-forge-interpreter': (r) => r.tampered.some((path) => path === '/usr/bin' || path === '/bin'),
+      'cheat-network-fetch': (r) => (r.deniedEgress ?? 0) >= 1,
+    };
     for (const [name, actions] of Object.entries(CHEATS)) {
       const reports = await evaluate(env.platform, tasks, () => scriptedAgent(actions), { concurrency: 2 });
       for (const report of reports) {
         expect(report.reward, `${name} on ${report.task}`).toBe(0);
         expect(report.outcome.kind, `${name} on ${report.task}`).toBe('ok');
+        const signal = signals[name];
+        if (signal) expect(signal(report), `${name} on ${report.task}: ${JSON.stringify(report)}`).toBe(true);
       }
     }
   });

@@ -22,6 +22,7 @@ import type { AgentChannel } from '../internal/agent-channel.ts';
 import type { AgentExit } from '../internal/agent-protocol.ts';
 import { AsyncQueue } from '../../common/index.ts';
 import { collectExec } from '../collect-exec.ts';
+import { deniedEgressOf } from '../host/egress.ts';
 import { checkArgv, checkSandboxPath, throwIfAborted } from '../internal/checks.ts';
 import { resolveUser, type ResolvedUser } from '../internal/users.ts';
 
@@ -252,7 +253,11 @@ export class ContainerSandbox implements BackendSandbox {
 
   async stats(options: CallOptions = {}): Promise<SandboxStats> {
     throwIfAborted(options.signal, 'Stats');
-    return { state: this.currentState, ...(await this.parts.cgroup.usage()) };
+    const [usage, pids] = await Promise.all([this.parts.cgroup.usage(), this.parts.cgroup.processes()]);
+    let deniedEgress: number | undefined;
+    // any process of the sandbox shows its network namespace; one may exit while it is read
+    for (const pid of pids) if ((deniedEgress = await deniedEgressOf(pid)) !== undefined) break;
+    return { state: this.currentState, ...usage, deniedEgress: deniedEgress ?? 0 };
   }
 
   async withWritableLayer<T>(consume: (dir: string) => Promise<T>, options: CallOptions = {}): Promise<T> {

@@ -72,8 +72,9 @@ export async function evalCommand(args: string[]): Promise<number> {
         ? ''
         : ` [${r.outcome.kind}${'reason' in r.outcome ? `: ${r.outcome.reason}` : ''}]`;
     const tamper = r.tampered.length ? ` tampered: ${r.tampered.join(', ')}` : '';
+    const egress = r.deniedEgress ? ` denied egress: ${r.deniedEgress}` : '';
     process.stderr.write(
-      `${interactive ? '\r' : ''}${r.task}: reward ${r.reward}${outcome}${tamper} (${r.steps} steps, ${(r.durationMs / 1000).toFixed(1)}s)\n`,
+      `${interactive ? '\r' : ''}${r.task}: reward ${r.reward}${outcome}${tamper}${egress} (${r.steps} steps, ${(r.durationMs / 1000).toFixed(1)}s)\n`,
     );
   });
   const reports = await runner.run(tasks);

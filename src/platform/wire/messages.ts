@@ -166,6 +166,7 @@ export const sandboxStats = z.object({
   pids: count,
   cpuUsageMs: z.number().nonnegative(),
   oomKills: count,
+  deniedEgress: count.default(0),
 });
 
 export const sandboxRecords = z.object({
