@@ -9,6 +9,14 @@ export const sandboxActionSchema = z.discriminatedUnion('type', [
     cwd: z.string().startsWith('/').optional(),
     env: z.record(z.string(), z.string()).optional(),
     timeoutMs: z.number().int().positive().optional(),
+    /**
+     * A named shell session: the command starts where the session's last command left off (its
+     * working directory and exported variables) and passes its own on to the next.
+     */
+    session: z
+      .string()
+      .regex(/^[A-Za-z0-9_-]{1,64}$/, 'session names are 1-64 letters, digits, _ and -')
+      .optional(),
   }),
   z.object({ type: z.literal('write_file'), path: z.string().startsWith('/'), content: z.string() }),
   z.object({ type: z.literal('read_file'), path: z.string().startsWith('/') }),

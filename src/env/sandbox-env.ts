@@ -15,6 +15,7 @@ import type {
   StepResult,
 } from './environment.ts';
 import { sandboxActionSchema, type SandboxAction, type SandboxObservation } from './sandbox-actions.ts';
+import { inSession } from './shell-session.ts';
 
 /** Errors that mean the platform failed, not the agent: they become typed outcomes. */
 const INFRA_CODES: Record<string, FailureReason> = {
@@ -173,12 +174,15 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
     try {
       switch (action.type) {
         case 'exec': {
+          const session = action.session ? inSession(action.session, action.command, action.cwd) : undefined;
           const argv =
-            typeof action.command === 'string' ? ['/bin/sh', '-c', action.command] : action.command;
+            session?.argv ??
+            (typeof action.command === 'string' ? ['/bin/sh', '-c', action.command] : action.command);
+          const env = { ...action.env, ...session?.env };
           const r = await sandbox.exec(argv, {
             ...call,
-            ...(action.cwd ? { cwd: action.cwd } : {}),
-            ...(action.env ? { env: action.env } : {}),
+            ...(action.cwd && !session ? { cwd: action.cwd } : {}),
+            ...(Object.keys(env).length ? { env } : {}),
             ...commandTimeout(action.timeoutMs, options.commandTimeoutCapMs),
           });
           return done({

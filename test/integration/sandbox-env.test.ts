@@ -44,6 +44,46 @@ describe('SandboxEnv and exactly-once steps', () => {
     );
   });
 
+  it('keeps working directory and exported variables between steps of a shell session', async () => {
+    await using gym = SandboxEnv.create(env.platform, { sandbox: { environment: 'busybox:latest' } });
+    await gym.reset();
+    const stdout = async (action: SandboxAction): Promise<string> => {
+      const result = await gym.step(action);
+      return result.observation.type === 'exec'
+        ? result.observation.stdout
+        : JSON.stringify(result.observation);
+    };
+    await stdout({
+      type: 'exec',
+      command: 'mkdir -p /work/deep && cd /work/deep && export GREETING=hi',
+      session: 'main',
+    });
+    expect(await stdout({ type: 'exec', command: 'pwd; echo "$GREETING"', session: 'main' })).toBe(
+      '/work/deep\nhi\n',
+    );
+    // a program, not a shell line, starts there too and sees the variables
+    expect(
+      await stdout({ type: 'exec', command: ['sh', '-c', 'pwd; echo "$GREETING"'], session: 'main' }),
+    ).toBe('/work/deep\nhi\n');
+    // an explicit cwd and env for one command become the session's from then on
+    await stdout({ type: 'exec', command: 'true', cwd: '/tmp', env: { MORE: 'yes' }, session: 'main' });
+    expect(await stdout({ type: 'exec', command: 'pwd; echo "$GREETING $MORE"', session: 'main' })).toBe(
+      '/tmp\nhi yes\n',
+    );
+    // other sessions, and commands outside any session, start afresh
+    expect(await stdout({ type: 'exec', command: 'pwd; echo "[$GREETING]"', session: 'other' })).toBe(
+      '/\n[]\n',
+    );
+    expect(await stdout({ type: 'exec', command: 'pwd; echo "[$GREETING]"' })).toBe('/\n[]\n');
+    // exit codes and quoting pass through untouched
+    const failed = await gym.step({
+      type: 'exec',
+      command: `printf '%s|' "a b" 'c"d'; exit 3`,
+      session: 'main',
+    });
+    expect(failed.observation).toMatchObject({ stdout: 'a b|c"d|', exitCode: 3 });
+  });
+
   it('runs each step exactly once across a client crash, and refuses a diverging step', async () => {
     const first = SandboxEnv.create(env.platform, { sandbox: { environment: 'busybox:latest' } });
     await first.reset();

@@ -1,0 +1,43 @@
+/** Where a sandbox keeps the state of its shell sessions: inside itself, so checkpoints keep it. */
+const SESSIONS_DIR = '/tmp/.sandgym-sessions';
+
+/** The variable that carries a shell line into a session without any quoting of our own. */
+const LINE_VARIABLE = 'SANDGYM_SESSION_LINE';
+
+/**
+ * A command run in a named shell session: it starts in the session's last working directory,
+ * with the variables the session exported so far, and saves both when it ends. There is no
+ * long-lived shell: the state is two files in the sandbox, which keeps steps independent,
+ * replayable and cheap. A command that ends its shell early (`exit`) does not save the state.
+ */
+export function inSession(
+  session: string,
+  command: string | string[],
+  cwd: string | undefined,
+): { argv: string[]; env: Record<string, string> } {
+  const dir = `${SESSIONS_DIR}/${session}`;
+  const run =
+    typeof command === 'string'
+      ? `__sg_line=$${LINE_VARIABLE}; unset ${LINE_VARIABLE}; eval "$__sg_line"`
+      : '"$@"';
+  const script = [
+    `__sg_dir=${dir}`,
+    'mkdir -p "$__sg_dir"',
+    '[ -f "$__sg_dir/env" ] && . "$__sg_dir/env"',
+    '[ -f "$__sg_dir/cwd" ] && cd "$(cat "$__sg_dir/cwd")" 2>/dev/null',
+    // an explicit cwd for this command wins over the session's
+    ...(cwd ? ['cd "$__sg_cwd"', 'unset __sg_cwd'] : []),
+    run,
+    '__sg_status=$?',
+    'pwd > "$__sg_dir/cwd"',
+    'export -p > "$__sg_dir/env"',
+    'exit $__sg_status',
+  ].join('\n');
+  const env: Record<string, string> = {};
+  if (typeof command === 'string') env[LINE_VARIABLE] = command;
+  if (cwd) env['__sg_cwd'] = cwd;
+  return {
+    argv: ['/bin/sh', '-c', script, 'sandgym-session', ...(typeof command === 'string' ? [] : command)],
+    env,
+  };
+}
