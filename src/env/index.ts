@@ -15,7 +15,8 @@ export { loadHarborTask, loadTasks } from './tasks/harbor.ts';
 export { loadOjProblem } from './tasks/oj.ts';
 export { loadSweBenchFile } from './tasks/swebench.ts';
 export { scrubToBase } from './tasks/workspace.ts';
-export type { OjCase, Task, TaskEnvironmentSource, TaskGrading } from './tasks/task.ts';
+export type { NetworkPolicy, OjCase, Task, TaskEnvironmentSource, TaskGrading } from './tasks/task.ts';
+export { NO_NETWORK } from './tasks/task.ts';
 export {
   customVerifier,
   defaultVerifier,

@@ -50,6 +50,19 @@ const PROTECTED_PATTERNS = [
 /** Where a task's environment starts when its Dockerfile names an image we do not have. */
 const FALLBACK_BASE = 'debian:bookworm';
 
+/**
+ * What a task asks of the network that this node does not give: sandboxes have loopback only
+ * until per-stage network policy is enforced, and a task's run says so instead of failing.
+ */
+function networkNotes(task: Task): string[] {
+  return (['setup', 'agent', 'verify'] as const)
+    .filter((stage) => task.network[stage].length > 0)
+    .map(
+      (stage) =>
+        `network rules for stage ${stage} (${task.network[stage].join(', ')}) are not enforced on this node yet: the sandbox has loopback only`,
+    );
+}
+
 /** The name a task's Dockerfile build is stored under. */
 function taskEnvironmentName(task: Task): string {
   return `task-${task.id.toLowerCase().replace(/[^a-z0-9._-]/g, '-')}:latest`;
@@ -201,7 +214,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
         ...info,
         task: this.task.id,
         agentTimeoutMs: this.task.agentTimeoutMs,
-        notes: this.buildNotes,
+        notes: [...this.buildNotes, ...networkNotes(this.task)],
       },
     };
   }

@@ -70,14 +70,18 @@ export async function checkTask(platform: PlatformClient, task: Task): Promise<C
   await check('nothing hidden is visible to the agent', async () => {
     await using env = TaskEnv.create(platform, task);
     await env.reset();
+    const hidden = [...task.hiddenPaths, '/logs/verifier'];
+    // each path is passed as an argument, never spliced into the shell line
     const probe = await env.sandbox!.exec([
       'sh',
       '-c',
-      'for p in /tests /solution /logs/verifier; do [ -e "$p" ] && echo "$p"; done; true',
+      'for p in "$@"; do [ -e "$p" ] && echo "$p"; done; true',
+      'probe',
+      ...hidden,
     ]);
     const visible = probe.stdout.split('\n').filter(Boolean);
     if (visible.length) throw new Error(`the agent can see ${visible.join(', ')}`);
-    return 'no /tests, /solution or reward path in the agent sandbox';
+    return `none of ${hidden.join(', ')} in the agent sandbox`;
   });
   await check('reset is deterministic', async () => {
     await using env = TaskEnv.create(platform, task);

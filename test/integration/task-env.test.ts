@@ -270,6 +270,20 @@ describe('Harbor tasks, fresh-box grading and evaluation', () => {
     }
   });
 
+  it('carries a per-stage network policy and says when this node cannot give it', async () => {
+    const online = await taskCopy('online', (d) =>
+      writeFile(join(d, 'task.toml'), '[environment]\nallow_internet = true\n'),
+    );
+    const task = await loadHarborTask(online);
+    expect(task.network).toEqual({ setup: [], agent: ['internet'], verify: [] });
+    expect(task.hiddenPaths).toEqual(['/tests', '/solution']);
+    await using taskEnv = TaskEnv.create(env.platform, task);
+    const reset = await taskEnv.reset();
+    expect(reset.info['notes']).toContain(
+      'network rules for stage agent (internet) are not enforced on this node yet: the sandbox has loopback only',
+    );
+  });
+
   it('scores an agent that plays for time at its budget, instead of masking the episode', async () => {
     const tight = await taskCopy('tight-budget', (d) =>
       writeFile(join(d, 'task.toml'), '[agent]\ntimeout_sec = 2\n'),

@@ -6,7 +6,7 @@ import { z } from 'zod';
 import { SandgymError, parseAt } from '../../common/index.ts';
 import { isOjProblem, loadOjProblem } from './oj.ts';
 import { isSweBenchFile, loadSweBenchFile } from './swebench.ts';
-import type { Task } from './task.ts';
+import { NO_NETWORK, type Task } from './task.ts';
 
 /** task.toml of a Harbor / Terminal-Bench 2 task; every section is optional. */
 const taskTomlSchema = z.object({
@@ -66,7 +66,9 @@ export async function loadHarborTask(path: string): Promise<Task> {
     env: toml.environment.env,
     agentTimeoutMs: toml.agent.timeout_sec * 1000,
     verifierTimeoutMs: toml.verifier.timeout_sec * 1000,
-    allowInternet: toml.environment.allow_internet,
+    // Harbor's one switch opens the internet to the agent; setup and grading stay closed
+    network: toml.environment.allow_internet ? { ...NO_NETWORK, agent: ['internet'] } : NO_NETWORK,
+    hiddenPaths: ['/tests', '/solution'],
     oracle: existsSync(join(solution, 'solve.sh')) ? { kind: 'script', dir: solution } : undefined,
   };
 }

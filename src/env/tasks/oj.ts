@@ -2,7 +2,7 @@ import { readFile } from 'node:fs/promises';
 import { basename } from 'node:path';
 import { z } from 'zod';
 import { SandgymError, parseAt } from '../../common/index.ts';
-import type { Task } from './task.ts';
+import { NO_NETWORK, type Task } from './task.ts';
 
 /** How each OJ language is run; the agent writes its program to `program`. */
 const LANGUAGES: Record<string, { environment: string; program: string; run: string[] }> = {
@@ -60,7 +60,8 @@ export async function loadOjProblem(path: string): Promise<Task> {
     env: {},
     agentTimeoutMs: 300_000,
     verifierTimeoutMs: problem.time_limit_ms * problem.tests.length + 10_000,
-    allowInternet: false,
+    network: NO_NETWORK,
+    hiddenPaths: [],
     oracle:
       problem.solution === undefined
         ? undefined

@@ -2,7 +2,7 @@ import { readFile } from 'node:fs/promises';
 import { dirname, resolve } from 'node:path';
 import { z } from 'zod';
 import { SandgymError, parseAt } from '../../common/index.ts';
-import type { Task } from './task.ts';
+import { NO_NETWORK, type Task } from './task.ts';
 
 /** FAIL_TO_PASS / PASS_TO_PASS: a JSON array, or a string holding one (both occur in the wild). */
 const testList = z.preprocess(
@@ -81,7 +81,8 @@ export async function loadSweBenchFile(path: string): Promise<Task[]> {
       env: {},
       agentTimeoutMs: 1_800_000,
       verifierTimeoutMs: 600_000,
-      allowInternet: false,
+      network: NO_NETWORK,
+      hiddenPaths: [],
       oracle: row.patch ? { kind: 'patch', repoPath: TESTBED, patch: row.patch } : undefined,
     });
   }

@@ -7,6 +7,19 @@ export type TaskEnvironmentSource =
   | { kind: 'stored'; ref: string }
   | { kind: 'workspace'; base: string; repo: string; baseCommit: string; path: string };
 
+/**
+ * A task's network, stage by stage: names of rules (`mirror:debian`, `pypi`, `internet`, ...)
+ * that node configuration resolves to address sets. Empty means loopback only.
+ */
+export interface NetworkPolicy {
+  setup: string[];
+  agent: string[];
+  verify: string[];
+}
+
+/** Loopback only, in every stage: the default. */
+export const NO_NETWORK: NetworkPolicy = { setup: [], agent: [], verify: [] };
+
 /** One OJ test case: the input and the expected output. */
 export interface OjCase {
   stdin: string;
@@ -42,7 +55,10 @@ export interface Task {
   env: Record<string, string>;
   agentTimeoutMs: number;
   verifierTimeoutMs: number;
-  allowInternet: boolean;
+  /** Named network rules per stage (empty: loopback only, the default). */
+  network: NetworkPolicy;
+  /** Paths that never enter the agent's sandbox (tests, solutions): staged for grading only. */
+  hiddenPaths: string[];
   /** What the oracle does: run a solution folder's solve.sh, or write a reference program. */
   oracle:
     | { kind: 'script'; dir: string }
