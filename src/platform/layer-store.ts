@@ -136,6 +136,12 @@ export class LayerStore {
     return environment;
   }
 
+  /** Forgets an environment (its layers stay until layer gc finds them unused). Idempotent. */
+  async removeEnvironment(ref: string): Promise<void> {
+    const { name, version } = parseEnvironmentRef(ref);
+    await rm(join(this.root, 'envs', name, `${version}.json`), { force: true });
+  }
+
   /** True when the environment version is recorded. */
   hasEnvironment(ref: string): boolean {
     const { name, version } = parseEnvironmentRef(ref);

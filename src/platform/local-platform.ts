@@ -227,6 +227,7 @@ export class LocalPlatform implements PlatformClient {
         ? await this.container.withWritableLayerOf(sandbox, pack)
         : await sandbox.withWritableLayer((dir) => pack(dir, sandbox), options);
     if (!ref) return { layer, present };
+    const handle = typeof sandbox === 'string' ? undefined : sandbox;
     const config = parent ? (await this.store.getEnvironment(parent)).config : {};
     const environment = await this.store.putEnvironment({
       ...ref,
@@ -234,6 +235,8 @@ export class LocalPlatform implements PlatformClient {
       config,
       description: options.description ?? `${parent ?? 'sandbox'} + changes of ${id}`,
     });
+    // a snapshot of a run's sandbox belongs to the run: its end removes it
+    if (handle) await this.runManager.addSnapshot(handle, `${environment.name}:${environment.version}`);
     return { layer, environment, present };
   }
 
@@ -306,6 +309,7 @@ export const Platform = {
         live: () => container.liveSandboxes(),
         destroy: (sandbox) => sandbox.close(),
         dropLog: (id) => late.platform?.dropTrajectory(id) ?? Promise.resolve(),
+        dropSnapshot: (environment) => store.removeEnvironment(environment),
       },
       logger,
     );

@@ -59,6 +59,8 @@ const runRecordSchema = z.object({
   expiresAt: z.number(),
   phase: z.enum(['rollout', 'weight_sync', 'train', 'preempted', 'resumed']),
   lapsed: z.boolean(),
+  /** Environments made from the run's sandboxes (checkpoints): removed with the run. */
+  snapshots: z.array(z.string()).default([]),
 });
 type RunRecord = z.infer<typeof runRecordSchema>;
 const runFileSchema = z.object({ runs: z.array(runRecordSchema) });
@@ -68,6 +70,7 @@ export interface RunSandboxes {
   live(): BackendSandbox[];
   destroy(sandbox: BackendSandbox): Promise<void>;
   dropLog(sandboxId: string): Promise<void>;
+  dropSnapshot(environment: string): Promise<void>;
 }
 
 /**
@@ -153,6 +156,7 @@ export class RunManager {
       expiresAt: Date.now() + options.leaseMs,
       phase: existing?.phase ?? 'rollout',
       lapsed: false,
+      snapshots: existing?.snapshots ?? [],
     };
     this.runs.set(key(project, run.name), run);
     await this.save();
@@ -202,6 +206,15 @@ export class RunManager {
     return report;
   }
 
+  /** Records a snapshot (an environment) made from one of the run's sandboxes, so the run owns it. */
+  async addSnapshot(sandbox: BackendSandbox, environment: string): Promise<void> {
+    const name = sandbox.labels[RUN_LABEL];
+    const run = name ? this.runs.get(key(sandbox.labels[PROJECT_LABEL] ?? DEFAULT_PROJECT, name)) : undefined;
+    if (!run) return;
+    run.snapshots.push(environment);
+    await this.save();
+  }
+
   async end(project: string, name: string): Promise<{ destroyed: string[] }> {
     const run = this.find(project, name);
     this.runs.delete(key(project, name));
@@ -226,6 +239,10 @@ export class RunManager {
         await this.sandboxes.dropLog(sandbox.id);
       }),
       `Some sandboxes of run ${run.name} were not destroyed`,
+    );
+    await settleAll(
+      run.snapshots.map((environment) => this.sandboxes.dropSnapshot(environment)),
+      `Some snapshots of run ${run.name} were not removed`,
     );
     return { destroyed: members.map((s) => s.id) };
   }

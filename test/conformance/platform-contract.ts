@@ -217,8 +217,13 @@ export function describePlatformContract(target: PlatformTarget): void {
           'not_found',
           /startRun/,
         );
+        // a snapshot of a member belongs to the run too
+        const snapshot = `${name}-snap:v1`;
+        await opened.platform.packDiff(idle, { name: snapshot });
+        expect((await opened.platform.getEnvironment(snapshot)).name).toBe(`${name}-snap`);
         const ended = await run.end();
         expect(ended.destroyed.sort()).toEqual([idle.id, busy.id].sort());
+        await expectCode(opened.platform.getEnvironment(snapshot), 'not_found');
         const live = (await opened.platform.listSandboxes()).map((r) => r.id);
         expect(live).not.toContain(idle.id);
         expect(live).not.toContain(busy.id);
