@@ -40,9 +40,20 @@ export async function benchRemoteStep(options: BenchOptions): Promise<BenchRepor
   await using node = await startBenchNode();
   const remote = await Platform.connect(node.url, { token: node.token });
   let remoteTimes: number[];
+  const roundTrips: number[] = [];
   try {
     options.progress(`remote-step: ${STEPS} steps through gRPC to a node agent`);
     remoteTimes = await stepTimes(remote);
+    // the floor under every call: one round trip that does nearly nothing on the node (a step
+    // lookup in an empty episode). A new step costs two of them: the command, then its log record.
+    const sandbox = await remote.createSandbox({ environment: 'busybox:latest' });
+    const log = await remote.stepLog(sandbox.id);
+    for (let i = 0; i < STEPS + WARMUP; i++) {
+      const started = performance.now();
+      await log.lookup({ episodeId: 'floor', stepIndex: 0, action: {} });
+      if (i >= WARMUP) roundTrips.push(performance.now() - started);
+    }
+    await sandbox.close();
   } finally {
     await remote.close();
   }
@@ -59,5 +70,6 @@ export async function benchRemoteStep(options: BenchOptions): Promise<BenchRepor
     };
     metrics[`step_p${q * 100}_added_ms`] = { value: round(value - baseline), unit: 'ms' };
   }
+  metrics['rpc_round_trip_p50_ms'] = { value: round(quantile(roundTrips, 0.5)), unit: 'ms' };
   return { bench: 'remote-step', host: hostInfo(), metrics };
 }
