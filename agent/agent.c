@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,16 +41,43 @@ static int request_fd = -1;
 static uint8_t *inbuf;
 static size_t inbuf_len, inbuf_cap;
 
+/* How the sandbox's processes are scheduled, as the ready message reports it. */
+typedef struct {
+  bool durable, sched_idle, core_cookie;
+} agent_options;
+
+static const char *sched_class = "normal";
+static const char *core_cookie = "off";
+
+/* The CPU class of the whole sandbox, set on the agent so every command inherits it:
+ * best-effort sandboxes run SCHED_IDLE (they get a CPU only when nothing else wants it, and
+ * without CAP_SYS_NICE cannot leave that class); latency-sensitive ones may get their own
+ * core-scheduling cookie, so no other tenant shares their physical core's siblings. */
+static void apply_cpu_class(const agent_options *options) {
+  if (options->sched_idle) {
+    struct sched_param none = {0};
+    sched_class = sched_setscheduler(0, SCHED_IDLE, &none) == 0 ? "idle" : "normal";
+  }
+  if (options->core_cookie) {
+    /* PR_SCHED_CORE_CREATE for this thread group; kernels without CONFIG_SCHED_CORE refuse */
+    core_cookie = prctl(62 /* PR_SCHED_CORE */, 1 /* CREATE */, 0, 1 /* PIDTYPE_TGID */, 0) == 0 ? "own" : "unsupported";
+  }
+}
+
 static void send_ready(void) {
   mp_writer w;
   mp_writer_init(&w);
-  mp_map(&w, 3);
+  mp_map(&w, 5);
   mp_str(&w, "t");
   mp_str(&w, "ready");
   mp_str(&w, "version");
   mp_uint(&w, AGENT_PROTOCOL_VERSION);
   mp_str(&w, "pid");
   mp_uint(&w, (uint64_t)getpid());
+  mp_str(&w, "sched");
+  mp_str(&w, sched_class);
+  mp_str(&w, "coreCookie");
+  mp_str(&w, core_cookie);
   channel_send(&w);
 }
 
@@ -255,9 +283,10 @@ static void take_channel(bool durable) {
   channel_init(out);
 }
 
-static _Noreturn void agent_main(bool durable) {
+static _Noreturn void agent_main(const agent_options *options) {
   prctl(PR_SET_DUMPABLE, 0);
-  take_channel(durable);
+  take_channel(options->durable);
+  apply_cpu_class(options);
   files_init();
   signal(SIGPIPE, SIG_IGN);
   sigset_t chld;
@@ -311,12 +340,19 @@ static _Noreturn void agent_main(bool durable) {
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "launch") == 0) return launch_main(argc - 1, argv + 1);
   if (argc > 1 && strcmp(argv[1], "mount-erofs") == 0) return mount_erofs_main(argc - 1, argv + 1);
-  bool durable = argc == 2 && strcmp(argv[1], "--durable") == 0;
-  if (argc > 1 && !durable) {
-    fprintf(stderr, "usage: sandgym-agent [--durable] (as a sandbox's first process)\n"
+  agent_options options = {false, false, false};
+  bool usage = false;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--durable") == 0) options.durable = true;
+    else if (strcmp(argv[i], "--sched-idle") == 0) options.sched_idle = true;
+    else if (strcmp(argv[i], "--core-cookie") == 0) options.core_cookie = true;
+    else usage = true;
+  }
+  if (usage) {
+    fprintf(stderr, "usage: sandgym-agent [--durable] [--sched-idle] [--core-cookie] (as a sandbox's first process)\n"
                     "       sandgym-agent launch ...  (host side; see launch.c)\n"
                     "       sandgym-agent mount-erofs IMAGE TARGET\n");
     return 2;
   }
-  agent_main(durable);
+  agent_main(&options);
 }

@@ -5,6 +5,7 @@ import { benchReplay } from './replay.ts';
 import { benchPlacement } from './placement.ts';
 import { benchRemoteStep } from './remote-step.ts';
 import { benchPreempt } from './preempt.ts';
+import { benchQos } from './qos.ts';
 import type { BenchOptions, BenchReport } from './report.ts';
 
 /** Every benchmark by name, in the order `sandgym bench` runs them. */
@@ -16,6 +17,7 @@ export const BENCHMARKS: Record<string, (options: BenchOptions) => Promise<Bench
   placement: benchPlacement,
   'remote-step': benchRemoteStep,
   preempt: benchPreempt,
+  qos: benchQos,
 };
 
 export type { BenchReport, BenchOptions, Metric } from './report.ts';

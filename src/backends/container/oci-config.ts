@@ -69,7 +69,12 @@ export function buildOciConfig({
     process: {
       terminal: false,
       user: { uid: 0, gid: 0 },
-      args: durable ? [AGENT_PATH_IN_SANDBOX, '--durable'] : [AGENT_PATH_IN_SANDBOX],
+      args: [
+        AGENT_PATH_IN_SANDBOX,
+        ...(durable ? ['--durable'] : []),
+        // the CPU class is set on the agent, so every command inherits it
+        ...(spec.qos === 'best_effort' ? ['--sched-idle'] : ['--core-cookie']),
+      ],
       env: Object.entries(env).map(([key, value]) => `${key}=${value}`),
       // The agent starts in /; the sandbox's workdir is where its commands start (it may not exist yet).
       cwd: '/',

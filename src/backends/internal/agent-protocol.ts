@@ -4,7 +4,15 @@ import { z } from 'zod';
 const bytes = z.instanceof(Uint8Array);
 const count = z.number().int().nonnegative();
 
-export const agentReadySchema = z.object({ t: z.literal('ready'), version: count, pid: count });
+export const agentReadySchema = z.object({
+  t: z.literal('ready'),
+  version: count,
+  pid: count,
+  /** The CPU class the agent put the sandbox in: `idle` is SCHED_IDLE (best-effort). */
+  sched: z.enum(['normal', 'idle']).default('normal'),
+  /** A core-scheduling cookie of its own (latency class), where the kernel has core scheduling. */
+  coreCookie: z.enum(['off', 'own', 'unsupported']).default('off'),
+});
 
 export const agentOutputSchema = z.object({
   t: z.literal('out'),
