@@ -1,5 +1,10 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { Backend, BackendSandbox, SandboxSpec } from '../../src/backends/index.ts';
+import {
+  collectExec,
+  type Backend,
+  type BackendSandbox,
+  type SandboxSpec,
+} from '../../src/backends/index.ts';
 import { isSandgymError, newSandboxId } from '../../src/common/index.ts';
 
 /** How a backend joins the conformance suite. */
@@ -165,6 +170,37 @@ export function describeBackendConformance(target: ConformanceTarget): void {
       // any request resumes a paused sandbox transparently
       expect((await sandbox.exec(['cat', '/tmp/state'])).stdout).toBe('before\n');
       expect(sandbox.state).toBe('running');
+    });
+
+    it("hibernates with its processes' memory intact, or says it cannot", async () => {
+      if (!opened.backend.capabilities.hibernate) {
+        await expectCode(sandbox.hibernate(), 'unsupported');
+        return;
+      }
+      // a process holds 4 MB of known content in memory, and checks it when told to
+      const holder = collectExec(
+        sandbox.execStream([
+          'sh',
+          '-c',
+          [
+            'p=$(yes sandgym-pattern | head -c 4000000)',
+            'before=$(echo "$p" | md5sum)',
+            'touch /tmp/holding',
+            'while [ ! -e /tmp/check ]; do sleep 0.05; done',
+            '[ "$(echo "$p" | md5sum)" = "$before" ] && echo intact || echo changed',
+          ].join('; '),
+        ]),
+      );
+      while ((await sandbox.exec(['test', '-e', '/tmp/holding'])).exitCode !== 0) {
+        await new Promise((resolve) => setTimeout(resolve, 50));
+      }
+      const report = await sandbox.hibernate();
+      expect(report.freedBytes).toBeGreaterThanOrEqual(0);
+      expect(sandbox.state).toBe('hibernated');
+      // any request resumes it; the process finds its memory as it left it
+      await sandbox.writeFile('/tmp/check', '');
+      expect(sandbox.state).toBe('running');
+      expect((await holder).stdout).toBe('intact\n');
     });
 
     it('measures its use', async () => {
