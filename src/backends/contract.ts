@@ -59,6 +59,14 @@ export interface SandboxSpec {
   resources: SandboxResources;
   qos: QosClass;
   labels: Record<string, string>;
+  /** When the platform reclaims it: after this long without a request, or this long after creation. */
+  lifetime?: SandboxLifetime;
+}
+
+/** How long a sandbox may live when nobody uses it, and at most. */
+export interface SandboxLifetime {
+  idleTtlMs?: number;
+  deadlineMs?: number;
 }
 
 /** What a backend can and cannot do. An operation it cannot do fails with `unsupported`. */
@@ -162,6 +170,8 @@ export interface BackendSandbox extends AsyncDisposable {
   readonly resources: Readonly<SandboxResources>;
   /** Requests of this handle in flight right now (a phase policy leaves busy sandboxes be). */
   readonly activeCalls: number;
+  /** When a request last started or ended (ms since the epoch): what an idle TTL counts from. */
+  readonly lastActiveAt: number;
   exec(argv: string[], options?: ExecOptions): Promise<ExecResult>;
   execStream(argv: string[], options?: ExecOptions): ExecStream;
   readFile(path: string, options?: ReadFileOptions): Promise<Buffer>;

@@ -21,6 +21,7 @@ export type {
   ReadFileOptions,
   SandboxRecord,
   SandboxResources,
+  SandboxLifetime,
   SandboxSpec,
   SandboxState,
   SandboxStats,

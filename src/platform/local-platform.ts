@@ -13,6 +13,7 @@ import {
 import {
   SandgymError,
   createMsgpackCodec,
+  definedFields,
   newSandboxId,
   nodeOfSandboxId,
   parseAt,
@@ -41,6 +42,9 @@ import {
   type DockerfileBuildOptions,
   type DockerfileBuildResult,
 } from './layer-build/dockerfile-build.ts';
+
+/** How often idle TTLs and deadlines are checked. */
+const LIFETIME_SWEEP_MS = 250;
 
 /** Options for {@link Platform.local}. */
 export interface LocalPlatformOptions {
@@ -89,7 +93,25 @@ export class LocalPlatform implements PlatformClient {
     /** The runs of this node: leases, phases, cleanup. */
     readonly runManager: RunManager,
     readonly nodeId = 'local',
-  ) {}
+  ) {
+    this.lifetimes = setInterval(() => void this.reclaimExpired(), LIFETIME_SWEEP_MS);
+    this.lifetimes.unref();
+  }
+
+  private readonly lifetimes: NodeJS.Timeout;
+
+  /** Reclaims sandboxes whose idle TTL or hard deadline has passed; their handles say `timeout`. */
+  private async reclaimExpired(): Promise<void> {
+    const now = Date.now();
+    for (const sandbox of this.container.liveSandboxes()) {
+      const due = sandbox.expiresAt();
+      if (due === undefined || due > now || sandbox.state === 'stopping') continue;
+      this.logger.info({ id: sandbox.id }, 'lifetime over: reclaiming sandbox');
+      await sandbox.reclaim('timeout').catch((error: unknown) => {
+        this.logger.warn({ id: sandbox.id, err: error }, 'cannot reclaim sandbox');
+      });
+    }
+  }
 
   /** Starts (or rejoins) a run of this platform's default project. */
   async startRun(options: RunOptions): Promise<Run> {
@@ -165,6 +187,7 @@ export class LocalPlatform implements PlatformClient {
         resources: resolved.resources,
         qos: resolved.qos,
         labels,
+        ...(resolved.lifetime ? { lifetime: definedFields(resolved.lifetime) } : {}),
       },
       options,
     );
@@ -266,6 +289,7 @@ export class LocalPlatform implements PlatformClient {
     if (this.isClosed) return;
     this.isClosed = true;
     try {
+      clearInterval(this.lifetimes);
       this.runManager.close();
       await this.container.close();
     } finally {

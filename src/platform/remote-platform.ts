@@ -231,6 +231,7 @@ class RemoteSandbox implements BackendSandbox {
   readonly labels: Readonly<Record<string, string>>;
   readonly resources: Readonly<SandboxResources>;
   private calls = 0;
+  private active = Date.now();
   private currentState: SandboxState;
   private currentFailure: FailureReason | undefined;
   private closed = false;
@@ -274,10 +275,16 @@ class RemoteSandbox implements BackendSandbox {
     return this.calls;
   }
 
+  /** As this client saw it; the node reclaims idle sandboxes by its own count. */
+  get lastActiveAt(): number {
+    return this.calls > 0 ? Date.now() : this.active;
+  }
+
   /** Runs a call, and records a lost node as this sandbox's failure. */
   private async guard<T>(call: () => Promise<T>): Promise<T> {
     this.checkOpen();
     this.calls++;
+    this.active = Date.now();
     try {
       return await call();
     } catch (error) {
@@ -288,6 +295,7 @@ class RemoteSandbox implements BackendSandbox {
       throw error;
     } finally {
       this.calls--;
+      this.active = Date.now();
     }
   }
 

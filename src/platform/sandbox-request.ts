@@ -46,6 +46,13 @@ export const sandboxRequestSchema = z.strictObject({
     .array(z.string().regex(/^sha256:[0-9a-f]{64}$/, 'extraLayers are layer digests, sha256:<64 hex>'))
     .max(64)
     .optional(),
+  /** When the platform reclaims it: after `idleTtlMs` without a request, `deadlineMs` after creation. */
+  lifetime: z
+    .strictObject({
+      idleTtlMs: z.number().int().positive().optional(),
+      deadlineMs: z.number().int().positive().optional(),
+    })
+    .optional(),
   /** The run (see startRun) that owns the sandbox: its lease and phases govern it. */
   run: z.string().optional(),
 });

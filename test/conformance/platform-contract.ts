@@ -253,6 +253,40 @@ export function describePlatformContract(target: PlatformTarget): void {
       }
     });
 
+    it('reclaims a sandbox left idle past its TTL, and a busy one at its hard deadline', async () => {
+      const live = async (id: string): Promise<boolean> =>
+        (await opened.platform.listSandboxes()).some((r) => r.id === id);
+      const idle = await opened.platform.createSandbox({
+        environment: 'busybox:latest',
+        resources: { memoryMib: 64 },
+        lifetime: { idleTtlMs: 500 },
+      });
+      const busy = await opened.platform.createSandbox({
+        environment: 'busybox:latest',
+        resources: { memoryMib: 64 },
+        lifetime: { deadlineMs: 2_000 },
+      });
+      try {
+        await waitFor(async () => !(await live(idle.id)));
+        // kept busy, it still goes at its deadline
+        let steps = 0;
+        while (await live(busy.id)) {
+          await busy.exec(['true']).catch(() => undefined);
+          if (++steps > 400) throw new Error('the deadline never came');
+          await new Promise((resolve) => setTimeout(resolve, 100));
+        }
+        // the handle now fails: the sandbox is stopped (timeout), or already forgotten by its node
+        const after: unknown = await busy.exec(['true']).then(
+          () => undefined,
+          (error: unknown) => error,
+        );
+        expect(isSandgymError(after, 'failed_precondition', 'not_found'), String(after)).toBe(true);
+      } finally {
+        await idle.close().catch(() => undefined);
+        await busy.close().catch(() => undefined);
+      }
+    });
+
     it('destroys its sandboxes on close', async () => {
       const second = await target.open();
       const platform = second.platform;

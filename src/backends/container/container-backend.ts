@@ -9,6 +9,7 @@ import {
   SandgymError,
   createMsgpackCodec,
   messageOf,
+  definedFields,
   settleAll,
   silentLogger,
   type Codec,
@@ -390,13 +391,11 @@ export class ContainerBackend implements Backend {
     state: ContainerState,
     recorded: NonNullable<ContainerState['spec']>,
   ): Promise<ContainerSandbox> {
+    const { lifetime, ...rest } = recorded;
     const spec: SandboxSpec = {
-      ...recorded,
-      layers: recorded.layers.map(({ digest, path, sizeBytes }) => ({
-        digest,
-        path,
-        ...(sizeBytes === undefined ? {} : { sizeBytes }),
-      })),
+      ...rest,
+      layers: recorded.layers.map((layer) => definedFields(layer) as LayerImage),
+      ...(lifetime ? { lifetime: definedFields(lifetime) } : {}),
     };
     const paths = this.pathsOf(state.id);
     const cgroup = new SandboxCgroup(this.layout, this.scope, state.id);
@@ -426,6 +425,7 @@ export class ContainerBackend implements Backend {
       cgroup,
       upperDir: join(paths.dir, 'upper'),
       destroy: (s) => this.destroy(s),
+      createdAt: Date.parse(state.createdAt),
     });
     this.live.add(sandbox);
     if (wasFrozen) await sandbox.pause();

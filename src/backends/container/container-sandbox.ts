@@ -46,6 +46,8 @@ export interface ContainerSandboxParts {
   upperDir: string;
   /** Tears the sandbox down; called once, by close(). */
   destroy(sandbox: ContainerSandbox): Promise<void>;
+  /** When it was created (ms since the epoch); now, unless it is being adopted. */
+  createdAt?: number;
 }
 
 /** One live container: a handle over its agent channel and its cgroups. */
@@ -55,11 +57,14 @@ export class ContainerSandbox implements BackendSandbox {
   private currentState: SandboxState = 'running';
   private failureReason: FailureReason | undefined;
   private seenOomKills = 0;
+  private active = Date.now();
+  readonly createdAt: number;
   private closing: Promise<void> | undefined;
   private readonly exited: Promise<void>;
 
   constructor(private readonly parts: ContainerSandboxParts) {
     this.id = parts.spec.id;
+    this.createdAt = parts.createdAt ?? Date.now();
     this.exited = parts.exited;
     void this.exited.then(() => this.onLauncherExit());
   }
@@ -85,6 +90,26 @@ export class ContainerSandbox implements BackendSandbox {
     return this.parts.spec.labels;
   }
 
+  get lastActiveAt(): number {
+    return this.activeCalls > 0 ? Date.now() : this.active;
+  }
+
+  /** When its lifetime (idle TTL, hard deadline) says it must go, or undefined. */
+  expiresAt(): number | undefined {
+    const { idleTtlMs, deadlineMs } = this.parts.spec.lifetime ?? {};
+    const limits = [
+      ...(deadlineMs === undefined ? [] : [this.createdAt + deadlineMs]),
+      ...(idleTtlMs === undefined || this.activeCalls > 0 ? [] : [this.lastActiveAt + idleTtlMs]),
+    ];
+    return limits.length ? Math.min(...limits) : undefined;
+  }
+
+  /** Ends the sandbox for a platform reason (its lifetime ran out), which its handle then reports. */
+  async reclaim(reason: FailureReason): Promise<void> {
+    this.failureReason = reason;
+    await this.close();
+  }
+
   get activeCalls(): number {
     return this.parts.channel.pendingCount;
   }
@@ -103,6 +128,7 @@ export class ContainerSandbox implements BackendSandbox {
   /** Makes the sandbox ready for a request: a paused sandbox resumes transparently. */
   private async ready(what: string, signal: AbortSignal | undefined): Promise<void> {
     throwIfAborted(signal, what);
+    this.active = Date.now();
     if (this.currentState === 'paused' || this.currentState === 'hibernated') await this.resume();
     if (this.currentState !== 'running') {
       const why = this.failureReason ? ` (${this.failureReason})` : '';

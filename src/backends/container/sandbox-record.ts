@@ -30,6 +30,7 @@ export const containerStateSchema = z.object({
       }),
       qos: z.enum(['latency', 'best_effort']),
       labels: z.record(z.string(), z.string()),
+      lifetime: z.object({ idleTtlMs: z.number().optional(), deadlineMs: z.number().optional() }).optional(),
     })
     .optional(),
 });
