@@ -4,6 +4,7 @@ import type { BackendSandbox, ExecOptions, LoadMode } from '../backends/index.ts
 import type { LocalPlatform } from './local-platform.ts';
 import type { SandboxRequest } from './sandbox-request.ts';
 import { PROJECT_LABEL } from './runs.ts';
+import { MemoryAdmission } from './memory-admission.ts';
 import { sandboxRequestSchema } from './sandbox-request.ts';
 import {
   NODE,
@@ -26,8 +27,12 @@ export interface NodeAgentOptions {
   token: string;
   /** Most sandboxes this node runs at once. */
   maxSandboxes?: number;
-  /** Memory the node may promise to sandboxes, in MiB (requested sizes are summed). */
+  /** Memory the node gives sandboxes, in MiB. Default: the host's. */
   memoryCapacityMib?: number;
+  /** How far measured use plus headroom may exceed the capacity. Default 1.5. */
+  overcommit?: number;
+  /** Host memory that must stay free, in MiB. Default 256. */
+  freeFloorMib?: number;
   logger: Logger;
   loadMode?: LoadMode;
 }
@@ -35,8 +40,10 @@ export interface NodeAgentOptions {
 interface Owned {
   sandbox: BackendSandbox;
   project: string;
-  memoryMib: number;
 }
+
+/** How often the node measures its sandboxes' memory for admission. */
+const MEASURE_EVERY_MS = 1_000;
 
 /**
  * The node agent: serves this host's sandboxes over gRPC. It owns their handles, trajectory logs
@@ -45,42 +52,54 @@ interface Owned {
  */
 export class NodeAgent {
   private readonly owned = new Map<string, Owned>();
-  private committedMib = 0;
   /** Admitted creates still starting. */
   private pending = 0;
+  private creates = 0;
   private closed = false;
+  private readonly measuring: NodeJS.Timeout;
 
   private constructor(
     readonly nodeId: string,
     private readonly platform: LocalPlatform,
     private readonly maxSandboxes: number,
-    private readonly memoryCapacityMib: number,
+    private readonly memory: MemoryAdmission,
     private server: WireServer | undefined,
     private readonly logger: Logger,
-  ) {}
+  ) {
+    this.measuring = setInterval(() => void this.measure(), MEASURE_EVERY_MS);
+    this.measuring.unref();
+  }
+
+  /** Refreshes what each sandbox uses, for admission by measured use. */
+  private async measure(): Promise<void> {
+    for (const [id, { sandbox }] of this.owned) {
+      const stats = await sandbox.stats().catch(() => undefined);
+      if (stats) this.memory.measured(id, stats.memoryBytes / 1024 / 1024);
+    }
+  }
 
   /**
    * Starts serving. Sandboxes a crashed predecessor left running on the same data dir are adopted
    * first (with their trajectory logs, which live on disk), and true orphans are destroyed.
    */
   static async start(platform: LocalPlatform, options: NodeAgentOptions): Promise<NodeAgent> {
-    const memoryCapacityMib = options.memoryCapacityMib ?? Math.floor(totalmem() / 1024 / 1024);
+    const memory = new MemoryAdmission({
+      capacityMib: options.memoryCapacityMib ?? Math.floor(totalmem() / 1024 / 1024),
+      overcommit: options.overcommit ?? 1.5,
+      freeFloorMib: options.freeFloorMib ?? 256,
+      headroom: 0.25,
+    });
     const agent = new NodeAgent(
       platform.nodeId,
       platform,
       options.maxSandboxes ?? 256,
-      memoryCapacityMib,
+      memory,
       undefined,
       options.logger.child({ component: 'node-agent', node: platform.nodeId }),
     );
     for (const sandbox of await platform.adoptSandboxes()) {
-      const memoryMib = sandbox.resources.memoryMib;
-      agent.owned.set(sandbox.id, {
-        sandbox,
-        project: sandbox.labels[PROJECT_LABEL] ?? 'default',
-        memoryMib,
-      });
-      agent.committedMib += memoryMib;
+      agent.owned.set(sandbox.id, { sandbox, project: sandbox.labels[PROJECT_LABEL] ?? 'default' });
+      memory.admit(sandbox.id, sandbox.resources.memoryMib);
     }
     const reaped = await platform.gc();
     if (agent.owned.size || reaped.sandboxes.length) {
@@ -123,8 +142,8 @@ export class NodeAgent {
       healthy: !this.closed,
       sandboxes: this.owned.size,
       capacity: this.maxSandboxes,
-      memoryCommittedMib: this.committedMib,
-      memoryCapacityMib: this.memoryCapacityMib,
+      memoryCommittedMib: this.memory.chargedMib,
+      memoryCapacityMib: Math.floor(this.memory.policy.capacityMib * this.memory.policy.overcommit),
       projects,
     };
   }
@@ -221,36 +240,27 @@ export class NodeAgent {
     const resolved = sandboxRequestSchema.parse(request);
     const memoryMib = resolved.resources.memoryMib;
     this.prune();
-    if (memoryMib > this.memoryCapacityMib) {
-      // not retryable: no amount of waiting makes this node big enough
+    if (this.owned.size + this.pending >= this.maxSandboxes) {
       throw new SandgymError(
         'admission_rejected',
-        `A sandbox of ${memoryMib} MiB can never fit node ${this.nodeId} (${this.memoryCapacityMib} MiB); ask for less memory`,
-      );
-    }
-    if (
-      this.owned.size + this.pending >= this.maxSandboxes ||
-      this.committedMib + memoryMib > this.memoryCapacityMib
-    ) {
-      throw new SandgymError(
-        'admission_rejected',
-        `Node ${this.nodeId} is full (${this.owned.size}/${this.maxSandboxes} sandboxes, ${this.committedMib}/${this.memoryCapacityMib} MiB promised)`,
+        `Node ${this.nodeId} is full (${this.owned.size} of ${this.maxSandboxes} sandboxes)`,
         { retryable: true },
       );
     }
-    // reserve before the slow part, so concurrent creates cannot all pass the check
-    this.committedMib += memoryMib;
+    this.memory.check(this.nodeId, memoryMib);
+    // charge before the slow part, so concurrent creates cannot all pass the check
+    const pendingKey = `pending-${++this.creates}`;
+    this.memory.admit(pendingKey, memoryMib);
     this.pending++;
     try {
       const sandbox = await this.platform.createSandboxFor(call.principal.project, request, {
         signal: call.signal,
       });
-      this.owned.set(sandbox.id, { sandbox, project: call.principal.project, memoryMib });
+      this.owned.set(sandbox.id, { sandbox, project: call.principal.project });
+      this.memory.admit(sandbox.id, memoryMib);
       return sandbox;
-    } catch (error) {
-      this.committedMib -= memoryMib;
-      throw error;
     } finally {
+      this.memory.release(pendingKey);
       this.pending--;
     }
   }
@@ -291,16 +301,16 @@ export class NodeAgent {
     const found = this.owned.get(id);
     if (!found) return;
     this.owned.delete(id);
-    this.committedMib -= found.memoryMib;
+    this.memory.release(id);
   }
 
   /** Stops serving and destroys every sandbox it runs. */
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
+    clearInterval(this.measuring);
     await this.server?.close();
     this.owned.clear();
-    this.committedMib = 0;
     await this.platform.close();
   }
 }

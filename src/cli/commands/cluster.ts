@@ -80,6 +80,8 @@ export async function nodeCommand(args: string[]): Promise<number> {
     'node-token-file': { type: 'string' },
     'max-sandboxes': { type: 'string' },
     'memory-mib': { type: 'string' },
+    overcommit: { type: 'string' },
+    'free-floor-mib': { type: 'string' },
   });
   const listen = text(parsed, 'listen');
   if (!listen) throw new UsageError('sandgym node: give --listen HOST:PORT (port 0 picks a free one)');
@@ -87,6 +89,14 @@ export async function nodeCommand(args: string[]): Promise<number> {
   const nodeId = text(parsed, 'node-id') ?? defaultNodeId();
   const maxSandboxes = positiveInt('max-sandboxes', text(parsed, 'max-sandboxes'));
   const memoryCapacityMib = positiveInt('memory-mib', text(parsed, 'memory-mib'));
+  const freeFloorMib = positiveInt('free-floor-mib', text(parsed, 'free-floor-mib'));
+  const overcommitText = text(parsed, 'overcommit');
+  const overcommit = overcommitText === undefined ? undefined : Number(overcommitText);
+  if (overcommit !== undefined && !(overcommit >= 1 && overcommit <= 100)) {
+    throw new UsageError(
+      `sandgym node: --overcommit must be a number from 1 to 100, got "${overcommitText}"`,
+    );
+  }
   const logger = consoleLogger();
   const storeDir = text(parsed, 'store');
   const platform = await Platform.local({
@@ -102,6 +112,8 @@ export async function nodeCommand(args: string[]): Promise<number> {
     logger,
     ...(maxSandboxes ? { maxSandboxes } : {}),
     ...(memoryCapacityMib ? { memoryCapacityMib } : {}),
+    ...(overcommit ? { overcommit } : {}),
+    ...(freeFloorMib ? { freeFloorMib } : {}),
   }).catch(async (error: unknown) => {
     await platform.close();
     throw error;
