@@ -28,6 +28,7 @@ export type {
   WriteFileOptions,
 } from './contract.ts';
 export { collectExec } from './collect-exec.ts';
+export { callOptionsOf } from './call-options.ts';
 export { buildErofsImage } from './host/erofs.ts';
 export type { ErofsBuildOptions } from './host/erofs.ts';
 export { buildBusyboxRootfs, buildDebianRootfs } from './host/base-rootfs.ts';
@@ -38,3 +39,4 @@ export type { HostReport } from './host/host-setup.ts';
 export { agentBinaryPath, hostProgram, packageRoot } from './host/paths.ts';
 export { detectCgroupLayout } from './host/cgroups.ts';
 export { sha256OfFile } from './host/layer-verify.ts';
+export { hostAvailableMib } from './host/memory.ts';

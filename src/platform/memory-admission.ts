@@ -1,4 +1,4 @@
-import { readFileSync } from 'node:fs';
+import { hostAvailableMib } from '../backends/index.ts';
 import { SandgymError } from '../common/index.ts';
 
 /** How a node promises memory. */
@@ -11,14 +11,6 @@ export interface MemoryPolicy {
   freeFloorMib: number;
   /** Room above its measured use that each sandbox is charged, as a fraction of what it asked for. */
   headroom: number;
-}
-
-/** MemAvailable of the host, in MiB. */
-export function hostAvailableMib(): number {
-  const line = readFileSync('/proc/meminfo', 'utf8')
-    .split('\n')
-    .find((l) => l.startsWith('MemAvailable:'));
-  return Math.floor(Number(line?.split(/\s+/)[1] ?? 0) / 1024);
 }
 
 interface Charge {

@@ -321,8 +321,7 @@ function execArguments(
   call: CallContext,
 ): { sandboxId: string; argv: string[]; options: ExecOptions } {
   const { sandboxId, argv, ...rest } = request;
-  const options = Object.fromEntries(Object.entries(rest).filter(([, value]) => value !== undefined));
-  return { sandboxId, argv, options: { ...options, signal: call.signal } };
+  return { sandboxId, argv, options: { ...definedFields(rest), signal: call.signal } };
 }
 
 function info(sandbox: BackendSandbox): SandboxInfo {

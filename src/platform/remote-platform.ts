@@ -7,6 +7,7 @@ import {
   settleAll,
   type FailureReason,
 } from '../common/index.ts';
+import { callOptionsOf } from '../backends/index.ts';
 import type {
   BackendName,
   BackendSandbox,
@@ -79,13 +80,6 @@ export function parseGrpcUrl(url: string): string {
   return addresses[0] as string;
 }
 
-function callOptions(options: CallOptions): CallOptions {
-  return {
-    ...(options.signal ? { signal: options.signal } : {}),
-    ...(options.timeoutMs === undefined ? {} : { timeoutMs: options.timeoutMs }),
-  };
-}
-
 /**
  * The cluster client: the same {@link PlatformClient} as the embedded platform, over gRPC to a
  * controller (or straight to one node agent). Sandboxes it creates are destroyed by close().
@@ -128,40 +122,40 @@ export class RemotePlatform implements PlatformClient {
     if (this.isClosed) throw new SandgymError('failed_precondition', 'The platform client is closed');
     // validate here too, so a bad request fails the same way as on the embedded platform
     const resolved = parseAt(sandboxRequestSchema, request, 'sandbox request');
-    const info = await this.client.call('Create', { request: resolved }, callOptions(options));
+    const info = await this.client.call('Create', { request: resolved }, callOptionsOf(options));
     const sandbox = new RemoteSandbox(this.client, info, (id) => this.mine.delete(id));
     this.mine.set(sandbox.id, sandbox);
     return sandbox;
   }
 
   async attachSandbox(sandboxId: string, options: CallOptions = {}): Promise<Sandbox> {
-    const info = await this.client.call('Describe', { sandboxId }, callOptions(options));
+    const info = await this.client.call('Describe', { sandboxId }, callOptionsOf(options));
     return new RemoteSandbox(this.client, info, () => undefined);
   }
 
   async listSandboxes(options: CallOptions = {}): Promise<SandboxRecord[]> {
-    return (await this.client.call('List', {}, callOptions(options))).sandboxes;
+    return (await this.client.call('List', {}, callOptionsOf(options))).sandboxes;
   }
 
   async killSandbox(id: string, options: CallOptions = {}): Promise<void> {
-    await this.client.call('Destroy', { sandboxId: id }, callOptions(options));
+    await this.client.call('Destroy', { sandboxId: id }, callOptionsOf(options));
     this.mine.get(id)?.markStopped();
   }
 
   gc(options: CallOptions = {}): Promise<GcReport> {
-    return this.client.call('Gc', {}, callOptions(options));
+    return this.client.call('Gc', {}, callOptionsOf(options));
   }
 
   layerGc(options: LayerGcOptions = {}): Promise<LayerGcReport> {
     return this.client.call(
       'LayerGc',
       options.minAgeMs === undefined ? {} : { minAgeMs: options.minAgeMs },
-      callOptions(options),
+      callOptionsOf(options),
     );
   }
 
   async listEnvironments(options: CallOptions = {}): Promise<Environment[]> {
-    return (await this.client.call('ListEnvironments', {}, callOptions(options))).environments;
+    return (await this.client.call('ListEnvironments', {}, callOptionsOf(options))).environments;
   }
 
   async packDiff(sandbox: Sandbox | string, options: PackDiffOptions): Promise<PackDiffResult> {
@@ -171,17 +165,17 @@ export class RemotePlatform implements PlatformClient {
     const { layer, environment, present } = await this.client.call(
       'PackDiff',
       { sandboxId: typeof sandbox === 'string' ? sandbox : sandbox.id, ...definedFields(fields) },
-      callOptions(options),
+      callOptionsOf(options),
     );
     return environment ? { layer, environment, present } : { layer, present };
   }
 
   getEnvironment(ref: string, options: CallOptions = {}): Promise<Environment> {
-    return this.client.call('GetEnvironment', { ref }, callOptions(options));
+    return this.client.call('GetEnvironment', { ref }, callOptionsOf(options));
   }
 
   stepLog(sandboxId: string, options: CallOptions = {}): Promise<StepLog> {
-    const call = callOptions(options);
+    const call = callOptionsOf(options);
     const client = this.client;
     return Promise.resolve({
       lookup: (request: StepRequest): Promise<StepLookup> =>
@@ -196,7 +190,7 @@ export class RemotePlatform implements PlatformClient {
 
   async startRun(options: RunOptions, call: CallOptions = {}): Promise<Run> {
     const valid = parseAt(runOptionsSchema, options, 'run options');
-    await this.runs.call('StartRun', valid, callOptions(call));
+    await this.runs.call('StartRun', valid, callOptionsOf(call));
     return remoteRun(this.runs, valid.name);
   }
 
@@ -262,13 +256,15 @@ class RemoteSandbox implements BackendSandbox {
     return this.currentFailure;
   }
 
+  private stoppedError(): SandgymError {
+    return new SandgymError(
+      'failed_precondition',
+      `Sandbox ${this.id} is ${this.currentState}: it was closed`,
+    );
+  }
+
   private checkOpen(): void {
-    if (this.closed) {
-      throw new SandgymError(
-        'failed_precondition',
-        `Sandbox ${this.id} is ${this.currentState}: it was closed`,
-      );
-    }
+    if (this.closed) throw this.stoppedError();
   }
 
   get activeCalls(): number {
@@ -316,7 +312,7 @@ class RemoteSandbox implements BackendSandbox {
     return {
       sandboxId: this.id,
       argv,
-      ...Object.fromEntries(Object.entries(rest).filter(([, value]) => value !== undefined)),
+      ...definedFields(rest),
       ...(stdin === undefined ? {} : { stdin: typeof stdin === 'string' ? Buffer.from(stdin) : stdin }),
     };
   }
@@ -324,8 +320,10 @@ class RemoteSandbox implements BackendSandbox {
   execStream(argv: string[], options: ExecOptions = {}): ExecStream {
     const output = new AsyncQueue<ExecChunk>();
     if (this.closed) {
-      const failed = this.guard(() => Promise.reject(new Error('unreachable')));
-      failed.catch((error: unknown) => output.end(error));
+      const error = this.stoppedError();
+      output.end(error);
+      const failed = Promise.reject(error);
+      failed.catch(() => undefined); // the caller may read only the output; the error reaches it there
       return { output, result: failed };
     }
     const { signal, timeoutMs } = options;
@@ -356,7 +354,7 @@ class RemoteSandbox implements BackendSandbox {
           path,
           ...(options.maxBytes === undefined ? {} : { maxBytes: options.maxBytes }),
         },
-        callOptions(options),
+        callOptionsOf(options),
       ),
     );
     return Buffer.from(data);
@@ -372,30 +370,32 @@ class RemoteSandbox implements BackendSandbox {
           data: typeof data === 'string' ? Buffer.from(data) : data,
           ...(options.mode === undefined ? {} : { mode: options.mode }),
         },
-        callOptions(options),
+        callOptionsOf(options),
       ),
     );
   }
 
   async listDir(path: string, options: CallOptions = {}): Promise<DirEntry[]> {
     return (
-      await this.guard(() => this.client.call('ListDir', { sandboxId: this.id, path }, callOptions(options)))
+      await this.guard(() =>
+        this.client.call('ListDir', { sandboxId: this.id, path }, callOptionsOf(options)),
+      )
     ).entries;
   }
 
   async pause(options: CallOptions = {}): Promise<void> {
-    await this.guard(() => this.client.call('Pause', { sandboxId: this.id }, callOptions(options)));
+    await this.guard(() => this.client.call('Pause', { sandboxId: this.id }, callOptionsOf(options)));
     this.currentState = 'paused';
   }
 
   async resume(options: CallOptions = {}): Promise<void> {
-    await this.guard(() => this.client.call('Resume', { sandboxId: this.id }, callOptions(options)));
+    await this.guard(() => this.client.call('Resume', { sandboxId: this.id }, callOptionsOf(options)));
     this.currentState = 'running';
   }
 
   async hibernate(options: CallOptions = {}): Promise<HibernateReport> {
     const report = await this.guard(() =>
-      this.client.call('Hibernate', { sandboxId: this.id }, callOptions(options)),
+      this.client.call('Hibernate', { sandboxId: this.id }, callOptionsOf(options)),
     );
     this.currentState = 'hibernated';
     return report;
@@ -403,7 +403,7 @@ class RemoteSandbox implements BackendSandbox {
 
   async stats(options: CallOptions = {}): Promise<SandboxStats> {
     const stats = await this.guard(() =>
-      this.client.call('Stats', { sandboxId: this.id }, callOptions(options)),
+      this.client.call('Stats', { sandboxId: this.id }, callOptionsOf(options)),
     );
     this.currentState = stats.state;
     return stats;

@@ -1,5 +1,11 @@
 import { silentLogger } from '../../src/common/index.ts';
-import { Controller, NodeAgent, Platform } from '../../src/platform/index.ts';
+import {
+  Controller,
+  NodeAgent,
+  Platform,
+  type ConnectOptions,
+  type PlatformClient,
+} from '../../src/platform/index.ts';
 import { describePlatformContract } from '../conformance/platform-contract.ts';
 import { createTestPlatform } from '../support/platform.ts';
 
@@ -37,28 +43,39 @@ async function startNode(name: string): Promise<{ node: NodeAgent; stop: () => P
   };
 }
 
+/** A client and another project's client at `url`; disposing them also runs `teardown`. */
+async function remoteClients(
+  url: string,
+  mine: ConnectOptions,
+  theirs: ConnectOptions,
+  teardown: () => Promise<void>,
+): Promise<{ platform: PlatformClient; otherProject: PlatformClient; dispose(): Promise<void> }> {
+  const platform = await Platform.connect(url, mine);
+  const otherProject = await Platform.connect(url, theirs);
+  return {
+    platform,
+    otherProject,
+    async dispose() {
+      try {
+        await platform.close();
+        await otherProject.close();
+      } finally {
+        await teardown();
+      }
+    },
+  };
+}
+
 describePlatformContract({
   name: 'remote, straight to a node agent',
   async open() {
     const { node, stop } = await startNode('contract-node');
-    const url = `grpc://127.0.0.1:${node.port}`;
-    const platform = await Platform.connect(url, { token: NODE_TOKEN });
-    const otherProject = await Platform.connect(url, {
-      token: NODE_TOKEN,
-      metadata: { 'sandgym-project': 'other' },
-    });
-    return {
-      platform,
-      otherProject,
-      async dispose() {
-        try {
-          await platform.close();
-          await otherProject.close();
-        } finally {
-          await stop();
-        }
-      },
-    };
+    return remoteClients(
+      `grpc://127.0.0.1:${node.port}`,
+      { token: NODE_TOKEN },
+      { token: NODE_TOKEN, metadata: { 'sandgym-project': 'other' } },
+      stop,
+    );
   },
 });
 
@@ -74,21 +91,17 @@ describePlatformContract({
       logger: silentLogger(),
       pollMs: 200,
     });
-    const url = `grpc://127.0.0.1:${controller.port}`;
-    const platform = await Platform.connect(url, { token: 'token-a' });
-    const otherProject = await Platform.connect(url, { token: 'token-b' });
-    return {
-      platform,
-      otherProject,
-      async dispose() {
+    return remoteClients(
+      `grpc://127.0.0.1:${controller.port}`,
+      { token: 'token-a' },
+      { token: 'token-b' },
+      async () => {
         try {
-          await platform.close();
-          await otherProject.close();
           await controller.close();
         } finally {
           await stop();
         }
       },
-    };
+    );
   },
 });

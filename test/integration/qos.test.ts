@@ -26,28 +26,23 @@ describe('CPU QoS classes', () => {
     await env?.[Symbol.asyncDispose]();
   });
 
-  it('runs best-effort sandboxes as SCHED_IDLE at the lowest CPU weight, for good', async () => {
-    await using sandbox = await env.platform.createSandbox({
-      environment: 'debian:bookworm',
-      qos: 'best_effort',
-    });
-    const probe = await sandbox.exec(['python3', '-c', PROBE]);
-    expect(probe.stdout.trim()).toBe('idle kept');
-    expect(cgroupValue(sandbox.id, 'cpu.shares')).toBe('2');
-  });
-
-  it('runs latency-sensitive sandboxes in the normal class at full weight', async () => {
-    await using sandbox = await env.platform.createSandbox({
-      environment: 'debian:bookworm',
-      qos: 'latency',
-    });
-    const probe = await sandbox.exec(['python3', '-c', PROBE]);
-    expect(probe.stdout.trim()).toBe('other kept');
-    expect(cgroupValue(sandbox.id, 'cpu.shares')).toBe('1024');
-  });
+  it.each([
+    // best-effort: SCHED_IDLE, which a sandbox cannot leave, at the lowest CPU weight
+    { qos: 'best_effort' as const, expected: 'idle kept', shares: '2' },
+    // latency-sensitive: the normal class at full weight
+    { qos: 'latency' as const, expected: 'other kept', shares: '1024' },
+  ])(
+    'runs $qos sandboxes in their CPU class ($expected, cpu.shares $shares)',
+    async ({ qos, expected, shares }) => {
+      await using sandbox = await env.platform.createSandbox({ environment: 'debian:bookworm', qos });
+      const probe = await sandbox.exec(['python3', '-c', PROBE]);
+      expect(probe.stdout.trim()).toBe(expected);
+      expect(cgroupValue(sandbox.id, 'cpu.shares')).toBe(shares);
+    },
+  );
 });
 
-/** A cgroup v1 cpu file of a sandbox, or its v2 equivalent. */
+/** A cgroup file of a sandbox, from whichever hierarchy has it (cpu.shares: cgroup v1, as on these hosts). */
 function cgroupValue(sandboxId: string, file: string): string {
   const dirs = execFileSync('find', ['/sys/fs/cgroup', '-maxdepth', '6', '-type', 'd', '-name', sandboxId], {
     encoding: 'utf8',

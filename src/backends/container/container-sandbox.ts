@@ -21,6 +21,7 @@ import type { SandboxCgroup } from '../host/cgroups.ts';
 import type { AgentChannel } from '../internal/agent-channel.ts';
 import type { AgentExit } from '../internal/agent-protocol.ts';
 import { AsyncQueue } from '../../common/index.ts';
+import { callOptionsOf } from '../call-options.ts';
 import { collectExec } from '../collect-exec.ts';
 import { deniedEgressOf } from '../host/egress.ts';
 import { checkArgv, checkSandboxPath, throwIfAborted } from '../internal/checks.ts';
@@ -29,11 +30,6 @@ import { resolveUser, type ResolvedUser } from '../internal/users.ts';
 const SIGNAL_NAMES = new Map<number, string>(
   Object.entries(constants.signals).map(([name, number]) => [number, name]),
 );
-
-/** Just the cancellation part of an options bag, without undefined fields. */
-function callOptions({ signal, timeoutMs }: CallOptions): CallOptions {
-  return { ...(signal ? { signal } : {}), ...(timeoutMs === undefined ? {} : { timeoutMs }) };
-}
 
 /** What a container sandbox needs from its backend. */
 export interface ContainerSandboxParts {
@@ -242,14 +238,14 @@ export class ContainerSandbox implements BackendSandbox {
     const bytes = typeof data === 'string' ? Buffer.from(data) : data;
     await this.parts.channel.call(
       { op: 'write', path, data: bytes, mode: options.mode ?? 0o644 },
-      callOptions(options),
+      callOptionsOf(options),
     );
   }
 
   async listDir(path: string, options: CallOptions = {}): Promise<DirEntry[]> {
     checkSandboxPath(path);
     await this.ready('list a directory', options.signal);
-    const reply = await this.parts.channel.call({ op: 'list', path }, callOptions(options));
+    const reply = await this.parts.channel.call({ op: 'list', path }, callOptionsOf(options));
     return (reply.entries ?? []).sort((a, b) => a.name.localeCompare(b.name));
   }
 

@@ -16,6 +16,7 @@ const REQUIRED_PROGRAMS: Record<string, string> = {
   setfattr: 'attr',
   tar: 'tar',
   git: 'git',
+  mkfifo: 'coreutils',
 };
 
 /** What only the benchmarks need: baseline timing, and the shaped network store of `layers`. */

@@ -1,5 +1,11 @@
 import type { Readable, Writable } from 'node:stream';
-import { SandgymError, parseAt, type Codec, type SandgymErrorCode } from '../../common/index.ts';
+import {
+  SandgymError,
+  definedFields,
+  parseAt,
+  type Codec,
+  type SandgymErrorCode,
+} from '../../common/index.ts';
 import type { CallOptions } from '../contract.ts';
 import {
   MAX_FRAME_BYTES,
@@ -34,9 +40,6 @@ const AGENT_ERROR_CODES: Record<string, SandgymErrorCode> = {
 };
 
 /** Drops undefined fields: msgpack has no such type, and encoders disagree on how to send it. */
-function withoutUndefined(request: Record<string, unknown>): Record<string, unknown> {
-  return Object.fromEntries(Object.entries(request).filter(([, value]) => value !== undefined));
-}
 
 /** A request the host sends; the agent reads the fields its op needs. */
 export type AgentRequest = Record<string, unknown> & { op: string };
@@ -165,7 +168,7 @@ export class AgentChannel {
     if (closed) return { id, reply: Promise.reject(closed) };
     const reply = new Promise<AgentOk | AgentExit>((resolve, reject) => {
       this.pending.set(id, onOutput ? { resolve, reject, onOutput } : { resolve, reject });
-      this.input.write(frame(this.codec.encode(withoutUndefined({ ...request, id }))));
+      this.input.write(frame(this.codec.encode(definedFields({ ...request, id }))));
     });
     return { id, reply };
   }

@@ -62,28 +62,20 @@ export class WireClient<S extends ServiceDef> {
     request: unknown,
     options: WireCallOptions = {},
   ): Promise<ResponseOf<S['methods'][K]>> {
-    const method = this.method(name);
-    const path = methodPath(this.service, name);
+    const out = this.outgoing<K>(name, request, options);
     return new Promise((resolve, reject) => {
       const call = this.client.makeUnaryRequest(
-        path,
+        out.path,
         identity,
         identity,
-        encodeMessage(request),
-        this.metadata(options.metadata),
-        this.grpcOptions(options),
+        out.body,
+        out.metadata,
+        out.grpc,
         (error: ServiceError | null, response?: Buffer) => {
           cancel.release();
           if (error) return reject(this.failure(error));
           try {
-            resolve(
-              decodeMessage(
-                method.response,
-                response ?? Buffer.alloc(0),
-                TRANSPORT_MAX_BYTES,
-                `response of ${path}`,
-              ) as ResponseOf<S['methods'][K]>,
-            );
+            resolve(out.decode(response ?? Buffer.alloc(0)));
           } catch (decodeError) {
             reject(asPlatformError(decodeError));
           }
@@ -99,23 +91,18 @@ export class WireClient<S extends ServiceDef> {
     request: unknown,
     options: WireCallOptions = {},
   ): AsyncGenerator<ResponseOf<S['methods'][K]>> {
-    const method = this.method(name);
-    const path = methodPath(this.service, name);
+    const out = this.outgoing<K>(name, request, options);
     const call = this.client.makeServerStreamRequest(
-      path,
+      out.path,
       identity,
       identity,
-      encodeMessage(request),
-      this.metadata(options.metadata),
-      this.grpcOptions(options),
+      out.body,
+      out.metadata,
+      out.grpc,
     );
     const cancel = cancelOnAbort(call, options.signal);
     try {
-      for await (const bytes of call as AsyncIterable<Buffer>) {
-        yield decodeMessage(method.response, bytes, TRANSPORT_MAX_BYTES, `message of ${path}`) as ResponseOf<
-          S['methods'][K]
-        >;
-      }
+      for await (const bytes of call as AsyncIterable<Buffer>) yield out.decode(bytes);
     } catch (error) {
       if (isServiceError(error)) throw this.failure(error);
       throw asPlatformError(error);
@@ -146,6 +133,26 @@ export class WireClient<S extends ServiceDef> {
 
   close(): void {
     this.client.close();
+  }
+
+  /** Everything a call of `name` sends, and how to read what comes back. */
+  private outgoing<K extends keyof S['methods'] & string>(
+    name: K,
+    request: unknown,
+    options: WireCallOptions,
+  ) {
+    const method = this.method(name);
+    const path = methodPath(this.service, name);
+    return {
+      path,
+      body: encodeMessage(request),
+      metadata: this.metadata(options.metadata),
+      grpc: this.grpcOptions(options),
+      decode: (bytes: Uint8Array) =>
+        decodeMessage(method.response, bytes, TRANSPORT_MAX_BYTES, `response of ${path}`) as ResponseOf<
+          S['methods'][K]
+        >,
+    };
   }
 
   private method(name: string): MethodDef {
