@@ -14,6 +14,7 @@
  *
  * The same binary has a host-side mode, `launch`, documented in launch.c. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -35,6 +36,7 @@
 #define DEFAULT_READ_LIMIT (64u << 20)
 
 int launch_main(int argc, char **argv);
+int helper_main(void);
 int mount_erofs_main(int argc, char **argv);
 
 static int request_fd = -1;
@@ -189,6 +191,34 @@ static void handle_sync(request *req) {
   send_ok(req->id);
 }
 
+/* Processes of this pid namespace besides the agent, as its /proc lists them. */
+static int other_processes(void) {
+  DIR *proc = opendir("/proc");
+  if (!proc) return -1;
+  int count = 0;
+  for (struct dirent *e; (e = readdir(proc));)
+    if (e->d_name[0] >= '1' && e->d_name[0] <= '9' && strcmp(e->d_name, "1") != 0) count++;
+  closedir(proc);
+  return count;
+}
+
+/* Makes a warm sandbox ready for its next root (see helper.c): ends every other process of the
+ * sandbox and waits until they are reaped, then takes the current root as the one file calls are
+ * resolved in (the host swaps roots between two resets). Only pid 1 of a namespace may do this. */
+static void handle_reset(request *req) {
+  if (getpid() != 1) return send_error(req->id, "bad_request", "reset needs the agent to be its namespace's pid 1");
+  kill(-1, SIGKILL);
+  int left = -1;
+  for (int i = 0; i < 500 && (left = other_processes()) != 0; i++) {
+    jobs_reap();
+    usleep(10000);
+  }
+  jobs_reap();
+  if (left != 0) return send_error(req->id, "busy", "processes of the sandbox would not end");
+  if (chdir("/") < 0 || !files_reopen_root()) return send_error(req->id, "io", "cannot open the new root");
+  send_ok(req->id);
+}
+
 static void handle_frame(const uint8_t *p, size_t n) {
   request req;
   if (!parse_request(p, n, &req) || req.bad || req.op.type != MP_STR) {
@@ -209,6 +239,8 @@ static void handle_frame(const uint8_t *p, size_t n) {
     send_ok(req.id);
   } else if (mp_item_is(&req.op, "sync")) {
     handle_sync(&req);
+  } else if (mp_item_is(&req.op, "reset")) {
+    handle_reset(&req);
   } else if (mp_item_is(&req.op, "shutdown")) {
     send_ok(req.id);
     shutdown_sandbox();
@@ -339,6 +371,7 @@ static _Noreturn void agent_main(const agent_options *options) {
 
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "launch") == 0) return launch_main(argc - 1, argv + 1);
+  if (argc == 2 && strcmp(argv[1], "helper") == 0) return helper_main();
   if (argc > 1 && strcmp(argv[1], "mount-erofs") == 0) return mount_erofs_main(argc - 1, argv + 1);
   agent_options options = {false, false, false};
   bool usage = false;
@@ -351,6 +384,7 @@ int main(int argc, char **argv) {
   if (usage) {
     fprintf(stderr, "usage: sandgym-agent [--durable] [--sched-idle] [--core-cookie] (as a sandbox's first process)\n"
                     "       sandgym-agent launch ...  (host side; see launch.c)\n"
+                    "       sandgym-agent helper      (host side; see helper.c)\n"
                     "       sandgym-agent mount-erofs IMAGE TARGET\n");
     return 2;
   }

@@ -21,6 +21,14 @@ static int root_fd = -1;
 
 void files_init(void) { root_fd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC); }
 
+bool files_reopen_root(void) {
+  int fd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return false;
+  if (root_fd >= 0) close(root_fd);
+  root_fd = fd;
+  return true;
+}
+
 /* Copies the path into buf without its leading slashes, or explains why it is refused. */
 static const char *checked_path(const mp_item *path, char *buf, size_t size) {
   if (path->type != MP_STR || path->len == 0) return "path must be a non-empty string";

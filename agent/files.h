@@ -4,7 +4,11 @@
 
 #include "msgpack.h"
 
+#include <stdbool.h>
+
 void files_init(void);
+/* Takes the current root, after the host swapped it, as the one paths resolve in. */
+bool files_reopen_root(void);
 void file_read(uint32_t id, const mp_item *path, uint64_t max_bytes);
 void file_write(uint32_t id, const mp_item *path, const mp_item *data, uint32_t mode);
 void file_list(uint32_t id, const mp_item *path);

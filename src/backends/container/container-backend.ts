@@ -241,6 +241,7 @@ export class ContainerBackend implements Backend {
       '--root',
       paths.runtimeRoot,
       'run',
+      '--detach',
       '--preserve-fds',
       '2',
       '--bundle',
