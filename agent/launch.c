@@ -7,11 +7,11 @@
  *
  * Launch mode:
  *
- *   sandgym-agent launch [--join-cgroup PROCS_FILE]... [--lowers-are-erofs]
+ *   sandgym-agent launch [--join-cgroup PROCS_FILE]... [--return-cgroup PROCS_FILE] [--lowers-are-erofs]
  *                        [--overlay LOWERS UPPER WORK TARGET]
  *                        [--umount PATH]... -- PROGRAM ARG...
  *
- * It joins the given cgroups, enters a private mount namespace of its own, mounts the sandbox's
+ * It joins the given cgroups (and, once the container runs, moves back to --return-cgroup), enters a private mount namespace of its own, mounts the sandbox's
  * overlay root there (so the node's namespace never holds per-sandbox mounts and creating the next
  * sandbox does not get slower), detaches the given mounts (the hybrid cgroup2 mount that Debian's
  * crun refuses), then runs PROGRAM (the OCI runtime, which must start the container detached) and
@@ -58,6 +58,7 @@ int launch_main(int argc, char **argv) {
   int njoins = 0, numounts = 0;
   const char *lowers = NULL, *upper = NULL, *work = NULL, *target = NULL;
   int check_erofs = 0;
+  const char *return_to = NULL;
   int i = 1;
   for (; i < argc; i++) {
     if (strcmp(argv[i], "--") == 0) {
@@ -65,6 +66,8 @@ int launch_main(int argc, char **argv) {
       break;
     } else if (strcmp(argv[i], "--join-cgroup") == 0 && i + 1 < argc && njoins < 16) {
       joins[njoins++] = argv[++i];
+    } else if (strcmp(argv[i], "--return-cgroup") == 0 && i + 1 < argc) {
+      return_to = argv[++i];
     } else if (strcmp(argv[i], "--umount") == 0 && i + 1 < argc && numounts < 16) {
       umounts[numounts++] = argv[++i];
     } else if (strcmp(argv[i], "--lowers-are-erofs") == 0) {
@@ -80,6 +83,9 @@ int launch_main(int argc, char **argv) {
     fprintf(stderr, "sandgym-agent launch: missing -- PROGRAM\n");
     return 2;
   }
+  /* opened now: the cgroup2 mount may be one of the mounts detached below */
+  int return_fd = return_to ? open(return_to, O_WRONLY | O_CLOEXEC) : -1;
+  if (return_to && return_fd < 0) return fail("cannot open", return_to);
   for (int k = 0; k < njoins; k++)
     if (join_cgroup(joins[k]) < 0) return fail("cannot join cgroup", joins[k]);
   if (unshare(CLONE_NEWNS) < 0) return fail("cannot create mount namespace", NULL);
@@ -126,6 +132,8 @@ int launch_main(int argc, char **argv) {
   /* the container has its own copy of the root mount; this namespace's copy would only pin the
    * first tenant's upper dir for as long as a warm sandbox lives on */
   if (target) umount2(target, MNT_DETACH);
+  /* and it leaves the sandbox's cgroups, which must hold the sandbox's processes alone */
+  if (return_fd >= 0 && write(return_fd, "0", 1) != 1) return fail("cannot return to cgroup", return_to);
   int last = 0;
   for (;;) {
     pid_t pid = waitpid(-1, &status, 0);

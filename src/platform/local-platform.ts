@@ -9,6 +9,8 @@ import {
   type LayerVerification,
   type LoadMode,
   type SandboxRecord,
+  type WarmPoolPolicy,
+  type QosClass,
 } from '../backends/index.ts';
 import {
   SandgymError,
@@ -64,6 +66,11 @@ export interface LocalPlatformOptions {
    * {@link LocalPlatform.adoptSandboxes} (node agents). Default: they end with it.
    */
   durable?: boolean;
+  /**
+   * Warm container shells kept ready per CPU class, so creates skip container start-up; a
+   * destroyed sandbox's container is scrubbed and reused while the pool is short. Default: none.
+   */
+  warmPool?: WarmPoolPolicy;
 }
 
 /**
@@ -96,6 +103,11 @@ export class LocalPlatform implements PlatformClient {
   ) {
     this.lifetimes = setInterval(() => void this.reclaimExpired(), LIFETIME_SWEEP_MS);
     this.lifetimes.unref();
+  }
+  /** Warm shells ready now per CPU class, and a wait for the pool to reach its policy. */
+  get warmPool(): { ready: Record<QosClass, number>; filled(timeoutMs?: number): Promise<void> } {
+    const container = this.container;
+    return { ready: container.warmShells, filled: (timeoutMs) => container.warmPoolFilled(timeoutMs) };
   }
 
   private readonly lifetimes: NodeJS.Timeout;
@@ -324,6 +336,7 @@ export const Platform = {
       ...(options.loadMode ? { loadMode: options.loadMode } : {}),
       ...(options.verifyLayers ? { verifyLayers: options.verifyLayers } : {}),
       ...(options.durable ? { durable: true } : {}),
+      ...(options.warmPool ? { warmPool: options.warmPool } : {}),
     });
     // the run manager is opened first and reaches the platform once it exists
     const late: { platform?: LocalPlatform } = {};

@@ -9,6 +9,7 @@ import { isSandgymError, newSandboxId } from '../../src/common/index.ts';
 
 /** How a backend joins the conformance suite. */
 export interface ConformanceTarget {
+  /** The backend's name, maybe followed by the variant under test in parentheses. */
   name: string;
   /** A ready backend plus a spec factory for a busybox-like environment. */
   open(): Promise<{ backend: Backend; spec(): SandboxSpec; dispose(): Promise<void> }>;
@@ -46,7 +47,7 @@ export function describeBackendConformance(target: ConformanceTarget): void {
     });
 
     it('reports its name and capabilities', () => {
-      expect(opened.backend.name).toBe(target.name);
+      expect(opened.backend.name).toBe(target.name.split(' (')[0]);
       expect(typeof opened.backend.capabilities.pause).toBe('boolean');
       expect(['none', 'disk', 'memory']).toContain(opened.backend.capabilities.checkpoint);
       expect(sandbox.state).toBe('running');

@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
+import type { WarmPoolPolicy } from '../../src/backends/index.ts';
 import {
   LayerStore,
   Platform,
@@ -29,6 +30,8 @@ export interface TestPlatformOptions {
   seed?: string[];
   /** The node id its sandbox ids carry (default `local`). */
   nodeId?: string;
+  /** Warm shells to keep ready (see LocalPlatformOptions.warmPool). */
+  warmPool?: WarmPoolPolicy;
 }
 
 export async function createTestPlatform(
@@ -46,6 +49,7 @@ export async function createTestPlatform(
     dataDir,
     storeDir,
     ...(options.nodeId ? { nodeId: options.nodeId } : {}),
+    ...(options.warmPool ? { warmPool: options.warmPool } : {}),
   });
   return {
     platform,

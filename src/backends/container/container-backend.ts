@@ -1,7 +1,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes, randomInt } from 'node:crypto';
 import { existsSync, openSync, closeSync } from 'node:fs';
-import { mkdir, readdir, readFile, writeFile } from 'node:fs/promises';
+import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import type { Readable, Writable } from 'node:stream';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -26,6 +26,7 @@ import type {
   LoadMode,
   SandboxRecord,
   SandboxSpec,
+  QosClass,
 } from '../contract.ts';
 import {
   SandboxCgroup,
@@ -33,12 +34,15 @@ import {
   listSandboxCgroups,
   removeIdleParents,
   cgroupScope,
+  cgroupLimitsOf,
   type CgroupLayout,
+  type CgroupUsage,
 } from '../host/cgroups.ts';
 import { LayerMounts } from '../host/layer-mounts.ts';
 import { LayerTarballs } from '../host/layer-tarballs.ts';
 import { agentBinaryPath, hostProgram } from '../host/paths.ts';
 import { isAlive, processIdentity, signalProcess, type ProcessIdentity } from '../host/processes.ts';
+import { RootSwapper } from '../host/root-swapper.ts';
 import { runProgram } from '../host/run-program.ts';
 import { AgentChannel } from '../internal/agent-channel.ts';
 import { channelFifos, createChannelFifos, openPipe } from '../internal/channel-fifos.ts';
@@ -46,6 +50,7 @@ import { ContainerSandbox } from './container-sandbox.ts';
 import { buildOciConfig } from './oci-config.ts';
 import { removeContainerResidue, type ContainerPaths } from './residue.ts';
 import { readContainerState, writeContainerState, type ContainerState } from './sandbox-record.ts';
+import { WarmPool, type WarmPoolPolicy, type WarmShell } from './warm-pool.ts';
 
 /** Options for {@link ContainerBackend.create}. */
 export interface ContainerBackendOptions {
@@ -66,7 +71,15 @@ export interface ContainerBackendOptions {
    * data dir adopts them with {@link ContainerBackend.adopt}. Otherwise they end with their owner.
    */
   durable?: boolean;
+  /** Warm shells kept ready per CPU class (see {@link WarmPool}); none by default. */
+  warmPool?: WarmPoolPolicy;
 }
+
+/** The limits a pooled shell runs under until a tenant brings its own. */
+const SHELL_RESOURCES = { cpu: 1, memoryMib: 64, pids: 64, outputCapBytes: 1 << 20 };
+
+/** How long an agent may take to end a tenant's processes and take its new root. */
+const RESET_TIMEOUT_MS = 10_000;
 
 /** How long a reopened channel may take to answer its sync before the sandbox counts as lost. */
 const ADOPT_SYNC_TIMEOUT_MS = 3_000;
@@ -89,6 +102,11 @@ export class ContainerBackend implements Backend {
   readonly name = 'container' as const;
   readonly capabilities = CAPABILITIES;
   private readonly live = new Set<ContainerSandbox>();
+  /** Every running container of this process, by slot: tenants' and pooled shells alike. */
+  private readonly containers = new Map<string, WarmShell>();
+  private readonly pool: WarmPool | undefined;
+  private readonly swapper: RootSwapper;
+  private homeCgroup: Promise<string | undefined> | undefined;
   private readonly logger: Logger;
   private readonly codec: Codec;
   private isClosed = false;
@@ -106,6 +124,45 @@ export class ContainerBackend implements Backend {
     this.logger = (options.logger ?? silentLogger()).child({ component: 'container-backend' });
     this.codec = options.codec ?? createMsgpackCodec();
     this.scope = cgroupScope(options.dataDir);
+    this.swapper = new RootSwapper(agentPath);
+    const policy = options.warmPool ?? {};
+    this.pool = Object.values(policy).some((n) => n > 0)
+      ? new WarmPool(
+          policy,
+          { createShell: (qos) => this.createShell(qos), destroyShell: (shell) => this.teardown(shell) },
+          this.logger,
+        )
+      : undefined;
+  }
+
+  /** Warm shells ready now, per CPU class. */
+  get warmShells(): Record<QosClass, number> {
+    return this.pool?.ready ?? { latency: 0, best_effort: 0 };
+  }
+
+  /** Resolves once the warm pool holds what its policy asks for. */
+  async warmPoolFilled(timeoutMs?: number): Promise<void> {
+    await this.pool?.filled(timeoutMs);
+  }
+
+  /** This process's own cgroup2 (hybrid hosts), which a launcher returns to once its container runs. */
+  private async ownFreezeCgroup(): Promise<string | undefined> {
+    if (this.layout.kind !== 'v1' || !this.layout.unified) return undefined;
+    this.homeCgroup ??= readFile('/proc/self/cgroup', 'utf8').then((text) => {
+      const path = text
+        .split('\n')
+        .find((line) => line.startsWith('0::'))
+        ?.slice(3);
+      return path && this.layout.kind === 'v1' && this.layout.unified
+        ? join(this.layout.unified, path, 'cgroup.procs')
+        : undefined;
+    });
+    return this.homeCgroup;
+  }
+
+  /** The empty, read-only root of every pooled shell: mount points and the staging dir of a root swap. */
+  private get shellRoot(): string {
+    return join(this.options.dataDir, 'shell-root');
   }
 
   /** Checks the host (agent binary, crun, cgroups) and prepares the data folder. */
@@ -120,7 +177,12 @@ export class ContainerBackend implements Backend {
     const owner = await processIdentity(process.pid);
     if (!owner) throw new SandgymError('platform_error', "Cannot read this process's identity from /proc");
     await Promise.all(
-      ['sandboxes', 'layers', 'runtime'].map((d) => mkdir(join(options.dataDir, d), { recursive: true })),
+      [
+        'sandboxes',
+        'layers',
+        'runtime',
+        ...['proc', 'sys', 'dev', '.sandgym-stage'].map((d) => `shell-root/${d}`),
+      ].map((d) => mkdir(join(options.dataDir, d), { recursive: true })),
     );
     const mode = options.loadMode ?? 'ondemand';
     const mounts = new LayerMounts(join(options.dataDir, 'layers'), agentPath, {
@@ -139,9 +201,10 @@ export class ContainerBackend implements Backend {
     );
   }
 
-  private pathsOf(id: string): ContainerPaths {
+  /** A container's things on the node, by slot: its sandbox id when created cold, a `warm-…` name when pooled. */
+  private pathsOf(slot: string): ContainerPaths {
     return {
-      dir: join(this.options.dataDir, 'sandboxes', id),
+      dir: join(this.options.dataDir, 'sandboxes', slot),
       runtimeRoot: join(this.options.dataDir, 'runtime'),
       runtime: this.runtime,
     };
@@ -152,88 +215,218 @@ export class ContainerBackend implements Backend {
     if (spec.layers.length === 0) {
       throw new SandgymError('invalid_argument', 'A container needs at least one layer: name an environment');
     }
+    const pool = this.pool;
+    if (!pool || this.options.loadMode === 'tar') return this.createCold(spec, options);
+    return pool.whileCreating(async () => {
+      const shell = pool.take(spec.qos);
+      if (shell) {
+        try {
+          return await this.occupy(shell, spec);
+        } catch (error) {
+          this.logger.warn(
+            { slot: shell.slot, error: messageOf(error) },
+            'cannot use a warm shell; creating cold',
+          );
+          await this.teardown(shell).catch(() => undefined);
+        }
+      }
+      return this.createCold(spec, options);
+    });
+  }
+
+  /** A new container straight on the tenant's layers; its slot is the sandbox id. */
+  private async createCold(spec: SandboxSpec, options: CallOptions): Promise<ContainerSandbox> {
+    const unpacked = this.options.loadMode === 'tar';
     const paths = this.pathsOf(spec.id);
-    const cgroup = new SandboxCgroup(this.layout, this.scope, spec.id);
-    let launcher: ChildProcess | undefined;
+    await Promise.all(['upper', 'work', 'rootfs'].map((d) => mkdir(join(paths.dir, d), { recursive: true })));
+    const points = unpacked
+      ? await this.tarballs.unpack(spec.layers, paths.dir)
+      : await this.mounts.acquire(spec.layers);
+    let shell: WarmShell;
     try {
-      await Promise.all(
-        ['upper', 'work', 'rootfs'].map((d) => mkdir(join(paths.dir, d), { recursive: true })),
-      );
-      const state: ContainerState = {
-        id: spec.id,
-        backend: 'container',
-        owner: this.owner,
-        createdAt: new Date().toISOString(),
-        layers: spec.layers.map((l) => l.digest),
-        labels: spec.labels,
-        ...(this.options.durable ? { durable: true, spec } : {}),
-      };
+      shell = await this.startContainer(spec.id, spec, this.tenantState(spec, spec.id), options, {
+        lowers: points,
+        erofs: !unpacked,
+      });
+    } catch (error) {
+      if (!unpacked) this.mounts.release(spec.layers);
+      throw error;
+    }
+    return this.track(shell, spec, undefined);
+  }
+
+  /** A pooled shell: a container on the empty shared root, ready to take a tenant's layers. */
+  private async createShell(qos: QosClass): Promise<WarmShell> {
+    const slot = `warm-${randomBytes(8).toString('hex')}`;
+    const spec: SandboxSpec = {
+      id: slot,
+      layers: [],
+      env: {},
+      workdir: '/',
+      resources: SHELL_RESOURCES,
+      qos,
+      labels: {},
+    };
+    const state: ContainerState = {
+      id: slot,
+      slot,
+      pooled: true,
+      backend: 'container',
+      owner: this.owner,
+      createdAt: new Date().toISOString(),
+      layers: [],
+      labels: {},
+    };
+    return this.startContainer(slot, spec, state, {}, undefined);
+  }
+
+  private tenantState(spec: SandboxSpec, slot: string): ContainerState {
+    return {
+      id: spec.id,
+      slot,
+      backend: 'container',
+      owner: this.owner,
+      createdAt: new Date().toISOString(),
+      layers: spec.layers.map((l) => l.digest),
+      labels: spec.labels,
+      ...(this.options.durable ? { durable: true, spec } : {}),
+    };
+  }
+
+  /**
+   * Gives a pooled shell the tenant's layer stack: the agent takes a fresh overlay of them as its
+   * root (see agent/helper.c), and the cgroups get the tenant's limits. Counters the shell ran up
+   * before are the baseline its stats start from.
+   */
+  private async occupy(shell: WarmShell, spec: SandboxSpec): Promise<ContainerSandbox> {
+    const paths = this.pathsOf(shell.slot);
+    const upper = join(paths.dir, 'upper');
+    const work = join(paths.dir, 'work');
+    await Promise.all([upper, work].map((d) => mkdir(d, { recursive: true })));
+    const points = await this.mounts.acquire(spec.layers);
+    let baseline: CgroupUsage;
+    try {
+      // overlay lists lower dirs top first; layers come base first
+      const lowers = [...points].reverse();
+      await this.swapper.swap(await soleProcess(shell), {
+        kind: 'overlay',
+        lowers,
+        upper,
+        work,
+        lowersAreErofs: true,
+      });
+      await shell.channel.call({ op: 'reset' }, { timeoutMs: RESET_TIMEOUT_MS });
+      await shell.cgroup.applyLimits(cgroupLimitsOf(spec.resources, spec.qos));
+      baseline = await shell.cgroup.usage();
+      const { launcher } = (await readContainerState(paths.dir)) ?? {};
+      await writeContainerState(paths.dir, {
+        ...this.tenantState(spec, shell.slot),
+        ...(launcher ? { launcher } : {}),
+        baseline: { cpuUsageMs: baseline.cpuUsageMs, oomKills: baseline.oomKills },
+      });
+    } catch (error) {
+      this.mounts.release(spec.layers);
+      throw error;
+    }
+    return this.track(shell, spec, baseline);
+  }
+
+  private track(
+    shell: WarmShell,
+    spec: SandboxSpec,
+    baseline: CgroupUsage | undefined,
+    createdAt?: number,
+  ): ContainerSandbox {
+    const sandbox = new ContainerSandbox({
+      spec,
+      slot: shell.slot,
+      exited: shell.exited,
+      channel: shell.channel,
+      cgroup: shell.cgroup,
+      upperDir: join(this.pathsOf(shell.slot).dir, 'upper'),
+      destroy: (s) => this.destroy(s),
+      ...(baseline ? { baseline } : {}),
+      ...(createdAt === undefined ? {} : { createdAt }),
+    });
+    this.live.add(sandbox);
+    return sandbox;
+  }
+
+  /**
+   * Launches a container in `slot` and waits for its agent: on the tenant's overlay when `overlay`
+   * is given, else on the shared empty shell root.
+   */
+  private async startContainer(
+    slot: string,
+    spec: SandboxSpec,
+    state: ContainerState,
+    options: CallOptions,
+    overlay: { lowers: string[]; erofs: boolean } | undefined,
+  ): Promise<WarmShell> {
+    const paths = this.pathsOf(slot);
+    const cgroup = new SandboxCgroup(this.layout, this.scope, slot);
+    let launcher: ChildProcess | undefined;
+    let shell: WarmShell | undefined;
+    try {
+      await mkdir(paths.dir, { recursive: true });
       await writeContainerState(paths.dir, state);
-      const unpacked = this.options.loadMode === 'tar';
-      const points = unpacked
-        ? await this.tarballs.unpack(spec.layers, paths.dir)
-        : await this.mounts.acquire(spec.layers);
       const joins = await cgroup.prepare();
       const config = buildOciConfig({
         spec,
         agentHostPath: this.agentPath,
         cgroupsPath: `/${cgroup.relativePath}`,
         durable: this.options.durable ?? false,
+        ...(overlay ? {} : { root: { path: this.shellRoot, readonly: true } }),
       });
       await writeFile(join(paths.dir, 'config.json'), JSON.stringify(config));
-      const launched = await this.launch(spec.id, paths, points, joins, !unpacked);
+      const launched = await this.launch(slot, paths, overlay, joins);
       launcher = launched.launcher;
       // so that gc can stop a launcher whose owner died before the sandbox was up
       const launcherIdentity = await processIdentity(launcher.pid ?? -1);
       if (launcherIdentity) await writeContainerState(paths.dir, { ...state, launcher: launcherIdentity });
-      const channel = new AgentChannel(launched.requests, launched.responses, this.codec);
       const started = launcher;
-      const sandbox = new ContainerSandbox({
-        spec,
-        exited: new Promise((resolve) => {
-          if (started.exitCode !== null || started.signalCode !== null) return resolve();
-          started.once('exit', () => resolve());
-        }),
-        channel,
-        cgroup,
-        upperDir: join(paths.dir, 'upper'),
-        destroy: (s) => this.destroy(s),
+      const exited = new Promise<void>((resolve) => {
+        if (started.exitCode !== null || started.signalCode !== null) return resolve();
+        started.once('exit', () => resolve());
       });
-      this.live.add(sandbox);
-      await this.waitReady(spec.id, channel, sandbox, paths, options);
-      this.logger.debug({ id: spec.id }, 'sandbox ready');
-      return sandbox;
+      const channel = new AgentChannel(launched.requests, launched.responses, this.codec);
+      shell = { slot, qos: spec.qos, channel, cgroup, exited };
+      this.containers.set(slot, shell);
+      await this.waitReady(slot, channel, exited, paths, options);
+      this.logger.debug({ slot }, 'container ready');
+      return shell;
     } catch (error) {
-      const live = [...this.live].find((s) => s.id === spec.id);
-      if (live) await live.close().catch(() => undefined);
+      if (shell) await this.teardown(shell).catch(() => undefined);
       else {
         if (launcher) signalProcess(launcher.pid ?? 0, 'SIGKILL');
-        await removeContainerResidue(spec.id, cgroup, paths).catch(() => undefined);
-        if (this.options.loadMode !== 'tar') this.mounts.release(spec.layers);
+        await removeContainerResidue(slot, cgroup, paths).catch(() => undefined);
       }
       throw error;
     }
   }
 
   private async launch(
-    id: string,
+    slot: string,
     paths: ContainerPaths,
-    points: string[],
+    overlay: { lowers: string[]; erofs: boolean } | undefined,
     joins: string[],
-    erofs: boolean,
   ): Promise<{ launcher: ChildProcess; requests: Writable; responses: Readable }> {
     const args = ['launch'];
     for (const file of joins) args.push('--join-cgroup', file);
-    if (erofs) args.push('--lowers-are-erofs');
-    // overlay lists lower dirs top first; layers come base first
-    const lowers = [...points].reverse().join(':');
-    args.push(
-      '--overlay',
-      lowers,
-      join(paths.dir, 'upper'),
-      join(paths.dir, 'work'),
-      join(paths.dir, 'rootfs'),
-    );
+    const home = await this.ownFreezeCgroup();
+    if (joins.length && home) args.push('--return-cgroup', home);
+    if (overlay?.erofs) args.push('--lowers-are-erofs');
+    if (overlay) {
+      // overlay lists lower dirs top first; layers come base first
+      const lowers = [...overlay.lowers].reverse().join(':');
+      args.push(
+        '--overlay',
+        lowers,
+        join(paths.dir, 'upper'),
+        join(paths.dir, 'work'),
+        join(paths.dir, 'rootfs'),
+      );
+    }
     if (this.layout.kind === 'v1' && this.layout.unified) args.push('--umount', this.layout.unified);
     args.push(
       '--',
@@ -246,7 +439,7 @@ export class ContainerBackend implements Backend {
       '2',
       '--bundle',
       paths.dir,
-      id,
+      slot,
     );
     // the channel is fds 3 and 4: a socketpair that dies with this process, or, for a durable
     // sandbox, a FIFO pair a successor can reopen
@@ -269,9 +462,9 @@ export class ContainerBackend implements Backend {
   }
 
   private async waitReady(
-    id: string,
+    slot: string,
     channel: AgentChannel,
-    sandbox: ContainerSandbox,
+    exited: Promise<void>,
     paths: ContainerPaths,
     options: CallOptions,
   ): Promise<void> {
@@ -282,7 +475,7 @@ export class ContainerBackend implements Backend {
         () => 'ready' as const,
         () => 'exited' as const,
       ),
-      sandbox.launcherExited.then(() => 'exited' as const),
+      exited.then(() => 'exited' as const),
       timeout,
     ]);
     if (outcome === 'ready') return;
@@ -291,47 +484,114 @@ export class ContainerBackend implements Backend {
     throw new SandgymError(
       outcome === 'timeout' ? 'timeout' : 'platform_error',
       outcome === 'timeout'
-        ? `Sandbox ${id} did not become ready within ${timeoutMs} ms (raise startTimeoutMs); runtime said: ${tail}`
-        : `Sandbox ${id} failed to start: ${tail}`,
+        ? `Sandbox ${slot} did not become ready within ${timeoutMs} ms (raise startTimeoutMs); runtime said: ${tail}`
+        : `Sandbox ${slot} failed to start: ${tail}`,
       { retryable: outcome === 'timeout' },
     );
   }
 
-  /** Graceful first: closing the channel makes the agent end every process and exit; then force. */
+  /**
+   * Ends a tenant. Its container goes back to the warm pool when the pool wants one of its class
+   * and scrubbing succeeds; otherwise it is destroyed.
+   */
   private async destroy(sandbox: ContainerSandbox): Promise<void> {
     if (!sandbox.beginStop()) return;
-    const cgroup = new SandboxCgroup(this.layout, this.scope, sandbox.id);
-    const errors: unknown[] = [];
+    const shell = this.containers.get(sandbox.slot);
     try {
-      await cgroup.setFrozen(false).catch(() => undefined); // a frozen agent cannot exit
-      await sandbox.disconnect();
-      const graceMs = this.options.stopGraceMs ?? 5_000;
-      const exited = await Promise.race([
-        sandbox.launcherExited.then(() => true),
-        sleep(graceMs, false, { ref: false }),
-      ]);
-      if (!exited) this.logger.warn({ id: sandbox.id }, 'sandbox did not stop in time; killing it');
-      await removeContainerResidue(sandbox.id, cgroup, this.pathsOf(sandbox.id));
-    } catch (error) {
-      errors.push(error);
+      const pool = this.pool;
+      if (shell && pool && this.options.loadMode !== 'tar' && pool.reserve(shell.qos)) {
+        if (await this.scrub(shell)) return pool.put(shell, true);
+        pool.unreserve(shell.qos);
+      }
+      if (shell) await this.teardown(shell);
+      else await removeContainerResidue(sandbox.slot, sandbox.cgroup, this.pathsOf(sandbox.slot));
     } finally {
       if (this.options.loadMode !== 'tar') this.mounts.release(sandbox.layers);
       this.live.delete(sandbox);
       sandbox.markStopped();
     }
-    if (errors.length) throw errors[0];
+  }
+
+  /**
+   * Leaves nothing of a tenant in its container: every process ended (the agent as pid 1 kills
+   * the whole pid namespace and reaps it), the cgroup checked to hold the agent alone, then the
+   * empty shell root swapped in, which also brings a fresh /dev and removes every IPC object;
+   * the tenant's upper dir is deleted. False when any of it fails: the caller destroys it instead.
+   */
+  private async scrub(shell: WarmShell): Promise<boolean> {
+    try {
+      await shell.cgroup.setFrozen(false);
+      await shell.channel.call({ op: 'reset' }, { timeoutMs: RESET_TIMEOUT_MS });
+      await this.swapper.swap(await soleProcess(shell), { kind: 'bind', dir: this.shellRoot });
+      const paths = this.pathsOf(shell.slot);
+      await Promise.all(
+        ['upper', 'work'].map((d) => rm(join(paths.dir, d), { recursive: true, force: true, maxRetries: 3 })),
+      );
+      const { launcher } = (await readContainerState(paths.dir)) ?? {};
+      await writeContainerState(paths.dir, {
+        id: shell.slot,
+        slot: shell.slot,
+        pooled: true,
+        backend: 'container',
+        owner: this.owner,
+        createdAt: new Date().toISOString(),
+        layers: [],
+        labels: {},
+        ...(launcher ? { launcher } : {}),
+      });
+      return true;
+    } catch (error) {
+      this.logger.warn(
+        { slot: shell.slot, error: messageOf(error) },
+        'cannot scrub a container for reuse; destroying it',
+      );
+      return false;
+    }
+  }
+
+  /** Graceful first: the agent ends every process and exits; then force. */
+  private async teardown(shell: WarmShell): Promise<void> {
+    try {
+      await shell.cgroup.setFrozen(false).catch(() => undefined); // a frozen agent cannot exit
+      await shell.channel.shutdown(2_000);
+      shell.channel.fail(
+        new SandgymError('failed_precondition', `Sandbox container ${shell.slot} is closed`),
+      );
+      const graceMs = this.options.stopGraceMs ?? 5_000;
+      const exited = await Promise.race([
+        shell.exited.then(() => true),
+        sleep(graceMs, false, { ref: false }),
+      ]);
+      if (!exited) this.logger.warn({ slot: shell.slot }, 'container did not stop in time; killing it');
+      await removeContainerResidue(shell.slot, shell.cgroup, this.pathsOf(shell.slot));
+    } finally {
+      this.containers.delete(shell.slot);
+    }
+  }
+
+  /**
+   * The slot of a sandbox of any process on this node: its own id when it was created cold, else
+   * the warm slot whose state names it. Undefined when there is none.
+   */
+  private async slotOf(id: string): Promise<string | undefined> {
+    if ((await readContainerState(this.pathsOf(id).dir))?.id === id) return id;
+    const dir = join(this.options.dataDir, 'sandboxes');
+    for (const slot of await readdir(dir).catch(() => [] as string[])) {
+      if (slot.startsWith('warm-') && (await readContainerState(join(dir, slot)))?.id === id) return slot;
+    }
+    return undefined;
   }
 
   async list(): Promise<SandboxRecord[]> {
     const dir = join(this.options.dataDir, 'sandboxes');
     const records: SandboxRecord[] = [];
-    for (const id of await readdir(dir).catch(() => [] as string[])) {
-      const state = await readContainerState(join(dir, id));
-      if (!state) continue;
-      const cgroup = new SandboxCgroup(this.layout, this.scope, id);
+    for (const slot of await readdir(dir).catch(() => [] as string[])) {
+      const state = await readContainerState(join(dir, slot));
+      if (!state || state.pooled) continue;
+      const cgroup = new SandboxCgroup(this.layout, this.scope, slot);
       const alive = await isAlive(state.owner);
       records.push({
-        id,
+        id: state.id,
         backend: 'container',
         state: !alive ? 'orphaned' : (await cgroup.isFrozen()) ? 'paused' : 'running',
         ownerPid: state.owner.pid,
@@ -358,12 +618,13 @@ export class ContainerBackend implements Backend {
   async kill(id: string): Promise<void> {
     const mine = [...this.live].find((s) => s.id === id);
     if (mine) return mine.close();
-    const paths = this.pathsOf(id);
-    const cgroup = new SandboxCgroup(this.layout, this.scope, id);
+    const slot = (await this.slotOf(id)) ?? id;
+    const paths = this.pathsOf(slot);
+    const cgroup = new SandboxCgroup(this.layout, this.scope, slot);
     if (!existsSync(paths.dir) && (await cgroup.processes()).length === 0) {
       throw new SandgymError('not_found', `No sandbox "${id}" on this node: see "sandgym ps"`);
     }
-    await removeContainerResidue(id, cgroup, paths);
+    await removeContainerResidue(slot, cgroup, paths);
   }
 
   /**
@@ -374,21 +635,21 @@ export class ContainerBackend implements Backend {
   async adopt(): Promise<ContainerSandbox[]> {
     const adopted: ContainerSandbox[] = [];
     const sandboxesDir = join(this.options.dataDir, 'sandboxes');
-    const mine = new Set([...this.live].map((s) => s.id));
-    for (const id of await readdir(sandboxesDir).catch(() => [] as string[])) {
-      if (mine.has(id)) continue;
-      const state = await readContainerState(join(sandboxesDir, id));
-      if (!state?.durable || !state.spec || (await isAlive(state.owner))) continue;
+    for (const slot of await readdir(sandboxesDir).catch(() => [] as string[])) {
+      if (this.containers.has(slot)) continue;
+      const state = await readContainerState(join(sandboxesDir, slot));
+      if (!state?.durable || !state.spec || state.pooled || (await isAlive(state.owner))) continue;
       try {
-        adopted.push(await this.adoptOne(state, state.spec));
+        adopted.push(await this.adoptOne(slot, state, state.spec));
       } catch (error) {
-        this.logger.warn({ id, error: messageOf(error) }, 'cannot adopt sandbox; gc will reap it');
+        this.logger.warn({ id: state.id, error: messageOf(error) }, 'cannot adopt sandbox; gc will reap it');
       }
     }
     return adopted;
   }
 
   private async adoptOne(
+    slot: string,
     state: ContainerState,
     recorded: NonNullable<ContainerState['spec']>,
   ): Promise<ContainerSandbox> {
@@ -398,8 +659,8 @@ export class ContainerBackend implements Backend {
       layers: recorded.layers.map((layer) => definedFields(layer) as LayerImage),
       ...(lifetime ? { lifetime: definedFields(lifetime) } : {}),
     };
-    const paths = this.pathsOf(state.id);
-    const cgroup = new SandboxCgroup(this.layout, this.scope, state.id);
+    const paths = this.pathsOf(slot);
+    const cgroup = new SandboxCgroup(this.layout, this.scope, slot);
     if ((await cgroup.processes()).length === 0) throw new Error('none of its processes is left');
     const wasFrozen = await cgroup.isFrozen();
     if (wasFrozen) await cgroup.setFrozen(false); // a frozen agent cannot answer the sync
@@ -419,16 +680,10 @@ export class ContainerBackend implements Backend {
     }
     await this.mounts.acquire(spec.layers);
     await writeContainerState(paths.dir, { ...state, owner: this.owner });
-    const sandbox = new ContainerSandbox({
-      spec,
-      exited: channel.closed,
-      channel,
-      cgroup,
-      upperDir: join(paths.dir, 'upper'),
-      destroy: (s) => this.destroy(s),
-      createdAt: Date.parse(state.createdAt),
-    });
-    this.live.add(sandbox);
+    const shell: WarmShell = { slot, qos: spec.qos, channel, cgroup, exited: channel.closed };
+    this.containers.set(slot, shell);
+    const baseline = state.baseline ? { memoryBytes: 0, pids: 0, ...state.baseline } : undefined;
+    const sandbox = this.track(shell, spec, baseline, Date.parse(state.createdAt));
     if (wasFrozen) await sandbox.pause();
     this.logger.info({ id: state.id }, 'adopted sandbox');
     return sandbox;
@@ -440,10 +695,13 @@ export class ContainerBackend implements Backend {
   ): Promise<T> {
     const mine = [...this.live].find((s) => s.id === id);
     if (mine) return mine.withWritableLayer((dir) => consume(dir, mine));
-    const paths = this.pathsOf(id);
-    const state = await readContainerState(paths.dir);
-    if (!state) throw new SandgymError('not_found', `No sandbox "${id}" on this node: see "sandgym ps"`);
-    const cgroup = new SandboxCgroup(this.layout, this.scope, id);
+    const slot = await this.slotOf(id);
+    const paths = this.pathsOf(slot ?? id);
+    const state = slot === undefined ? undefined : await readContainerState(paths.dir);
+    if (!state || slot === undefined) {
+      throw new SandgymError('not_found', `No sandbox "${id}" on this node: see "sandgym ps"`);
+    }
+    const cgroup = new SandboxCgroup(this.layout, this.scope, slot);
     const wasFrozen = await cgroup.isFrozen();
     // frozen, so what it writes cannot change under the packer
     if (!wasFrozen) await cgroup.setFrozen(true);
@@ -459,13 +717,17 @@ export class ContainerBackend implements Backend {
   async gc(): Promise<GcReport> {
     const report: GcReport = { sandboxes: [], mounts: [], cgroups: [] };
     const sandboxesDir = join(this.options.dataDir, 'sandboxes');
-    const mine = new Set([...this.live].map((s) => s.id));
-    for (const id of await readdir(sandboxesDir).catch(() => [] as string[])) {
-      if (mine.has(id)) continue;
-      const state = await readContainerState(join(sandboxesDir, id));
+    const mine = new Set(this.containers.keys());
+    for (const slot of await readdir(sandboxesDir).catch(() => [] as string[])) {
+      if (mine.has(slot)) continue;
+      const state = await readContainerState(join(sandboxesDir, slot));
       if (state && (await isAlive(state.owner))) continue;
-      await removeContainerResidue(id, new SandboxCgroup(this.layout, this.scope, id), this.pathsOf(id));
-      report.sandboxes.push(id);
+      await removeContainerResidue(
+        slot,
+        new SandboxCgroup(this.layout, this.scope, slot),
+        this.pathsOf(slot),
+      );
+      if (!state?.pooled) report.sandboxes.push(state?.id ?? slot);
     }
     // cgroups whose sandbox folder is gone: a crash between the two removals
     for (const id of await listSandboxCgroups(this.layout, this.scope)) {
@@ -499,10 +761,11 @@ export class ContainerBackend implements Backend {
     if (this.isClosed) return;
     this.isClosed = true;
     const closing = settleAll(
-      [...this.live].map((s) => s.close()),
+      [...[...this.live].map((s) => s.close()), this.pool?.close() ?? Promise.resolve()],
       'Some sandboxes did not close cleanly',
     );
     await closing.catch(() => undefined); // wait for every sandbox before the node-level cleanup
+    this.swapper.close();
     await this.mounts.unmountIdle().catch(() => undefined);
     await removeIdleParents(this.layout, this.scope);
     await closing;
@@ -511,4 +774,16 @@ export class ContainerBackend implements Backend {
   [Symbol.asyncDispose](): Promise<void> {
     return this.close();
   }
+}
+
+/** The host pid of a container's agent, when it is the only process left: the check that a scrub worked. */
+async function soleProcess(shell: WarmShell): Promise<number> {
+  const pids = await shell.cgroup.processes();
+  if (pids.length !== 1 || pids[0] === undefined) {
+    throw new SandgymError(
+      'platform_error',
+      `Container ${shell.slot} holds ${pids.length} processes, not its agent alone`,
+    );
+  }
+  return pids[0];
 }

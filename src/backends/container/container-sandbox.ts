@@ -17,7 +17,7 @@ import type {
   SandboxStats,
   WriteFileOptions,
 } from '../contract.ts';
-import type { SandboxCgroup } from '../host/cgroups.ts';
+import type { CgroupUsage, SandboxCgroup } from '../host/cgroups.ts';
 import type { AgentChannel } from '../internal/agent-channel.ts';
 import type { AgentExit } from '../internal/agent-protocol.ts';
 import { AsyncQueue } from '../../common/index.ts';
@@ -34,6 +34,10 @@ const SIGNAL_NAMES = new Map<number, string>(
 /** What a container sandbox needs from its backend. */
 export interface ContainerSandboxParts {
   spec: SandboxSpec;
+  /** Its container's slot (see ContainerBackend). */
+  slot: string;
+  /** Counters the container ran up before this tenant (a warm sandbox), left out of its stats. */
+  baseline?: Pick<CgroupUsage, 'cpuUsageMs' | 'oomKills'>;
   /** Resolves when the sandbox's processes are gone (the runtime exited, or the agent's channel closed). */
   exited: Promise<void>;
   channel: AgentChannel;
@@ -50,6 +54,7 @@ export interface ContainerSandboxParts {
 export class ContainerSandbox implements BackendSandbox {
   readonly backend = 'container' as const;
   readonly id: string;
+  readonly slot: string;
   private currentState: SandboxState = 'running';
   private failureReason: FailureReason | undefined;
   private seenOomKills = 0;
@@ -60,6 +65,8 @@ export class ContainerSandbox implements BackendSandbox {
 
   constructor(private readonly parts: ContainerSandboxParts) {
     this.id = parts.spec.id;
+    this.slot = parts.slot;
+    this.seenOomKills = parts.baseline?.oomKills ?? 0;
     this.createdAt = parts.createdAt ?? Date.now();
     this.exited = parts.exited;
     void this.exited.then(() => this.onLauncherExit());
@@ -73,9 +80,8 @@ export class ContainerSandbox implements BackendSandbox {
     return this.failureReason;
   }
 
-  /** Resolves when the runtime process has exited. */
-  get launcherExited(): Promise<void> {
-    return this.exited;
+  get cgroup(): SandboxCgroup {
+    return this.parts.cgroup;
   }
 
   get layers(): readonly LayerImage[] {
@@ -164,7 +170,8 @@ export class ContainerSandbox implements BackendSandbox {
     await this.ready('run a command', options.signal);
     const stdin = typeof options.stdin === 'string' ? Buffer.from(options.stdin) : options.stdin;
     const user = options.user && options.user !== 'root' ? await this.lookUpUser(options.user) : undefined;
-    const env = { ...(user?.home ? { HOME: user.home } : {}), ...options.env };
+    // the spec's environment travels with every command: a warm sandbox's agent started without it
+    const env = { ...this.parts.spec.env, ...(user?.home ? { HOME: user.home } : {}), ...options.env };
     const { id, exit } = this.parts.channel.exec(
       {
         op: 'exec',
@@ -275,7 +282,12 @@ export class ContainerSandbox implements BackendSandbox {
 
   async stats(options: CallOptions = {}): Promise<SandboxStats> {
     throwIfAborted(options.signal, 'Stats');
-    const [usage, pids] = await Promise.all([this.parts.cgroup.usage(), this.parts.cgroup.processes()]);
+    const [measured, pids] = await Promise.all([this.parts.cgroup.usage(), this.parts.cgroup.processes()]);
+    const usage = {
+      ...measured,
+      cpuUsageMs: measured.cpuUsageMs - (this.parts.baseline?.cpuUsageMs ?? 0),
+      oomKills: measured.oomKills - (this.parts.baseline?.oomKills ?? 0),
+    };
     let deniedEgress: number | undefined;
     // any process of the sandbox shows its network namespace; one may exit while it is read
     for (const pid of pids) if ((deniedEgress = await deniedEgressOf(pid)) !== undefined) break;
@@ -299,15 +311,6 @@ export class ContainerSandbox implements BackendSandbox {
     if (this.currentState === 'stopping' || this.currentState === 'stopped') return false;
     this.currentState = 'stopping';
     return true;
-  }
-
-  /**
-   * Asks the agent to end every process and exit, then closes the channel (which alone is enough
-   * for an agent that is not durable).
-   */
-  async disconnect(): Promise<void> {
-    await this.parts.channel.shutdown(2_000);
-    this.parts.channel.fail(new SandgymError('failed_precondition', `Sandbox ${this.id} is closed`));
   }
 
   markStopped(): void {

@@ -1,4 +1,5 @@
 import type { SandboxSpec } from '../contract.ts';
+import { cgroupLimitsOf } from '../host/cgroups.ts';
 import { defaultSeccompProfile } from './seccomp-profile.ts';
 
 /** Where the agent binary appears inside every container: on /dev's tmpfs, so it never lands in the upper dir. */
@@ -39,8 +40,6 @@ const MASKED_PATHS = [
 ];
 const READONLY_PATHS = ['/proc/bus', '/proc/fs', '/proc/irq', '/proc/sys', '/proc/sysrq-trigger'];
 
-const CPU_PERIOD_US = 100_000;
-
 /** Inputs of {@link buildOciConfig} besides the spec. */
 export interface OciConfigInputs {
   spec: SandboxSpec;
@@ -48,6 +47,8 @@ export interface OciConfigInputs {
   cgroupsPath: string;
   /** The agent keeps the sandbox alive when its owner goes away, for a successor to adopt. */
   durable?: boolean;
+  /** The root folder: the bundle's `rootfs` (an overlay the launcher mounts), or a shared read-only folder. */
+  root?: { path: string; readonly: boolean };
 }
 
 /** The bundle's config.json: the agent as pid 1 over an overlay root, isolated and limited. */
@@ -56,6 +57,7 @@ export function buildOciConfig({
   agentHostPath,
   cgroupsPath,
   durable = false,
+  root = { path: 'rootfs', readonly: false },
 }: OciConfigInputs): Record<string, unknown> {
   const env = {
     PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
@@ -63,7 +65,7 @@ export function buildOciConfig({
     LANG: 'C.UTF-8',
     ...spec.env,
   };
-  const memoryBytes = spec.resources.memoryMib * 1024 * 1024;
+  const limits = cgroupLimitsOf(spec.resources, spec.qos);
   return {
     ociVersion: '1.0.2',
     process: {
@@ -85,7 +87,7 @@ export function buildOciConfig({
       },
       noNewPrivileges: true,
     },
-    root: { path: 'rootfs', readonly: false },
+    root,
     hostname: 'sandbox',
     mounts: [
       { destination: '/proc', type: 'proc', source: 'proc', options: ['nosuid', 'noexec', 'nodev'] },
@@ -139,13 +141,9 @@ export function buildOciConfig({
       cgroupsPath: cgroupsPath,
       resources: {
         devices: [{ allow: false, access: 'rwm' }],
-        memory: { limit: memoryBytes, swap: memoryBytes },
-        pids: { limit: spec.resources.pids },
-        cpu: {
-          quota: Math.max(1000, Math.round(spec.resources.cpu * CPU_PERIOD_US)),
-          period: CPU_PERIOD_US,
-          shares: spec.qos === 'latency' ? 1024 : 2,
-        },
+        memory: { limit: limits.memoryBytes, swap: limits.memoryBytes },
+        pids: { limit: limits.pids },
+        cpu: { quota: limits.cpuQuotaUs, period: limits.cpuPeriodUs, shares: limits.cpuShares },
       },
       maskedPaths: MASKED_PATHS,
       readonlyPaths: READONLY_PATHS,

@@ -5,7 +5,14 @@ import { parseAt, writeFileAtomic } from '../../common/index.ts';
 
 /** What a container sandbox's folder records about it, so any process can list, kill or reap it. */
 export const containerStateSchema = z.object({
+  /** The sandbox it serves; for a pooled shell, its slot. */
   id: z.string(),
+  /** The name of its folder, cgroups and runtime state (the id, for a sandbox created cold). */
+  slot: z.string().optional(),
+  /** A warm shell waiting in the pool, with no tenant. */
+  pooled: z.boolean().optional(),
+  /** Counters its container ran up before this tenant, which its stats leave out. */
+  baseline: z.object({ cpuUsageMs: z.number(), oomKills: z.number() }).optional(),
   backend: z.literal('container'),
   owner: z.object({ pid: z.number().int(), startTime: z.number() }),
   createdAt: z.string(),

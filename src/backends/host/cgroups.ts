@@ -3,6 +3,7 @@ import { join } from 'node:path';
 import { createHash } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { SandgymError } from '../../common/index.ts';
+import type { QosClass, SandboxResources } from '../contract.ts';
 import { readMounts } from './mountinfo.ts';
 
 /**
@@ -60,6 +61,28 @@ async function readText(path: string): Promise<string | undefined> {
 function counter(text: string | undefined, key: string): number {
   const line = text?.split('\n').find((l) => l.startsWith(`${key} `));
   return line ? Number(line.slice(key.length + 1)) : 0;
+}
+
+/** The cgroup limits a sandbox's resources and CPU class come to. */
+export interface CgroupLimits {
+  memoryBytes: number;
+  pids: number;
+  cpuQuotaUs: number;
+  cpuPeriodUs: number;
+  /** v1 cpu.shares: a best-effort sandbox gets the lowest the kernel allows. */
+  cpuShares: number;
+}
+
+const CPU_PERIOD_US = 100_000;
+
+export function cgroupLimitsOf(resources: SandboxResources, qos: QosClass): CgroupLimits {
+  return {
+    memoryBytes: resources.memoryMib * 1024 * 1024,
+    pids: resources.pids,
+    cpuQuotaUs: Math.max(1000, Math.round(resources.cpu * CPU_PERIOD_US)),
+    cpuPeriodUs: CPU_PERIOD_US,
+    cpuShares: qos === 'latency' ? 1024 : 2,
+  };
 }
 
 /** Measured use of one sandbox cgroup. */
@@ -150,6 +173,40 @@ export class SandboxCgroup {
       cpuUsageMs: Number(cpu ?? 0) / 1e6,
       oomKills: counter(oom, 'oom_kill'),
     };
+  }
+
+  /**
+   * Sets the limits of a live sandbox, as the runtime sets them at creation: a warm sandbox gets
+   * its tenant's. Memory and swap together may not exceed the memory limit (the swap ceiling is
+   * raised first when the limit grows, lowered last when it shrinks).
+   */
+  async applyLimits(limits: CgroupLimits): Promise<void> {
+    if (this.layout.kind === 'v2') {
+      await writeFile(this.v2('memory.max'), String(limits.memoryBytes));
+      await writeFile(this.v2('memory.swap.max'), '0');
+      await writeFile(this.v2('pids.max'), String(limits.pids));
+      await writeFile(this.v2('cpu.max'), `${limits.cpuQuotaUs} ${limits.cpuPeriodUs}`);
+      // the runtime's conversion of shares to weight
+      await writeFile(
+        this.v2('cpu.weight'),
+        String(1 + Math.floor(((limits.cpuShares - 2) * 9999) / 262142)),
+      );
+      return;
+    }
+    const memory = this.v1('memory', 'memory.limit_in_bytes');
+    const withSwap = this.v1('memory', 'memory.memsw.limit_in_bytes');
+    const hasSwapFile = (await readText(withSwap)) !== undefined;
+    const order = hasSwapFile ? [memory, withSwap] : [memory];
+    const grown = await writeFile(memory, String(limits.memoryBytes)).then(
+      () => false,
+      () => true, // above the swap ceiling: raise that first
+    );
+    for (const file of grown ? order.reverse() : order.slice(1))
+      await writeFile(file, String(limits.memoryBytes));
+    await writeFile(this.v1('pids', 'pids.max'), String(limits.pids));
+    await writeFile(this.v1('cpu', 'cpu.cfs_period_us'), String(limits.cpuPeriodUs));
+    await writeFile(this.v1('cpu', 'cpu.cfs_quota_us'), String(limits.cpuQuotaUs));
+    await writeFile(this.v1('cpu', 'cpu.shares'), String(limits.cpuShares));
   }
 
   /** Freezes (or thaws) every process of the sandbox and waits until the kernel reports it done. */

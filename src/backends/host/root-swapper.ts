@@ -1,0 +1,86 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { createInterface } from 'node:readline';
+import { SandgymError } from '../../common/index.ts';
+
+/** What a sandbox's new root is made of. */
+export type NewRoot =
+  | { kind: 'overlay'; lowers: string[]; upper: string; work: string; lowersAreErofs: boolean }
+  | { kind: 'bind'; dir: string };
+
+interface Pending {
+  resolve(): void;
+  reject(error: Error): void;
+}
+
+/**
+ * Swaps the root filesystem of live sandboxes through the agent binary's long-lived `helper` mode
+ * (see agent/helper.c). One helper per backend, started on first use: a request costs a fork of
+ * that small process, never a fork of Node.
+ */
+export class RootSwapper {
+  private helper: ChildProcess | undefined;
+  private readonly pending = new Map<string, Pending>();
+  private nextId = 1;
+
+  constructor(private readonly agentPath: string) {}
+
+  /** Gives the sandbox whose first process is host pid `agentPid` the new root. */
+  swap(agentPid: number, root: NewRoot): Promise<void> {
+    const fields =
+      root.kind === 'overlay'
+        ? ['overlay', root.lowers.join(':'), root.upper, root.work, root.lowersAreErofs ? '1' : '0']
+        : ['bind', root.dir];
+    for (const field of fields) {
+      if (/[\t\n]/.test(field)) {
+        throw new SandgymError(
+          'invalid_argument',
+          `A path for a sandbox root contains a tab or newline: ${field}`,
+        );
+      }
+    }
+    const id = String(this.nextId++);
+    const helper = this.started();
+    return new Promise<void>((resolve, reject) => {
+      this.pending.set(id, { resolve, reject });
+      helper.stdin?.write([id, 'attach', String(agentPid), ...fields].join('\t') + '\n');
+    });
+  }
+
+  private started(): ChildProcess {
+    if (this.helper) return this.helper;
+    const helper = spawn(this.agentPath, ['helper'], { stdio: ['pipe', 'pipe', 'inherit'] });
+    this.helper = helper;
+    createInterface({ input: helper.stdout }).on('line', (line) => this.settle(line));
+    helper.once('exit', (code, signal) => {
+      if (this.helper === helper) this.helper = undefined;
+      this.failAll(`the root-swap helper exited (${signal ?? `code ${code}`})`);
+    });
+    helper.stdin.on('error', () => undefined); // its exit reports the failure
+    return helper;
+  }
+
+  private settle(line: string): void {
+    const [id = '', outcome, message] = line.split('\t');
+    const waiter = this.pending.get(id);
+    if (!waiter) return;
+    this.pending.delete(id);
+    if (outcome === 'ok') waiter.resolve();
+    else
+      waiter.reject(new SandgymError('platform_error', `Cannot swap a sandbox's root: ${message ?? line}`));
+  }
+
+  private failAll(why: string): void {
+    for (const waiter of this.pending.values()) {
+      waiter.reject(
+        new SandgymError('platform_error', `Cannot swap a sandbox's root: ${why}`, { retryable: true }),
+      );
+    }
+    this.pending.clear();
+  }
+
+  /** Stops the helper; requests in flight fail. */
+  close(): void {
+    this.helper?.stdin?.end();
+    this.helper = undefined;
+  }
+}
