@@ -7,10 +7,13 @@
  *
  * reads one request per line on stdin, fields separated by tabs:
  *
- *   ID attach PID overlay LOWERS UPPER WORK CHECK_EROFS   (CHECK_EROFS is 0 or 1)
- *   ID attach PID bind DIR                                (DIR is mounted read-only)
+ *   ID attach PID overlay LOWERS UPPER WORK CHECK_EROFS DEV   (CHECK_EROFS: 0 or 1)
+ *   ID attach PID bind DIR                                    (DIR is mounted read-only)
  *
- * and answers each with one line on stdout: "ID\tok" or "ID\terror\tMESSAGE". Every request runs
+ * DEV is "fresh" or "keep": a scrub between tenants always builds a fresh /dev and purges IPC,
+ * so handing a scrubbed shell to its next tenant may keep both as they are.
+ *
+ * It answers each with one line on stdout: "ID\tok" or "ID\terror\tMESSAGE". Every request runs
  * in a forked child, because entering a sandbox's mount namespace cannot be undone; the helper
  * itself exits when stdin closes. Node never forks itself per request (fork of a large Node process
  * costs 9-27 ms here); a fork of this small process costs well under a millisecond.
@@ -21,8 +24,9 @@
  *   2. mounts it on a staging dir of the current root and moves /proc and /sys (with their masked
  *      and read-only submounts) into it;
  *   3. gives it a fresh /dev (the standard device nodes, new devpts, /dev/shm and /dev/mqueue) and
- *      moves the agent binary's bind mount across;
- *   4. removes every System V IPC object and POSIX message queue of the sandbox's IPC namespace;
+ *      moves the agent binary's bind mount across (or, with DEV "keep", moves /dev as it is);
+ *   4. removes every System V IPC object and POSIX message queue of the sandbox's IPC namespace
+ *      (not with DEV "keep");
  *   5. pivots to the new root and detaches the old one with everything on it.
  * pivot_root moves the root and working directory of every process of the namespace that was on
  * the old root, so the agent (pid 1) finds itself on the new root. The caller ends every other
@@ -98,7 +102,7 @@ static void check_erofs_lowers(const char *lowers) {
 
 /* The new root as a mount that is attached nowhere yet. */
 static int detached_root(char **f, int nfields) {
-  if (nfields == 8 && strcmp(f[3], "overlay") == 0) {
+  if (nfields == 9 && strcmp(f[3], "overlay") == 0) {
     if (strcmp(f[7], "1") == 0) check_erofs_lowers(f[4]);
     int fs = fsopen("overlay", FSOPEN_CLOEXEC);
     CHECK(fs, "cannot open an overlay context: %s", strerror(errno));
@@ -222,8 +226,12 @@ static _Noreturn void attach(char **f, int nfields) {
   ensure_dir(STAGE "/dev", 0755);
   CHECK(mount("/proc", STAGE "/proc", NULL, MS_MOVE, NULL), "cannot move /proc: %s", strerror(errno));
   CHECK(mount("/sys", STAGE "/sys", NULL, MS_MOVE, NULL), "cannot move /sys: %s", strerror(errno));
-  build_dev(STAGE "/dev");
-  purge_ipc(STAGE "/dev/mqueue");
+  if (nfields == 9 && strcmp(f[8], "keep") == 0) {
+    CHECK(mount("/dev", STAGE "/dev", NULL, MS_MOVE, NULL), "cannot move /dev: %s", strerror(errno));
+  } else {
+    build_dev(STAGE "/dev");
+    purge_ipc(STAGE "/dev/mqueue");
+  }
   CHECK(chdir(STAGE), "cannot enter the new root: %s", strerror(errno));
   CHECK(syscall(SYS_pivot_root, ".", "."), "cannot pivot to the new root: %s", strerror(errno));
   CHECK(umount2(".", MNT_DETACH), "cannot detach the old root: %s", strerror(errno));

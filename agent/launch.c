@@ -7,15 +7,16 @@
  *
  * Launch mode:
  *
- *   sandgym-agent launch [--join-cgroup PROCS_FILE]... [--return-cgroup PROCS_FILE] [--lowers-are-erofs]
+ *   sandgym-agent launch [--join-cgroup PROCS_FILE]... [--return-cgroup PROCS_FILE] [--reap] [--lowers-are-erofs]
  *                        [--overlay LOWERS UPPER WORK TARGET]
  *                        [--umount PATH]... -- PROGRAM ARG...
  *
  * It joins the given cgroups (and, once the container runs, moves back to --return-cgroup), enters a private mount namespace of its own, mounts the sandbox's
  * overlay root there (so the node's namespace never holds per-sandbox mounts and creating the next
  * sandbox does not get slower), detaches the given mounts (the hybrid cgroup2 mount that Debian's
- * crun refuses), then runs PROGRAM (the OCI runtime, which must start the container detached) and
- * stays as the reaper of the container's first process. When the runtime exits, the namespace
+ * crun refuses), then executes PROGRAM (the OCI runtime). With --reap, it runs PROGRAM (which must
+ * then start the container detached) as a child instead, and stays as the reaper of the container's
+ * first process. When the runtime exits, the namespace
  * and the overlay mount go with it: nothing is left to unmount after a crash. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -59,6 +60,7 @@ int launch_main(int argc, char **argv) {
   const char *lowers = NULL, *upper = NULL, *work = NULL, *target = NULL;
   int check_erofs = 0;
   const char *return_to = NULL;
+  int reap = 0;
   int i = 1;
   for (; i < argc; i++) {
     if (strcmp(argv[i], "--") == 0) {
@@ -66,6 +68,8 @@ int launch_main(int argc, char **argv) {
       break;
     } else if (strcmp(argv[i], "--join-cgroup") == 0 && i + 1 < argc && njoins < 16) {
       joins[njoins++] = argv[++i];
+    } else if (strcmp(argv[i], "--reap") == 0) {
+      reap = 1;
     } else if (strcmp(argv[i], "--return-cgroup") == 0 && i + 1 < argc) {
       return_to = argv[++i];
     } else if (strcmp(argv[i], "--umount") == 0 && i + 1 < argc && numounts < 16) {
@@ -115,6 +119,10 @@ int launch_main(int argc, char **argv) {
   }
   for (int k = 0; k < numounts; k++)
     if (umount2(umounts[k], MNT_DETACH) < 0 && errno != EINVAL && errno != ENOENT) return fail("cannot unmount", umounts[k]);
+  if (!reap) {
+    execv(argv[i], argv + i);
+    return fail("cannot execute", argv[i]);
+  }
   /* The runtime starts the container detached and exits, so no runtime process stays resident
    * per sandbox (about 0.5 MiB each). This process stays instead, as the subreaper that the
    * sandbox's first process is handed to: tiny, it reaps that process and exits with it, so its

@@ -6,6 +6,8 @@ import { benchPlacement } from './placement.ts';
 import { benchRemoteStep } from './remote-step.ts';
 import { benchPreempt } from './preempt.ts';
 import { benchQos } from './qos.ts';
+import { benchBurst } from './burst.ts';
+import { benchDensity } from './density.ts';
 import type { BenchOptions, BenchReport } from './report.ts';
 
 /** Every benchmark by name, in the order `sandgym bench` runs them. */
@@ -18,6 +20,8 @@ export const BENCHMARKS: Record<string, (options: BenchOptions) => Promise<Bench
   'remote-step': benchRemoteStep,
   preempt: benchPreempt,
   qos: benchQos,
+  burst: benchBurst,
+  density: benchDensity,
 };
 
 export type { BenchReport, BenchOptions, Metric } from './report.ts';

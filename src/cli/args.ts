@@ -34,6 +34,14 @@ export function positiveInt(name: string, value: string | undefined): number | u
   return n;
 }
 
+export function nonNegativeInt(name: string, value: string | undefined): number | undefined {
+  if (value === undefined) return undefined;
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < 0)
+    throw new UsageError(`--${name} must be a whole number (0 or more), got "${value}"`);
+  return n;
+}
+
 /** A string option's value, or undefined when absent. */
 export function text(parsed: ParsedCommandArgs, name: string): string | undefined {
   const value = parsed.values[name];

@@ -33,7 +33,7 @@ const USAGE = `usage: sandgym COMMAND [ARGS]
   gc [--json]                             reap what crashed owners left behind
   bench [NAME ...] [--json [OUT]]         benchmarks beside their baselines (create, exec)
   node --listen ADDR [--data-dir D] [--store S] [--node-id ID] [--max-sandboxes N] [--memory-mib N]
-       [--overcommit X] [--free-floor-mib N]
+       [--overcommit X] [--free-floor-mib N] [--warm-pool N] [--warm-pool-best-effort N]
                                           a node agent (cluster mode); token in $SANDGYM_NODE_TOKEN
                                           or --node-token-file
   controller --listen ADDR --nodes ADDR,... --grants FILE [--poll-ms N] [--queue-timeout-ms N]

@@ -2,16 +2,29 @@ import { open, rename, rm } from 'node:fs/promises';
 import { dirname, basename, join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 
+/** Options for {@link writeFileAtomic}. */
+export interface AtomicWriteOptions {
+  /**
+   * fsync the file and its folder, so that the new content survives a power loss (default). Off,
+   * a crash of the writing process still leaves old or new content, never a torn file.
+   */
+  sync?: boolean;
+}
+
 /**
  * Writes a file so that a crash leaves either the old content or the new, never a torn file:
  * write to a temp file beside it, fsync, rename over the target, fsync the directory.
  */
-export async function writeFileAtomic(path: string, data: string | Uint8Array): Promise<void> {
+export async function writeFileAtomic(
+  path: string,
+  data: string | Uint8Array,
+  { sync = true }: AtomicWriteOptions = {},
+): Promise<void> {
   const temp = join(dirname(path), `.${basename(path)}.${randomBytes(6).toString('hex')}.tmp`);
   const file = await open(temp, 'w', 0o644);
   try {
     await file.writeFile(data);
-    await file.sync();
+    if (sync) await file.sync();
   } catch (error) {
     await file.close();
     await rm(temp, { force: true });
@@ -19,6 +32,7 @@ export async function writeFileAtomic(path: string, data: string | Uint8Array): 
   }
   await file.close();
   await rename(temp, path);
+  if (!sync) return;
   const dir = await open(dirname(path), 'r');
   try {
     await dir.sync();

@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { readdir } from 'node:fs/promises';
+import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { SandgymError, isSandgymError, nodeOfSandboxId, silentLogger } from '../../src/common/index.ts';
@@ -200,7 +200,8 @@ describe('a cluster of three node agents in their own network namespaces, behind
     }
     expect(await platform.listSandboxes()).toEqual([]);
     for (const node of nodes) {
-      const left = await readdir(join(node.dataDir, 'sandboxes')).catch(() => []);
+      // the node's warm pool stays; a scrubbed container's folder holds no tenant and no upper dir
+      const left = await tenantFolders(join(node.dataDir, 'sandboxes'));
       expect(left, `sandbox folders left on ${node.nodeId}`).toEqual([]);
       const logs = await readdir(join(node.dataDir, 'trajectories')).catch(() => [] as string[]);
       for (const sandbox of [...members, ...group.sandboxes, ...orphans]) {
@@ -209,3 +210,16 @@ describe('a cluster of three node agents in their own network namespaces, behind
     }
   });
 });
+
+/** Sandbox folders that still belong to a tenant, or still hold an upper dir. */
+async function tenantFolders(dir: string): Promise<string[]> {
+  const left: string[] = [];
+  for (const slot of await readdir(dir).catch(() => [] as string[])) {
+    const state = JSON.parse(await readFile(join(dir, slot, 'state.json'), 'utf8').catch(() => '{}')) as {
+      pooled?: boolean;
+    };
+    const files = await readdir(join(dir, slot));
+    if (!state.pooled || files.includes('upper')) left.push(slot);
+  }
+  return left;
+}

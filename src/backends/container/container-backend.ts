@@ -75,8 +75,11 @@ export interface ContainerBackendOptions {
   warmPool?: WarmPoolPolicy;
 }
 
-/** The limits a pooled shell runs under until a tenant brings its own. */
-const SHELL_RESOURCES = { cpu: 1, memoryMib: 64, pids: 64, outputCapBytes: 1 << 20 };
+/**
+ * The limits a pooled shell runs under until a tenant brings its own: a sandbox request's
+ * defaults, so that most tenants need no cgroup writes at all.
+ */
+const SHELL_RESOURCES = { cpu: 1, memoryMib: 512, pids: 512, outputCapBytes: 1 << 20 };
 
 /** How long an agent may take to end a tenant's processes and take its new root. */
 const RESET_TIMEOUT_MS = 10_000;
@@ -143,6 +146,11 @@ export class ContainerBackend implements Backend {
   /** Resolves once the warm pool holds what its policy asks for. */
   async warmPoolFilled(timeoutMs?: number): Promise<void> {
     await this.pool?.filled(timeoutMs);
+  }
+
+  /** Durable sandboxes' state must survive a power loss; the others' only a crash of this process. */
+  private saveState(dir: string, state: ContainerState): Promise<void> {
+    return writeContainerState(dir, state, this.options.durable ?? false);
   }
 
   /** This process's own cgroup2 (hybrid hosts), which a launcher returns to once its container runs. */
@@ -308,20 +316,22 @@ export class ContainerBackend implements Backend {
     try {
       // overlay lists lower dirs top first; layers come base first
       const lowers = [...points].reverse();
-      await this.swapper.swap(await soleProcess(shell), {
+      // a pooled shell was checked to hold its agent alone when it was scrubbed, and its /dev is fresh
+      shell.agentPid ??= await soleProcess(shell);
+      await this.swapper.swap(shell.agentPid, {
         kind: 'overlay',
         lowers,
         upper,
         work,
         lowersAreErofs: true,
+        dev: 'keep',
       });
       await shell.channel.call({ op: 'reset' }, { timeoutMs: RESET_TIMEOUT_MS });
-      await shell.cgroup.applyLimits(cgroupLimitsOf(spec.resources, spec.qos));
+      await this.applyLimits(shell, spec);
       baseline = await shell.cgroup.usage();
-      const { launcher } = (await readContainerState(paths.dir)) ?? {};
-      await writeContainerState(paths.dir, {
+      await this.saveState(paths.dir, {
         ...this.tenantState(spec, shell.slot),
-        ...(launcher ? { launcher } : {}),
+        ...(shell.launcher ? { launcher: shell.launcher } : {}),
         baseline: { cpuUsageMs: baseline.cpuUsageMs, oomKills: baseline.oomKills },
       });
     } catch (error) {
@@ -329,6 +339,15 @@ export class ContainerBackend implements Backend {
       throw error;
     }
     return this.track(shell, spec, baseline);
+  }
+
+  /** Writes the tenant's cgroup limits, unless the container has them already. */
+  private async applyLimits(shell: WarmShell, spec: SandboxSpec): Promise<void> {
+    const limits = cgroupLimitsOf(spec.resources, spec.qos);
+    const key = JSON.stringify(limits);
+    if (shell.limits === key) return;
+    await shell.cgroup.applyLimits(limits);
+    shell.limits = key;
   }
 
   private track(
@@ -369,7 +388,7 @@ export class ContainerBackend implements Backend {
     let shell: WarmShell | undefined;
     try {
       await mkdir(paths.dir, { recursive: true });
-      await writeContainerState(paths.dir, state);
+      await this.saveState(paths.dir, state);
       const joins = await cgroup.prepare();
       const config = buildOciConfig({
         spec,
@@ -383,14 +402,23 @@ export class ContainerBackend implements Backend {
       launcher = launched.launcher;
       // so that gc can stop a launcher whose owner died before the sandbox was up
       const launcherIdentity = await processIdentity(launcher.pid ?? -1);
-      if (launcherIdentity) await writeContainerState(paths.dir, { ...state, launcher: launcherIdentity });
+      if (launcherIdentity) await this.saveState(paths.dir, { ...state, launcher: launcherIdentity });
+      const identity = launcherIdentity ? { launcher: launcherIdentity } : {};
       const started = launcher;
       const exited = new Promise<void>((resolve) => {
         if (started.exitCode !== null || started.signalCode !== null) return resolve();
         started.once('exit', () => resolve());
       });
       const channel = new AgentChannel(launched.requests, launched.responses, this.codec);
-      shell = { slot, qos: spec.qos, channel, cgroup, exited };
+      shell = {
+        slot,
+        qos: spec.qos,
+        channel,
+        cgroup,
+        exited,
+        limits: JSON.stringify(cgroupLimitsOf(spec.resources, spec.qos)),
+        ...identity,
+      };
       this.containers.set(slot, shell);
       await this.waitReady(slot, channel, exited, paths, options);
       this.logger.debug({ slot }, 'container ready');
@@ -411,7 +439,7 @@ export class ContainerBackend implements Backend {
     overlay: { lowers: string[]; erofs: boolean } | undefined,
     joins: string[],
   ): Promise<{ launcher: ChildProcess; requests: Writable; responses: Readable }> {
-    const args = ['launch'];
+    const args = ['launch', '--reap'];
     for (const file of joins) args.push('--join-cgroup', file);
     const home = await this.ownFreezeCgroup();
     if (joins.length && home) args.push('--return-cgroup', home);
@@ -522,13 +550,12 @@ export class ContainerBackend implements Backend {
     try {
       await shell.cgroup.setFrozen(false);
       await shell.channel.call({ op: 'reset' }, { timeoutMs: RESET_TIMEOUT_MS });
-      await this.swapper.swap(await soleProcess(shell), { kind: 'bind', dir: this.shellRoot });
+      shell.agentPid = await soleProcess(shell);
+      await this.swapper.swap(shell.agentPid, { kind: 'bind', dir: this.shellRoot });
       const paths = this.pathsOf(shell.slot);
-      await Promise.all(
-        ['upper', 'work'].map((d) => rm(join(paths.dir, d), { recursive: true, force: true, maxRetries: 3 })),
-      );
-      const { launcher } = (await readContainerState(paths.dir)) ?? {};
-      await writeContainerState(paths.dir, {
+      await removeWritableLayers(paths.dir);
+      const launcher = shell.launcher;
+      await this.saveState(paths.dir, {
         id: shell.slot,
         slot: shell.slot,
         pooled: true,
@@ -679,7 +706,7 @@ export class ContainerBackend implements Backend {
       throw error;
     }
     await this.mounts.acquire(spec.layers);
-    await writeContainerState(paths.dir, { ...state, owner: this.owner });
+    await this.saveState(paths.dir, { ...state, owner: this.owner });
     const shell: WarmShell = { slot, qos: spec.qos, channel, cgroup, exited: channel.closed };
     this.containers.set(slot, shell);
     const baseline = state.baseline ? { memoryBytes: 0, pids: 0, ...state.baseline } : undefined;
@@ -778,7 +805,7 @@ export class ContainerBackend implements Backend {
 
 /** The host pid of a container's agent, when it is the only process left: the check that a scrub worked. */
 async function soleProcess(shell: WarmShell): Promise<number> {
-  const pids = await shell.cgroup.processes();
+  const pids = await shell.cgroup.members();
   if (pids.length !== 1 || pids[0] === undefined) {
     throw new SandgymError(
       'platform_error',
@@ -786,4 +813,12 @@ async function soleProcess(shell: WarmShell): Promise<number> {
     );
   }
   return pids[0];
+}
+
+/** Removes every upper and work dir of a container's folder (a renewed root leaves numbered ones). */
+async function removeWritableLayers(dir: string): Promise<void> {
+  const names = (await readdir(dir)).filter((name) => /^(upper|work)(-\d+)?$/.test(name));
+  await Promise.all(
+    names.map((name) => rm(join(dir, name), { recursive: true, force: true, maxRetries: 3 })),
+  );
 }

@@ -46,8 +46,9 @@ export type ContainerState = z.infer<typeof containerStateSchema>;
 
 export const STATE_FILE = 'state.json';
 
-export function writeContainerState(dir: string, state: ContainerState): Promise<void> {
-  return writeFileAtomic(join(dir, STATE_FILE), JSON.stringify(state, null, 2));
+/** `sync` is for durable sandboxes, which must find their state again after a power loss. */
+export function writeContainerState(dir: string, state: ContainerState, sync = true): Promise<void> {
+  return writeFileAtomic(join(dir, STATE_FILE), JSON.stringify(state, null, 2), { sync });
 }
 
 /** The recorded state, or undefined for a folder whose creation never got that far. */

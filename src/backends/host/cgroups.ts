@@ -267,6 +267,13 @@ export class SandboxCgroup {
     });
   }
 
+  /** Pids of the sandbox's processes from the one hierarchy that counts them all (pids), read cheaply. */
+  async members(): Promise<number[]> {
+    const dir = this.layout.kind === 'v2' ? join(this.layout.root, this.relativePath) : this.v1('pids', '');
+    const text = await readText(join(dir, 'cgroup.procs'));
+    return (text?.split('\n') ?? []).filter(Boolean).map(Number);
+  }
+
   /** Pids of every process in the sandbox, from all hierarchies. */
   async processes(): Promise<number[]> {
     const pids = new Set<number>();

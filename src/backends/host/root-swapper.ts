@@ -4,7 +4,18 @@ import { SandgymError } from '../../common/index.ts';
 
 /** What a sandbox's new root is made of. */
 export type NewRoot =
-  | { kind: 'overlay'; lowers: string[]; upper: string; work: string; lowersAreErofs: boolean }
+  | {
+      kind: 'overlay';
+      lowers: string[];
+      upper: string;
+      work: string;
+      lowersAreErofs: boolean;
+      /**
+       * `fresh`: a new /dev, and every IPC object removed (between two tenants); `keep`: /dev and
+       * IPC as they are (a shell scrubbed already, on its way to its next tenant).
+       */
+      dev: 'fresh' | 'keep';
+    }
   | { kind: 'bind'; dir: string };
 
 interface Pending {
@@ -28,7 +39,7 @@ export class RootSwapper {
   swap(agentPid: number, root: NewRoot): Promise<void> {
     const fields =
       root.kind === 'overlay'
-        ? ['overlay', root.lowers.join(':'), root.upper, root.work, root.lowersAreErofs ? '1' : '0']
+        ? ['overlay', root.lowers.join(':'), root.upper, root.work, root.lowersAreErofs ? '1' : '0', root.dev]
         : ['bind', root.dir];
     for (const field of fields) {
       if (/[\t\n]/.test(field)) {

@@ -10,7 +10,7 @@ import {
   type LocalPlatformOptions,
   type PlatformClient,
 } from '../../platform/index.ts';
-import { parseCommandArgs, positiveInt, text } from '../args.ts';
+import { nonNegativeInt, parseCommandArgs, positiveInt, text } from '../args.ts';
 import { consoleLogger } from '../console-logger.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
 
@@ -70,6 +70,9 @@ function serveUntilSignalled(close: () => Promise<void>): Promise<number> {
   });
 }
 
+/** Warm latency-class shells a node keeps by default: enough to absorb a small burst. */
+const DEFAULT_NODE_WARM_POOL = 8;
+
 /** `sandgym node --listen ADDR [--data-dir D] [--store S] ...`: a node agent. */
 export async function nodeCommand(args: string[]): Promise<number> {
   const parsed = parseCommandArgs('node', args, {
@@ -82,6 +85,8 @@ export async function nodeCommand(args: string[]): Promise<number> {
     'memory-mib': { type: 'string' },
     overcommit: { type: 'string' },
     'free-floor-mib': { type: 'string' },
+    'warm-pool': { type: 'string' },
+    'warm-pool-best-effort': { type: 'string' },
   });
   const listen = text(parsed, 'listen');
   if (!listen) throw new UsageError('sandgym node: give --listen HOST:PORT (port 0 picks a free one)');
@@ -97,6 +102,10 @@ export async function nodeCommand(args: string[]): Promise<number> {
       `sandgym node: --overcommit must be a number from 1 to 100, got "${overcommitText}"`,
     );
   }
+  const warmPool = {
+    latency: nonNegativeInt('warm-pool', text(parsed, 'warm-pool')) ?? DEFAULT_NODE_WARM_POOL,
+    best_effort: nonNegativeInt('warm-pool-best-effort', text(parsed, 'warm-pool-best-effort')) ?? 0,
+  };
   const logger = consoleLogger();
   const storeDir = text(parsed, 'store');
   const platform = await Platform.local({
@@ -104,6 +113,7 @@ export async function nodeCommand(args: string[]): Promise<number> {
     nodeId,
     logger,
     durable: true,
+    warmPool,
     ...(storeDir ? { storeDir } : {}),
   });
   const node = await NodeAgent.start(platform, {

@@ -1,0 +1,90 @@
+import { readFileSync } from 'node:fs';
+import { BenchFixture } from './fixture.ts';
+import { compared, hostInfo, quantile, type BenchOptions, type BenchReport } from './report.ts';
+import type { Sandbox } from '../src/platform/index.ts';
+
+const LIVE = Number(process.env['SANDGYM_BENCH_DENSITY'] ?? 2_000);
+const CONCURRENCY = 8;
+const LATENCY_SAMPLES = 30;
+const REQUEST = { environment: 'busybox:latest' };
+
+/** Host memory in use, in KiB, as `free` counts it: neither free nor reclaimable cache. */
+function usedKib(): number {
+  const info = Object.fromEntries(
+    readFileSync('/proc/meminfo', 'utf8')
+      .split('\n')
+      .map((line) => line.split(/:\s+/))
+      .map(([key, value]) => [key, Number.parseInt(value ?? '0', 10)]),
+  ) as Record<string, number>;
+  const reclaimable = (info['Buffers'] ?? 0) + (info['Cached'] ?? 0) + (info['SReclaimable'] ?? 0);
+  return (info['MemTotal'] ?? 0) - (info['MemFree'] ?? 0) - reclaimable;
+}
+
+async function settle(): Promise<void> {
+  await new Promise((resolve) => setTimeout(resolve, 3_000));
+}
+
+/** p50 of create→ready for a sandbox started cold (no warm pool), each closed right after. */
+async function createLatencies(fixture: BenchFixture): Promise<number[]> {
+  const samples: number[] = [];
+  for (let i = 0; i < LATENCY_SAMPLES; i++) {
+    const started = performance.now();
+    const sandbox = await fixture.platform.createSandbox(REQUEST);
+    samples.push(performance.now() - started);
+    await sandbox.close();
+  }
+  return samples;
+}
+
+/**
+ * density: live idle sandboxes up to 2,000 (SANDGYM_BENCH_DENSITY sets another count). Host memory
+ * each costs (the rise of used memory, kernel memory included, page cache not), and create→ready
+ * latency with all of them live against none live. Creates here are cold: the warm pool would hide
+ * exactly the costs that grow with the number of live sandboxes.
+ */
+export async function benchDensity(options: BenchOptions): Promise<BenchReport> {
+  await using fixture = await BenchFixture.create();
+  await (await fixture.platform.createSandbox(REQUEST)).close(); // mount the layer once
+  options.progress(`density: create latency with 0 live (${LATENCY_SAMPLES} samples)`);
+  const atZero = await createLatencies(fixture);
+  await settle();
+  const before = usedKib();
+  options.progress(`density: starting ${LIVE} idle sandboxes, ${CONCURRENCY} at a time`);
+  const live: Sandbox[] = [];
+  const started = performance.now();
+  try {
+    let next = 0;
+    await Promise.all(
+      Array.from({ length: CONCURRENCY }, async () => {
+        while (next < LIVE) {
+          next++;
+          live.push(await fixture.platform.createSandbox(REQUEST));
+          if (live.length % 250 === 0) options.progress(`density: ${live.length} live`);
+        }
+      }),
+    );
+    const startMs = performance.now() - started;
+    await settle();
+    const perSandboxKib = (usedKib() - before) / LIVE;
+    options.progress(`density: create latency with ${LIVE} live (${LATENCY_SAMPLES} samples)`);
+    const atLive = await createLatencies(fixture);
+    const stillAnswering = (await Promise.all(live.slice(0, 20).map((s) => s.exec(['true'])))).every(
+      (r) => r.exitCode === 0,
+    );
+    return {
+      bench: 'density',
+      host: hostInfo(),
+      metrics: {
+        live_sandboxes: { value: LIVE, unit: 'sandboxes' },
+        host_memory_per_sandbox_mib: { value: Math.round((perSandboxKib / 1024) * 1000) / 1000, unit: 'MiB' },
+        [`create_p50_ms_at_${LIVE}_live_vs_0_live`]: compared(quantile(atLive, 0.5), quantile(atZero, 0.5)),
+        [`create_p99_ms_at_${LIVE}_live_vs_0_live`]: compared(quantile(atLive, 0.99), quantile(atZero, 0.99)),
+        start_all_per_s: { value: Math.round((LIVE / startMs) * 1000 * 10) / 10, unit: 'sandboxes/s' },
+        live_sandboxes_still_answer: { value: stillAnswering ? 1 : 0, unit: 'bool' },
+      },
+    };
+  } finally {
+    options.progress(`density: closing ${live.length} sandboxes`);
+    await Promise.all(live.map((s) => s.close()));
+  }
+}
