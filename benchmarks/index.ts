@@ -8,6 +8,7 @@ import { benchPreempt } from './preempt.ts';
 import { benchQos } from './qos.ts';
 import { benchBurst } from './burst.ts';
 import { benchDensity } from './density.ts';
+import { benchFnCall } from './fncall.ts';
 import type { BenchOptions, BenchReport } from './report.ts';
 
 /** Every benchmark by name, in the order `sandgym bench` runs them. */
@@ -22,6 +23,7 @@ export const BENCHMARKS: Record<string, (options: BenchOptions) => Promise<Bench
   qos: benchQos,
   burst: benchBurst,
   density: benchDensity,
+  fncall: benchFnCall,
 };
 
 export type { BenchReport, BenchOptions, Metric } from './report.ts';

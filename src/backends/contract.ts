@@ -79,6 +79,11 @@ export interface BackendCapabilities {
   shellSessions: boolean;
   /** Whether a sandbox has its own network namespace (loopback only unless a policy opens it). */
   ownNetwork: boolean;
+  /**
+   * Whether what one command writes is there for the next. FnCall sandboxes are stateless: each
+   * call starts from the image plus the files written with writeFile, and leaves nothing behind.
+   */
+  statefulExec: boolean;
 }
 
 /** Options of one command. */

@@ -320,8 +320,9 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
     const { layer, present } = await this.platform.packDiff(agent, this.diffOptions());
     const { deniedEgress } = await agent.stats();
     const tampered = [...new Set([...this.earlierTampering, ...present.map((path) => `/${path}`)])];
+    const clean = this.base ?? `${environment.name}:${environment.version}`;
     const grader = await this.platform.createSandbox({
-      environment: this.base ?? `${environment.name}:${environment.version}`,
+      environment: clean,
       extraLayers: [layer.digest],
       resources: { cpu: this.task.resources.cpu, memoryMib: this.task.resources.memoryMib },
     });
@@ -330,6 +331,8 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
         task: this.task,
         grader,
         workdir: environment.config.workdir,
+        platform: this.platform,
+        environment: clean,
       });
       // Tampering is reported, not punished: the protected paths came from the task's own
       // layers, so the verifier judged the real work.

@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { SandgymError } from '../common/index.ts';
-import type { Sandbox } from '../platform/index.ts';
+import type { PlatformClient, Sandbox } from '../platform/index.ts';
 import type { OjCase, Task, TaskGrading } from './tasks/task.ts';
 import { stageFolder } from './stage-folder.ts';
 
@@ -9,6 +9,10 @@ export interface VerifyContext {
   task: Task;
   grader: Sandbox;
   workdir: string;
+  /** The platform, for verifiers that run calls of their own (OJ judges through FnCall). */
+  platform: PlatformClient;
+  /** The clean environment the grader was built on, without the agent's changes. */
+  environment: string;
 }
 
 /** A verifier's verdict: the reward and what led to it. */
@@ -104,33 +108,51 @@ export function normaliseOutput(text: string): string {
     .replace(/\n+$/, '');
 }
 
-/** OJ: runs the program once per case with its stdin and a time limit; reward 1 only when every case matches. */
-export function ojVerifier(run: string[], cases: OjCase[], caseTimeoutMs: number): Verifier {
-  return async ({ grader, workdir }) => {
-    const statuses: string[] = [];
-    for (const testCase of cases) {
-      const result = await grader.exec(run, {
-        stdin: testCase.stdin,
-        timeoutMs: caseTimeoutMs,
-        cwd: workdir,
-      });
-      statuses.push(
-        result.timedOut
-          ? 'time_limit'
-          : result.oomKilled
-            ? 'memory_limit'
-            : result.exitCode !== 0
-              ? 'runtime_error'
-              : normaliseOutput(result.stdout) === normaliseOutput(testCase.stdout)
-                ? 'accepted'
-                : 'wrong_answer',
-      );
+/**
+ * OJ: takes the agent's program from the grader, then judges each case as a stateless FnCall in a
+ * warm sandbox of the clean environment (so nothing the agent changed besides its program takes
+ * part), with the case's stdin and time limit and the task's memory limit. Reward 1 only when
+ * every case matches.
+ */
+export function ojVerifier(program: string, run: string[], cases: OjCase[], caseTimeoutMs: number): Verifier {
+  return async ({ grader, workdir, platform, environment, task }) => {
+    const source = await grader.readFile(program).catch(() => undefined);
+    if (!source)
+      return { reward: 0, details: { cases: cases.map(() => 'no_program'), passed: 0, total: cases.length } };
+    const judge = await platform.createSandbox({
+      backend: 'fncall',
+      environment,
+      resources: { cpu: task.resources.cpu, memoryMib: task.resources.memoryMib },
+    });
+    try {
+      await judge.writeFile(program, source, { mode: 0o755 });
+      const statuses: string[] = [];
+      for (const testCase of cases) {
+        const result = await judge.exec(run, {
+          stdin: testCase.stdin,
+          timeoutMs: caseTimeoutMs,
+          cwd: workdir,
+        });
+        statuses.push(
+          result.timedOut
+            ? 'time_limit'
+            : result.oomKilled
+              ? 'memory_limit'
+              : result.exitCode !== 0
+                ? 'runtime_error'
+                : normaliseOutput(result.stdout) === normaliseOutput(testCase.stdout)
+                  ? 'accepted'
+                  : 'wrong_answer',
+        );
+      }
+      const passed = statuses.filter((s) => s === 'accepted').length;
+      return {
+        reward: passed === cases.length ? 1 : 0,
+        details: { cases: statuses, passed, total: cases.length, judgedBy: 'fncall' },
+      };
+    } finally {
+      await judge.close();
     }
-    const passed = statuses.filter((s) => s === 'accepted').length;
-    return {
-      reward: passed === cases.length ? 1 : 0,
-      details: { cases: statuses, passed, total: cases.length },
-    };
   };
 }
 
@@ -323,7 +345,7 @@ export function defaultVerifier(task: Task): Verifier {
     case 'reward_file':
       return rewardFileVerifier(grading.testsDir, task.verifierTimeoutMs);
     case 'oj':
-      return ojVerifier(grading.run, grading.cases, grading.caseTimeoutMs);
+      return ojVerifier(grading.program, grading.run, grading.cases, grading.caseTimeoutMs);
     case 'swebench':
       return sweBenchVerifier(grading, task.verifierTimeoutMs);
   }

@@ -3,6 +3,7 @@ import { rm } from 'node:fs/promises';
 import { resolve, join } from 'node:path';
 import {
   ContainerBackend,
+  FnCallBackend,
   packageRoot,
   type CallOptions,
   type GcReport,
@@ -103,7 +104,12 @@ export class LocalPlatform implements PlatformClient {
   ) {
     this.lifetimes = setInterval(() => void this.reclaimExpired(), LIFETIME_SWEEP_MS);
     this.lifetimes.unref();
+    this.fncall = new FnCallBackend(container, { logger, nodeId });
   }
+
+  /** Stateless calls on warm container workers, per environment (request `backend: 'fncall'`). */
+  private readonly fncall: FnCallBackend;
+
   /** Warm shells ready now per CPU class, and a wait for the pool to reach its policy. */
   get warmPool(): { ready: Record<QosClass, number>; filled(timeoutMs?: number): Promise<void> } {
     const container = this.container;
@@ -157,10 +163,16 @@ export class LocalPlatform implements PlatformClient {
       [PROJECT_LABEL]: project,
       ...(resolved.run ? { [RUN_LABEL]: resolved.run } : {}),
     };
-    if (resolved.backend !== 'container') {
+    if (resolved.backend !== 'container' && resolved.backend !== 'fncall') {
       throw new SandgymError(
         'unsupported',
-        `Backend "${resolved.backend}" is not available yet; use "container"`,
+        `Backend "${resolved.backend}" is not available yet; use "container" or "fncall"`,
+      );
+    }
+    if (resolved.backend === 'fncall' && resolved.run) {
+      throw new SandgymError(
+        'invalid_argument',
+        'A FnCall sandbox keeps no state for a run to govern: leave out "run", or use backend "container"',
       );
     }
     const named = await this.store.getEnvironment(resolved.environment);
@@ -190,7 +202,7 @@ export class LocalPlatform implements PlatformClient {
     this.logger.debug({ id, environment: `${environment.name}:${environment.version}` }, 'creating sandbox');
     const labels: Record<string, string> = { ...resolved.labels };
     if (environment.name !== 'build') labels['environment'] = `${environment.name}:${environment.version}`;
-    return this.container.create(
+    return (resolved.backend === 'fncall' ? this.fncall : this.container).create(
       {
         id,
         layers: await this.store.layerImages(environment),
@@ -209,8 +221,8 @@ export class LocalPlatform implements PlatformClient {
     return buildFromDockerfile(this, options);
   }
 
-  listSandboxes(): Promise<SandboxRecord[]> {
-    return this.container.list();
+  async listSandboxes(): Promise<SandboxRecord[]> {
+    return [...(await this.container.list()), ...(await this.fncall.list())];
   }
 
   /** Adopts the durable sandboxes a crashed predecessor on this data dir left running. */
@@ -219,11 +231,11 @@ export class LocalPlatform implements PlatformClient {
   }
 
   attachSandbox(id: string): Promise<Sandbox> {
-    return Promise.resolve(this.container.attach(id));
+    return Promise.resolve(this.fncall.has(id) ? this.fncall.attach(id) : this.container.attach(id));
   }
 
   killSandbox(id: string): Promise<void> {
-    return this.container.kill(id);
+    return this.fncall.has(id) ? this.fncall.kill(id) : this.container.kill(id);
   }
 
   gc(): Promise<GcReport> {
@@ -303,6 +315,7 @@ export class LocalPlatform implements PlatformClient {
     try {
       clearInterval(this.lifetimes);
       this.runManager.close();
+      await this.fncall.close();
       await this.container.close();
     } finally {
       for (const log of this.trajectories.values()) await (await log.catch(() => undefined))?.close();

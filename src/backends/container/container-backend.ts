@@ -2,7 +2,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes, randomInt } from 'node:crypto';
 import { existsSync, openSync, closeSync } from 'node:fs';
 import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
-import { join, resolve } from 'node:path';
+import { basename, dirname, join, resolve } from 'node:path';
 import type { Readable, Writable } from 'node:stream';
 import { setTimeout as sleep } from 'node:timers/promises';
 import {
@@ -94,6 +94,7 @@ const CAPABILITIES: BackendCapabilities = {
   fork: false,
   shellSessions: false,
   ownNetwork: true,
+  statefulExec: true,
 };
 
 /**
@@ -110,6 +111,7 @@ export class ContainerBackend implements Backend {
   private readonly pool: WarmPool | undefined;
   private readonly swapper: RootSwapper;
   private homeCgroup: Promise<string | undefined> | undefined;
+  private renewals = 0;
   private readonly logger: Logger;
   private readonly codec: Codec;
   private isClosed = false;
@@ -594,6 +596,63 @@ export class ContainerBackend implements Backend {
     } finally {
       this.containers.delete(shell.slot);
     }
+  }
+
+  /**
+   * Whether a sandbox of this process holds anything beyond its image: a process besides its
+   * agent, a written file, or something in /dev/shm or /dev/mqueue. What a stateless caller
+   * (FnCall) checks between two calls before reusing the sandbox.
+   */
+  async holdsState(sandbox: ContainerSandbox): Promise<boolean> {
+    const shell = this.containers.get(sandbox.slot);
+    if (!shell) return true;
+    const pids = await shell.cgroup.members();
+    if (pids.length !== 1 || pids[0] === undefined) return true;
+    const root = `/proc/${pids[0]}/root`;
+    for (const dir of [sandbox.upperDir, `${root}/dev/shm`, `${root}/dev/mqueue`]) {
+      if ((await readdir(dir).catch(() => ['unreadable'])).length > 0) return true;
+    }
+    return false;
+  }
+
+  /**
+   * Gives a sandbox of this process a fresh root over its own layers, as if it were just created:
+   * every process but the agent ended, a new empty upper dir, a fresh /dev, IPC purged. The
+   * container, its cgroups and its agent stay. What FnCall does between calls that left state.
+   */
+  async renewRoot(sandbox: ContainerSandbox): Promise<void> {
+    const shell = this.containers.get(sandbox.slot);
+    if (!shell) throw new SandgymError('not_found', `No live sandbox "${sandbox.id}" of this process`);
+    await shell.cgroup.setFrozen(false);
+    await shell.channel.call({ op: 'reset' }, { timeoutMs: RESET_TIMEOUT_MS });
+    shell.agentPid = await soleProcess(shell);
+    const dir = this.pathsOf(shell.slot).dir;
+    const generation = ++this.renewals;
+    const upper = join(dir, `upper-${generation}`);
+    const work = join(dir, `work-${generation}`);
+    await Promise.all([upper, work].map((d) => mkdir(d, { recursive: true })));
+    const points = await this.mounts.acquire(sandbox.layers);
+    try {
+      const lowers = [...points].reverse();
+      await this.swapper.swap(shell.agentPid, {
+        kind: 'overlay',
+        lowers,
+        upper,
+        work,
+        lowersAreErofs: true,
+        dev: 'fresh',
+      });
+    } catch (error) {
+      await Promise.all([upper, work].map((d) => rm(d, { recursive: true, force: true })));
+      throw error;
+    } finally {
+      this.mounts.release(sandbox.layers); // the old root's hold becomes the new root's
+    }
+    const old = sandbox.upperDir;
+    sandbox.rebase(upper);
+    await shell.channel.call({ op: 'reset' }, { timeoutMs: RESET_TIMEOUT_MS }); // takes the new root
+    const oldWork = join(dirname(old), basename(old).replace(/^upper/, 'work'));
+    await Promise.all([old, oldWork].map((d) => rm(d, { recursive: true, force: true, maxRetries: 3 })));
   }
 
   /**

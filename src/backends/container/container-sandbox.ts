@@ -55,6 +55,7 @@ export class ContainerSandbox implements BackendSandbox {
   readonly backend = 'container' as const;
   readonly id: string;
   readonly slot: string;
+  private writableDir: string;
   private currentState: SandboxState = 'running';
   private failureReason: FailureReason | undefined;
   private seenOomKills = 0;
@@ -66,6 +67,7 @@ export class ContainerSandbox implements BackendSandbox {
   constructor(private readonly parts: ContainerSandboxParts) {
     this.id = parts.spec.id;
     this.slot = parts.slot;
+    this.writableDir = parts.upperDir;
     this.seenOomKills = parts.baseline?.oomKills ?? 0;
     this.createdAt = parts.createdAt ?? Date.now();
     this.exited = parts.exited;
@@ -78,6 +80,16 @@ export class ContainerSandbox implements BackendSandbox {
 
   get failure(): FailureReason | undefined {
     return this.failureReason;
+  }
+
+  /** Its overlay upper dir on the node: what it has written. */
+  get upperDir(): string {
+    return this.writableDir;
+  }
+
+  /** Its backend gave it a fresh root with this upper dir (see ContainerBackend.renewRoot). */
+  rebase(upperDir: string): void {
+    this.writableDir = upperDir;
   }
 
   get cgroup(): SandboxCgroup {
@@ -300,7 +312,7 @@ export class ContainerSandbox implements BackendSandbox {
     await this.ready('read the writable layer', undefined);
     await this.pause();
     try {
-      return await consume(this.parts.upperDir);
+      return await consume(this.writableDir);
     } finally {
       if (!wasPaused) await this.resume();
     }

@@ -1,0 +1,215 @@
+import { AsyncQueue, SandgymError, type FailureReason } from '../../common/index.ts';
+import type {
+  BackendSandbox,
+  CallOptions,
+  DirEntry,
+  ExecChunk,
+  ExecOptions,
+  ExecResult,
+  ExecStream,
+  HibernateReport,
+  LayerImage,
+  ReadFileOptions,
+  SandboxResources,
+  SandboxSpec,
+  SandboxState,
+  SandboxStats,
+  WriteFileOptions,
+} from '../contract.ts';
+import type { ContainerSandbox } from '../container/container-sandbox.ts';
+import { collectExec } from '../collect-exec.ts';
+import { checkArgv, checkSandboxPath, throwIfAborted } from '../internal/checks.ts';
+import type { WorkerSet } from './worker-set.ts';
+
+/** The most a FnCall sandbox may hold in files written with writeFile. */
+const MAX_STAGED_BYTES = 64 * 1024 * 1024;
+
+interface StagedFile {
+  data: Uint8Array;
+  mode: number;
+}
+
+/**
+ * A stateless sandbox: every call runs in a warm worker of its environment, which first receives
+ * the files given with writeFile, and is cleaned after the call. Nothing a command writes lasts;
+ * there is nothing to pause, hibernate or checkpoint.
+ */
+export class FnCallSandbox implements BackendSandbox {
+  readonly backend = 'fncall' as const;
+  readonly id: string;
+  readonly createdAt = Date.now();
+  private currentState: SandboxState = 'running';
+  private readonly staged = new Map<string, StagedFile>();
+  private stagedBytes = 0;
+  private inFlight = 0;
+  private active = Date.now();
+
+  constructor(
+    private readonly spec: SandboxSpec,
+    private readonly workers: WorkerSet,
+    private readonly onClose: (sandbox: FnCallSandbox) => void,
+  ) {
+    this.id = spec.id;
+  }
+
+  get state(): SandboxState {
+    return this.currentState;
+  }
+
+  get failure(): FailureReason | undefined {
+    return undefined;
+  }
+
+  get layers(): readonly LayerImage[] {
+    return this.spec.layers;
+  }
+
+  get labels(): Readonly<Record<string, string>> {
+    return this.spec.labels;
+  }
+
+  get resources(): Readonly<SandboxResources> {
+    return this.spec.resources;
+  }
+
+  get activeCalls(): number {
+    return this.inFlight;
+  }
+
+  get lastActiveAt(): number {
+    return this.inFlight > 0 ? Date.now() : this.active;
+  }
+
+  /** Runs `work` on a leased worker that holds this sandbox's files, then hands the worker back. */
+  private async withWorker<T>(
+    what: string,
+    signal: AbortSignal | undefined,
+    work: (worker: ContainerSandbox) => Promise<T>,
+  ): Promise<T> {
+    throwIfAborted(signal, what);
+    if (this.currentState !== 'running') {
+      throw new SandgymError(
+        'failed_precondition',
+        `Cannot ${what}: sandbox ${this.id} is ${this.currentState}`,
+      );
+    }
+    this.inFlight++;
+    this.active = Date.now();
+    try {
+      const worker = await this.workers.lease(signal);
+      try {
+        for (const [path, file] of this.staged) await worker.writeFile(path, file.data, { mode: file.mode });
+        return await work(worker);
+      } finally {
+        await this.workers.release(worker);
+      }
+    } finally {
+      this.inFlight--;
+      this.active = Date.now();
+    }
+  }
+
+  exec(argv: string[], options: ExecOptions = {}): Promise<ExecResult> {
+    return collectExec(this.execStream(argv, options));
+  }
+
+  execStream(argv: string[], options: ExecOptions = {}): ExecStream {
+    checkArgv(argv);
+    const queue = new AsyncQueue<ExecChunk>();
+    const call: ExecOptions = {
+      ...options,
+      cwd: options.cwd ?? this.spec.workdir,
+      env: { ...this.spec.env, ...options.env },
+      outputCapBytes: options.outputCapBytes ?? this.spec.resources.outputCapBytes,
+    };
+    const result = this.withWorker('run a command', options.signal, async (worker) => {
+      const running = worker.execStream(argv, call);
+      for await (const chunk of running.output) queue.push(chunk);
+      return running.result;
+    }).then(
+      (done) => {
+        queue.end();
+        return done;
+      },
+      (error: unknown) => {
+        queue.end(error);
+        throw error;
+      },
+    );
+    result.catch(() => undefined); // the caller may read only the output; the error reaches it there
+    return { output: queue, result };
+  }
+
+  async readFile(path: string, options: ReadFileOptions = {}): Promise<Buffer> {
+    checkSandboxPath(path);
+    return this.withWorker('read a file', options.signal, (worker) => worker.readFile(path, options));
+  }
+
+  /** Kept by the sandbox and given to every later call; written into the worker before it runs. */
+  async writeFile(path: string, data: string | Uint8Array, options: WriteFileOptions = {}): Promise<void> {
+    checkSandboxPath(path);
+    throwIfAborted(options.signal, 'Writing a file');
+    const bytes = typeof data === 'string' ? Buffer.from(data) : data;
+    const previous = this.staged.get(path)?.data.length ?? 0;
+    if (this.stagedBytes - previous + bytes.length > MAX_STAGED_BYTES) {
+      throw new SandgymError(
+        'invalid_argument',
+        `A FnCall sandbox holds at most ${MAX_STAGED_BYTES} bytes of files; use a container sandbox for more`,
+      );
+    }
+    this.stagedBytes += bytes.length - previous;
+    this.staged.set(path, { data: bytes, mode: options.mode ?? 0o644 });
+    this.active = Date.now();
+  }
+
+  async listDir(path: string, options: CallOptions = {}): Promise<DirEntry[]> {
+    checkSandboxPath(path);
+    return this.withWorker('list a directory', options.signal, (worker) => worker.listDir(path, options));
+  }
+
+  private unsupported(what: string): Promise<never> {
+    return Promise.reject(
+      new SandgymError(
+        'unsupported',
+        `FnCall sandboxes are stateless and cannot ${what}; use a container sandbox`,
+      ),
+    );
+  }
+
+  pause(): Promise<void> {
+    return this.unsupported('pause');
+  }
+
+  hibernate(): Promise<HibernateReport> {
+    return this.unsupported('hibernate');
+  }
+
+  resume(): Promise<void> {
+    return this.unsupported('resume');
+  }
+
+  withWritableLayer<T>(): Promise<T> {
+    return this.unsupported('hand over a writable layer');
+  }
+
+  /** The use of a worker of its environment: what one call of it gets. */
+  stats(options: CallOptions = {}): Promise<SandboxStats> {
+    return this.withWorker('measure its use', options.signal, async (worker) => ({
+      ...(await worker.stats(options)),
+      state: this.currentState,
+    }));
+  }
+
+  close(): Promise<void> {
+    if (this.currentState !== 'stopped') {
+      this.currentState = 'stopped';
+      this.staged.clear();
+      this.onClose(this);
+    }
+    return Promise.resolve();
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
+  }
+}
