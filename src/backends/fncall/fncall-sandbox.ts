@@ -146,7 +146,11 @@ export class FnCallSandbox implements BackendSandbox {
   }
 
   /** Kept by the sandbox and given to every later call; written into the worker before it runs. */
-  async writeFile(path: string, data: string | Uint8Array, options: WriteFileOptions = {}): Promise<void> {
+  writeFile(path: string, data: string | Uint8Array, options: WriteFileOptions = {}): Promise<void> {
+    return Promise.resolve().then(() => this.stage(path, data, options));
+  }
+
+  private stage(path: string, data: string | Uint8Array, options: WriteFileOptions): void {
     checkSandboxPath(path);
     throwIfAborted(options.signal, 'Writing a file');
     const bytes = typeof data === 'string' ? Buffer.from(data) : data;
