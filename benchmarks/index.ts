@@ -9,6 +9,7 @@ import { benchQos } from './qos.ts';
 import { benchBurst } from './burst.ts';
 import { benchDensity } from './density.ts';
 import { benchFnCall } from './fncall.ts';
+import { benchHibernate } from './hibernate.ts';
 import type { BenchOptions, BenchReport } from './report.ts';
 
 /** Every benchmark by name, in the order `sandgym bench` runs them. */
@@ -24,6 +25,7 @@ export const BENCHMARKS: Record<string, (options: BenchOptions) => Promise<Bench
   burst: benchBurst,
   density: benchDensity,
   fncall: benchFnCall,
+  hibernate: benchHibernate,
 };
 
 export type { BenchReport, BenchOptions, Metric } from './report.ts';

@@ -137,6 +137,8 @@ export interface DirEntry {
 /** What {@link BackendSandbox.hibernate} freed. */
 export interface HibernateReport {
   freedBytes: number;
+  /** Of its memory, what went to swap (the node's swap must stay for it to come back). */
+  swappedBytes?: number;
 }
 
 /** Measured use of one sandbox. */

@@ -43,3 +43,7 @@ export { agentBinaryPath, hostProgram, packageRoot } from './host/paths.ts';
 export { detectCgroupLayout } from './host/cgroups.ts';
 export { sha256OfFile } from './host/layer-verify.ts';
 export { hostAvailableMib } from './host/memory.ts';
+export { activeSwapAreas, ensureSwapFile, removeSwapFile } from './host/swap.ts';
+export type { SwapArea } from './host/swap.ts';
+export { detectCriu } from './host/criu.ts';
+export type { CriuSupport } from './host/criu.ts';

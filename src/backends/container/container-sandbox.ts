@@ -24,8 +24,12 @@ import { AsyncQueue } from '../../common/index.ts';
 import { callOptionsOf } from '../call-options.ts';
 import { collectExec } from '../collect-exec.ts';
 import { deniedEgressOf } from '../host/egress.ts';
+import { activeSwapAreas, stillActive, type SwapArea } from '../host/swap.ts';
 import { checkArgv, checkSandboxPath, throwIfAborted } from '../internal/checks.ts';
 import { resolveUser, type ResolvedUser } from '../internal/users.ts';
+
+/** How long a thawed agent may take to show it is alive. */
+const RESUME_CHECK_MS = 5_000;
 
 const SIGNAL_NAMES = new Map<number, string>(
   Object.entries(constants.signals).map(([name, number]) => [number, name]),
@@ -59,6 +63,7 @@ export class ContainerSandbox implements BackendSandbox {
   private currentState: SandboxState = 'running';
   private failureReason: FailureReason | undefined;
   private seenOomKills = 0;
+  private swapAreas: SwapArea[] = [];
   private active = Date.now();
   readonly createdAt: number;
   private closing: Promise<void> | undefined;
@@ -281,15 +286,49 @@ export class ContainerSandbox implements BackendSandbox {
     if (this.currentState === 'hibernated') return { freedBytes: 0 };
     await this.pause();
     const freedBytes = await this.parts.cgroup.reclaim();
+    // the swap areas its memory went to: it can only come back whole while they stay
+    const swapped = await this.parts.cgroup.swappedBytes();
+    this.swapAreas = swapped > 0 ? await activeSwapAreas() : [];
     this.currentState = 'hibernated';
-    return { freedBytes };
+    return { freedBytes, swappedBytes: swapped };
   }
 
   async resume(options: CallOptions = {}): Promise<void> {
     throwIfAborted(options.signal, 'Resume');
     if (this.currentState !== 'paused' && this.currentState !== 'hibernated') return;
+    const wasHibernated = this.currentState === 'hibernated';
     await this.parts.cgroup.setFrozen(false);
     this.currentState = 'running';
+    if (wasHibernated) await this.checkWholeAfterHibernation();
+  }
+
+  /**
+   * A hibernated sandbox whose memory was on a swap area that is gone, or whose agent did not
+   * survive the thaw (a swap read error kills the process that faults), is lost: it fails as
+   * `node_lost` rather than carry on silently broken.
+   */
+  private async checkWholeAfterHibernation(): Promise<void> {
+    const areas = this.swapAreas;
+    this.swapAreas = [];
+    const now = areas.length ? await activeSwapAreas() : [];
+    const gone = areas.filter((area) => !stillActive(area, now)).map((area) => area.filename);
+    if (gone.length) return this.lose(`its memory was on swap ${gone.join(', ')}, which is gone`);
+    const alive = await this.parts.channel.call({ op: 'ping' }, { timeoutMs: RESUME_CHECK_MS }).then(
+      () => true,
+      () => false,
+    );
+    if (!alive) return this.lose('its agent did not survive the thaw');
+  }
+
+  private lose(why: string): never {
+    const error = new SandgymError(
+      'node_lost',
+      `Sandbox ${this.id} came back from hibernation broken: ${why}`,
+    );
+    this.currentState = 'failed';
+    this.failureReason = 'node_lost';
+    this.parts.channel.fail(error);
+    throw error;
   }
 
   async stats(options: CallOptions = {}): Promise<SandboxStats> {

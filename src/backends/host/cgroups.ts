@@ -234,9 +234,10 @@ export class SandboxCgroup {
     } else {
       const limitFile = this.v1('memory', 'memory.limit_in_bytes');
       const limit = await readText(limitFile);
-      // the kernel reclaims down to a lowered limit, or refuses (EBUSY) when it cannot
-      for (const fraction of [0.25, 0.5, 0.75]) {
-        const target = Math.max(4 * 1024 * 1024, Math.floor(before * fraction));
+      // the kernel reclaims down to a lowered limit (anonymous memory to swap, where there is
+      // swap), or refuses (EBUSY) when it cannot; the floor is what the agent itself needs
+      for (const fraction of [0, 0.25, 0.5, 0.75]) {
+        const target = Math.max(1024 * 1024, Math.floor(before * fraction));
         if (
           await writeFile(limitFile, String(target)).then(
             () => true,
@@ -248,6 +249,12 @@ export class SandboxCgroup {
       if (limit) await writeFile(limitFile, limit.trim());
     }
     return Math.max(0, before - (await this.usage()).memoryBytes);
+  }
+
+  /** Bytes of the sandbox's memory now on swap. */
+  async swappedBytes(): Promise<number> {
+    if (this.layout.kind === 'v2') return Number((await readText(this.v2('memory.swap.current'))) ?? 0);
+    return counter(await readText(this.v1('memory', 'memory.stat')), 'swap');
   }
 
   /** True while the sandbox is frozen. */

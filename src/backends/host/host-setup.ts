@@ -3,6 +3,7 @@ import { readFile } from 'node:fs/promises';
 import { SandgymError, type Logger } from '../../common/index.ts';
 import { detectCgroupLayout, type CgroupLayout } from './cgroups.ts';
 import { runProgram } from './run-program.ts';
+import { detectCriu, type CriuSupport } from './criu.ts';
 
 /** Host programs the backends and base layers use, and the Debian package of each. */
 const REQUIRED_PROGRAMS: Record<string, string> = {
@@ -17,6 +18,11 @@ const REQUIRED_PROGRAMS: Record<string, string> = {
   tar: 'tar',
   git: 'git',
   mkfifo: 'coreutils',
+  // a swap file for hibernation (sandgym setup --swap-mib)
+  mkswap: 'util-linux',
+  swapon: 'mount',
+  swapoff: 'mount',
+  dd: 'coreutils',
 };
 
 /** What only the benchmarks need: baseline timing, and the shaped network store of `layers`. */
@@ -60,6 +66,8 @@ export interface HostReport {
   installedPackages: string[];
   cgroups: CgroupLayout['kind'];
   hybridCgroups: boolean;
+  /** Process-level checkpoints (CRIU ≥ 4.1); without it, checkpoints stay disk-level. */
+  criu: CriuSupport;
 }
 
 /**
@@ -90,5 +98,6 @@ export async function prepareHost(logger: Logger): Promise<HostReport> {
     installedPackages: missing,
     cgroups: layout.kind,
     hybridCgroups: layout.kind === 'v1' && layout.unified !== undefined,
+    criu: await detectCriu(),
   };
 }

@@ -1,23 +1,45 @@
-import { prepareHost } from '../../backends/index.ts';
+import { join, resolve } from 'node:path';
+import { activeSwapAreas, ensureSwapFile, prepareHost } from '../../backends/index.ts';
 import { consoleLogger } from '../console-logger.ts';
 import { LayerStore, defaultDataDir, defaultStoreDir, ensureBaseEnvironments } from '../../platform/index.ts';
-import { parseCommandArgs } from '../args.ts';
+import { parseCommandArgs, positiveInt, text } from '../args.ts';
 import { EXIT } from '../exit-codes.ts';
 
-/** `sandgym setup`: Debian packages, kernel checks, base layers. Idempotent. */
+/** `sandgym setup [--swap-mib N [--swap-file PATH]]`: Debian packages, kernel checks, base layers, swap. Idempotent. */
 export async function setupCommand(args: string[]): Promise<number> {
-  const { values } = parseCommandArgs('setup', args, { json: { type: 'boolean' } });
+  const parsed = parseCommandArgs('setup', args, {
+    json: { type: 'boolean' },
+    'swap-mib': { type: 'string' },
+    'swap-file': { type: 'string' },
+  });
   const logger = consoleLogger();
   const host = await prepareHost(logger);
+  const { values } = parsed;
+  const swapMib = positiveInt('swap-mib', text(parsed, 'swap-mib'));
+  // a swap file lets hibernated sandboxes give up their anonymous memory, not just page cache
+  const swapFile = swapMib
+    ? resolve(text(parsed, 'swap-file') ?? join(defaultDataDir(), 'swapfile'))
+    : undefined;
+  if (swapFile && swapMib && (await ensureSwapFile(swapFile, swapMib))) {
+    logger.info({ swapFile, swapMib }, 'swap file enabled for hibernation');
+  }
   const store = await LayerStore.open(defaultStoreDir(defaultDataDir()));
   const built = await ensureBaseEnvironments(store, logger);
   const environments = (await store.listEnvironments()).map((e) => `${e.name}:${e.version}`);
-  const report = { ...host, store: store.root, builtEnvironments: built, environments };
+  const report = {
+    ...host,
+    store: store.root,
+    builtEnvironments: built,
+    environments,
+    swap: await activeSwapAreas(),
+  };
   if (values.json) console.log(JSON.stringify(report));
   else {
     console.error(
       `sandgym setup: host ready (cgroups ${host.cgroups}${host.hybridCgroups ? ', hybrid' : ''}); ` +
-        `environments: ${environments.join(', ')}${built.length ? ` (built ${built.join(', ')})` : ''}`,
+        `environments: ${environments.join(', ')}${built.length ? ` (built ${built.join(', ')})` : ''}; ` +
+        `swap: ${report.swap.map((a) => a.filename).join(', ') || 'none (--swap-mib N adds a swap file)'}; ` +
+        `process checkpoints: ${host.criu.usable ? `criu ${host.criu.version}` : `no (${host.criu.reason})`}`,
     );
   }
   return EXIT.ok;
