@@ -12,6 +12,7 @@ import {
   type SandboxRecord,
   type WarmPoolPolicy,
   type QosClass,
+  type BackendName,
 } from '../backends/index.ts';
 import {
   SandgymError,
@@ -109,6 +110,9 @@ export class LocalPlatform implements PlatformClient {
 
   /** Stateless calls on warm container workers, per environment (request `backend: 'fncall'`). */
   private readonly fncall: FnCallBackend;
+
+  /** The kinds of sandbox this platform creates. */
+  readonly backends: readonly BackendName[] = ['container', 'fncall'];
 
   /** Warm shells ready now per CPU class, and a wait for the pool to reach its policy. */
   get warmPool(): { ready: Record<QosClass, number>; filled(timeoutMs?: number): Promise<void> } {

@@ -138,7 +138,7 @@ export class NodeAgent {
     for (const { project } of this.owned.values()) projects[project] = (projects[project] ?? 0) + 1;
     return {
       nodeId: this.nodeId,
-      backends: ['container'],
+      backends: [...this.platform.backends],
       healthy: !this.closed,
       sandboxes: this.owned.size,
       capacity: this.maxSandboxes,
