@@ -5,7 +5,8 @@ import {
   type BackendSandbox,
   type SandboxSpec,
 } from '../../src/backends/index.ts';
-import { isSandgymError, newSandboxId } from '../../src/common/index.ts';
+import { newSandboxId } from '../../src/common/index.ts';
+import { expectCode } from '../support/errors.ts';
 
 /** How a backend joins the conformance suite. */
 export interface ConformanceTarget {
@@ -13,15 +14,6 @@ export interface ConformanceTarget {
   name: string;
   /** A ready backend plus a spec factory for a busybox-like environment. */
   open(): Promise<{ backend: Backend; spec(): SandboxSpec; dispose(): Promise<void> }>;
-}
-
-async function expectCode(promise: Promise<unknown>, code: string): Promise<void> {
-  const error: unknown = await promise.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
-  expect(isSandgymError(error), `expected a SandgymError "${code}", got ${String(error)}`).toBe(true);
-  expect((error as { code: string }).code).toBe(code);
 }
 
 /**

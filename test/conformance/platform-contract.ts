@@ -1,7 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { isSandgymError } from '../../src/common/index.ts';
 import type { PlatformClient, Sandbox } from '../../src/platform/index.ts';
 import { SandboxEnv } from '../../src/env/index.ts';
+import { expectCode } from '../support/errors.ts';
+import { isSandgymError } from '../../src/common/index.ts';
 
 /** How a way of running sandgym joins the contract suite. */
 export interface PlatformTarget {
@@ -20,16 +21,6 @@ async function waitFor(condition: () => Promise<boolean>, timeoutMs = 20_000): P
     if (Date.now() > deadline) throw new Error(`condition not met within ${timeoutMs} ms`);
     await new Promise((resolve) => setTimeout(resolve, 100));
   }
-}
-
-export async function expectCode(promise: Promise<unknown>, code: string, message?: RegExp): Promise<void> {
-  const error: unknown = await promise.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
-  expect(isSandgymError(error), `expected a SandgymError "${code}", got ${String(error)}`).toBe(true);
-  expect((error as { code: string }).code).toBe(code);
-  if (message) expect((error as Error).message).toMatch(message);
 }
 
 /** The PlatformClient contract: the embedded platform and the cluster client keep it alike. */

@@ -8,7 +8,7 @@ import {
   type PlatformClient,
   type Sandbox,
 } from '../../src/platform/index.ts';
-import { expectCode } from '../conformance/platform-contract.ts';
+import { expectCode } from '../support/errors.ts';
 import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
 
 const NODE_TOKEN = 'controller-test-node-token';

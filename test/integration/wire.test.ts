@@ -4,7 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../src/common/index.ts';
 import { NodeAgent, Platform, type RemotePlatform } from '../../src/platform/index.ts';
 import { SANDBOXES, WireClient, methodPath } from '../../src/platform/wire/index.ts';
-import { expectCode } from '../conformance/platform-contract.ts';
+import { expectCode } from '../support/errors.ts';
 import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
 
 const TOKEN = 'wire-test-token';

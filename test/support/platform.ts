@@ -1,7 +1,8 @@
 import { randomBytes } from 'node:crypto';
 import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
-import type { WarmPoolPolicy } from '../../src/backends/index.ts';
+import type { SandboxSpec, WarmPoolPolicy } from '../../src/backends/index.ts';
+import { newSandboxId } from '../../src/common/index.ts';
 import {
   LayerStore,
   Platform,
@@ -62,4 +63,19 @@ export async function createTestPlatform(
       }
     },
   };
+}
+
+/** A backend sandbox spec on busybox:latest from the shared store, for the backend conformance suites. */
+export async function busyboxSpecFactory(): Promise<() => SandboxSpec> {
+  const store = await LayerStore.open(STORE_DIR);
+  const layers = await store.layerImages(await store.getEnvironment('busybox:latest'));
+  return () => ({
+    id: newSandboxId('local'),
+    layers,
+    env: {},
+    workdir: '/',
+    resources: { cpu: 1, memoryMib: 128, pids: 128, outputCapBytes: 1 << 20 },
+    qos: 'latency' as const,
+    labels: {},
+  });
 }

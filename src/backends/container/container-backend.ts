@@ -277,7 +277,12 @@ export class ContainerBackend implements Backend {
       qos,
       labels: {},
     };
-    const state: ContainerState = {
+    return this.startContainer(slot, spec, this.pooledState(slot, undefined), {}, undefined);
+  }
+
+  /** The state of a shell waiting in the pool: no tenant, no layers. */
+  private pooledState(slot: string, launcher: ProcessIdentity | undefined): ContainerState {
+    return {
       id: slot,
       slot,
       pooled: true,
@@ -286,8 +291,8 @@ export class ContainerBackend implements Backend {
       createdAt: new Date().toISOString(),
       layers: [],
       labels: {},
+      ...(launcher ? { launcher } : {}),
     };
-    return this.startContainer(slot, spec, state, {}, undefined);
   }
 
   private tenantState(spec: SandboxSpec, slot: string): ContainerState {
@@ -310,24 +315,11 @@ export class ContainerBackend implements Backend {
    */
   private async occupy(shell: WarmShell, spec: SandboxSpec): Promise<ContainerSandbox> {
     const paths = this.pathsOf(shell.slot);
-    const upper = join(paths.dir, 'upper');
-    const work = join(paths.dir, 'work');
-    await Promise.all([upper, work].map((d) => mkdir(d, { recursive: true })));
-    const points = await this.mounts.acquire(spec.layers);
+    // a pooled shell was checked to hold its agent alone when it was scrubbed, and its /dev is fresh
+    shell.agentPid ??= await soleProcess(shell);
+    await this.swapInOverlay(shell, shell.agentPid, spec.layers, '', 'keep');
     let baseline: CgroupUsage;
     try {
-      // overlay lists lower dirs top first; layers come base first
-      const lowers = [...points].reverse();
-      // a pooled shell was checked to hold its agent alone when it was scrubbed, and its /dev is fresh
-      shell.agentPid ??= await soleProcess(shell);
-      await this.swapper.swap(shell.agentPid, {
-        kind: 'overlay',
-        lowers,
-        upper,
-        work,
-        lowersAreErofs: true,
-        dev: 'keep',
-      });
       await shell.channel.call({ op: 'reset' }, { timeoutMs: RESET_TIMEOUT_MS });
       await this.applyLimits(shell, spec);
       baseline = await shell.cgroup.usage();
@@ -341,6 +333,35 @@ export class ContainerBackend implements Backend {
       throw error;
     }
     return this.track(shell, spec, baseline);
+  }
+
+  /**
+   * Mounts a fresh overlay of `layers` (upper and work dirs `upper<suffix>`, `work<suffix>` in
+   * the slot) and makes it the container's root. The layer mounts stay acquired for it; on
+   * failure nothing stays acquired or created.
+   */
+  private async swapInOverlay(
+    shell: WarmShell,
+    agentPid: number,
+    layers: readonly LayerImage[],
+    suffix: string,
+    dev: 'fresh' | 'keep',
+  ): Promise<string> {
+    const dir = this.pathsOf(shell.slot).dir;
+    const upper = join(dir, `upper${suffix}`);
+    const work = join(dir, `work${suffix}`);
+    await Promise.all([upper, work].map((d) => mkdir(d, { recursive: true })));
+    const points = await this.mounts.acquire(layers);
+    try {
+      // overlay lists lower dirs top first; layers come base first
+      const lowers = [...points].reverse();
+      await this.swapper.swap(agentPid, { kind: 'overlay', lowers, upper, work, lowersAreErofs: true, dev });
+      return upper;
+    } catch (error) {
+      this.mounts.release(layers);
+      await Promise.all([upper, work].map((d) => rm(d, { recursive: true, force: true })));
+      throw error;
+    }
   }
 
   /** Writes the tenant's cgroup limits, unless the container has them already. */
@@ -556,18 +577,7 @@ export class ContainerBackend implements Backend {
       await this.swapper.swap(shell.agentPid, { kind: 'bind', dir: this.shellRoot });
       const paths = this.pathsOf(shell.slot);
       await removeWritableLayers(paths.dir);
-      const launcher = shell.launcher;
-      await this.saveState(paths.dir, {
-        id: shell.slot,
-        slot: shell.slot,
-        pooled: true,
-        backend: 'container',
-        owner: this.owner,
-        createdAt: new Date().toISOString(),
-        layers: [],
-        labels: {},
-        ...(launcher ? { launcher } : {}),
-      });
+      await this.saveState(paths.dir, this.pooledState(shell.slot, shell.launcher));
       return true;
     } catch (error) {
       this.logger.warn(
@@ -626,28 +636,14 @@ export class ContainerBackend implements Backend {
     await shell.cgroup.setFrozen(false);
     await shell.channel.call({ op: 'reset' }, { timeoutMs: RESET_TIMEOUT_MS });
     shell.agentPid = await soleProcess(shell);
-    const dir = this.pathsOf(shell.slot).dir;
-    const generation = ++this.renewals;
-    const upper = join(dir, `upper-${generation}`);
-    const work = join(dir, `work-${generation}`);
-    await Promise.all([upper, work].map((d) => mkdir(d, { recursive: true })));
-    const points = await this.mounts.acquire(sandbox.layers);
-    try {
-      const lowers = [...points].reverse();
-      await this.swapper.swap(shell.agentPid, {
-        kind: 'overlay',
-        lowers,
-        upper,
-        work,
-        lowersAreErofs: true,
-        dev: 'fresh',
-      });
-    } catch (error) {
-      await Promise.all([upper, work].map((d) => rm(d, { recursive: true, force: true })));
-      throw error;
-    } finally {
-      this.mounts.release(sandbox.layers); // the old root's hold becomes the new root's
-    }
+    const upper = await this.swapInOverlay(
+      shell,
+      shell.agentPid,
+      sandbox.layers,
+      `-${++this.renewals}`,
+      'fresh',
+    );
+    this.mounts.release(sandbox.layers); // the old root's hold is the new root's now
     const old = sandbox.upperDir;
     sandbox.rebase(upper);
     await shell.channel.call({ op: 'reset' }, { timeoutMs: RESET_TIMEOUT_MS }); // takes the new root

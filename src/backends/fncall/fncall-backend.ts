@@ -94,7 +94,11 @@ export class FnCallBackend implements Backend {
     if (spec.layers.length === 0) {
       return Promise.reject(new SandgymError('invalid_argument', 'A FnCall sandbox needs an environment'));
     }
-    const sandbox = new FnCallSandbox(spec, this.workersFor(spec), (closed) => this.live.delete(closed.id));
+    const sandbox = new FnCallSandbox(
+      spec,
+      () => this.workersFor(spec),
+      (closed) => this.live.delete(closed.id),
+    );
     this.live.set(spec.id, sandbox);
     return Promise.resolve(sandbox);
   }

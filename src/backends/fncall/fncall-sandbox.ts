@@ -46,7 +46,8 @@ export class FnCallSandbox implements BackendSandbox {
 
   constructor(
     private readonly spec: SandboxSpec,
-    private readonly workers: WorkerSet,
+    /** Its environment's workers, looked up per call: an idle set is reaped and made again. */
+    private readonly workersOf: () => WorkerSet,
     private readonly onClose: (sandbox: FnCallSandbox) => void,
   ) {
     this.id = spec.id;
@@ -96,12 +97,13 @@ export class FnCallSandbox implements BackendSandbox {
     this.inFlight++;
     this.active = Date.now();
     try {
-      const worker = await this.workers.lease(signal);
+      const workers = this.workersOf();
+      const worker = await workers.lease(signal);
       try {
         for (const [path, file] of this.staged) await worker.writeFile(path, file.data, { mode: file.mode });
         return await work(worker);
       } finally {
-        await this.workers.release(worker);
+        await workers.release(worker);
       }
     } finally {
       this.inFlight--;
@@ -196,12 +198,16 @@ export class FnCallSandbox implements BackendSandbox {
     return this.unsupported('hand over a writable layer');
   }
 
-  /** The use of a worker of its environment: what one call of it gets. */
-  stats(options: CallOptions = {}): Promise<SandboxStats> {
-    return this.withWorker('measure its use', options.signal, async (worker) => ({
-      ...(await worker.stats(options)),
-      state: this.currentState,
-    }));
+  /**
+   * The use of a worker of its environment: what one call of it gets. Measuring leases nothing
+   * and starts nothing (a node measures every sandbox every second); with no worker up, nothing
+   * runs for it.
+   */
+  async stats(options: CallOptions = {}): Promise<SandboxStats> {
+    throwIfAborted(options.signal, 'Measuring its use');
+    const worker = this.workersOf().anyWorker();
+    const idle = { memoryBytes: 0, pids: 0, cpuUsageMs: 0, oomKills: 0, deniedEgress: 0 };
+    return { ...(worker ? await worker.stats(options) : idle), state: this.currentState };
   }
 
   close(): Promise<void> {

@@ -6,6 +6,8 @@ import type { ContainerSandbox } from '../container/container-sandbox.ts';
 /** Warm containers that serve the calls of one environment (one layer stack, limits and CPU class). */
 export class WorkerSet {
   private readonly idle: ContainerSandbox[] = [];
+  /** Every worker, idle or leased. */
+  private readonly all = new Set<ContainerSandbox>();
   private readonly waiting: Array<(worker: ContainerSandbox | Error) => void> = [];
   private size = 0;
   private lastUsed = Date.now();
@@ -30,7 +32,7 @@ export class WorkerSet {
     if (this.size < this.maxWorkers) {
       this.size++;
       try {
-        return await this.containers.create(this.template(), signal ? { signal } : {});
+        return this.added(await this.containers.create(this.template(), signal ? { signal } : {}));
       } catch (error) {
         this.size--;
         throw error;
@@ -52,6 +54,16 @@ export class WorkerSet {
     });
   }
 
+  private added(worker: ContainerSandbox): ContainerSandbox {
+    this.all.add(worker);
+    return worker;
+  }
+
+  /** Some worker of the set, leased or not, without leasing it: what measuring looks at. */
+  anyWorker(): ContainerSandbox | undefined {
+    return this.all.values().next().value;
+  }
+
   /**
    * Takes a worker back after a call. Best-effort cleanup first: when the call left anything (a
    * stray process, a written file, shared memory), the worker gets a fresh root; a worker that
@@ -67,6 +79,7 @@ export class WorkerSet {
         'cannot clean a FnCall worker; replacing it',
       );
       this.size--;
+      this.all.delete(worker);
       await worker.close().catch(() => undefined);
       this.wakeWithNewWorker();
       return;
@@ -80,10 +93,13 @@ export class WorkerSet {
     const waiter = this.waiting.shift();
     if (!waiter) return;
     this.size++;
-    this.containers.create(this.template()).then(waiter, (error: unknown) => {
-      this.size--;
-      waiter(error instanceof Error ? error : new Error(messageOf(error)));
-    });
+    this.containers.create(this.template()).then(
+      (worker) => waiter(this.added(worker)),
+      (error: unknown) => {
+        this.size--;
+        waiter(error instanceof Error ? error : new Error(messageOf(error)));
+      },
+    );
   }
 
   /** Destroys every worker; calls still waiting fail. */
@@ -93,6 +109,7 @@ export class WorkerSet {
     }
     const workers = this.idle.splice(0);
     this.size -= workers.length;
+    for (const worker of workers) this.all.delete(worker);
     await Promise.allSettled(workers.map((w) => w.close()));
   }
 }
