@@ -1,5 +1,6 @@
-/* Host-side helper mode of the agent binary: one long-lived process per node that swaps the root
- * filesystem of a live sandbox. This is what makes warm sandboxes possible: a pooled "shell"
+/* Host-side helper mode of the agent binary: one long-lived process per node that starts
+ * containers (request `launch`, below) and swaps the root filesystem of a live sandbox. It is the
+ * subreaper of every sandbox it starts. This is what makes warm sandboxes possible: a pooled "shell"
  * (namespaces, cgroups, agent running) is given a tenant's layer stack, and a destroyed tenant's
  * sandbox is given back an empty root, without restarting anything.
  *
@@ -7,6 +8,7 @@
  *
  * reads one request per line on stdin, fields separated by tabs:
  *
+ *   ID launch DIR JOINS UMOUNT LOWERS CHECK_EROFS RUNTIME RUNTIME_ROOT SLOT   (see launch())
  *   ID attach PID overlay LOWERS UPPER WORK CHECK_EROFS DEV   (CHECK_EROFS: 0 or 1)
  *   ID attach PID bind DIR                                    (DIR is mounted read-only)
  *
@@ -44,6 +46,7 @@
 #include <string.h>
 #include <sys/ipc.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/msg.h>
 #include <sys/sem.h>
 #include <sys/shm.h>
@@ -58,10 +61,12 @@
 #define EROFS_SUPER_MAGIC_V1 0xE0F5E1E2
 #define STAGE "/.sandgym-stage"
 #define AGENT_IN_SANDBOX "/dev/.sandgym-agent"
-#define MAX_FIELDS 10
+#define MAX_FIELDS 12
 #define MAX_RUNNING 1024
 
 static const char *request_id = "?";
+/* Where answers go: the helper's stdout, kept aside when a launch points stdout at a log. */
+static int answer_fd = 1;
 
 /* One line, one write: lines under PIPE_BUF from many children never interleave. */
 static _Noreturn void answer(int code, const char *format, ...) {
@@ -79,7 +84,7 @@ static _Noreturn void answer(int code, const char *format, ...) {
       if (*c == '\n' || *c == '\t') *c = ' ';
     n = snprintf(line, sizeof line, "%s\terror\t%s\n", request_id, message);
   }
-  if (n > 0) (void)!write(1, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+  if (n > 0) (void)!write(answer_fd, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
   _exit(code);
 }
 
@@ -238,6 +243,88 @@ static _Noreturn void attach(char **f, int nfields) {
   answer(0, NULL);
 }
 
+/* Joins each cgroup of a colon-separated list of cgroup.procs files. */
+static void join_cgroups(char *list) {
+  for (char *file = strtok(list, ":"); file; file = strtok(NULL, ":")) {
+    int fd = open(file, O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || write(fd, "0", 1) != 1) answer(1, "cannot join cgroup %s: %s", file, strerror(errno));
+    close(fd);
+  }
+}
+
+/* The FIFO pair of the sandbox's channel, created afresh; returns the agent's ends. */
+static void agent_channel(const char *dir, int *requests, int *responses) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/agent.requests", dir);
+  unlink(path);
+  CHECK(mkfifo(path, 0600), "cannot create %s: %s", path, strerror(errno));
+  /* non-blocking: no writer yet; the agent polls until the node opens its end */
+  *requests = open(path, O_RDONLY | O_NONBLOCK);
+  CHECK(*requests, "cannot open %s: %s", path, strerror(errno));
+  snprintf(path, sizeof path, "%s/agent.responses", dir);
+  unlink(path);
+  CHECK(mkfifo(path, 0600), "cannot create %s: %s", path, strerror(errno));
+  /* read-write: opening does not wait for the node's reader, and the agent's "ready" waits in the pipe */
+  *responses = open(path, O_RDWR);
+  CHECK(*responses, "cannot open %s: %s", path, strerror(errno));
+}
+
+/* Starts a container:
+ *
+ *   ID launch DIR JOINS UMOUNT LOWERS CHECK_EROFS RUNTIME RUNTIME_ROOT SLOT
+ *
+ * DIR is the bundle, with the FIFO channel, runtime.log, and (with LOWERS) upper, work and rootfs;
+ * JOINS a colon-separated list of cgroup.procs files or "-"; UMOUNT a mount to detach (the hybrid
+ * cgroup2 mount Debian's crun refuses) or "-"; LOWERS the overlay's lower dirs, top first, or "-"
+ * when the bundle names its own root. Like `sandgym-agent launch` (launch.c), the overlay is
+ * mounted in a mount namespace of this child alone, which ends with it. The runtime starts the
+ * container detached; its first process is handed to the helper, the subreaper of every sandbox,
+ * so no process per sandbox stays besides the sandbox's own. */
+static _Noreturn void launch(char **f, int n) {
+  if (n != 10) answer(2, "malformed launch request");
+  const char *dir = f[2], *runtime = f[7], *runtime_root = f[8], *slot = f[9];
+  int requests, responses;
+  agent_channel(dir, &requests, &responses);
+  if (strcmp(f[3], "-") != 0) join_cgroups(f[3]);
+  CHECK(unshare(CLONE_NEWNS), "cannot create a mount namespace: %s", strerror(errno));
+  CHECK(mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL), "cannot make mounts private: %s", strerror(errno));
+  if (strcmp(f[5], "-") != 0) {
+    if (strcmp(f[6], "1") == 0) check_erofs_lowers(f[5]);
+    char options[4096], target[1024];
+    int len = snprintf(options, sizeof options, "lowerdir=%s,upperdir=%s/upper,workdir=%s/work", f[5], dir, dir);
+    if (len < 0 || (size_t)len >= sizeof options) answer(1, "overlay options too long");
+    snprintf(target, sizeof target, "%s/rootfs", dir);
+    CHECK(mount("overlay", target, "overlay", 0, options), "cannot mount the overlay on %s: %s", target, strerror(errno));
+  }
+  if (strcmp(f[4], "-") != 0 && umount2(f[4], MNT_DETACH) < 0 && errno != EINVAL && errno != ENOENT)
+    answer(1, "cannot unmount %s: %s", f[4], strerror(errno));
+  char log_path[1024];
+  snprintf(log_path, sizeof log_path, "%s/runtime.log", dir);
+  int log = open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  CHECK(log, "cannot open %s: %s", log_path, strerror(errno));
+  answer_fd = dup(1);
+  pid_t pid = fork();
+  CHECK(pid, "cannot fork: %s", strerror(errno));
+  if (pid == 0) {
+    /* the runtime's stdio is the log; the channel is fds 3 and 4 (--preserve-fds 2) */
+    int null = open("/dev/null", O_RDONLY);
+    dup2(null, 0);
+    dup2(log, 1);
+    dup2(log, 2);
+    dup2(requests, 3);
+    dup2(responses, 4);
+    char *args[] = {(char *)runtime, "--root", (char *)runtime_root, "run", "--detach", "--preserve-fds", "2",
+                    "--bundle", (char *)dir, (char *)slot, NULL};
+    execv(runtime, args);
+    _exit(127);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    answer(1, "the runtime failed to start the container (status %d); see %s", status, log_path);
+  answer(0, NULL);
+}
+
 /* Splits a request line in place. */
 static int split(char *line, char **fields) {
   int n = 0;
@@ -286,6 +373,7 @@ static void start(char *line) {
   pid_t pid = fork();
   if (pid == 0) {
     if (n >= 2 && strcmp(f[1], "attach") == 0) attach(f, n);
+    if (n >= 2 && strcmp(f[1], "launch") == 0) launch(f, n);
     answer(2, "unknown request %s", n >= 2 ? f[1] : "");
   }
   if (pid < 0) {
@@ -299,6 +387,8 @@ static void start(char *line) {
 }
 
 int helper_main(void) {
+  /* sandboxes' first processes are handed here when their runtime exits, and reaped here */
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
   sigset_t chld;
   sigemptyset(&chld);
   sigaddset(&chld, SIGCHLD);

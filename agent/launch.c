@@ -7,16 +7,16 @@
  *
  * Launch mode:
  *
- *   sandgym-agent launch [--join-cgroup PROCS_FILE]... [--return-cgroup PROCS_FILE] [--reap] [--lowers-are-erofs]
+ *   sandgym-agent launch [--join-cgroup PROCS_FILE]... [--lowers-are-erofs]
  *                        [--overlay LOWERS UPPER WORK TARGET]
  *                        [--umount PATH]... -- PROGRAM ARG...
  *
- * It joins the given cgroups (and, once the container runs, moves back to --return-cgroup), enters a private mount namespace of its own, mounts the sandbox's
+ * It joins the given cgroups, enters a private mount namespace of its own, mounts the sandbox's
  * overlay root there (so the node's namespace never holds per-sandbox mounts and creating the next
  * sandbox does not get slower), detaches the given mounts (the hybrid cgroup2 mount that Debian's
- * crun refuses), then executes PROGRAM (the OCI runtime). With --reap, it runs PROGRAM (which must
- * then start the container detached) as a child instead, and stays as the reaper of the container's
- * first process. When the runtime exits, the namespace
+ * crun refuses), then executes PROGRAM (the OCI runtime). Benchmarks run their crun baselines
+ * through it; the node starts its own containers through the helper (helper.c), which does the
+ * same in a forked child. When the runtime exits, the namespace
  * and the overlay mount go with it: nothing is left to unmount after a crash. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -25,8 +25,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mount.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
@@ -59,8 +57,7 @@ int launch_main(int argc, char **argv) {
   int njoins = 0, numounts = 0;
   const char *lowers = NULL, *upper = NULL, *work = NULL, *target = NULL;
   int check_erofs = 0;
-  const char *return_to = NULL;
-  int reap = 0;
+
   int i = 1;
   for (; i < argc; i++) {
     if (strcmp(argv[i], "--") == 0) {
@@ -68,10 +65,6 @@ int launch_main(int argc, char **argv) {
       break;
     } else if (strcmp(argv[i], "--join-cgroup") == 0 && i + 1 < argc && njoins < 16) {
       joins[njoins++] = argv[++i];
-    } else if (strcmp(argv[i], "--reap") == 0) {
-      reap = 1;
-    } else if (strcmp(argv[i], "--return-cgroup") == 0 && i + 1 < argc) {
-      return_to = argv[++i];
     } else if (strcmp(argv[i], "--umount") == 0 && i + 1 < argc && numounts < 16) {
       umounts[numounts++] = argv[++i];
     } else if (strcmp(argv[i], "--lowers-are-erofs") == 0) {
@@ -87,9 +80,6 @@ int launch_main(int argc, char **argv) {
     fprintf(stderr, "sandgym-agent launch: missing -- PROGRAM\n");
     return 2;
   }
-  /* opened now: the cgroup2 mount may be one of the mounts detached below */
-  int return_fd = return_to ? open(return_to, O_WRONLY | O_CLOEXEC) : -1;
-  if (return_to && return_fd < 0) return fail("cannot open", return_to);
   for (int k = 0; k < njoins; k++)
     if (join_cgroup(joins[k]) < 0) return fail("cannot join cgroup", joins[k]);
   if (unshare(CLONE_NEWNS) < 0) return fail("cannot create mount namespace", NULL);
@@ -119,35 +109,6 @@ int launch_main(int argc, char **argv) {
   }
   for (int k = 0; k < numounts; k++)
     if (umount2(umounts[k], MNT_DETACH) < 0 && errno != EINVAL && errno != ENOENT) return fail("cannot unmount", umounts[k]);
-  if (!reap) {
-    execv(argv[i], argv + i);
-    return fail("cannot execute", argv[i]);
-  }
-  /* The runtime starts the container detached and exits, so no runtime process stays resident
-   * per sandbox (about 0.5 MiB each). This process stays instead, as the subreaper that the
-   * sandbox's first process is handed to: tiny, it reaps that process and exits with it, so its
-   * exit still means "the sandbox is gone". */
-  prctl(PR_SET_CHILD_SUBREAPER, 1);
-  pid_t runtime = fork();
-  if (runtime < 0) return fail("cannot fork", NULL);
-  if (runtime == 0) {
-    execv(argv[i], argv + i);
-    _exit(fail("cannot execute", argv[i]));
-  }
-  int status = 0;
-  while (waitpid(runtime, &status, 0) < 0 && errno == EINTR) {}
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  /* the container has its own copy of the root mount; this namespace's copy would only pin the
-   * first tenant's upper dir for as long as a warm sandbox lives on */
-  if (target) umount2(target, MNT_DETACH);
-  /* and it leaves the sandbox's cgroups, which must hold the sandbox's processes alone */
-  if (return_fd >= 0 && write(return_fd, "0", 1) != 1) return fail("cannot return to cgroup", return_to);
-  int last = 0;
-  for (;;) {
-    pid_t pid = waitpid(-1, &status, 0);
-    if (pid < 0 && errno == EINTR) continue;
-    if (pid < 0) break;
-    last = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-  return last;
+  execv(argv[i], argv + i);
+  return fail("cannot execute", argv[i]);
 }

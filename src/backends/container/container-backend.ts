@@ -1,9 +1,7 @@
-import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes, randomInt } from 'node:crypto';
-import { existsSync, openSync, closeSync } from 'node:fs';
+import { existsSync } from 'node:fs';
 import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { basename, dirname, join, resolve } from 'node:path';
-import type { Readable, Writable } from 'node:stream';
 import { setTimeout as sleep } from 'node:timers/promises';
 import {
   SandgymError,
@@ -41,11 +39,11 @@ import {
 import { LayerMounts } from '../host/layer-mounts.ts';
 import { LayerTarballs } from '../host/layer-tarballs.ts';
 import { agentBinaryPath, hostProgram } from '../host/paths.ts';
-import { isAlive, processIdentity, signalProcess, type ProcessIdentity } from '../host/processes.ts';
-import { RootSwapper } from '../host/root-swapper.ts';
+import { isAlive, processIdentity, type ProcessIdentity } from '../host/processes.ts';
+import { HostHelper } from '../host/host-helper.ts';
 import { runProgram } from '../host/run-program.ts';
 import { AgentChannel } from '../internal/agent-channel.ts';
-import { channelFifos, createChannelFifos, openPipe } from '../internal/channel-fifos.ts';
+import { channelFifos, openPipe } from '../internal/channel-fifos.ts';
 import { ContainerSandbox } from './container-sandbox.ts';
 import { buildOciConfig } from './oci-config.ts';
 import { removeContainerResidue, type ContainerPaths } from './residue.ts';
@@ -109,8 +107,7 @@ export class ContainerBackend implements Backend {
   /** Every running container of this process, by slot: tenants' and pooled shells alike. */
   private readonly containers = new Map<string, WarmShell>();
   private readonly pool: WarmPool | undefined;
-  private readonly swapper: RootSwapper;
-  private homeCgroup: Promise<string | undefined> | undefined;
+  private readonly helper: HostHelper;
   private renewals = 0;
   private readonly logger: Logger;
   private readonly codec: Codec;
@@ -129,7 +126,7 @@ export class ContainerBackend implements Backend {
     this.logger = (options.logger ?? silentLogger()).child({ component: 'container-backend' });
     this.codec = options.codec ?? createMsgpackCodec();
     this.scope = cgroupScope(options.dataDir);
-    this.swapper = new RootSwapper(agentPath);
+    this.helper = new HostHelper(agentPath);
     const policy = options.warmPool ?? {};
     this.pool = Object.values(policy).some((n) => n > 0)
       ? new WarmPool(
@@ -153,21 +150,6 @@ export class ContainerBackend implements Backend {
   /** Durable sandboxes' state must survive a power loss; the others' only a crash of this process. */
   private saveState(dir: string, state: ContainerState): Promise<void> {
     return writeContainerState(dir, state, this.options.durable ?? false);
-  }
-
-  /** This process's own cgroup2 (hybrid hosts), which a launcher returns to once its container runs. */
-  private async ownFreezeCgroup(): Promise<string | undefined> {
-    if (this.layout.kind !== 'v1' || !this.layout.unified) return undefined;
-    this.homeCgroup ??= readFile('/proc/self/cgroup', 'utf8').then((text) => {
-      const path = text
-        .split('\n')
-        .find((line) => line.startsWith('0::'))
-        ?.slice(3);
-      return path && this.layout.kind === 'v1' && this.layout.unified
-        ? join(this.layout.unified, path, 'cgroup.procs')
-        : undefined;
-    });
-    return this.homeCgroup;
   }
 
   /** The empty, read-only root of every pooled shell: mount points and the staging dir of a root swap. */
@@ -277,11 +259,11 @@ export class ContainerBackend implements Backend {
       qos,
       labels: {},
     };
-    return this.startContainer(slot, spec, this.pooledState(slot, undefined), {}, undefined);
+    return this.startContainer(slot, spec, this.pooledState(slot), {}, undefined);
   }
 
   /** The state of a shell waiting in the pool: no tenant, no layers. */
-  private pooledState(slot: string, launcher: ProcessIdentity | undefined): ContainerState {
+  private pooledState(slot: string): ContainerState {
     return {
       id: slot,
       slot,
@@ -291,7 +273,6 @@ export class ContainerBackend implements Backend {
       createdAt: new Date().toISOString(),
       layers: [],
       labels: {},
-      ...(launcher ? { launcher } : {}),
     };
   }
 
@@ -325,7 +306,6 @@ export class ContainerBackend implements Backend {
       baseline = await shell.cgroup.usage();
       await this.saveState(paths.dir, {
         ...this.tenantState(spec, shell.slot),
-        ...(shell.launcher ? { launcher: shell.launcher } : {}),
         baseline: { cpuUsageMs: baseline.cpuUsageMs, oomKills: baseline.oomKills },
       });
     } catch (error) {
@@ -355,7 +335,7 @@ export class ContainerBackend implements Backend {
     try {
       // overlay lists lower dirs top first; layers come base first
       const lowers = [...points].reverse();
-      await this.swapper.swap(agentPid, { kind: 'overlay', lowers, upper, work, lowersAreErofs: true, dev });
+      await this.helper.swap(agentPid, { kind: 'overlay', lowers, upper, work, lowersAreErofs: true, dev });
       return upper;
     } catch (error) {
       this.mounts.release(layers);
@@ -407,7 +387,6 @@ export class ContainerBackend implements Backend {
   ): Promise<WarmShell> {
     const paths = this.pathsOf(slot);
     const cgroup = new SandboxCgroup(this.layout, this.scope, slot);
-    let launcher: ChildProcess | undefined;
     let shell: WarmShell | undefined;
     try {
       await mkdir(paths.dir, { recursive: true });
@@ -421,18 +400,25 @@ export class ContainerBackend implements Backend {
         ...(overlay ? {} : { root: { path: this.shellRoot, readonly: true } }),
       });
       await writeFile(join(paths.dir, 'config.json'), JSON.stringify(config));
-      const launched = await this.launch(slot, paths, overlay, joins);
-      launcher = launched.launcher;
-      // so that gc can stop a launcher whose owner died before the sandbox was up
-      const launcherIdentity = await processIdentity(launcher.pid ?? -1);
-      if (launcherIdentity) await this.saveState(paths.dir, { ...state, launcher: launcherIdentity });
-      const identity = launcherIdentity ? { launcher: launcherIdentity } : {};
-      const started = launcher;
-      const exited = new Promise<void>((resolve) => {
-        if (started.exitCode !== null || started.signalCode !== null) return resolve();
-        started.once('exit', () => resolve());
+      await this.helper.launch({
+        dir: paths.dir,
+        joins,
+        umount: this.layout.kind === 'v1' ? this.layout.unified : undefined,
+        // overlay lists lower dirs top first; layers come base first
+        overlay: overlay && { lowers: [...overlay.lowers].reverse(), erofs: overlay.erofs },
+        runtime: this.runtime,
+        runtimeRoot: paths.runtimeRoot,
+        slot,
       });
-      const channel = new AgentChannel(launched.requests, launched.responses, this.codec);
+      // the agent waits on its FIFO channel; it has no parent here to watch, so its channel
+      // closing is what says it is gone
+      const fifos = channelFifos(paths.dir);
+      const channel = new AgentChannel(
+        openPipe(fifos.requests, 'write'),
+        openPipe(fifos.responses, 'read'),
+        this.codec,
+      );
+      const exited = channel.closed;
       shell = {
         slot,
         qos: spec.qos,
@@ -440,7 +426,6 @@ export class ContainerBackend implements Backend {
         cgroup,
         exited,
         limits: JSON.stringify(cgroupLimitsOf(spec.resources, spec.qos)),
-        ...identity,
       };
       this.containers.set(slot, shell);
       await this.waitReady(slot, channel, exited, paths, options);
@@ -448,67 +433,8 @@ export class ContainerBackend implements Backend {
       return shell;
     } catch (error) {
       if (shell) await this.teardown(shell).catch(() => undefined);
-      else {
-        if (launcher) signalProcess(launcher.pid ?? 0, 'SIGKILL');
-        await removeContainerResidue(slot, cgroup, paths).catch(() => undefined);
-      }
+      else await removeContainerResidue(slot, cgroup, paths).catch(() => undefined);
       throw error;
-    }
-  }
-
-  private async launch(
-    slot: string,
-    paths: ContainerPaths,
-    overlay: { lowers: string[]; erofs: boolean } | undefined,
-    joins: string[],
-  ): Promise<{ launcher: ChildProcess; requests: Writable; responses: Readable }> {
-    const args = ['launch', '--reap'];
-    for (const file of joins) args.push('--join-cgroup', file);
-    const home = await this.ownFreezeCgroup();
-    if (joins.length && home) args.push('--return-cgroup', home);
-    if (overlay?.erofs) args.push('--lowers-are-erofs');
-    if (overlay) {
-      // overlay lists lower dirs top first; layers come base first
-      const lowers = [...overlay.lowers].reverse().join(':');
-      args.push(
-        '--overlay',
-        lowers,
-        join(paths.dir, 'upper'),
-        join(paths.dir, 'work'),
-        join(paths.dir, 'rootfs'),
-      );
-    }
-    if (this.layout.kind === 'v1' && this.layout.unified) args.push('--umount', this.layout.unified);
-    args.push(
-      '--',
-      this.runtime,
-      '--root',
-      paths.runtimeRoot,
-      'run',
-      '--detach',
-      '--preserve-fds',
-      '2',
-      '--bundle',
-      paths.dir,
-      slot,
-    );
-    // the channel is fds 3 and 4: a socketpair that dies with this process, or, for a durable
-    // sandbox, a FIFO pair a successor can reopen
-    const durable = this.options.durable ? await createChannelFifos(paths.dir) : undefined;
-    const log = openSync(join(paths.dir, 'runtime.log'), 'a');
-    try {
-      // detached: a Ctrl-C meant for the CLI must not reach the sandbox before the CLI tears it down
-      // stdio carries only the runtime's and the agent's own messages
-      const launcher = spawn(this.agentPath, args, {
-        stdio: ['ignore', log, log, ...(durable ? durable.agentEnds : (['pipe', 'pipe'] as const))],
-        detached: true,
-      });
-      if (durable) return { launcher, requests: durable.requests, responses: durable.responses };
-      const [, , , requests, responses] = launcher.stdio as [unknown, unknown, unknown, Writable, Readable];
-      return { launcher, requests, responses };
-    } finally {
-      closeSync(log);
-      durable?.closeAgentEnds();
     }
   }
 
@@ -574,10 +500,10 @@ export class ContainerBackend implements Backend {
       await shell.cgroup.setFrozen(false);
       await shell.channel.call({ op: 'reset' }, { timeoutMs: RESET_TIMEOUT_MS });
       shell.agentPid = await soleProcess(shell);
-      await this.swapper.swap(shell.agentPid, { kind: 'bind', dir: this.shellRoot });
+      await this.helper.swap(shell.agentPid, { kind: 'bind', dir: this.shellRoot });
       const paths = this.pathsOf(shell.slot);
       await removeWritableLayers(paths.dir);
-      await this.saveState(paths.dir, this.pooledState(shell.slot, shell.launcher));
+      await this.saveState(paths.dir, this.pooledState(shell.slot));
       return true;
     } catch (error) {
       this.logger.warn(
@@ -847,7 +773,7 @@ export class ContainerBackend implements Backend {
       'Some sandboxes did not close cleanly',
     );
     await closing.catch(() => undefined); // wait for every sandbox before the node-level cleanup
-    this.swapper.close();
+    this.helper.close();
     await this.mounts.unmountIdle().catch(() => undefined);
     await removeIdleParents(this.layout, this.scope);
     await closing;

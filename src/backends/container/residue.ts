@@ -4,8 +4,7 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { SandboxCgroup } from '../host/cgroups.ts';
 import { runProgram } from '../host/run-program.ts';
-import { isAlive, signalProcess } from '../host/processes.ts';
-import { readContainerState } from './sandbox-record.ts';
+import { signalProcess } from '../host/processes.ts';
 
 /** Where a container sandbox keeps its things on the node. */
 export interface ContainerPaths {
@@ -34,7 +33,6 @@ export async function removeContainerResidue(
       errors.push(error);
     }
   };
-  await step(() => stopLauncher(paths.dir));
   await step(() => killAll(cgroup));
   if (existsSync(join(paths.runtimeRoot, id))) {
     await step(() => runProgram(paths.runtime, ['--root', paths.runtimeRoot, 'delete', '--force', id]));
@@ -43,14 +41,6 @@ export async function removeContainerResidue(
   await step(() => rm(paths.dir, { recursive: true, force: true, maxRetries: 3 }));
   if (errors.length === 1) throw errors[0];
   if (errors.length > 1) throw new AggregateError(errors, `Cannot fully remove sandbox ${id}`);
-}
-
-/** Stops the runtime process of a sandbox caught mid-start, before its processes reach the cgroups. */
-async function stopLauncher(dir: string): Promise<void> {
-  const launcher = (await readContainerState(dir))?.launcher;
-  if (!launcher || !(await isAlive(launcher))) return;
-  signalProcess(launcher.pid, 'SIGKILL');
-  for (let i = 0; i < 100 && (await isAlive(launcher)); i++) await sleep(20);
 }
 
 /** SIGKILLs every process in the sandbox's cgroups (thawing first: v1 frozen tasks ignore it) and waits for them. */

@@ -18,8 +18,6 @@ export const containerStateSchema = z.object({
   createdAt: z.string(),
   layers: z.array(z.string()),
   labels: z.record(z.string(), z.string()),
-  /** The runtime process that starts the container; recorded once it is spawned. */
-  launcher: z.object({ pid: z.number().int(), startTime: z.number() }).optional(),
   /** Set for sandboxes that outlive their owner, to be adopted by its successor. */
   durable: z.boolean().optional(),
   /** The spec it was created from, so a successor can rebuild its handle. */

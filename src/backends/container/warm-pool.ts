@@ -1,7 +1,6 @@
 import { messageOf, type Logger } from '../../common/index.ts';
 import type { QosClass } from '../contract.ts';
 import type { SandboxCgroup } from '../host/cgroups.ts';
-import type { ProcessIdentity } from '../host/processes.ts';
 import type { AgentChannel } from '../internal/agent-channel.ts';
 
 /**
@@ -22,9 +21,8 @@ export interface WarmShell {
   cgroup: SandboxCgroup;
   /** Resolves when its launcher exits, that is when the container is gone. */
   exited: Promise<void>;
-  /** What is known of it, so that taking it costs no lookups: its agent's host pid, its launcher, its limits. */
+  /** What is known of it, so that taking it costs no lookups: its agent's host pid, its limits. */
   agentPid?: number;
-  launcher?: ProcessIdentity;
   limits?: string;
 }
 

@@ -17,7 +17,6 @@ const REQUIRED_PROGRAMS: Record<string, string> = {
   setfattr: 'attr',
   tar: 'tar',
   git: 'git',
-  mkfifo: 'coreutils',
   // a swap file for hibernation (sandgym setup --swap-mib)
   mkswap: 'util-linux',
   swapon: 'mount',

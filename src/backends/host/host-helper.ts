@@ -21,14 +21,31 @@ export type NewRoot =
 interface Pending {
   resolve(): void;
   reject(error: Error): void;
+  what: string;
+}
+
+/** What the helper needs to start a container (see `launch` in agent/helper.c). */
+export interface LaunchRequest {
+  /** The bundle folder: config.json, the channel FIFOs, runtime.log; upper, work, rootfs with `lowers`. */
+  dir: string;
+  /** cgroup.procs files to join before the runtime starts (the hybrid freeze leaf). */
+  joins: string[];
+  /** A mount to detach first: the hybrid cgroup2 mount that Debian's crun refuses. */
+  umount: string | undefined;
+  /** Overlay lower dirs, top first, checked to be EROFS mounts when `erofs`; none when the bundle names its own root. */
+  overlay: { lowers: string[]; erofs: boolean } | undefined;
+  runtime: string;
+  runtimeRoot: string;
+  slot: string;
 }
 
 /**
- * Swaps the root filesystem of live sandboxes through the agent binary's long-lived `helper` mode
- * (see agent/helper.c). One helper per backend, started on first use: a request costs a fork of
- * that small process, never a fork of Node.
+ * Starts containers and swaps the root filesystem of live ones through the agent binary's
+ * long-lived `helper` mode (see agent/helper.c), one per backend, started on first use. A request
+ * costs a fork of that small process, never a fork of Node (which grows slower as Node's heap
+ * grows); the helper is also the reaper of every sandbox's first process.
  */
-export class RootSwapper {
+export class HostHelper {
   private helper: ChildProcess | undefined;
   private readonly pending = new Map<string, Pending>();
   private nextId = 1;
@@ -41,19 +58,35 @@ export class RootSwapper {
       root.kind === 'overlay'
         ? ['overlay', root.lowers.join(':'), root.upper, root.work, root.lowersAreErofs ? '1' : '0', root.dev]
         : ['bind', root.dir];
+    return this.request(['attach', String(agentPid), ...fields], "Cannot swap a sandbox's root");
+  }
+
+  /** Starts a container detached; its agent then waits on the FIFO channel in `dir`. */
+  launch(request: LaunchRequest): Promise<void> {
+    const fields = [
+      request.dir,
+      request.joins.length ? request.joins.join(':') : '-',
+      request.umount ?? '-',
+      request.overlay ? request.overlay.lowers.join(':') : '-',
+      request.overlay?.erofs ? '1' : '0',
+      request.runtime,
+      request.runtimeRoot,
+      request.slot,
+    ];
+    return this.request(['launch', ...fields], 'Cannot start a container');
+  }
+
+  private request(fields: string[], what: string): Promise<void> {
     for (const field of fields) {
       if (/[\t\n]/.test(field)) {
-        throw new SandgymError(
-          'invalid_argument',
-          `A path for a sandbox root contains a tab or newline: ${field}`,
-        );
+        throw new SandgymError('invalid_argument', `${what}: a path contains a tab or newline: ${field}`);
       }
     }
     const id = String(this.nextId++);
     const helper = this.started();
     return new Promise<void>((resolve, reject) => {
-      this.pending.set(id, { resolve, reject });
-      helper.stdin?.write([id, 'attach', String(agentPid), ...fields].join('\t') + '\n');
+      this.pending.set(id, { resolve, reject, what });
+      helper.stdin?.write([id, ...fields].join('\t') + '\n');
     });
   }
 
@@ -76,15 +109,12 @@ export class RootSwapper {
     if (!waiter) return;
     this.pending.delete(id);
     if (outcome === 'ok') waiter.resolve();
-    else
-      waiter.reject(new SandgymError('platform_error', `Cannot swap a sandbox's root: ${message ?? line}`));
+    else waiter.reject(new SandgymError('platform_error', `${waiter.what}: ${message ?? line}`));
   }
 
   private failAll(why: string): void {
     for (const waiter of this.pending.values()) {
-      waiter.reject(
-        new SandgymError('platform_error', `Cannot swap a sandbox's root: ${why}`, { retryable: true }),
-      );
+      waiter.reject(new SandgymError('platform_error', `${waiter.what}: ${why}`, { retryable: true }));
     }
     this.pending.clear();
   }
