@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs';
 import { BenchFixture } from './fixture.ts';
 import { compared, hostInfo, quantile, type BenchOptions, type BenchReport } from './report.ts';
-import type { Sandbox } from '../src/platform/index.ts';
+import type { LocalPlatform, Sandbox } from '../src/platform/index.ts';
 
 const LIVE = Number(process.env['SANDGYM_BENCH_DENSITY'] ?? 2_000);
 const CONCURRENCY = 8;
@@ -24,12 +24,12 @@ async function settle(): Promise<void> {
   await new Promise((resolve) => setTimeout(resolve, 3_000));
 }
 
-/** p50 of create→ready for a sandbox started cold (no warm pool), each closed right after. */
-async function createLatencies(fixture: BenchFixture): Promise<number[]> {
+/** create→ready times, each sandbox closed right after (so a warm one goes back to its pool). */
+async function createLatencies(platform: LocalPlatform): Promise<number[]> {
   const samples: number[] = [];
   for (let i = 0; i < LATENCY_SAMPLES; i++) {
     const started = performance.now();
-    const sandbox = await fixture.platform.createSandbox(REQUEST);
+    const sandbox = await platform.createSandbox(REQUEST);
     samples.push(performance.now() - started);
     await sandbox.close();
   }
@@ -39,14 +39,19 @@ async function createLatencies(fixture: BenchFixture): Promise<number[]> {
 /**
  * density: live idle sandboxes up to 2,000 (SANDGYM_BENCH_DENSITY sets another count). Host memory
  * each costs (the rise of used memory, kernel memory included, page cache not), and create→ready
- * latency with all of them live against none live. Creates here are cold: the warm pool would hide
- * exactly the costs that grow with the number of live sandboxes.
+ * latency with all of them live against none live, both for creates from a warm pool (what a node
+ * does) and for cold creates (which make new cgroups and namespaces, whose kernel cost is what
+ * grows with the number of live sandboxes).
  */
 export async function benchDensity(options: BenchOptions): Promise<BenchReport> {
   await using fixture = await BenchFixture.create();
-  await (await fixture.platform.createSandbox(REQUEST)).close(); // mount the layer once
-  options.progress(`density: create latency with 0 live (${LATENCY_SAMPLES} samples)`);
-  const atZero = await createLatencies(fixture);
+  await using warm = await BenchFixture.create({ warmPool: { latency: 4 } }, 'warm');
+  for (const platform of [fixture.platform, warm.platform])
+    await (await platform.createSandbox(REQUEST)).close();
+  await warm.platform.warmPool.filled();
+  options.progress(`density: create latency with 0 live (${LATENCY_SAMPLES} samples, cold and warm)`);
+  const atZero = await createLatencies(fixture.platform);
+  const warmAtZero = await createLatencies(warm.platform);
   await settle();
   const before = usedKib();
   options.progress(`density: starting ${LIVE} idle sandboxes, ${CONCURRENCY} at a time`);
@@ -67,7 +72,9 @@ export async function benchDensity(options: BenchOptions): Promise<BenchReport> 
     await settle();
     const perSandboxKib = (usedKib() - before) / LIVE;
     options.progress(`density: create latency with ${LIVE} live (${LATENCY_SAMPLES} samples)`);
-    const atLive = await createLatencies(fixture);
+    const atLive = await createLatencies(fixture.platform);
+    await warm.platform.warmPool.filled();
+    const warmAtLive = await createLatencies(warm.platform);
     const stillAnswering = (await Promise.all(live.slice(0, 20).map((s) => s.exec(['true'])))).every(
       (r) => r.exitCode === 0,
     );
@@ -77,8 +84,22 @@ export async function benchDensity(options: BenchOptions): Promise<BenchReport> 
       metrics: {
         live_sandboxes: { value: LIVE, unit: 'sandboxes' },
         host_memory_per_sandbox_mib: { value: Math.round((perSandboxKib / 1024) * 1000) / 1000, unit: 'MiB' },
-        [`create_p50_ms_at_${LIVE}_live_vs_0_live`]: compared(quantile(atLive, 0.5), quantile(atZero, 0.5)),
-        [`create_p99_ms_at_${LIVE}_live_vs_0_live`]: compared(quantile(atLive, 0.99), quantile(atZero, 0.99)),
+        [`warm_create_p50_ms_at_${LIVE}_live_vs_0_live`]: compared(
+          quantile(warmAtLive, 0.5),
+          quantile(warmAtZero, 0.5),
+        ),
+        [`warm_create_p99_ms_at_${LIVE}_live_vs_0_live`]: compared(
+          quantile(warmAtLive, 0.99),
+          quantile(warmAtZero, 0.99),
+        ),
+        [`cold_create_p50_ms_at_${LIVE}_live_vs_0_live`]: compared(
+          quantile(atLive, 0.5),
+          quantile(atZero, 0.5),
+        ),
+        [`cold_create_p99_ms_at_${LIVE}_live_vs_0_live`]: compared(
+          quantile(atLive, 0.99),
+          quantile(atZero, 0.99),
+        ),
         start_all_per_s: { value: Math.round((LIVE / startMs) * 1000 * 10) / 10, unit: 'sandboxes/s' },
         live_sandboxes_still_answer: { value: stillAnswering ? 1 : 0, unit: 'bool' },
       },

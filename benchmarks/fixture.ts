@@ -29,9 +29,13 @@ export class BenchFixture implements AsyncDisposable {
     readonly crunPrefix: string,
   ) {}
 
-  static async create(options: Pick<LocalPlatformOptions, 'warmPool'> = {}): Promise<BenchFixture> {
+  /** `name` tells apart two fixtures of one benchmark. */
+  static async create(
+    options: Pick<LocalPlatformOptions, 'warmPool'> = {},
+    name = '',
+  ): Promise<BenchFixture> {
     const base = defaultDataDir();
-    const dir = resolve(base, `bench-${process.pid}`);
+    const dir = resolve(base, `bench-${process.pid}${name ? `-${name}` : ''}`);
     const platform = await Platform.local({ dataDir: dir, storeDir: defaultStoreDir(base), ...options });
     const bundle = join(dir, 'bundle');
     const rootfs = join(bundle, 'rootfs');

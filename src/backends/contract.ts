@@ -150,6 +150,8 @@ export interface SandboxStats {
   oomKills: number;
   /** Attempts to reach an address the sandbox's network has no route to (its policy denies it). */
   deniedEgress: number;
+  /** Of `memoryBytes`, what the kernel holds for it (page tables, stacks, slab): what swap cannot take. */
+  kernelMemoryBytes: number;
 }
 
 /** Options for {@link BackendSandbox.writeFile}. */

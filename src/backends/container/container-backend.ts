@@ -356,7 +356,7 @@ export class ContainerBackend implements Backend {
   private track(
     shell: WarmShell,
     spec: SandboxSpec,
-    baseline: CgroupUsage | undefined,
+    baseline: Pick<CgroupUsage, 'cpuUsageMs' | 'oomKills'> | undefined,
     createdAt?: number,
   ): ContainerSandbox {
     const sandbox = new ContainerSandbox({
@@ -690,7 +690,7 @@ export class ContainerBackend implements Backend {
     await this.saveState(paths.dir, { ...state, owner: this.owner });
     const shell: WarmShell = { slot, qos: spec.qos, channel, cgroup, exited: channel.closed };
     this.containers.set(slot, shell);
-    const baseline = state.baseline ? { memoryBytes: 0, pids: 0, ...state.baseline } : undefined;
+    const baseline = state.baseline;
     const sandbox = this.track(shell, spec, baseline, Date.parse(state.createdAt));
     if (wasFrozen) await sandbox.pause();
     this.logger.info({ id: state.id }, 'adopted sandbox');

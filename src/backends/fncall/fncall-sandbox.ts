@@ -206,7 +206,14 @@ export class FnCallSandbox implements BackendSandbox {
   async stats(options: CallOptions = {}): Promise<SandboxStats> {
     throwIfAborted(options.signal, 'Measuring its use');
     const worker = this.workersOf().anyWorker();
-    const idle = { memoryBytes: 0, pids: 0, cpuUsageMs: 0, oomKills: 0, deniedEgress: 0 };
+    const idle = {
+      memoryBytes: 0,
+      kernelMemoryBytes: 0,
+      pids: 0,
+      cpuUsageMs: 0,
+      oomKills: 0,
+      deniedEgress: 0,
+    };
     return { ...(worker ? await worker.stats(options) : idle), state: this.currentState };
   }
 

@@ -88,6 +88,8 @@ export function cgroupLimitsOf(resources: SandboxResources, qos: QosClass): Cgro
 /** Measured use of one sandbox cgroup. */
 export interface CgroupUsage {
   memoryBytes: number;
+  /** Of it, kernel memory charged to the cgroup. */
+  kernelMemoryBytes: number;
   pids: number;
   cpuUsageMs: number;
   oomKills: number;
@@ -148,27 +150,31 @@ export class SandboxCgroup {
   /** Memory, pids, CPU time and OOM kills, straight from the kernel's counters. */
   async usage(): Promise<CgroupUsage> {
     if (this.layout.kind === 'v2') {
-      const [memory, pids, cpu, events] = await Promise.all([
+      const [memory, pids, cpu, events, stat] = await Promise.all([
         readText(this.v2('memory.current')),
         readText(this.v2('pids.current')),
         readText(this.v2('cpu.stat')),
         readText(this.v2('memory.events')),
+        readText(this.v2('memory.stat')),
       ]);
       return {
         memoryBytes: Number(memory ?? 0),
+        kernelMemoryBytes: counter(stat, 'kernel'),
         pids: Number(pids ?? 0),
         cpuUsageMs: counter(cpu, 'usage_usec') / 1000,
         oomKills: counter(events, 'oom_kill'),
       };
     }
-    const [memory, pids, cpu, oom] = await Promise.all([
+    const [memory, pids, cpu, oom, kernel] = await Promise.all([
       readText(this.v1('memory', 'memory.usage_in_bytes')),
       readText(this.v1('pids', 'pids.current')),
       readText(this.v1('cpuacct', 'cpuacct.usage')),
       readText(this.v1('memory', 'memory.oom_control')),
+      readText(this.v1('memory', 'memory.kmem.usage_in_bytes')),
     ]);
     return {
       memoryBytes: Number(memory ?? 0),
+      kernelMemoryBytes: Number(kernel ?? 0),
       pids: Number(pids ?? 0),
       cpuUsageMs: Number(cpu ?? 0) / 1e6,
       oomKills: counter(oom, 'oom_kill'),

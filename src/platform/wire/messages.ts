@@ -121,7 +121,7 @@ export const dirEntries = z.object({
   ),
 });
 
-export const hibernateReport = z.object({ freedBytes: count });
+export const hibernateReport = z.object({ freedBytes: count, swappedBytes: count.default(0) });
 
 const runName = z.string().regex(/^[a-z0-9][a-z0-9._-]{0,63}$/, 'run names are a-z, 0-9, ., _ and -');
 export const trainingPhase = z.enum(['rollout', 'weight_sync', 'train', 'preempted', 'resumed']);
@@ -167,6 +167,7 @@ export const sandboxStats = z.object({
   cpuUsageMs: z.number().nonnegative(),
   oomKills: count,
   deniedEgress: count.default(0),
+  kernelMemoryBytes: count.default(0),
 });
 
 export const sandboxRecords = z.object({
