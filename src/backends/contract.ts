@@ -47,6 +47,8 @@ export interface SandboxResources {
   pids: number;
   /** Bytes captured per command and stream; the rest is counted and reported as truncated. */
   outputCapBytes: number;
+  /** What it may write (files, directories and their metadata); writes beyond it fail with EDQUOT. */
+  diskMib: number;
 }
 
 /** A fully resolved sandbox request, as a backend receives it. */
@@ -61,6 +63,8 @@ export interface SandboxSpec {
   labels: Record<string, string>;
   /** When the platform reclaims it: after this long without a request, or this long after creation. */
   lifetime?: SandboxLifetime;
+  /** Named network rules it starts with (see {@link BackendSandbox.setNetwork}); empty: loopback only. */
+  network: readonly string[];
 }
 
 /** How long a sandbox may live when nobody uses it, and at most. */
@@ -79,6 +83,8 @@ export interface BackendCapabilities {
   shellSessions: boolean;
   /** Whether a sandbox has its own network namespace (loopback only unless a policy opens it). */
   ownNetwork: boolean;
+  /** Whether its network rules can name anything beyond loopback ({@link BackendSandbox.setNetwork}). */
+  networkPolicy: boolean;
   /**
    * Whether what one command writes is there for the next. FnCall sandboxes are stateless: each
    * call starts from the image plus the files written with writeFile, and leaves nothing behind.
@@ -152,6 +158,8 @@ export interface SandboxStats {
   deniedEgress: number;
   /** Of `memoryBytes`, what the kernel holds for it (page tables, stacks, slab): what swap cannot take. */
   kernelMemoryBytes: number;
+  /** What it has written, as its disk cap counts it (0 where the backend does not measure it). */
+  diskBytes: number;
 }
 
 /** Options for {@link BackendSandbox.writeFile}. */
@@ -195,6 +203,13 @@ export interface BackendSandbox extends AsyncDisposable {
   /** Thaws a paused or hibernated sandbox. */
   resume(options?: CallOptions): Promise<void>;
   stats(options?: CallOptions): Promise<SandboxStats>;
+  /**
+   * Replaces what the sandbox may reach with the addresses `rules` name (the node's rule book:
+   * `mirror:debian`, `host:IP[:PORT]`, `cidr:A.B.C.D/N[:PORT]`), without restarting it; empty is
+   * loopback only. What a task's stages switch between. Connections of the old rules that the new
+   * ones deny stop at their next packet.
+   */
+  setNetwork(rules: readonly string[], options?: CallOptions): Promise<void>;
   /**
    * Hands `consume` a folder holding everything the sandbox wrote (its overlay upper dir, with
    * whiteouts for deletions), frozen for the duration so the view is consistent. Backends whose

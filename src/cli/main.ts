@@ -34,6 +34,7 @@ const USAGE = `usage: sandgym COMMAND [ARGS]
   bench [NAME ...] [--json [OUT]]         benchmarks beside their baselines (create, exec)
   node --listen ADDR [--data-dir D] [--store S] [--node-id ID] [--max-sandboxes N] [--memory-mib N]
        [--overcommit X] [--free-floor-mib N] [--warm-pool N] [--warm-pool-best-effort N]
+       [--net-rules FILE]   (JSON: {"mirror:debian": ["IP[/N][:PORT]", ...]}; or $SANDGYM_NET_RULES)
                                           a node agent (cluster mode); token in $SANDGYM_NODE_TOKEN
                                           or --node-token-file
   controller --listen ADDR --nodes ADDR,... --grants FILE [--poll-ms N] [--queue-timeout-ms N]

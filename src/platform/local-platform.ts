@@ -5,6 +5,8 @@ import {
   ContainerBackend,
   FnCallBackend,
   packageRoot,
+  readNetworkRules,
+  type NetworkRuleBook,
   type CallOptions,
   type GcReport,
   type LayerVerification,
@@ -73,6 +75,11 @@ export interface LocalPlatformOptions {
    * destroyed sandbox's container is scrubbed and reused while the pool is short. Default: none.
    */
   warmPool?: WarmPoolPolicy;
+  /**
+   * The node's named network rules (`{"mirror:debian": ["10.1.2.3:80"]}`) that sandboxes'
+   * policies name. Default: the JSON file $SANDGYM_NET_RULES names, else none.
+   */
+  networkRules?: NetworkRuleBook;
 }
 
 /**
@@ -215,6 +222,7 @@ export class LocalPlatform implements PlatformClient {
         resources: resolved.resources,
         qos: resolved.qos,
         labels,
+        network: resolved.network,
         ...(resolved.lifetime ? { lifetime: definedFields(resolved.lifetime) } : {}),
       },
       options,
@@ -354,6 +362,7 @@ export const Platform = {
       ...(options.verifyLayers ? { verifyLayers: options.verifyLayers } : {}),
       ...(options.durable ? { durable: true } : {}),
       ...(options.warmPool ? { warmPool: options.warmPool } : {}),
+      networkRules: options.networkRules ?? (await readNetworkRules(process.env['SANDGYM_NET_RULES'])),
     });
     // the run manager is opened first and reaches the platform once it exists
     const late: { platform?: LocalPlatform } = {};

@@ -201,6 +201,10 @@ export class NodeAgent {
       },
       Hibernate: ({ sandboxId }, call) => this.sandboxOf(sandboxId, call).hibernate({ signal: call.signal }),
       Stats: ({ sandboxId }, call) => this.sandboxOf(sandboxId, call).stats({ signal: call.signal }),
+      SetNetwork: async ({ sandboxId, rules }, call) => {
+        await this.sandboxOf(sandboxId, call).setNetwork(rules, { signal: call.signal });
+        return {};
+      },
       Destroy: async ({ sandboxId }, call) => {
         await this.destroy(sandboxId, call.principal.project);
         return {};

@@ -401,6 +401,12 @@ class RemoteSandbox implements BackendSandbox {
     return report;
   }
 
+  async setNetwork(rules: readonly string[], options: CallOptions = {}): Promise<void> {
+    await this.guard(() =>
+      this.client.call('SetNetwork', { sandboxId: this.id, rules: [...rules] }, callOptionsOf(options)),
+    );
+  }
+
   async stats(options: CallOptions = {}): Promise<SandboxStats> {
     const stats = await this.guard(() =>
       this.client.call('Stats', { sandboxId: this.id }, callOptionsOf(options)),

@@ -4,6 +4,12 @@ import { DEFAULT_ENVIRONMENT } from './base-environments.ts';
 /** Below this the agent, the runtime's setup and a shell do not fit. */
 export const MIN_MEMORY_MIB = 16;
 
+/** A sandbox's network rules, by name. */
+export const networkRulesSchema = z.array(z.string().min(1).max(256)).max(64);
+
+/** What a sandbox may write unless it asks for more or less. */
+export const DEFAULT_DISK_MIB = 10 * 1024;
+
 /**
  * What a caller asks for. Validated at createSandbox(); every field has a default, and an unknown
  * field (a typo) is an error rather than silently ignored.
@@ -26,6 +32,11 @@ export const sandboxRequestSchema = z.strictObject({
         .positive()
         .max(64 * 1024 * 1024)
         .default(1024 * 1024),
+      diskMib: z
+        .number()
+        .int()
+        .min(16, 'diskMib must be at least 16: package managers and logs need room')
+        .default(DEFAULT_DISK_MIB),
     })
     .prefault({}),
   qos: z.enum(['latency', 'best_effort']).default('latency'),
@@ -53,6 +64,11 @@ export const sandboxRequestSchema = z.strictObject({
       deadlineMs: z.number().int().positive().optional(),
     })
     .optional(),
+  /**
+   * Named network rules (the node's rule book: `mirror:debian`, `host:IP[:PORT]`, `cidr:...`);
+   * empty, the default, is loopback only. `sandbox.setNetwork` replaces them later.
+   */
+  network: networkRulesSchema.default([]),
   /** The run (see startRun) that owns the sandbox: its lease and phases govern it. */
   run: z.string().optional(),
 });

@@ -6,13 +6,13 @@ import { STORE_DIR, TEST_DATA_ROOT } from './platform.ts';
 
 mkdirSync(TEST_DATA_ROOT, { recursive: true });
 
-/** What the suite may not leave behind: mounts, cgroups, network namespaces and processes of ours. */
+/** What the suite may not leave behind: mounts, cgroups, network namespaces, links, nftables tables and processes of ours. */
 function findLeaks(): string[] {
   const leaks: string[] = [];
   for (const line of readFileSync('/proc/self/mountinfo', 'utf8').split('\n')) {
     const [left, right] = line.split(' - ');
     const fsType = right?.split(' ')[0];
-    if ((fsType === 'overlay' || fsType === 'erofs') && /sandgym/.test(line))
+    if ((fsType === 'overlay' || fsType === 'erofs' || fsType === 'btrfs') && /sandgym/.test(line))
       leaks.push(`mount: ${left?.split(' ')[4]} (${fsType})`);
   }
   for (const hierarchy of readdirSync('/sys/fs/cgroup')) {
@@ -36,6 +36,17 @@ function findLeaks(): string[] {
     }
   } catch {
     // no iproute2: no named namespaces of ours either
+  }
+  try {
+    for (const line of execFileSync('ip', ['-o', 'link'], { encoding: 'utf8' }).split('\n')) {
+      const name = line.split(': ')[1]?.split('@')[0];
+      if (name && /^(sgbr|sgv|sgp|sgtu)\d/.test(name)) leaks.push(`link: ${name}`);
+    }
+    for (const table of execFileSync('nft', ['list', 'tables'], { encoding: 'utf8' }).split('\n')) {
+      if (/ sandgym\d+$/.test(table)) leaks.push(`nftables: ${table}`);
+    }
+  } catch {
+    // no nftables: no tables of ours either
   }
   for (const pid of readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
     try {
@@ -91,5 +102,7 @@ export function teardown(): void {
     process.exitCode = 1;
     return;
   }
-  console.log('leak check: no mounts, cgroups, network namespaces or processes left behind');
+  console.log(
+    'leak check: no mounts, cgroups, network namespaces, links, nftables tables or processes left behind',
+  );
 }

@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
-import type { SandboxSpec, WarmPoolPolicy } from '../../src/backends/index.ts';
+import type { NetworkRuleBook, SandboxSpec, WarmPoolPolicy } from '../../src/backends/index.ts';
 import { newSandboxId } from '../../src/common/index.ts';
 import {
   LayerStore,
@@ -33,6 +33,8 @@ export interface TestPlatformOptions {
   nodeId?: string;
   /** Warm shells to keep ready (see LocalPlatformOptions.warmPool). */
   warmPool?: WarmPoolPolicy;
+  /** The node's named network rules. */
+  networkRules?: NetworkRuleBook;
 }
 
 export async function createTestPlatform(
@@ -51,6 +53,7 @@ export async function createTestPlatform(
     storeDir,
     ...(options.nodeId ? { nodeId: options.nodeId } : {}),
     ...(options.warmPool ? { warmPool: options.warmPool } : {}),
+    ...(options.networkRules ? { networkRules: options.networkRules } : {}),
   });
   return {
     platform,
@@ -74,8 +77,9 @@ export async function busyboxSpecFactory(): Promise<() => SandboxSpec> {
     layers,
     env: {},
     workdir: '/',
-    resources: { cpu: 1, memoryMib: 128, pids: 128, outputCapBytes: 1 << 20 },
+    resources: { cpu: 1, memoryMib: 128, pids: 128, outputCapBytes: 1 << 20, diskMib: 1024 },
     qos: 'latency' as const,
     labels: {},
+    network: [],
   });
 }

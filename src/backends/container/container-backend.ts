@@ -41,6 +41,9 @@ import { LayerTarballs } from '../host/layer-tarballs.ts';
 import { agentBinaryPath, hostProgram } from '../host/paths.ts';
 import { isAlive, processIdentity, type ProcessIdentity } from '../host/processes.ts';
 import { HostHelper } from '../host/host-helper.ts';
+import { checkRuleBook, resolveRules, type NetworkRuleBook } from '../host/network-rules.ts';
+import { NodeNetwork, removeStaleNetwork, type NetworkAttachment } from '../host/node-network.ts';
+import { ScratchVolume, type ScratchSlot } from '../host/scratch-volume.ts';
 import { runProgram } from '../host/run-program.ts';
 import { AgentChannel } from '../internal/agent-channel.ts';
 import { channelFifos, openPipe } from '../internal/channel-fifos.ts';
@@ -71,13 +74,15 @@ export interface ContainerBackendOptions {
   durable?: boolean;
   /** Warm shells kept ready per CPU class (see {@link WarmPool}); none by default. */
   warmPool?: WarmPoolPolicy;
+  /** The node's named network rules, which sandboxes' policies name (see {@link NetworkRuleBook}). */
+  networkRules?: NetworkRuleBook;
 }
 
 /**
  * The limits a pooled shell runs under until a tenant brings its own: a sandbox request's
  * defaults, so that most tenants need no cgroup writes at all.
  */
-const SHELL_RESOURCES = { cpu: 1, memoryMib: 512, pids: 512, outputCapBytes: 1 << 20 };
+const SHELL_RESOURCES = { cpu: 1, memoryMib: 512, pids: 512, outputCapBytes: 1 << 20, diskMib: 10 * 1024 };
 
 /** How long an agent may take to end a tenant's processes and take its new root. */
 const RESET_TIMEOUT_MS = 10_000;
@@ -92,6 +97,7 @@ const CAPABILITIES: BackendCapabilities = {
   fork: false,
   shellSessions: false,
   ownNetwork: true,
+  networkPolicy: true,
   statefulExec: true,
 };
 
@@ -113,6 +119,11 @@ export class ContainerBackend implements Backend {
   private readonly codec: Codec;
   private isClosed = false;
   private readonly scope: string;
+  /** The node network, built when the first sandbox is given egress. */
+  private network: Promise<NodeNetwork> | undefined;
+  /** Sandboxes on the node network, by slot. */
+  private readonly egress = new Map<string, Promise<NetworkAttachment>>();
+  private readonly ruleBook: NetworkRuleBook;
 
   private constructor(
     private readonly options: ContainerBackendOptions,
@@ -122,10 +133,13 @@ export class ContainerBackend implements Backend {
     private readonly runtime: string,
     private readonly mounts: LayerMounts,
     private readonly tarballs: LayerTarballs,
+    private readonly scratch: ScratchVolume,
   ) {
     this.logger = (options.logger ?? silentLogger()).child({ component: 'container-backend' });
     this.codec = options.codec ?? createMsgpackCodec();
     this.scope = cgroupScope(options.dataDir);
+    this.ruleBook = options.networkRules ?? {};
+    checkRuleBook(this.ruleBook);
     this.helper = new HostHelper(agentPath);
     const policy = options.warmPool ?? {};
     this.pool = Object.values(policy).some((n) => n > 0)
@@ -169,12 +183,9 @@ export class ContainerBackend implements Backend {
     const owner = await processIdentity(process.pid);
     if (!owner) throw new SandgymError('platform_error', "Cannot read this process's identity from /proc");
     await Promise.all(
-      [
-        'sandboxes',
-        'layers',
-        'runtime',
-        ...['proc', 'sys', 'dev', '.sandgym-stage'].map((d) => `shell-root/${d}`),
-      ].map((d) => mkdir(join(options.dataDir, d), { recursive: true })),
+      ['layers', 'runtime', ...['proc', 'sys', 'dev', '.sandgym-stage'].map((d) => `shell-root/${d}`)].map(
+        (d) => mkdir(join(options.dataDir, d), { recursive: true }),
+      ),
     );
     const mode = options.loadMode ?? 'ondemand';
     const mounts = new LayerMounts(join(options.dataDir, 'layers'), agentPath, {
@@ -182,6 +193,10 @@ export class ContainerBackend implements Backend {
       verify: options.verifyLayers ?? 'digest',
       copiesDir: join(options.dataDir, 'layer-copies'),
     });
+    const scratch = await ScratchVolume.open(
+      join(options.dataDir, 'sandboxes'),
+      join(options.dataDir, 'sandboxes.img'),
+    );
     return new ContainerBackend(
       options,
       layout,
@@ -190,6 +205,7 @@ export class ContainerBackend implements Backend {
       runtime,
       mounts,
       new LayerTarballs(mounts),
+      scratch,
     );
   }
 
@@ -207,6 +223,19 @@ export class ContainerBackend implements Backend {
     if (spec.layers.length === 0) {
       throw new SandgymError('invalid_argument', 'A container needs at least one layer: name an environment');
     }
+    resolveRules(spec.network, this.ruleBook); // a bad rule name fails before anything starts
+    const sandbox = await this.createContainer(spec, options);
+    if (spec.network.length === 0) return sandbox;
+    try {
+      await sandbox.setNetwork(spec.network);
+    } catch (error) {
+      await sandbox.close().catch(() => undefined);
+      throw error;
+    }
+    return sandbox;
+  }
+
+  private createContainer(spec: SandboxSpec, options: CallOptions): Promise<ContainerSandbox> {
     const pool = this.pool;
     if (!pool || this.options.loadMode === 'tar') return this.createCold(spec, options);
     return pool.whileCreating(async () => {
@@ -230,13 +259,15 @@ export class ContainerBackend implements Backend {
   private async createCold(spec: SandboxSpec, options: CallOptions): Promise<ContainerSandbox> {
     const unpacked = this.options.loadMode === 'tar';
     const paths = this.pathsOf(spec.id);
+    // unpacked layers land in the slot: they are not the tenant's writes, so no cap counts them
+    const scratch = await this.scratch.createSlot(spec.id, unpacked ? 'none' : mib(spec.resources.diskMib));
     await Promise.all(['upper', 'work', 'rootfs'].map((d) => mkdir(join(paths.dir, d), { recursive: true })));
     const points = unpacked
       ? await this.tarballs.unpack(spec.layers, paths.dir)
       : await this.mounts.acquire(spec.layers);
     let shell: WarmShell;
     try {
-      shell = await this.startContainer(spec.id, spec, this.tenantState(spec, spec.id), options, {
+      shell = await this.startContainer(spec.id, spec, this.tenantState(spec, spec.id), options, scratch, {
         lowers: points,
         erofs: !unpacked,
       });
@@ -258,8 +289,10 @@ export class ContainerBackend implements Backend {
       resources: SHELL_RESOURCES,
       qos,
       labels: {},
+      network: [],
     };
-    return this.startContainer(slot, spec, this.pooledState(slot), {}, undefined);
+    const scratch = await this.scratch.createSlot(slot, mib(spec.resources.diskMib));
+    return this.startContainer(slot, spec, this.pooledState(slot), {}, scratch, undefined);
   }
 
   /** The state of a shell waiting in the pool: no tenant, no layers. */
@@ -303,6 +336,10 @@ export class ContainerBackend implements Backend {
     try {
       await shell.channel.call({ op: 'reset' }, { timeoutMs: RESET_TIMEOUT_MS });
       await this.applyLimits(shell, spec);
+      if (shell.diskMib !== spec.resources.diskMib) {
+        await this.scratch.setLimit(shell.slot, mib(spec.resources.diskMib));
+        shell.diskMib = spec.resources.diskMib;
+      }
       baseline = await shell.cgroup.usage();
       await this.saveState(paths.dir, {
         ...this.tenantState(spec, shell.slot),
@@ -344,6 +381,49 @@ export class ContainerBackend implements Backend {
     }
   }
 
+  /**
+   * Points a container's network at the addresses `rules` name. The first rules that allow
+   * anything give it a veth on the node network; later ones only rewrite its rules (an emptied
+   * policy keeps the veth, so what it still tries is counted).
+   */
+  private async setNetwork(shell: WarmShell, rules: readonly string[]): Promise<void> {
+    const targets = resolveRules(rules, this.ruleBook);
+    let attaching = this.egress.get(shell.slot);
+    if (!attaching) {
+      if (targets.length === 0) return;
+      attaching = (async () => {
+        const network = await this.nodeNetwork();
+        return network.attach(shell.agentPid ?? (await soleOrFirstProcess(shell)));
+      })();
+      this.egress.set(shell.slot, attaching);
+      attaching.catch(() => this.egress.delete(shell.slot));
+    }
+    const attachment = await attaching;
+    await (await this.nodeNetwork()).allow(attachment, targets);
+  }
+
+  private nodeNetwork(): Promise<NodeNetwork> {
+    if (!this.network) {
+      const opening = NodeNetwork.open(this.options.dataDir);
+      this.network = opening;
+      opening.catch(() => (this.network = undefined));
+    }
+    return this.network;
+  }
+
+  private async deniedByRules(slot: string): Promise<number> {
+    const attachment = await this.egress.get(slot)?.catch(() => undefined);
+    if (!attachment || !this.network) return 0;
+    return (await this.network).denied(attachment);
+  }
+
+  /** Takes a container off the node network: back to loopback only. */
+  private async detachNetwork(slot: string): Promise<void> {
+    const attachment = await this.egress.get(slot)?.catch(() => undefined);
+    this.egress.delete(slot);
+    if (attachment && this.network) await (await this.network).detach(attachment);
+  }
+
   /** Writes the tenant's cgroup limits, unless the container has them already. */
   private async applyLimits(shell: WarmShell, spec: SandboxSpec): Promise<void> {
     const limits = cgroupLimitsOf(spec.resources, spec.qos);
@@ -366,6 +446,11 @@ export class ContainerBackend implements Backend {
       channel: shell.channel,
       cgroup: shell.cgroup,
       upperDir: join(this.pathsOf(shell.slot).dir, 'upper'),
+      diskUsage: () => this.scratch.usage(shell.scratch),
+      network: {
+        set: (rules) => this.setNetwork(shell, rules),
+        denied: () => this.deniedByRules(shell.slot),
+      },
       destroy: (s) => this.destroy(s),
       ...(baseline ? { baseline } : {}),
       ...(createdAt === undefined ? {} : { createdAt }),
@@ -383,13 +468,13 @@ export class ContainerBackend implements Backend {
     spec: SandboxSpec,
     state: ContainerState,
     options: CallOptions,
+    scratch: ScratchSlot,
     overlay: { lowers: string[]; erofs: boolean } | undefined,
   ): Promise<WarmShell> {
     const paths = this.pathsOf(slot);
     const cgroup = new SandboxCgroup(this.layout, this.scope, slot);
     let shell: WarmShell | undefined;
     try {
-      await mkdir(paths.dir, { recursive: true });
       await this.saveState(paths.dir, state);
       const joins = await cgroup.prepare();
       const config = buildOciConfig({
@@ -426,6 +511,8 @@ export class ContainerBackend implements Backend {
         cgroup,
         exited,
         limits: JSON.stringify(cgroupLimitsOf(spec.resources, spec.qos)),
+        scratch,
+        diskMib: spec.resources.diskMib,
       };
       this.containers.set(slot, shell);
       await this.waitReady(slot, channel, exited, paths, options);
@@ -498,6 +585,7 @@ export class ContainerBackend implements Backend {
   private async scrub(shell: WarmShell): Promise<boolean> {
     try {
       await shell.cgroup.setFrozen(false);
+      await this.detachNetwork(shell.slot);
       await shell.channel.call({ op: 'reset' }, { timeoutMs: RESET_TIMEOUT_MS });
       shell.agentPid = await soleProcess(shell);
       await this.helper.swap(shell.agentPid, { kind: 'bind', dir: this.shellRoot });
@@ -517,6 +605,12 @@ export class ContainerBackend implements Backend {
   /** Graceful first: the agent ends every process and exits; then force. */
   private async teardown(shell: WarmShell): Promise<void> {
     try {
+      await this.detachNetwork(shell.slot).catch((error: unknown) => {
+        this.logger.warn(
+          { slot: shell.slot, error: messageOf(error) },
+          'cannot take a container off the network',
+        );
+      });
       await shell.cgroup.setFrozen(false).catch(() => undefined); // a frozen agent cannot exit
       await shell.channel.shutdown(2_000);
       shell.channel.fail(
@@ -666,6 +760,7 @@ export class ContainerBackend implements Backend {
       ...rest,
       layers: recorded.layers.map((layer) => definedFields(layer) as LayerImage),
       ...(lifetime ? { lifetime: definedFields(lifetime) } : {}),
+      network: recorded.network,
     };
     const paths = this.pathsOf(slot);
     const cgroup = new SandboxCgroup(this.layout, this.scope, slot);
@@ -688,7 +783,16 @@ export class ContainerBackend implements Backend {
     }
     await this.mounts.acquire(spec.layers);
     await this.saveState(paths.dir, { ...state, owner: this.owner });
-    const shell: WarmShell = { slot, qos: spec.qos, channel, cgroup, exited: channel.closed };
+    const scratch = await this.scratch.createSlot(slot, mib(spec.resources.diskMib));
+    const shell: WarmShell = {
+      slot,
+      qos: spec.qos,
+      channel,
+      cgroup,
+      exited: channel.closed,
+      scratch,
+      diskMib: spec.resources.diskMib,
+    };
     this.containers.set(slot, shell);
     const baseline = state.baseline;
     const sandbox = this.track(shell, spec, baseline, Date.parse(state.createdAt));
@@ -776,12 +880,32 @@ export class ContainerBackend implements Backend {
     this.helper.close();
     await this.mounts.unmountIdle().catch(() => undefined);
     await removeIdleParents(this.layout, this.scope);
+    await this.closeNetwork().catch((error: unknown) => {
+      this.logger.warn({ error: messageOf(error) }, 'cannot remove the node network');
+    });
+    await this.scratch.closeIfEmpty().catch((error: unknown) => {
+      this.logger.warn({ error: messageOf(error) }, 'cannot unmount the scratch volume');
+    });
     await closing;
+  }
+
+  /** The node network goes with the last sandbox; one a crashed predecessor left goes too. */
+  private async closeNetwork(): Promise<void> {
+    if (this.network) return (await this.network).close();
+    await removeStaleNetwork(this.options.dataDir);
   }
 
   [Symbol.asyncDispose](): Promise<void> {
     return this.close();
   }
+}
+
+/** A pid in the container's network namespace: its agent, found when the shell does not know it. */
+async function soleOrFirstProcess(shell: WarmShell): Promise<number> {
+  const [pid] = await shell.cgroup.members();
+  if (pid === undefined)
+    throw new SandgymError('failed_precondition', `Container ${shell.slot} has no process left`);
+  return pid;
 }
 
 /** The host pid of a container's agent, when it is the only process left: the check that a scrub worked. */
@@ -794,6 +918,10 @@ async function soleProcess(shell: WarmShell): Promise<number> {
     );
   }
   return pids[0];
+}
+
+function mib(n: number): number {
+  return n * 2 ** 20;
 }
 
 /** Removes every upper and work dir of a container's folder (a renewed root leaves numbered ones). */

@@ -24,6 +24,7 @@ import { AsyncQueue } from '../../common/index.ts';
 import { callOptionsOf } from '../call-options.ts';
 import { collectExec } from '../collect-exec.ts';
 import { deniedEgressOf } from '../host/egress.ts';
+import type { ScratchUsage } from '../host/scratch-volume.ts';
 import { activeSwapAreas, stillActive, type SwapArea } from '../host/swap.ts';
 import { checkArgv, checkSandboxPath, throwIfAborted } from '../internal/checks.ts';
 import { resolveUser, type ResolvedUser } from '../internal/users.ts';
@@ -48,6 +49,13 @@ export interface ContainerSandboxParts {
   cgroup: SandboxCgroup;
   /** The overlay upper dir on the node. */
   upperDir: string;
+  /** What it has written and may write, from its slot's quota group. */
+  diskUsage: () => Promise<ScratchUsage | undefined>;
+  /** Its network: rules replaced, and the connections they refused. */
+  network: {
+    set(rules: readonly string[]): Promise<void>;
+    denied(): Promise<number>;
+  };
   /** Tears the sandbox down; called once, by close(). */
   destroy(sandbox: ContainerSandbox): Promise<void>;
   /** When it was created (ms since the epoch); now, unless it is being adopted. */
@@ -333,7 +341,12 @@ export class ContainerSandbox implements BackendSandbox {
 
   async stats(options: CallOptions = {}): Promise<SandboxStats> {
     throwIfAborted(options.signal, 'Stats');
-    const [measured, pids] = await Promise.all([this.parts.cgroup.usage(), this.parts.cgroup.processes()]);
+    const [measured, pids, disk, deniedByRules] = await Promise.all([
+      this.parts.cgroup.usage(),
+      this.parts.cgroup.processes(),
+      this.parts.diskUsage(),
+      this.parts.network.denied(),
+    ]);
     const usage = {
       ...measured,
       cpuUsageMs: measured.cpuUsageMs - (this.parts.baseline?.cpuUsageMs ?? 0),
@@ -342,7 +355,25 @@ export class ContainerSandbox implements BackendSandbox {
     let deniedEgress: number | undefined;
     // any process of the sandbox shows its network namespace; one may exit while it is read
     for (const pid of pids) if ((deniedEgress = await deniedEgressOf(pid)) !== undefined) break;
-    return { state: this.currentState, ...usage, deniedEgress: deniedEgress ?? 0 };
+    return {
+      state: this.currentState,
+      ...usage,
+      deniedEgress: (deniedEgress ?? 0) + deniedByRules,
+      diskBytes: disk?.usedBytes ?? 0,
+    };
+  }
+
+  async setNetwork(rules: readonly string[], options: CallOptions = {}): Promise<void> {
+    throwIfAborted(options.signal, 'Setting the network rules');
+    if (
+      this.currentState === 'stopping' ||
+      this.currentState === 'stopped' ||
+      this.currentState === 'failed'
+    ) {
+      throw new SandgymError('failed_precondition', `Sandbox ${this.id} is ${this.currentState}`);
+    }
+    this.active = Date.now();
+    await this.parts.network.set(rules);
   }
 
   async withWritableLayer<T>(consume: (dir: string) => Promise<T>, options: CallOptions = {}): Promise<T> {

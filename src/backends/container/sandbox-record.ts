@@ -32,10 +32,13 @@ export const containerStateSchema = z.object({
         memoryMib: z.number(),
         pids: z.number(),
         outputCapBytes: z.number(),
+        // records from before disk caps: the request default
+        diskMib: z.number().default(10 * 1024),
       }),
       qos: z.enum(['latency', 'best_effort']),
       labels: z.record(z.string(), z.string()),
       lifetime: z.object({ idleTtlMs: z.number().optional(), deadlineMs: z.number().optional() }).optional(),
+      network: z.array(z.string()).readonly().default([]),
     })
     .optional(),
 });

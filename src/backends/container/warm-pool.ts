@@ -1,6 +1,7 @@
 import { messageOf, type Logger } from '../../common/index.ts';
 import type { QosClass } from '../contract.ts';
 import type { SandboxCgroup } from '../host/cgroups.ts';
+import type { ScratchSlot } from '../host/scratch-volume.ts';
 import type { AgentChannel } from '../internal/agent-channel.ts';
 
 /**
@@ -24,6 +25,9 @@ export interface WarmShell {
   /** What is known of it, so that taking it costs no lookups: its agent's host pid, its limits. */
   agentPid?: number;
   limits?: string;
+  /** Its subvolume on the node's scratch volume, and the disk cap set on it (MiB). */
+  scratch: ScratchSlot;
+  diskMib: number;
 }
 
 /** What the pool needs from its backend. */

@@ -29,6 +29,7 @@ const CAPABILITIES: BackendCapabilities = {
   fork: false,
   shellSessions: false,
   ownNetwork: true,
+  networkPolicy: false,
   statefulExec: false,
 };
 

@@ -198,6 +198,11 @@ export class FnCallSandbox implements BackendSandbox {
     return this.unsupported('hand over a writable layer');
   }
 
+  /** Calls run on shared workers with loopback only: there is no per-caller network to open. */
+  async setNetwork(rules: readonly string[]): Promise<void> {
+    if (rules.length > 0) await this.unsupported('open its network (its calls share workers)');
+  }
+
   /**
    * The use of a worker of its environment: what one call of it gets. Measuring leases nothing
    * and starts nothing (a node measures every sandbox every second); with no worker up, nothing
@@ -213,6 +218,7 @@ export class FnCallSandbox implements BackendSandbox {
       cpuUsageMs: 0,
       oomKills: 0,
       deniedEgress: 0,
+      diskBytes: 0,
     };
     return { ...(worker ? await worker.stats(options) : idle), state: this.currentState };
   }

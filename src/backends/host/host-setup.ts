@@ -9,6 +9,11 @@ import { detectCriu, type CriuSupport } from './criu.ts';
 const REQUIRED_PROGRAMS: Record<string, string> = {
   crun: 'crun',
   'mkfs.erofs': 'erofs-utils',
+  // the scratch volume: sandboxes' writable layers with a disk cap each
+  'mkfs.btrfs': 'btrfs-progs',
+  btrfs: 'btrfs-progs',
+  // network policy for sandboxes that may reach anything beyond loopback
+  nft: 'nftables',
   debootstrap: 'debootstrap',
   busybox: 'busybox-static',
   ip: 'iproute2',

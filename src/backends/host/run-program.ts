@@ -6,6 +6,8 @@ export interface RunProgramOptions {
   timeoutMs?: number;
   /** Extra environment for the program. */
   env?: Record<string, string>;
+  /** What the program reads on stdin (an nft transaction). */
+  input?: string;
 }
 
 /**
@@ -18,7 +20,7 @@ export function runProgram(
   options: RunProgramOptions = {},
 ): Promise<string> {
   return new Promise((resolve, reject) => {
-    execFile(
+    const child = execFile(
       program,
       args,
       {
@@ -41,5 +43,6 @@ export function runProgram(
         );
       },
     );
+    child.stdin?.end(options.input ?? '');
   });
 }

@@ -2,6 +2,7 @@ import { readFile } from 'node:fs/promises';
 import { hostname } from 'node:os';
 import { z } from 'zod';
 import { parseAt } from '../../common/index.ts';
+import { readNetworkRules } from '../../backends/index.ts';
 import {
   Controller,
   NodeAgent,
@@ -87,6 +88,7 @@ export async function nodeCommand(args: string[]): Promise<number> {
     'free-floor-mib': { type: 'string' },
     'warm-pool': { type: 'string' },
     'warm-pool-best-effort': { type: 'string' },
+    'net-rules': { type: 'string' },
   });
   const listen = text(parsed, 'listen');
   if (!listen) throw new UsageError('sandgym node: give --listen HOST:PORT (port 0 picks a free one)');
@@ -115,6 +117,7 @@ export async function nodeCommand(args: string[]): Promise<number> {
     durable: true,
     warmPool,
     ...(storeDir ? { storeDir } : {}),
+    networkRules: await readNetworkRules(text(parsed, 'net-rules') ?? process.env['SANDGYM_NET_RULES']),
   });
   const node = await NodeAgent.start(platform, {
     listen,

@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { environmentSchema, layerManifestSchema } from '../layer-store.ts';
-import { sandboxRequestSchema } from '../sandbox-request.ts';
+import { networkRulesSchema, sandboxRequestSchema } from '../sandbox-request.ts';
 
 /**
  * Message schemas of the wire protocol; docs/wire.md describes them for other languages.
@@ -17,6 +17,8 @@ export const sandboxIdField = z
 
 export const empty = z.strictObject({});
 export const sandboxRef = z.strictObject({ sandboxId: sandboxIdField });
+
+export const setNetworkRequest = z.strictObject({ sandboxId: sandboxIdField, rules: networkRulesSchema });
 
 export const createRequest = z.strictObject({
   request: sandboxRequestSchema,
@@ -43,7 +45,13 @@ export const sandboxInfo = z.object({
   failure: failureReason.nullable(),
   layers: z.array(layerImage),
   labels: z.record(z.string(), z.string()),
-  resources: z.object({ cpu: z.number(), memoryMib: count, pids: count, outputCapBytes: count }),
+  resources: z.object({
+    cpu: z.number(),
+    memoryMib: count,
+    pids: count,
+    outputCapBytes: count,
+    diskMib: count,
+  }),
 });
 export type SandboxInfo = z.infer<typeof sandboxInfo>;
 
@@ -168,6 +176,7 @@ export const sandboxStats = z.object({
   oomKills: count,
   deniedEgress: count.default(0),
   kernelMemoryBytes: count.default(0),
+  diskBytes: count.default(0),
 });
 
 export const sandboxRecords = z.object({

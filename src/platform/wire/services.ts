@@ -44,6 +44,11 @@ export const SANDBOXES = {
       summary: 'freeze, then push its memory out; any request resumes it',
     }),
     Stats: unary({ request: m.sandboxRef, response: m.sandboxStats, summary: 'measured use' }),
+    SetNetwork: unary({
+      request: m.setNetworkRequest,
+      response: m.empty,
+      summary: 'replace its network rules (a stage boundary); empty is loopback only',
+    }),
     Destroy: unary({ request: m.sandboxRef, response: m.empty, summary: 'destroy (idempotent)' }),
     List: unary({
       request: m.empty,

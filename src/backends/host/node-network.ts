@@ -1,0 +1,277 @@
+import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { SandgymError } from '../../common/index.ts';
+import type { EgressTarget } from './network-rules.ts';
+import { runProgram } from './run-program.ts';
+
+/** Node subnets are /20s of the shared address space (RFC 6598), which no real network routes to a host. */
+const SUBNETS = 1024;
+const SUBNET_BITS = 20;
+const HOSTS_PER_SUBNET = 2 ** (32 - SUBNET_BITS) - 3; // less network, gateway and broadcast
+const CLAIMS_DIR = '/run/sandgym/subnets';
+
+/** A sandbox's place on the node network. */
+export interface NetworkAttachment {
+  /** Its host number in the node subnet: names its veth, chain and counter. */
+  index: number;
+  address: string;
+}
+
+function addressOf(subnet: number, host: number): string {
+  const n = 0x64400000 + subnet * 2 ** (32 - SUBNET_BITS) + host; // 100.64.0.0 + ...
+  return [24, 16, 8, 0].map((shift) => (n >>> shift) & 255).join('.');
+}
+
+/**
+ * The node's network for sandboxes whose policy lets them reach anything beyond loopback: a
+ * bridge with its own /20, one veth pair per such sandbox (isolated bridge ports, so sandboxes
+ * never reach each other), and one nftables table that lets each sandbox reach exactly its
+ * current targets. Everything else is refused: new connections are counted per sandbox and
+ * answered "administratively prohibited" so a scan fails fast; packets of connections a stage
+ * switch closed are dropped. The node (the bridge address) is a destination like any other.
+ *
+ * Sandboxes with no egress never get a veth: their namespace holds loopback only.
+ */
+export class NodeNetwork {
+  private readonly attached = new Map<number, NetworkAttachment>();
+
+  private constructor(
+    private readonly subnet: number,
+    private readonly stateFile: string,
+  ) {}
+
+  get bridge(): string {
+    return `sgbr${this.subnet}`;
+  }
+
+  get table(): string {
+    return `sandgym${this.subnet}`;
+  }
+
+  private get gateway(): string {
+    return addressOf(this.subnet, 1);
+  }
+
+  private get cidr(): string {
+    return `${addressOf(this.subnet, 0)}/${SUBNET_BITS}`;
+  }
+
+  /**
+   * Claims a subnet for the node of `dataDir` (the one it had, if its predecessor left it) and
+   * builds the bridge and table afresh.
+   */
+  static async open(dataDir: string): Promise<NodeNetwork> {
+    const stateFile = join(dataDir, 'network.json');
+    const previous = await readSubnet(stateFile);
+    if (previous !== undefined) await removeNetwork(previous);
+    const subnet = await claimSubnet(previous);
+    const network = new NodeNetwork(subnet, stateFile);
+    await writeFile(stateFile, JSON.stringify({ subnet }));
+    try {
+      await network.build();
+    } catch (error) {
+      await network.close().catch(() => undefined);
+      throw error;
+    }
+    return network;
+  }
+
+  private async build(): Promise<void> {
+    const bridge = this.bridge;
+    await runProgram('sh', [
+      '-c',
+      `ip link add "$1" type bridge && ip addr add "$2" dev "$1" && ip link set "$1" up`,
+      'sh',
+      bridge,
+      `${this.gateway}/${SUBNET_BITS}`,
+    ]);
+    // a node that gives sandboxes egress routes for them (as Docker's hosts do)
+    await writeFile('/proc/sys/net/ipv4/ip_forward', '1');
+    await nft(`
+      table inet ${this.table} {
+        map sandboxes { type ipv4_addr : verdict; }
+        chain egress {
+          ip saddr vmap @sandboxes
+          drop
+        }
+        chain forward {
+          type filter hook forward priority filter; policy accept;
+          iifname "${bridge}" jump egress
+        }
+        chain input {
+          type filter hook input priority filter; policy accept;
+          iifname "${bridge}" jump egress
+        }
+        chain postrouting {
+          type nat hook postrouting priority srcnat; policy accept;
+          ip saddr ${this.cidr} oifname != "${bridge}" masquerade
+        }
+      }`);
+  }
+
+  /** Gives the network namespace of `pid` a veth on the bridge, with everything denied until {@link allow}. */
+  async attach(pid: number): Promise<NetworkAttachment> {
+    const index = this.freeIndex();
+    const attachment = { index, address: addressOf(this.subnet, index + 2) };
+    this.attached.set(index, attachment);
+    const host = this.hostVeth(index);
+    const peer = `sgp${this.subnet}x${index}`;
+    try {
+      await this.allow(attachment, []);
+      await runProgram('sh', [
+        '-c',
+        [
+          'ip link add "$1" type veth peer name "$2"',
+          'ip link set "$2" netns "$3"',
+          'ip link set "$1" master "$4"',
+          'bridge link set dev "$1" isolated on',
+          'ip link set "$1" up',
+          // inside: no IPv6 (no link-local path around the rules), one address, one route
+          `nsenter --net=/proc/"$3"/ns/net sh -c 'ip link set "$1" name eth0 && echo 1 > /proc/sys/net/ipv6/conf/eth0/disable_ipv6 && ip addr add "$2" dev eth0 && ip link set eth0 up && ip route add default via "$3"' sh "$2" "$5/${SUBNET_BITS}" "$6"`,
+        ].join(' && '),
+        'sh',
+        host,
+        peer,
+        String(pid),
+        this.bridge,
+        attachment.address,
+        this.gateway,
+      ]);
+    } catch (error) {
+      await this.detach(attachment).catch(() => undefined);
+      throw error;
+    }
+    return attachment;
+  }
+
+  /** Replaces what the sandbox may reach, in one transaction: no packet sees a half-written rule set. */
+  async allow(attachment: NetworkAttachment, targets: readonly EgressTarget[]): Promise<void> {
+    const { index, address } = attachment;
+    const chain = `sandbox${index}`;
+    const rules = targets.map(
+      (t) =>
+        `add rule inet ${this.table} ${chain} ip daddr ${t.cidr}${t.port === undefined ? '' : ` meta l4proto { tcp, udp } th dport ${t.port}`} accept`,
+    );
+    await nft(`
+      add counter inet ${this.table} denied${index}
+      add chain inet ${this.table} ${chain}
+      flush chain inet ${this.table} ${chain}
+      ${rules.join('\n')}
+      add rule inet ${this.table} ${chain} ct state new counter name denied${index} reject with icmpx type admin-prohibited
+      add rule inet ${this.table} ${chain} drop
+      add element inet ${this.table} sandboxes { ${address} : jump ${chain} }`);
+  }
+
+  /** New connections the sandbox's rules refused so far. */
+  async denied(attachment: NetworkAttachment): Promise<number> {
+    const out = await runProgram('nft', [
+      '-j',
+      'list',
+      'counter',
+      'inet',
+      this.table,
+      `denied${attachment.index}`,
+    ]);
+    const parsed = JSON.parse(out) as { nftables?: { counter?: { packets?: number } }[] };
+    return parsed.nftables?.find((entry) => entry.counter)?.counter?.packets ?? 0;
+  }
+
+  /** Removes the sandbox's veth and rules; its namespace is back to loopback only. */
+  async detach(attachment: NetworkAttachment): Promise<void> {
+    const { index, address } = attachment;
+    try {
+      await runProgram('sh', ['-c', 'ip link del "$1" 2>/dev/null || true', 'sh', this.hostVeth(index)]);
+      await nft(`
+        delete element inet ${this.table} sandboxes { ${address} }
+        delete chain inet ${this.table} sandbox${index}
+        delete counter inet ${this.table} denied${index}`).catch(() => undefined);
+    } finally {
+      this.attached.delete(index);
+    }
+  }
+
+  get attachments(): number {
+    return this.attached.size;
+  }
+
+  /** Removes the bridge, the table and the node's claim on its subnet. */
+  async close(): Promise<void> {
+    await removeNetwork(this.subnet);
+    await rm(this.stateFile, { force: true });
+  }
+
+  private hostVeth(index: number): string {
+    return `sgv${this.subnet}x${index}`;
+  }
+
+  private freeIndex(): number {
+    for (let index = 0; index < HOSTS_PER_SUBNET; index++) if (!this.attached.has(index)) return index;
+    throw new SandgymError(
+      'resource_exhausted',
+      `All ${HOSTS_PER_SUBNET} network addresses of this node are in use by sandboxes with egress`,
+      { retryable: true },
+    );
+  }
+}
+
+function nft(script: string): Promise<string> {
+  return runProgram('nft', ['-f', '-'], { input: script });
+}
+
+/** Removes the network a dead node of `dataDir` left in the kernel, if any. */
+export async function removeStaleNetwork(dataDir: string): Promise<void> {
+  const stateFile = join(dataDir, 'network.json');
+  const subnet = await readSubnet(stateFile);
+  if (subnet === undefined) return;
+  await removeNetwork(subnet);
+  await rm(stateFile, { force: true });
+}
+
+async function readSubnet(stateFile: string): Promise<number | undefined> {
+  try {
+    const { subnet } = JSON.parse(await readFile(stateFile, 'utf8')) as { subnet?: unknown };
+    return typeof subnet === 'number' && Number.isInteger(subnet) ? subnet : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** What one node's network left in the kernel, gone; safe when there is nothing. */
+export async function removeNetwork(subnet: number): Promise<void> {
+  await runProgram('sh', [
+    '-c',
+    // the sandboxes' veths go with their namespaces or with this loop
+    `for l in $(ip -o link show master "$1" 2>/dev/null | awk -F'[:@ ]+' '{print $2}'); do ip link del "$l"; done; ` +
+      `ip link del "$1" 2>/dev/null; nft delete table inet "$2" 2>/dev/null; rmdir "$3" 2>/dev/null; true`,
+    'sh',
+    `sgbr${subnet}`,
+    `sandgym${subnet}`,
+    join(CLAIMS_DIR, String(subnet)),
+  ]);
+}
+
+/**
+ * Takes a free subnet: `mkdir` of its claim is atomic, so two nodes starting at once never share
+ * one. A claim whose bridge is gone (its node crashed and was never restarted) is taken over.
+ */
+async function claimSubnet(preferred: number | undefined): Promise<number> {
+  await mkdir(CLAIMS_DIR, { recursive: true });
+  const order = [
+    ...(preferred === undefined ? [] : [preferred]),
+    ...Array.from({ length: SUBNETS }, (_, i) => i),
+  ];
+  for (const subnet of order) {
+    const claim = join(CLAIMS_DIR, String(subnet));
+    try {
+      await mkdir(claim);
+      return subnet;
+    } catch {
+      const bridgeExists = await runProgram('ip', ['link', 'show', `sgbr${subnet}`]).then(
+        () => true,
+        () => false,
+      );
+      if (!bridgeExists && subnet === preferred) return subnet;
+    }
+  }
+  throw new SandgymError('resource_exhausted', `All ${SUBNETS} sandbox subnets of this host are claimed`);
+}

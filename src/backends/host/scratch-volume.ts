@@ -1,0 +1,116 @@
+import { existsSync } from 'node:fs';
+import { mkdir, open, readdir, readFile, rmdir } from 'node:fs/promises';
+import { join } from 'node:path';
+import { SandgymError } from '../../common/index.ts';
+import { readMounts } from './mountinfo.ts';
+import { runProgram } from './run-program.ts';
+
+/** How big the sparse image may grow; it takes host disk only as sandboxes write. */
+const DEFAULT_IMAGE_GIB = 256;
+
+/** A slot's place on the volume and what it may write. */
+export interface ScratchSlot {
+  /** The btrfs subvolume id whose quota group counts the slot's writes. */
+  subvolumeId: number;
+}
+
+/** What a slot has written, and its cap, in bytes. */
+export interface ScratchUsage {
+  usedBytes: number;
+  limitBytes: number;
+}
+
+/**
+ * The node's writable storage for sandboxes: one btrfs filesystem in a sparse image file,
+ * loop-mounted on `<dataDir>/sandboxes`, where every container slot (bundle, upper and work dirs)
+ * is a subvolume with a quota group. A sandbox that fills its cap gets EDQUOT and nothing else is
+ * touched: not the node's disk, not a neighbour. btrfs because this kernel has quotas for neither
+ * ext4 (no QFMT_V2) nor XFS (no XFS_QUOTA), and because a subvolume costs one ioctl, not a loop
+ * device per sandbox.
+ */
+export class ScratchVolume {
+  private constructor(
+    readonly mountPoint: string,
+    private readonly sysfsQgroups: string,
+  ) {}
+
+  /** Mounts the volume (making its image first), or takes it as it is when a predecessor left it mounted. */
+  static async open(mountPoint: string, image: string, imageGib = DEFAULT_IMAGE_GIB): Promise<ScratchVolume> {
+    await mkdir(mountPoint, { recursive: true });
+    if (!(await isMounted(mountPoint))) {
+      const left = await readdir(mountPoint);
+      if (left.length > 0) {
+        throw new SandgymError(
+          'failed_precondition',
+          `${mountPoint} holds ${left.length} entries but is not the scratch volume (a data dir from an older sandgym?): stop its sandboxes and remove it`,
+        );
+      }
+      if (!existsSync(image)) await makeImage(image, imageGib);
+      // discard gives deleted files' blocks back to the host's filesystem
+      await runProgram('mount', ['-o', 'loop,discard=async,noatime', image, mountPoint]);
+      await runProgram('btrfs', ['quota', 'enable', mountPoint]);
+    }
+    const uuid = (await runProgram('btrfs', ['filesystem', 'show', '--raw', mountPoint])).match(
+      /uuid: ([0-9a-f-]{36})/,
+    )?.[1];
+    if (!uuid) throw new SandgymError('platform_error', `Cannot read the btrfs uuid of ${mountPoint}`);
+    return new ScratchVolume(mountPoint, `/sys/fs/btrfs/${uuid}/qgroups`);
+  }
+
+  /** Makes `name` a subvolume capped at `limitBytes`, unless it is one already. */
+  async createSlot(name: string, limitBytes: number | 'none'): Promise<ScratchSlot> {
+    const path = join(this.mountPoint, name);
+    const script = [
+      `[ -d "$1" ] || btrfs subvolume create "$1" >/dev/null`,
+      `btrfs qgroup limit "$2" "$1"`,
+      `btrfs inspect-internal rootid "$1"`,
+    ].join(' && ');
+    const out = await runProgram('sh', ['-c', script, 'sh', path, String(limitBytes)]);
+    return { subvolumeId: Number(out.trim()) };
+  }
+
+  /** Changes a slot's cap (a pooled shell taking a tenant). */
+  async setLimit(name: string, limitBytes: number): Promise<void> {
+    await runProgram('btrfs', ['qgroup', 'limit', String(limitBytes), join(this.mountPoint, name)]);
+  }
+
+  /**
+   * What a slot holds now, from the kernel's quota group (its counters lag writes by up to a
+   * transaction commit; a write refused for the cap commits first, so a full slot reads as full).
+   */
+  async usage(slot: ScratchSlot): Promise<ScratchUsage | undefined> {
+    const dir = join(this.sysfsQgroups, `0_${slot.subvolumeId}`);
+    try {
+      const [used, reserved, limit] = await Promise.all(
+        ['referenced', 'rsv_data', 'max_referenced'].map((f) => readFile(join(dir, f), 'utf8')),
+      );
+      return { usedBytes: Number(used) + Number(reserved), limitBytes: Number(limit) };
+    } catch {
+      return undefined;
+    }
+  }
+
+  /** Unmounts the volume when no slot is left on it; true when it did. The image stays for the next start. */
+  async closeIfEmpty(): Promise<boolean> {
+    const left = await readdir(this.mountPoint).catch(() => ['unreadable']);
+    if (left.length > 0) return false;
+    await runProgram('umount', [this.mountPoint]);
+    await rmdir(this.mountPoint).catch(() => undefined);
+    return true;
+  }
+}
+
+async function isMounted(path: string): Promise<boolean> {
+  return (await readMounts()).some((m) => m.mountPoint === path);
+}
+
+/** A sparse image with btrfs on it: nothing is allocated until sandboxes write. */
+async function makeImage(image: string, sizeGib: number): Promise<void> {
+  const handle = await open(image, 'wx');
+  try {
+    await handle.truncate(sizeGib * 2 ** 30);
+  } finally {
+    await handle.close();
+  }
+  await runProgram('mkfs.btrfs', ['-q', '-f', image]);
+}
