@@ -50,18 +50,8 @@ const PROTECTED_PATTERNS = [
 /** Where a task's environment starts when its Dockerfile names an image we do not have. */
 const FALLBACK_BASE = 'debian:bookworm';
 
-/**
- * What a task asks of the network that this node does not give: sandboxes have loopback only
- * until per-stage network policy is enforced, and a task's run says so instead of failing.
- */
-function networkNotes(task: Task): string[] {
-  return (['setup', 'agent', 'verify'] as const)
-    .filter((stage) => task.network[stage].length > 0)
-    .map(
-      (stage) =>
-        `network rules for stage ${stage} (${task.network[stage].join(', ')}) are not enforced on this node yet: the sandbox has loopback only`,
-    );
-}
+/** How long a task's setup script may run. */
+const SETUP_SCRIPT_TIMEOUT_MS = 10 * 60_000;
 
 /** The name a task's Dockerfile build is stored under. */
 function taskEnvironmentName(task: Task): string {
@@ -198,13 +188,27 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
         environment,
         resources: { cpu: this.task.resources.cpu, memoryMib: this.task.resources.memoryMib },
         env: this.task.env,
+        network: this.task.network.setup,
       },
     });
     const reset = await this.inner.reset(options);
     const sandbox = this.inner.current!;
     await sandbox.exec(['mkdir', '-p', '/logs/agent', '/logs/artifacts']);
+    if (this.task.setupScript !== undefined) await this.runSetupScript(sandbox, this.task.setupScript);
+    // the stage boundary: the same sandbox, the agent stage's rules
+    await sandbox.setNetwork(this.task.network.agent);
     this.deadline = Date.now() + budgetMs;
     return this.opening(sandbox, reset.info);
+  }
+
+  private async runSetupScript(sandbox: Sandbox, script: string): Promise<void> {
+    const result = await sandbox.exec(['sh', '-c', script], { timeoutMs: SETUP_SCRIPT_TIMEOUT_MS });
+    if (result.exitCode === 0) return;
+    const tail = (result.stderr || result.stdout).trim().split('\n').slice(-3).join(' | ');
+    throw new SandgymError(
+      'failed_precondition',
+      `Task ${this.task.id}: its setup script failed (${result.timedOut ? 'timed out' : `exit ${result.exitCode}`}): ${tail || 'no output'}`,
+    );
   }
 
   private opening(sandbox: Sandbox, info: Record<string, unknown>): ResetResult<TaskObservation> {
@@ -214,7 +218,8 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
         ...info,
         task: this.task.id,
         agentTimeoutMs: this.task.agentTimeoutMs,
-        notes: [...this.buildNotes, ...networkNotes(this.task)],
+        network: { stage: 'agent', rules: this.task.network.agent },
+        notes: this.buildNotes,
       },
     };
   }
@@ -325,6 +330,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
       environment: clean,
       extraLayers: [layer.digest],
       resources: { cpu: this.task.resources.cpu, memoryMib: this.task.resources.memoryMib },
+      network: this.task.network.verify,
     });
     try {
       const verdict = await runVerifiers([...(this.options.verifiers ?? []), defaultVerifier(this.task)], {

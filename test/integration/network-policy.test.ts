@@ -1,16 +1,26 @@
 import { execFileSync } from 'node:child_process';
 import { createServer, type Server } from 'node:net';
+import { resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { TaskEnv, loadHarborTask, type Verifier } from '../../src/env/index.ts';
 import type { Sandbox } from '../../src/platform/index.ts';
 import { expectCode } from '../support/errors.ts';
 import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
 import { startUpstream, type Upstream } from '../support/upstream.ts';
 
-/** What a GET of the upstream's /id printed, or `refused` and wget's exit code. */
+/** A GET of `url` in busybox (wget) or Debian (python3) environments. */
+function getCommand(url: string): string {
+  const python = `import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=3).read().decode(), end='')`;
+  return `if command -v wget >/dev/null; then timeout 5 wget -O - ${url} 2>/dev/null; else python3 -c "${python}" ${url} 2>/dev/null; fi`;
+}
+
+/** What a GET of the upstream's /id printed, or `refused` and the exit code. */
 async function fetchId(sandbox: Sandbox, address: string, port: number): Promise<string> {
   const result = await sandbox.exec(
-    ['sh', '-c', `timeout 5 wget -O - http://${address}:${port}/id 2>/dev/null || echo refused $?`],
-    { timeoutMs: 10_000 },
+    ['sh', '-c', `${getCommand(`http://${address}:${port}/id`)} || echo refused $?`],
+    {
+      timeoutMs: 10_000,
+    },
   );
   return result.stdout.trim();
 }
@@ -113,6 +123,33 @@ describe('network policy', () => {
     } finally {
       await Promise.all([a?.close(), b?.close()]);
     }
+  });
+
+  it('gives a task stage by stage: setup and verify reach the mirror, the agent does not', async () => {
+    const task = {
+      ...(await loadHarborTask(resolve(import.meta.dirname, '../../examples/tasks/hello-file'))),
+      network: { setup: ['mirror:test'], agent: [], verify: ['mirror:test'] },
+      setupScript: `${getCommand(`http://${upstream.address}:8080/id`)} > /root/from-setup`,
+    };
+    const seenByGrader: string[] = [];
+    const probe: Verifier = async ({ grader }, next) => {
+      seenByGrader.push(await fetchId(grader, upstream.address, 8080));
+      return next();
+    };
+    await using taskEnv = TaskEnv.create(env.platform, task, { verifiers: [probe] });
+    const reset = await taskEnv.reset();
+    expect(reset.info['network']).toEqual({ stage: 'agent', rules: [] });
+    const sandbox = taskEnv.sandbox!;
+    expect((await sandbox.readFile('/root/from-setup')).toString()).toBe('port 8080\n');
+    const step = await taskEnv.step({
+      type: 'exec',
+      command: ['sh', '-c', `${getCommand(`http://${upstream.address}:8080/id`)} || true`],
+    });
+    expect(step.observation).toMatchObject({ type: 'exec' });
+    expect(JSON.stringify(step.observation)).not.toContain('port 8080');
+    const grade = await taskEnv.grade();
+    expect(seenByGrader).toEqual(['port 8080']);
+    expect(grade.deniedEgress).toBeGreaterThanOrEqual(1);
   });
 
   it('refuses a rule the node does not define, naming it, before creating anything', async () => {

@@ -21,6 +21,7 @@ import {
   type EpisodeReport,
 } from '../../src/rollout/index.ts';
 import { CHEATS } from '../../examples/agents/cheats.ts';
+import { expectCode } from '../support/errors.ts';
 import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
 
 const EXAMPLES = resolve('examples/tasks');
@@ -270,7 +271,7 @@ describe('Harbor tasks, fresh-box grading and evaluation', () => {
     }
   });
 
-  it('carries a per-stage network policy and says when this node cannot give it', async () => {
+  it('carries a per-stage network policy and refuses a rule this node does not define', async () => {
     const online = await taskCopy('online', (d) =>
       writeFile(join(d, 'task.toml'), '[environment]\nallow_internet = true\n'),
     );
@@ -278,10 +279,7 @@ describe('Harbor tasks, fresh-box grading and evaluation', () => {
     expect(task.network).toEqual({ setup: [], agent: ['internet'], verify: [] });
     expect(task.hiddenPaths).toEqual(['/tests', '/solution']);
     await using taskEnv = TaskEnv.create(env.platform, task);
-    const reset = await taskEnv.reset();
-    expect(reset.info['notes']).toContain(
-      'network rules for stage agent (internet) are not enforced on this node yet: the sandbox has loopback only',
-    );
+    await expectCode(taskEnv.reset(), 'invalid_argument', /"internet" is not defined on this node/);
   });
 
   it('scores an agent that plays for time at its budget, instead of masking the episode', async () => {

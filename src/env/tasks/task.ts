@@ -57,6 +57,11 @@ export interface Task {
   verifierTimeoutMs: number;
   /** Named network rules per stage (empty: loopback only, the default). */
   network: NetworkPolicy;
+  /**
+   * A shell script run as root in the agent's sandbox before the agent starts, under the `setup`
+   * stage's network rules (installing from a mirror, say). None in any task format yet: set by code.
+   */
+  setupScript?: string;
   /** Paths that never enter the agent's sandbox (tests, solutions): staged for grading only. */
   hiddenPaths: string[];
   /** What the oracle does: run a solution folder's solve.sh, or write a reference program. */
