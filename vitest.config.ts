@@ -1,7 +1,8 @@
 import { defineConfig } from 'vitest/config';
 
 // unit: pure logic. integration: real sandboxes, real layers, the real CLI; system: several
-// processes over network namespaces. Integration and system need root and
+// processes over network namespaces, and the hostile suite (attacks, with a neighbour's latency
+// measured, so nothing else runs beside it). Integration and system need root and
 // `npm run prepare-host` (the test script runs it). The leak check runs after everything.
 export default defineConfig({
   test: {
@@ -23,7 +24,7 @@ export default defineConfig({
         // several processes and network namespaces per test: one file at a time, after the rest
         test: {
           name: 'system',
-          include: ['test/system/**/*.test.ts'],
+          include: ['test/system/**/*.test.ts', 'test/hostile/**/*.test.ts'],
           testTimeout: 300_000,
           hookTimeout: 180_000,
           maxWorkers: 1,

@@ -291,7 +291,7 @@ static _Noreturn void launch(char **f, int n) {
   if (strcmp(f[5], "-") != 0) {
     if (strcmp(f[6], "1") == 0) check_erofs_lowers(f[5]);
     char options[4096], target[1024];
-    int len = snprintf(options, sizeof options, "lowerdir=%s,upperdir=%s/upper,workdir=%s/work", f[5], dir, dir);
+    int len = snprintf(options, sizeof options, "lowerdir=%s,upperdir=%s/rw/upper,workdir=%s/rw/work", f[5], dir, dir);
     if (len < 0 || (size_t)len >= sizeof options) answer(1, "overlay options too long");
     snprintf(target, sizeof target, "%s/rootfs", dir);
     CHECK(mount("overlay", target, "overlay", 0, options), "cannot mount the overlay on %s: %s", target, strerror(errno));

@@ -160,11 +160,19 @@ export interface SandboxStats {
   kernelMemoryBytes: number;
   /** What it has written, as its disk cap counts it (0 where the backend does not measure it). */
   diskBytes: number;
+  /** Forks refused at its pids limit. */
+  pidsLimitHits: number;
 }
 
 /** Options for {@link BackendSandbox.writeFile}. */
 export interface WriteFileOptions extends CallOptions {
   mode?: number;
+}
+
+/** Options for {@link BackendSandbox.writtenPaths}. */
+export interface WrittenPathsOptions extends CallOptions {
+  /** At most this many paths (default 256). */
+  limit?: number;
 }
 
 /** Options for {@link BackendSandbox.readFile}. */
@@ -210,6 +218,12 @@ export interface BackendSandbox extends AsyncDisposable {
    * ones deny stop at their next packet.
    */
   setNetwork(rules: readonly string[], options?: CallOptions): Promise<void>;
+  /**
+   * What its writable layer holds under `prefixes` (absolute paths): files and folders it wrote,
+   * and those it deleted, at most `limit` of them. The audit's view of protected paths; backends
+   * with no writable layer of their own return none.
+   */
+  writtenPaths(prefixes: readonly string[], options?: WrittenPathsOptions): Promise<string[]>;
   /**
    * Hands `consume` a folder holding everything the sandbox wrote (its overlay upper dir, with
    * whiteouts for deletions), frozen for the duration so the view is consistent. Backends whose

@@ -29,6 +29,7 @@ export type {
   SandboxState,
   SandboxStats,
   WriteFileOptions,
+  WrittenPathsOptions,
 } from './contract.ts';
 export { collectExec } from './collect-exec.ts';
 export { callOptionsOf } from './call-options.ts';

@@ -1,4 +1,5 @@
 #!/usr/bin/env node
+import { auditCommand } from './commands/audit.ts';
 import { benchCommand } from './commands/bench.ts';
 import { checkCommand } from './commands/check.ts';
 import { controllerCommand, nodeCommand } from './commands/cluster.ts';
@@ -31,6 +32,8 @@ const USAGE = `usage: sandgym COMMAND [ARGS]
   ps [--json]                             live sandboxes on this node
   kill ID ...                             destroy sandboxes, whichever process owns them
   gc [--json]                             reap what crashed owners left behind
+  audit ID [--json]                       a sandbox's signals (denied egress, protected paths changed,
+                                          limits hit, processes left running) and its command history
   bench [NAME ...] [--json [OUT]]         benchmarks beside their baselines (create, exec)
   node --listen ADDR [--data-dir D] [--store S] [--node-id ID] [--max-sandboxes N] [--memory-mib N]
        [--overcommit X] [--free-floor-mib N] [--warm-pool N] [--warm-pool-best-effort N]
@@ -40,7 +43,7 @@ const USAGE = `usage: sandgym COMMAND [ARGS]
   controller --listen ADDR --nodes ADDR,... --grants FILE [--poll-ms N] [--queue-timeout-ms N]
                                           a controller replica (cluster mode)
 
-run, ps, kill, gc, eval and check work on the cluster at $SANDGYM_PLATFORM (grpc://HOST:PORT, with $SANDGYM_TOKEN)
+run, ps, kill, gc, audit, eval and check work on the cluster at $SANDGYM_PLATFORM (grpc://HOST:PORT, with $SANDGYM_TOKEN)
 when it is set, else on this host.
 
 Exit codes: 0 success, 1 the command failed, 2 bad usage or input, 3 infrastructure failure.`;
@@ -51,6 +54,7 @@ const COMMANDS: Record<string, (args: string[]) => Promise<number>> = {
   ps: psCommand,
   kill: killCommand,
   gc: gcCommand,
+  audit: auditCommand,
   bench: benchCommand,
   layer: layerCommand,
   env: envCommand,

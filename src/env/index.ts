@@ -1,5 +1,6 @@
 /** The gym layer: the Environment contract and environments over sandboxes. */
 export { SandboxEnv } from './sandbox-env.ts';
+export type { LimitHit, StepSignals } from './step-signals.ts';
 export type { CheckpointRef, SandboxEnvOptions } from './sandbox-env.ts';
 export { sandboxActionSchema } from './sandbox-actions.ts';
 export type { SandboxAction, SandboxObservation } from './sandbox-actions.ts';
@@ -8,7 +9,7 @@ export { VectorEnv } from './vector-env.ts';
 export { comparableObservation, replayTrajectory } from './replay.ts';
 export type { ReplayReport } from './replay.ts';
 export type { AutoresetMode, VectorEnvOptions, VectorStepResult } from './vector-env.ts';
-export { TaskEnv } from './task-env.ts';
+export { TaskEnv, PROTECTED_PATHS } from './task-env.ts';
 export type { Grade, TaskCheckpoint, TaskEnvOptions, TaskObservation } from './task-env.ts';
 export { filesUnder, stageFolder } from './stage-folder.ts';
 export { loadHarborTask, loadTasks } from './tasks/harbor.ts';

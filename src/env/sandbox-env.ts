@@ -16,6 +16,7 @@ import type {
 } from './environment.ts';
 import { sandboxActionSchema, type SandboxAction, type SandboxObservation } from './sandbox-actions.ts';
 import { inSession } from './shell-session.ts';
+import { StepAuditor } from './step-signals.ts';
 
 /** Errors that mean the platform failed, not the agent: they become typed outcomes. */
 const INFRA_CODES: Record<string, FailureReason> = {
@@ -44,6 +45,8 @@ export interface CheckpointRef {
 export interface SandboxEnvOptions {
   /** The sandbox each reset starts; its `environment` names the layer stack. */
   sandbox?: SandboxRequest;
+  /** Absolute paths whose changes each step reports in `info.signals.protectedChanges`. */
+  protectedPaths?: readonly string[];
 }
 
 /**
@@ -59,6 +62,7 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
   private stepIndex = 0;
   private isClosed = false;
   private checkpoints = 0;
+  private auditor: StepAuditor | undefined;
 
   private constructor(
     private readonly platform: PlatformClient,
@@ -78,9 +82,12 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
     platform: PlatformClient,
     sandbox: Sandbox,
     episodeId: string,
-    options: { owned?: boolean } = {},
+    options: { owned?: boolean; protectedPaths?: readonly string[] } = {},
   ): Promise<SandboxEnv> {
-    const env = new SandboxEnv(platform, {});
+    const env = new SandboxEnv(
+      platform,
+      options.protectedPaths ? { protectedPaths: options.protectedPaths } : {},
+    );
     env.sandbox = sandbox;
     env.owned = options.owned ?? false;
     env.episodeId = episodeId;
@@ -133,7 +140,7 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
     let ran: { result: StepResult<SandboxObservation>; replayed: boolean };
     try {
       ran = await steps.run({ episodeId: this.episodeId, stepIndex, action: valid }, () =>
-        this.execute(sandbox, valid, options),
+        this.executeAudited(sandbox, valid, options),
       );
     } catch (error) {
       if (!isSandgymError(error, 'node_lost')) throw error;
@@ -154,6 +161,22 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
     const { result, replayed } = ran;
     this.stepIndex++;
     return { ...result, info: { ...result.info, episodeId: this.episodeId, stepIndex, replayed } };
+  }
+
+  /** Runs an action with its audit signals in `info.signals`, which the trajectory log keeps too. */
+  private async executeAudited(
+    sandbox: Sandbox,
+    action: SandboxAction,
+    options: EnvCallOptions,
+  ): Promise<StepResult<SandboxObservation>> {
+    if (this.auditor?.sandbox !== sandbox) {
+      this.auditor = new StepAuditor(sandbox, this.options.protectedPaths ?? []);
+    }
+    const auditor = this.auditor;
+    await auditor.beforeStep();
+    const result = await this.execute(sandbox, action, options);
+    if (result.outcome.kind === 'infra_failure') return result;
+    return { ...result, info: { ...result.info, signals: await auditor.afterStep(result.observation) } };
   }
 
   private async execute(
@@ -262,7 +285,7 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
   /** Starts a new sandbox from a checkpoint; the episode goes on from there as a new branch. */
   async restore(ref: CheckpointRef): Promise<ResetResult<SandboxObservation>> {
     const request = { ...(this.options.sandbox ?? {}), environment: ref.environment };
-    const restored = SandboxEnv.create(this.platform, { sandbox: request });
+    const restored = SandboxEnv.create(this.platform, { ...this.options, sandbox: request });
     const reset = await restored.reset({ options: { episodeId: `${ref.episodeId}@${ref.environment}` } });
     await this.releaseSandbox();
     this.sandbox = restored.sandbox;

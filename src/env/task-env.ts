@@ -41,6 +41,8 @@ const PROTECTED = [
   'etc/ld.so.conf.d',
   'etc/ld.so.cache',
 ];
+/** The same, as the sandbox sees them: what each step's audit watches. */
+export const PROTECTED_PATHS = PROTECTED.map((path) => `/${path}`);
 /** Python start-up hooks that run before any test: left out of the graded diff wherever they are. */
 const PROTECTED_PATTERNS = [
   '(^|/)(sitecustomize|usercustomize)\\.py$',
@@ -190,6 +192,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
         env: this.task.env,
         network: this.task.network.setup,
       },
+      protectedPaths: PROTECTED_PATHS,
     });
     const reset = await this.inner.reset(options);
     const sandbox = this.inner.current!;
@@ -238,7 +241,10 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
       throw new SandgymError('failed_precondition', 'Cannot attach: the environment is closed');
     await this.prepare();
     await this.inner?.close();
-    this.inner = await SandboxEnv.attach(this.platform, sandbox, episodeId, { owned: true });
+    this.inner = await SandboxEnv.attach(this.platform, sandbox, episodeId, {
+      owned: true,
+      protectedPaths: PROTECTED_PATHS,
+    });
     this.deadline = Date.now() + Math.floor(budgetLeftMs);
     return this.opening(sandbox, { episodeId, sandboxId: sandbox.id, attached: true });
   }

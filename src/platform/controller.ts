@@ -126,6 +126,7 @@ export class Controller {
       Resume: (request, call) => route(request.sandboxId).call('Resume', request, as(call)),
       Hibernate: (request, call) => route(request.sandboxId).call('Hibernate', request, as(call)),
       Stats: (request, call) => route(request.sandboxId).call('Stats', request, as(call)),
+      WrittenPaths: (request, call) => route(request.sandboxId).call('WrittenPaths', request, as(call)),
       SetNetwork: (request, call) => route(request.sandboxId).call('SetNetwork', request, as(call)),
       Destroy: async (request, call) => {
         const done = await route(request.sandboxId).call('Destroy', request, as(call));

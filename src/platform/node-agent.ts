@@ -201,6 +201,12 @@ export class NodeAgent {
       },
       Hibernate: ({ sandboxId }, call) => this.sandboxOf(sandboxId, call).hibernate({ signal: call.signal }),
       Stats: ({ sandboxId }, call) => this.sandboxOf(sandboxId, call).stats({ signal: call.signal }),
+      WrittenPaths: async ({ sandboxId, prefixes, limit }, call) => ({
+        paths: await this.sandboxOf(sandboxId, call).writtenPaths(prefixes, {
+          signal: call.signal,
+          ...(limit ? { limit } : {}),
+        }),
+      }),
       SetNetwork: async ({ sandboxId, rules }, call) => {
         await this.sandboxOf(sandboxId, call).setNetwork(rules, { signal: call.signal });
         return {};

@@ -26,6 +26,7 @@ import type {
   SandboxState,
   SandboxStats,
   WriteFileOptions,
+  WrittenPathsOptions,
 } from '../backends/index.ts';
 import type { Environment } from './layer-store.ts';
 import type { StepLog, StepLookup, StepRequest } from './exactly-once.ts';
@@ -399,6 +400,17 @@ class RemoteSandbox implements BackendSandbox {
     );
     this.currentState = 'hibernated';
     return report;
+  }
+
+  async writtenPaths(prefixes: readonly string[], options: WrittenPathsOptions = {}): Promise<string[]> {
+    const { paths } = await this.guard(() =>
+      this.client.call(
+        'WrittenPaths',
+        { sandboxId: this.id, prefixes: [...prefixes], ...(options.limit ? { limit: options.limit } : {}) },
+        callOptionsOf(options),
+      ),
+    );
+    return paths;
   }
 
   async setNetwork(rules: readonly string[], options: CallOptions = {}): Promise<void> {

@@ -35,6 +35,7 @@ import {
   cgroupLimitsOf,
   type CgroupLayout,
   type CgroupUsage,
+  type UsageBaseline,
 } from '../host/cgroups.ts';
 import { LayerMounts } from '../host/layer-mounts.ts';
 import { LayerTarballs } from '../host/layer-tarballs.ts';
@@ -261,7 +262,9 @@ export class ContainerBackend implements Backend {
     const paths = this.pathsOf(spec.id);
     // unpacked layers land in the slot: they are not the tenant's writes, so no cap counts them
     const scratch = await this.scratch.createSlot(spec.id, unpacked ? 'none' : mib(spec.resources.diskMib));
-    await Promise.all(['upper', 'work', 'rootfs'].map((d) => mkdir(join(paths.dir, d), { recursive: true })));
+    await Promise.all(
+      ['rw/upper', 'rw/work', 'rootfs'].map((d) => mkdir(join(paths.dir, d), { recursive: true })),
+    );
     const points = unpacked
       ? await this.tarballs.unpack(spec.layers, paths.dir)
       : await this.mounts.acquire(spec.layers);
@@ -343,7 +346,11 @@ export class ContainerBackend implements Backend {
       baseline = await shell.cgroup.usage();
       await this.saveState(paths.dir, {
         ...this.tenantState(spec, shell.slot),
-        baseline: { cpuUsageMs: baseline.cpuUsageMs, oomKills: baseline.oomKills },
+        baseline: {
+          cpuUsageMs: baseline.cpuUsageMs,
+          oomKills: baseline.oomKills,
+          pidsLimitHits: baseline.pidsLimitHits,
+        },
       });
     } catch (error) {
       this.mounts.release(spec.layers);
@@ -354,7 +361,7 @@ export class ContainerBackend implements Backend {
 
   /**
    * Mounts a fresh overlay of `layers` (upper and work dirs `upper<suffix>`, `work<suffix>` in
-   * the slot) and makes it the container's root. The layer mounts stay acquired for it; on
+   * the slot's capped `rw` subvolume) and makes it the container's root. The layer mounts stay acquired for it; on
    * failure nothing stays acquired or created.
    */
   private async swapInOverlay(
@@ -365,8 +372,8 @@ export class ContainerBackend implements Backend {
     dev: 'fresh' | 'keep',
   ): Promise<string> {
     const dir = this.pathsOf(shell.slot).dir;
-    const upper = join(dir, `upper${suffix}`);
-    const work = join(dir, `work${suffix}`);
+    const upper = join(dir, 'rw', `upper${suffix}`);
+    const work = join(dir, 'rw', `work${suffix}`);
     await Promise.all([upper, work].map((d) => mkdir(d, { recursive: true })));
     const points = await this.mounts.acquire(layers);
     try {
@@ -436,7 +443,7 @@ export class ContainerBackend implements Backend {
   private track(
     shell: WarmShell,
     spec: SandboxSpec,
-    baseline: Pick<CgroupUsage, 'cpuUsageMs' | 'oomKills'> | undefined,
+    baseline: UsageBaseline | undefined,
     createdAt?: number,
   ): ContainerSandbox {
     const sandbox = new ContainerSandbox({
@@ -445,7 +452,7 @@ export class ContainerBackend implements Backend {
       exited: shell.exited,
       channel: shell.channel,
       cgroup: shell.cgroup,
-      upperDir: join(this.pathsOf(shell.slot).dir, 'upper'),
+      upperDir: join(this.pathsOf(shell.slot).dir, 'rw', 'upper'),
       diskUsage: () => this.scratch.usage(shell.scratch),
       network: {
         set: (rules) => this.setNetwork(shell, rules),
@@ -820,7 +827,7 @@ export class ContainerBackend implements Backend {
     try {
       // paths are left empty: the consumer reads digests, it does not mount
       const layers: LayerImage[] = state.layers.map((digest) => ({ digest, path: '' }));
-      return await consume(join(paths.dir, 'upper'), { layers, labels: state.labels });
+      return await consume(join(paths.dir, 'rw', 'upper'), { layers, labels: state.labels });
     } finally {
       if (!wasFrozen) await cgroup.setFrozen(false);
     }
@@ -926,8 +933,7 @@ function mib(n: number): number {
 
 /** Removes every upper and work dir of a container's folder (a renewed root leaves numbered ones). */
 async function removeWritableLayers(dir: string): Promise<void> {
-  const names = (await readdir(dir)).filter((name) => /^(upper|work)(-\d+)?$/.test(name));
-  await Promise.all(
-    names.map((name) => rm(join(dir, name), { recursive: true, force: true, maxRetries: 3 })),
-  );
+  const rw = join(dir, 'rw');
+  const names = (await readdir(rw)).filter((name) => /^(upper|work)(-\d+)?$/.test(name));
+  await Promise.all(names.map((name) => rm(join(rw, name), { recursive: true, force: true, maxRetries: 3 })));
 }

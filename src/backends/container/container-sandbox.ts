@@ -16,8 +16,9 @@ import type {
   SandboxState,
   SandboxStats,
   WriteFileOptions,
+  WrittenPathsOptions,
 } from '../contract.ts';
-import type { CgroupUsage, SandboxCgroup } from '../host/cgroups.ts';
+import type { SandboxCgroup, UsageBaseline } from '../host/cgroups.ts';
 import type { AgentChannel } from '../internal/agent-channel.ts';
 import type { AgentExit } from '../internal/agent-protocol.ts';
 import { AsyncQueue } from '../../common/index.ts';
@@ -25,6 +26,7 @@ import { callOptionsOf } from '../call-options.ts';
 import { collectExec } from '../collect-exec.ts';
 import { deniedEgressOf } from '../host/egress.ts';
 import type { ScratchUsage } from '../host/scratch-volume.ts';
+import { writtenUnder } from '../host/written-paths.ts';
 import { activeSwapAreas, stillActive, type SwapArea } from '../host/swap.ts';
 import { checkArgv, checkSandboxPath, throwIfAborted } from '../internal/checks.ts';
 import { resolveUser, type ResolvedUser } from '../internal/users.ts';
@@ -42,7 +44,7 @@ export interface ContainerSandboxParts {
   /** Its container's slot (see ContainerBackend). */
   slot: string;
   /** Counters the container ran up before this tenant (a warm sandbox), left out of its stats. */
-  baseline?: Pick<CgroupUsage, 'cpuUsageMs' | 'oomKills'>;
+  baseline?: UsageBaseline;
   /** Resolves when the sandbox's processes are gone (the runtime exited, or the agent's channel closed). */
   exited: Promise<void>;
   channel: AgentChannel;
@@ -351,6 +353,7 @@ export class ContainerSandbox implements BackendSandbox {
       ...measured,
       cpuUsageMs: measured.cpuUsageMs - (this.parts.baseline?.cpuUsageMs ?? 0),
       oomKills: measured.oomKills - (this.parts.baseline?.oomKills ?? 0),
+      pidsLimitHits: measured.pidsLimitHits - (this.parts.baseline?.pidsLimitHits ?? 0),
     };
     let deniedEgress: number | undefined;
     // any process of the sandbox shows its network namespace; one may exit while it is read
@@ -361,6 +364,11 @@ export class ContainerSandbox implements BackendSandbox {
       deniedEgress: (deniedEgress ?? 0) + deniedByRules,
       diskBytes: disk?.usedBytes ?? 0,
     };
+  }
+
+  async writtenPaths(prefixes: readonly string[], options: WrittenPathsOptions = {}): Promise<string[]> {
+    throwIfAborted(options.signal, 'Listing written paths');
+    return writtenUnder(this.writableDir, prefixes, options.limit ?? 256);
   }
 
   async setNetwork(rules: readonly string[], options: CallOptions = {}): Promise<void> {

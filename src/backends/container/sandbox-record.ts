@@ -12,7 +12,9 @@ export const containerStateSchema = z.object({
   /** A warm shell waiting in the pool, with no tenant. */
   pooled: z.boolean().optional(),
   /** Counters its container ran up before this tenant, which its stats leave out. */
-  baseline: z.object({ cpuUsageMs: z.number(), oomKills: z.number() }).optional(),
+  baseline: z
+    .object({ cpuUsageMs: z.number(), oomKills: z.number(), pidsLimitHits: z.number().default(0) })
+    .optional(),
   backend: z.literal('container'),
   owner: z.object({ pid: z.number().int(), startTime: z.number() }),
   createdAt: z.string(),

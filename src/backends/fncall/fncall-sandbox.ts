@@ -198,6 +198,11 @@ export class FnCallSandbox implements BackendSandbox {
     return this.unsupported('hand over a writable layer');
   }
 
+  /** Nothing it runs stays: no call leaves a writable layer behind. */
+  writtenPaths(): Promise<string[]> {
+    return Promise.resolve([]);
+  }
+
   /** Calls run on shared workers with loopback only: there is no per-caller network to open. */
   async setNetwork(rules: readonly string[]): Promise<void> {
     if (rules.length > 0) await this.unsupported('open its network (its calls share workers)');
@@ -219,6 +224,7 @@ export class FnCallSandbox implements BackendSandbox {
       oomKills: 0,
       deniedEgress: 0,
       diskBytes: 0,
+      pidsLimitHits: 0,
     };
     return { ...(worker ? await worker.stats(options) : idle), state: this.currentState };
   }

@@ -93,7 +93,12 @@ export interface CgroupUsage {
   pids: number;
   cpuUsageMs: number;
   oomKills: number;
+  /** Forks refused at the pids limit. */
+  pidsLimitHits: number;
 }
+
+/** Counters a sandbox's stats start from: what its container ran up before it (a warm shell). */
+export type UsageBaseline = Pick<CgroupUsage, 'cpuUsageMs' | 'oomKills' | 'pidsLimitHits'>;
 
 /**
  * The cgroups of one sandbox. The OCI runtime creates and limits them from the bundle's
@@ -150,12 +155,13 @@ export class SandboxCgroup {
   /** Memory, pids, CPU time and OOM kills, straight from the kernel's counters. */
   async usage(): Promise<CgroupUsage> {
     if (this.layout.kind === 'v2') {
-      const [memory, pids, cpu, events, stat] = await Promise.all([
+      const [memory, pids, cpu, events, stat, pidsEvents] = await Promise.all([
         readText(this.v2('memory.current')),
         readText(this.v2('pids.current')),
         readText(this.v2('cpu.stat')),
         readText(this.v2('memory.events')),
         readText(this.v2('memory.stat')),
+        readText(this.v2('pids.events')),
       ]);
       return {
         memoryBytes: Number(memory ?? 0),
@@ -163,14 +169,16 @@ export class SandboxCgroup {
         pids: Number(pids ?? 0),
         cpuUsageMs: counter(cpu, 'usage_usec') / 1000,
         oomKills: counter(events, 'oom_kill'),
+        pidsLimitHits: counter(pidsEvents, 'max'),
       };
     }
-    const [memory, pids, cpu, oom, kernel] = await Promise.all([
+    const [memory, pids, cpu, oom, kernel, pidsEvents] = await Promise.all([
       readText(this.v1('memory', 'memory.usage_in_bytes')),
       readText(this.v1('pids', 'pids.current')),
       readText(this.v1('cpuacct', 'cpuacct.usage')),
       readText(this.v1('memory', 'memory.oom_control')),
       readText(this.v1('memory', 'memory.kmem.usage_in_bytes')),
+      readText(this.v1('pids', 'pids.events')),
     ]);
     return {
       memoryBytes: Number(memory ?? 0),
@@ -178,6 +186,7 @@ export class SandboxCgroup {
       pids: Number(pids ?? 0),
       cpuUsageMs: Number(cpu ?? 0) / 1e6,
       oomKills: counter(oom, 'oom_kill'),
+      pidsLimitHits: counter(pidsEvents, 'max'),
     };
   }
 

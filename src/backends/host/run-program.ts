@@ -43,6 +43,8 @@ export function runProgram(
         );
       },
     );
+    // a program that exits before reading its input must not fail the call with EPIPE
+    child.stdin?.on('error', () => undefined);
     child.stdin?.end(options.input ?? '');
   });
 }

@@ -22,8 +22,10 @@ export interface ScratchUsage {
 
 /**
  * The node's writable storage for sandboxes: one btrfs filesystem in a sparse image file,
- * loop-mounted on `<dataDir>/sandboxes`, where every container slot (bundle, upper and work dirs)
- * is a subvolume with a quota group. A sandbox that fills its cap gets EDQUOT and nothing else is
+ * loop-mounted on `<dataDir>/sandboxes`. Each container slot is a folder there (bundle, state,
+ * channel FIFOs), and its `rw` is a subvolume with a quota group for the upper and work dirs.
+ * Only `rw` is capped: on btrfs even a write to a FIFO updates its inode and would fail with
+ * EDQUOT in a full subvolume, cutting the agent's channel. A sandbox that fills its cap gets EDQUOT and nothing else is
  * touched: not the node's disk, not a neighbour. btrfs because this kernel has quotas for neither
  * ext4 (no QFMT_V2) nor XFS (no XFS_QUOTA), and because a subvolume costs one ioctl, not a loop
  * device per sandbox.
@@ -57,9 +59,10 @@ export class ScratchVolume {
     return new ScratchVolume(mountPoint, `/sys/fs/btrfs/${uuid}/qgroups`);
   }
 
-  /** Makes `name` a subvolume capped at `limitBytes`, unless it is one already. */
+  /** Makes slot `name` with its `rw` subvolume capped at `limitBytes`, unless it has one already. */
   async createSlot(name: string, limitBytes: number | 'none'): Promise<ScratchSlot> {
-    const path = join(this.mountPoint, name);
+    const path = join(this.mountPoint, name, 'rw');
+    await mkdir(join(this.mountPoint, name), { recursive: true });
     const script = [
       `[ -d "$1" ] || btrfs subvolume create "$1" >/dev/null`,
       `btrfs qgroup limit "$2" "$1"`,
@@ -71,7 +74,7 @@ export class ScratchVolume {
 
   /** Changes a slot's cap (a pooled shell taking a tenant). */
   async setLimit(name: string, limitBytes: number): Promise<void> {
-    await runProgram('btrfs', ['qgroup', 'limit', String(limitBytes), join(this.mountPoint, name)]);
+    await runProgram('btrfs', ['qgroup', 'limit', String(limitBytes), join(this.mountPoint, name, 'rw')]);
   }
 
   /**

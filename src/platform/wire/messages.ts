@@ -177,7 +177,15 @@ export const sandboxStats = z.object({
   deniedEgress: count.default(0),
   kernelMemoryBytes: count.default(0),
   diskBytes: count.default(0),
+  pidsLimitHits: count.default(0),
 });
+
+export const writtenPathsRequest = z.strictObject({
+  sandboxId: sandboxIdField,
+  prefixes: z.array(absolutePath).max(256),
+  limit: z.number().int().positive().max(4096).optional(),
+});
+export const writtenPaths = z.object({ paths: z.array(z.string()) });
 
 export const sandboxRecords = z.object({
   sandboxes: z.array(

@@ -44,6 +44,11 @@ export const SANDBOXES = {
       summary: 'freeze, then push its memory out; any request resumes it',
     }),
     Stats: unary({ request: m.sandboxRef, response: m.sandboxStats, summary: 'measured use' }),
+    WrittenPaths: unary({
+      request: m.writtenPathsRequest,
+      response: m.writtenPaths,
+      summary: 'what its writable layer holds under some paths (the audit of protected paths)',
+    }),
     SetNetwork: unary({
       request: m.setNetworkRequest,
       response: m.empty,
