@@ -21,7 +21,7 @@ export interface AttackContext {
   upstream: string;
   hostPort: number;
   /** A layer build from an archive the sandbox made: what an upload does with it. */
-  ingestTar(archive: Buffer): Promise<unknown>;
+  ingestTar: (archive: Buffer) => Promise<unknown>;
 }
 
 /** One attack, run from inside a sandbox as a single step, with the containment it must meet. */
