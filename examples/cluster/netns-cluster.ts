@@ -84,6 +84,8 @@ export interface NodePlacement {
   dataDir: string;
   storeDir: string;
   token: string;
+  /** More `sandgym node` flags (`--max-sandboxes 4`). */
+  args?: string[];
 }
 
 /** Starts `sandgym node` in a namespace (joining only its network, not a new mount namespace). */
@@ -91,7 +93,7 @@ export async function startNode(
   host: HostInNamespace,
   nodeId: string,
   port: number,
-  { dataDir, storeDir, token }: NodePlacement,
+  { dataDir, storeDir, token, args = [] }: NodePlacement,
 ): Promise<NodeProcess> {
   const address = `${host.address}:${port}`;
   const launch = async (): Promise<ChildProcess> => {
@@ -110,6 +112,7 @@ export async function startNode(
         storeDir,
         '--node-id',
         nodeId,
+        ...args,
       ],
       { env: { ...process.env, SANDGYM_NODE_TOKEN: token }, stdio: ['ignore', 'pipe', 'pipe'] },
     );

@@ -13,10 +13,16 @@ export type { HostInNamespace, NodeProcess } from '../../examples/cluster/netns-
 export const NODE_TOKEN = 'cluster-test-node-token';
 
 /** A node agent of the test cluster: its data below the test root, the shared test store. */
-export function startNode(host: HostInNamespace, nodeId: string, port: number): Promise<NodeProcess> {
+export function startNode(
+  host: HostInNamespace,
+  nodeId: string,
+  port: number,
+  args: string[] = [],
+): Promise<NodeProcess> {
   return startNodeIn(host, nodeId, port, {
     dataDir: join(TEST_DATA_ROOT, `cluster-${nodeId}-${randomBytes(3).toString('hex')}`),
     storeDir: STORE_DIR,
     token: NODE_TOKEN,
+    args,
   });
 }

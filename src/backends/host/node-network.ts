@@ -1,7 +1,9 @@
 import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
+import { z } from 'zod';
 import { SandgymError } from '../../common/index.ts';
 import type { EgressTarget } from './network-rules.ts';
+import { isAlive, processIdentity } from './processes.ts';
 import { runProgram } from './run-program.ts';
 
 /** Node subnets are /20s of the shared address space (RFC 6598), which no real network routes to a host. */
@@ -62,11 +64,17 @@ export class NodeNetwork {
    */
   static async open(dataDir: string): Promise<NodeNetwork> {
     const stateFile = join(dataDir, 'network.json');
-    const previous = await readSubnet(stateFile);
-    if (previous !== undefined) await removeNetwork(previous);
-    const subnet = await claimSubnet(previous);
+    const previous = await readState(stateFile);
+    if (previous?.owner && (await isAlive(previous.owner))) {
+      throw new SandgymError(
+        'failed_precondition',
+        `Process ${previous.owner.pid} already runs the sandbox network of data dir ${dataDir}: give sandboxes with egress one process per data dir (use another --data-dir)`,
+      );
+    }
+    if (previous) await removeNetwork(previous.subnet);
+    const subnet = await claimSubnet(previous?.subnet);
     const network = new NodeNetwork(subnet, stateFile);
-    await writeFile(stateFile, JSON.stringify({ subnet }));
+    await writeFile(stateFile, JSON.stringify({ subnet, owner: await processIdentity(process.pid) }));
     try {
       await network.build();
     } catch (error) {
@@ -218,19 +226,28 @@ function nft(script: string): Promise<string> {
   return runProgram('nft', ['-f', '-'], { input: script });
 }
 
-/** Removes the network a dead node of `dataDir` left in the kernel, if any. */
+/** Removes the network a dead process of `dataDir` left in the kernel, if any; a live one's stays. */
 export async function removeStaleNetwork(dataDir: string): Promise<void> {
   const stateFile = join(dataDir, 'network.json');
-  const subnet = await readSubnet(stateFile);
-  if (subnet === undefined) return;
-  await removeNetwork(subnet);
+  const state = await readState(stateFile);
+  if (!state || (state.owner && (await isAlive(state.owner)))) return;
+  await removeNetwork(state.subnet);
   await rm(stateFile, { force: true });
 }
 
-async function readSubnet(stateFile: string): Promise<number | undefined> {
+const networkState = z.object({
+  subnet: z
+    .number()
+    .int()
+    .min(0)
+    .max(SUBNETS - 1),
+  owner: z.object({ pid: z.number(), startTime: z.number() }).optional(),
+});
+
+/** The subnet a node of the data dir claimed, and the process that did; undefined if unreadable. */
+async function readState(stateFile: string): Promise<z.infer<typeof networkState> | undefined> {
   try {
-    const { subnet } = JSON.parse(await readFile(stateFile, 'utf8')) as { subnet?: unknown };
-    return typeof subnet === 'number' && Number.isInteger(subnet) ? subnet : undefined;
+    return networkState.parse(JSON.parse(await readFile(stateFile, 'utf8')));
   } catch {
     return undefined;
   }

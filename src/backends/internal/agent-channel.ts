@@ -224,7 +224,12 @@ export class AgentChannel {
       case 'error':
         this.pending.delete(message.id);
         pending.reject(
-          new SandgymError(AGENT_ERROR_CODES[message.code] ?? 'platform_error', message.message),
+          new SandgymError(
+            AGENT_ERROR_CODES[message.code] ?? 'platform_error',
+            message.code === 'no_space'
+              ? `${message.message}: the sandbox's disk is full (free space in it, or ask for more with resources.diskMib)`
+              : message.message,
+          ),
         );
         return;
       default:
