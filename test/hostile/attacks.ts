@@ -153,9 +153,10 @@ export const ATTACKS: Attack[] = [
   {
     name: 'kill -9 -1',
     kind: 'escape',
-    script: 'sleep 60 & kill -9 -1; echo unreachable',
-    async contained(_result, { sandbox }) {
-      expect((await sandbox.exec(['echo', 'agent alive'])).stdout).toBe('agent alive\n');
+    // kill(-1) spares the caller and pid 1 (the agent, as the runner's next step shows)
+    script: 'sleep 60 & kill -9 -1; wait $!; echo "sleep ended: $?"',
+    contained(result) {
+      expect(result.stdout).toBe('sleep ended: 137\n'); // 128 + SIGKILL
     },
   },
   {
@@ -350,20 +351,16 @@ for path in ("/", "/root", "/dev/shm"):
     name: 'replace the agent binary',
     kind: 'platform',
     script: 'cp /bin/busybox /dev/.sandgym-agent; echo rc=$?; rm -f /dev/.sandgym-agent; echo rc=$?',
-    async contained(result, { sandbox }) {
-      failedEveryAttempt(result);
-      expect((await sandbox.exec(['echo', 'agent intact'])).stdout).toBe('agent intact\n');
-    },
+    // the runner's next step checks that the agent still answers
+    contained: failedEveryAttempt,
   },
   {
     name: 'forge requests on the agent channel',
     kind: 'platform',
     script:
       'for fd in $(ls /proc/1/fd); do printf "\\x00\\x00\\x00\\x10forged" > /proc/1/fd/$fd; echo rc=$?; done',
-    async contained(result, { sandbox }) {
-      failedEveryAttempt(result);
-      expect((await sandbox.exec(['echo', 'channel intact'])).stdout).toBe('channel intact\n');
-    },
+    // the runner's next step checks that the agent still answers
+    contained: failedEveryAttempt,
   },
   {
     name: 'read the agent channel and find its files',

@@ -22,7 +22,13 @@ describe('input checks', () => {
   it('fill sandbox request defaults and name every bad field', () => {
     const resolved = parseAt(sandboxRequestSchema, {}, 'sandbox request');
     expect(resolved).toMatchObject({ backend: 'container', environment: 'debian:bookworm', qos: 'latency' });
-    expect(resolved.resources).toEqual({ cpu: 1, memoryMib: 512, pids: 512, outputCapBytes: 1048576 });
+    expect(resolved.resources).toEqual({
+      diskMib: 10240,
+      cpu: 1,
+      memoryMib: 512,
+      pids: 512,
+      outputCapBytes: 1048576,
+    });
     expect(() =>
       parseAt(sandboxRequestSchema, { backend: 'lxc', resources: { cpu: -1 } }, 'sandbox request'),
     ).toThrow(/Invalid sandbox request: backend: .*; resources\.cpu: /);

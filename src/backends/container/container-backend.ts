@@ -884,10 +884,6 @@ export class ContainerBackend implements Backend {
       'Some sandboxes did not close cleanly',
     );
     await closing.catch(() => undefined); // wait for every sandbox before the node-level cleanup
-    // what a crashed predecessor left half-made goes too, so the scratch volume can be unmounted
-    await this.gc().catch((error: unknown) => {
-      this.logger.warn({ error: messageOf(error) }, 'cannot reap leftovers at close');
-    });
     this.helper.close();
     await this.mounts.unmountIdle().catch(() => undefined);
     await removeIdleParents(this.layout, this.scope);

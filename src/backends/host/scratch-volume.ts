@@ -1,5 +1,5 @@
 import { existsSync } from 'node:fs';
-import { mkdir, open, readdir, readFile, rmdir } from 'node:fs/promises';
+import { mkdir, open, readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SandgymError } from '../../common/index.ts';
 import { readMounts } from './mountinfo.ts';
@@ -93,12 +93,11 @@ export class ScratchVolume {
     }
   }
 
-  /** Unmounts the volume when no slot is left on it; true when it did. The image stays for the next start. */
+  /** Unmounts the volume when no slot is left on it; true when it did. The image and the empty mount point stay. */
   async closeIfEmpty(): Promise<boolean> {
     const left = await readdir(this.mountPoint).catch(() => ['unreadable']);
     if (left.length > 0) return false;
     await runProgram('umount', [this.mountPoint]);
-    await rmdir(this.mountPoint).catch(() => undefined);
     return true;
   }
 }
