@@ -261,13 +261,21 @@ export class ContainerBackend implements Backend {
     const unpacked = this.options.loadMode === 'tar';
     const paths = this.pathsOf(spec.id);
     // unpacked layers land in the slot: they are not the tenant's writes, so no cap counts them
-    const scratch = await this.scratch.createSlot(spec.id, unpacked ? 'none' : mib(spec.resources.diskMib));
-    await Promise.all(
-      ['rw/upper', 'rw/work', 'rootfs'].map((d) => mkdir(join(paths.dir, d), { recursive: true })),
-    );
-    const points = unpacked
-      ? await this.tarballs.unpack(spec.layers, paths.dir)
-      : await this.mounts.acquire(spec.layers);
+    let scratch: ScratchSlot;
+    let points: string[];
+    try {
+      scratch = await this.scratch.createSlot(spec.id, unpacked ? 'none' : mib(spec.resources.diskMib));
+      await Promise.all(
+        ['rw/upper', 'rw/work', 'rootfs'].map((d) => mkdir(join(paths.dir, d), { recursive: true })),
+      );
+      points = unpacked
+        ? await this.tarballs.unpack(spec.layers, paths.dir)
+        : await this.mounts.acquire(spec.layers);
+    } catch (error) {
+      // a layer that cannot be mounted (or unpacked) leaves no slot behind
+      await rm(paths.dir, { recursive: true, force: true, maxRetries: 3 }).catch(() => undefined);
+      throw error;
+    }
     let shell: WarmShell;
     try {
       shell = await this.startContainer(spec.id, spec, this.tenantState(spec, spec.id), options, scratch, {
