@@ -114,7 +114,6 @@ export class ContainerBackend implements Backend {
   /** Every running container of this process, by slot: tenants' and pooled shells alike. */
   private readonly containers = new Map<string, WarmShell>();
   private readonly pool: WarmPool | undefined;
-  private readonly helper: HostHelper;
   private renewals = 0;
   private readonly logger: Logger;
   private readonly codec: Codec;
@@ -135,13 +134,13 @@ export class ContainerBackend implements Backend {
     private readonly mounts: LayerMounts,
     private readonly tarballs: LayerTarballs,
     private readonly scratch: ScratchVolume,
+    private readonly helper: HostHelper,
   ) {
     this.logger = (options.logger ?? silentLogger()).child({ component: 'container-backend' });
     this.codec = options.codec ?? createMsgpackCodec();
     this.scope = cgroupScope(options.dataDir);
     this.ruleBook = options.networkRules ?? {};
     checkRuleBook(this.ruleBook);
-    this.helper = new HostHelper(agentPath);
     const policy = options.warmPool ?? {};
     this.pool = Object.values(policy).some((n) => n > 0)
       ? new WarmPool(
@@ -194,9 +193,11 @@ export class ContainerBackend implements Backend {
       verify: options.verifyLayers ?? 'digest',
       copiesDir: join(options.dataDir, 'layer-copies'),
     });
+    const helper = new HostHelper(agentPath);
     const scratch = await ScratchVolume.open(
       join(options.dataDir, 'sandboxes'),
       join(options.dataDir, 'sandboxes.img'),
+      helper,
     );
     return new ContainerBackend(
       options,
@@ -207,6 +208,7 @@ export class ContainerBackend implements Backend {
       mounts,
       new LayerTarballs(mounts),
       scratch,
+      helper,
     );
   }
 

@@ -19,7 +19,7 @@ export type NewRoot =
   | { kind: 'bind'; dir: string };
 
 interface Pending {
-  resolve(): void;
+  resolve(value: string): void;
   reject(error: Error): void;
   what: string;
 }
@@ -53,16 +53,25 @@ export class HostHelper {
   constructor(private readonly agentPath: string) {}
 
   /** Gives the sandbox whose first process is host pid `agentPid` the new root. */
-  swap(agentPid: number, root: NewRoot): Promise<void> {
+  async swap(agentPid: number, root: NewRoot): Promise<void> {
     const fields =
       root.kind === 'overlay'
         ? ['overlay', root.lowers.join(':'), root.upper, root.work, root.lowersAreErofs ? '1' : '0', root.dev]
         : ['bind', root.dir];
-    return this.request(['attach', String(agentPid), ...fields], "Cannot swap a sandbox's root");
+    await this.request(['attach', String(agentPid), ...fields], "Cannot swap a sandbox's root");
+  }
+
+  /**
+   * Makes `path` a btrfs subvolume (unless it is one) whose quota group may reference at most
+   * `limitBytes`; returns the subvolume id.
+   */
+  async subvolume(path: string, limitBytes: number | 'none'): Promise<number> {
+    const id = await this.request(['subvol', path, String(limitBytes)], 'Cannot make a capped subvolume');
+    return Number(id);
   }
 
   /** Starts a container detached; its agent then waits on the FIFO channel in `dir`. */
-  launch(request: LaunchRequest): Promise<void> {
+  async launch(request: LaunchRequest): Promise<void> {
     const fields = [
       request.dir,
       request.joins.length ? request.joins.join(':') : '-',
@@ -73,10 +82,10 @@ export class HostHelper {
       request.runtimeRoot,
       request.slot,
     ];
-    return this.request(['launch', ...fields], 'Cannot start a container');
+    await this.request(['launch', ...fields], 'Cannot start a container');
   }
 
-  private request(fields: string[], what: string): Promise<void> {
+  private request(fields: string[], what: string): Promise<string> {
     for (const field of fields) {
       if (/[\t\n]/.test(field)) {
         throw new SandgymError('invalid_argument', `${what}: a path contains a tab or newline: ${field}`);
@@ -84,7 +93,7 @@ export class HostHelper {
     }
     const id = String(this.nextId++);
     const helper = this.started();
-    return new Promise<void>((resolve, reject) => {
+    return new Promise<string>((resolve, reject) => {
       this.pending.set(id, { resolve, reject, what });
       helper.stdin?.write([id, ...fields].join('\t') + '\n');
     });
@@ -108,7 +117,7 @@ export class HostHelper {
     const waiter = this.pending.get(id);
     if (!waiter) return;
     this.pending.delete(id);
-    if (outcome === 'ok') waiter.resolve();
+    if (outcome === 'ok') waiter.resolve(message ?? '');
     else waiter.reject(new SandgymError('platform_error', `${waiter.what}: ${message ?? line}`));
   }
 

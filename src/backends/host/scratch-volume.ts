@@ -2,6 +2,7 @@ import { existsSync } from 'node:fs';
 import { mkdir, open, readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SandgymError } from '../../common/index.ts';
+import type { HostHelper } from './host-helper.ts';
 import { readMounts } from './mountinfo.ts';
 import { runProgram } from './run-program.ts';
 
@@ -34,10 +35,16 @@ export class ScratchVolume {
   private constructor(
     readonly mountPoint: string,
     private readonly sysfsQgroups: string,
+    private readonly helper: HostHelper,
   ) {}
 
   /** Mounts the volume (making its image first), or takes it as it is when a predecessor left it mounted. */
-  static async open(mountPoint: string, image: string, imageGib = DEFAULT_IMAGE_GIB): Promise<ScratchVolume> {
+  static async open(
+    mountPoint: string,
+    image: string,
+    helper: HostHelper,
+    imageGib = DEFAULT_IMAGE_GIB,
+  ): Promise<ScratchVolume> {
     await mkdir(mountPoint, { recursive: true });
     if (!(await isMounted(mountPoint))) {
       const left = await readdir(mountPoint);
@@ -56,25 +63,17 @@ export class ScratchVolume {
       /uuid: ([0-9a-f-]{36})/,
     )?.[1];
     if (!uuid) throw new SandgymError('platform_error', `Cannot read the btrfs uuid of ${mountPoint}`);
-    return new ScratchVolume(mountPoint, `/sys/fs/btrfs/${uuid}/qgroups`);
+    return new ScratchVolume(mountPoint, `/sys/fs/btrfs/${uuid}/qgroups`, helper);
   }
 
   /** Makes slot `name` with its `rw` subvolume capped at `limitBytes`, unless it has one already. */
   async createSlot(name: string, limitBytes: number | 'none'): Promise<ScratchSlot> {
-    const path = join(this.mountPoint, name, 'rw');
-    await mkdir(join(this.mountPoint, name), { recursive: true });
-    const script = [
-      `[ -d "$1" ] || btrfs subvolume create "$1" >/dev/null`,
-      `btrfs qgroup limit "$2" "$1"`,
-      `btrfs inspect-internal rootid "$1"`,
-    ].join(' && ');
-    const out = await runProgram('sh', ['-c', script, 'sh', path, String(limitBytes)]);
-    return { subvolumeId: Number(out.trim()) };
+    return { subvolumeId: await this.helper.subvolume(join(this.mountPoint, name, 'rw'), limitBytes) };
   }
 
   /** Changes a slot's cap (a pooled shell taking a tenant). */
   async setLimit(name: string, limitBytes: number): Promise<void> {
-    await runProgram('btrfs', ['qgroup', 'limit', String(limitBytes), join(this.mountPoint, name, 'rw')]);
+    await this.createSlot(name, limitBytes);
   }
 
   /**
