@@ -16,7 +16,7 @@ import type {
 } from './environment.ts';
 import { sandboxActionSchema, type SandboxAction, type SandboxObservation } from './sandbox-actions.ts';
 import { inSession } from './shell-session.ts';
-import { StepAuditor } from './step-signals.ts';
+import { StepAuditor, type StepSignals } from './step-signals.ts';
 
 /** Errors that mean the platform failed, not the agent: they become typed outcomes. */
 const INFRA_CODES: Record<string, FailureReason> = {
@@ -137,7 +137,7 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
     const steps = this.steps;
     if (!sandbox || !steps) throw new SandgymError('failed_precondition', 'Call reset() before step()');
     const stepIndex = this.stepIndex;
-    let ran: { result: StepResult<SandboxObservation>; replayed: boolean };
+    let ran: { result: StepResult<SandboxObservation>; replayed: boolean; logCapped?: boolean };
     try {
       ran = await steps.run({ episodeId: this.episodeId, stepIndex, action: valid }, () =>
         this.executeAudited(sandbox, valid, options),
@@ -158,9 +158,15 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
         outcome: { kind: 'infra_failure', reason: 'node_lost', message },
       };
     }
-    const { result, replayed } = ran;
+    const { result, replayed, logCapped } = ran;
     this.stepIndex++;
-    return { ...result, info: { ...result.info, episodeId: this.episodeId, stepIndex, replayed } };
+    const info: Record<string, unknown> = { ...result.info, episodeId: this.episodeId, stepIndex, replayed };
+    const signals = info['signals'] as StepSignals | { error: string } | undefined;
+    if (logCapped && signals && 'limitsHit' in signals) {
+      // the log kept this step with its long outputs cut: the caller has them whole, once
+      info['signals'] = { ...signals, limitsHit: [...signals.limitsHit, 'log'] };
+    }
+    return { ...result, info };
   }
 
   /** Runs an action with its audit signals in `info.signals`, which the trajectory log keeps too. */

@@ -2,8 +2,8 @@ import { messageOf } from '../common/index.ts';
 import type { Sandbox } from '../platform/index.ts';
 import type { SandboxObservation } from './sandbox-actions.ts';
 
-/** A limit a step ran into. */
-export type LimitHit = 'pids' | 'memory' | 'output' | 'disk';
+/** A limit a step ran into (`log`: the sandbox's trajectory log is past its cap, see TrajectoryLog). */
+export type LimitHit = 'pids' | 'memory' | 'output' | 'disk' | 'log';
 
 /**
  * What one step did that a trainer should know about, beyond its observation: the audit

@@ -33,8 +33,8 @@ export type StepLookup = { logged: true; result: unknown } | { logged: false };
 export interface StepLog {
   /** The recorded result of a logged step, or that it is the next to run; throws otherwise. */
   lookup(request: StepRequest): Promise<StepLookup>;
-  /** Makes a step's record durable; returns once it is. */
-  append(record: TrajectoryRecord): Promise<void>;
+  /** Makes a step's record durable; returns once it is, saying whether the log's cap cut its long strings. */
+  append(record: TrajectoryRecord): Promise<{ capped: boolean }>;
   /** Every record, in order. */
   records(): Promise<readonly TrajectoryRecord[]>;
 }
@@ -66,9 +66,9 @@ export function lookupStep(log: TrajectoryLog, request: StepRequest): StepLookup
  * action is a no-op (a retried append), a different one is a `divergence`, a gap is refused.
  * Whoever skipped the lookup (see {@link ExactlyOnceSteps}) is still checked here.
  */
-export async function appendStep(log: TrajectoryLog, record: TrajectoryRecord): Promise<void> {
-  if (lookupStep(log, record).logged) return;
-  await log.append(record);
+export async function appendStep(log: TrajectoryLog, record: TrajectoryRecord): Promise<{ capped: boolean }> {
+  if (lookupStep(log, record).logged) return { capped: false };
+  return log.append(record);
 }
 
 /** A step log over a trajectory log file in this process. */
@@ -100,7 +100,10 @@ export class ExactlyOnceSteps {
     this.tails.set(episodeId, 0);
   }
 
-  async run<R>(request: StepRequest, execute: () => Promise<R>): Promise<{ result: R; replayed: boolean }> {
+  async run<R>(
+    request: StepRequest,
+    execute: () => Promise<R>,
+  ): Promise<{ result: R; replayed: boolean; logCapped?: boolean }> {
     if (this.tails.get(request.episodeId) !== request.stepIndex) {
       const found = await this.log.lookup(request);
       if (found.logged) return { result: found.result as R, replayed: true };
@@ -108,7 +111,7 @@ export class ExactlyOnceSteps {
     const startedAt = new Date().toISOString();
     const started = performance.now();
     const result = await execute();
-    await this.log.append({
+    const { capped } = await this.log.append({
       episodeId: request.episodeId,
       stepIndex: request.stepIndex,
       action: request.action,
@@ -117,7 +120,7 @@ export class ExactlyOnceSteps {
       durationMs: performance.now() - started,
     });
     this.tails.set(request.episodeId, request.stepIndex + 1);
-    return { result, replayed: false };
+    return { result, replayed: false, ...(capped ? { logCapped: true } : {}) };
   }
 }
 

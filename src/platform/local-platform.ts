@@ -26,7 +26,7 @@ import {
   silentLogger,
   type Logger,
 } from '../common/index.ts';
-import { TrajectoryLog } from './trajectory-log.ts';
+import { DEFAULT_TRAJECTORY_CAP_BYTES, TrajectoryLog } from './trajectory-log.ts';
 import { forkSandbox } from './fork.ts';
 import { DEFAULT_PROJECT, PROJECT_LABEL, RUN_LABEL, RunManager, type Run, type RunOptions } from './runs.ts';
 import { localRun, runOptionsSchema } from './run-handles.ts';
@@ -80,6 +80,11 @@ export interface LocalPlatformOptions {
    * policies name. Default: the JSON file $SANDGYM_NET_RULES names, else none.
    */
   networkRules?: NetworkRuleBook;
+  /**
+   * What a sandbox's trajectory log may grow to; past it, records keep only the head of long
+   * outputs, and the step's signals say `log`. Default 256 MiB.
+   */
+  trajectoryCapBytes?: number;
 }
 
 /**
@@ -109,6 +114,7 @@ export class LocalPlatform implements PlatformClient {
     /** The runs of this node: leases, phases, cleanup. */
     readonly runManager: RunManager,
     readonly nodeId = 'local',
+    private readonly trajectoryCapBytes = DEFAULT_TRAJECTORY_CAP_BYTES,
   ) {
     this.lifetimes = setInterval(() => void this.reclaimExpired(), LIFETIME_SWEEP_MS);
     this.lifetimes.unref();
@@ -307,7 +313,11 @@ export class LocalPlatform implements PlatformClient {
     nodeOfSandboxId(sandboxId);
     let log = this.trajectories.get(sandboxId);
     if (!log) {
-      log = TrajectoryLog.open(join(this.dataDir, 'trajectories', `${sandboxId}.log`), this.codec);
+      log = TrajectoryLog.open(
+        join(this.dataDir, 'trajectories', `${sandboxId}.log`),
+        this.codec,
+        this.trajectoryCapBytes,
+      );
       this.trajectories.set(sandboxId, log);
     }
     return log;
@@ -376,7 +386,15 @@ export const Platform = {
       },
       logger,
     );
-    late.platform = new LocalPlatform(dataDir, store, container, logger, runs, options.nodeId);
+    late.platform = new LocalPlatform(
+      dataDir,
+      store,
+      container,
+      logger,
+      runs,
+      options.nodeId,
+      options.trajectoryCapBytes,
+    );
     return late.platform;
   },
 

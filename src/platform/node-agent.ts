@@ -231,8 +231,7 @@ export class NodeAgent {
         (await this.stepLogOf(sandboxId, call)).lookup({ episodeId, stepIndex, action }),
       StepAppend: async ({ sandboxId, record }, call) => {
         // the exactly-once rule is enforced here too: a client may skip lookups for its own episodes
-        await (await this.stepLogOf(sandboxId, call)).append(record);
-        return {};
+        return (await this.stepLogOf(sandboxId, call)).append(record);
       },
       Trajectory: async ({ sandboxId }, call) => ({
         records: [...(await (await this.stepLogOf(sandboxId, call)).records())],

@@ -181,9 +181,8 @@ export class RemotePlatform implements PlatformClient {
     return Promise.resolve({
       lookup: (request: StepRequest): Promise<StepLookup> =>
         client.call('StepLookup', { sandboxId, ...request }, call),
-      append: async (record: TrajectoryRecord): Promise<void> => {
-        await client.call('StepAppend', { sandboxId, record }, call);
-      },
+      append: (record: TrajectoryRecord): Promise<{ capped: boolean }> =>
+        client.call('StepAppend', { sandboxId, record }, call),
       records: async (): Promise<readonly TrajectoryRecord[]> =>
         (await client.call('Trajectory', { sandboxId }, call)).records,
     });

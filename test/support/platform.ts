@@ -35,6 +35,8 @@ export interface TestPlatformOptions {
   warmPool?: WarmPoolPolicy;
   /** The node's named network rules. */
   networkRules?: NetworkRuleBook;
+  /** The cap on each sandbox's trajectory log. */
+  trajectoryCapBytes?: number;
 }
 
 export async function createTestPlatform(
@@ -54,6 +56,7 @@ export async function createTestPlatform(
     ...(options.nodeId ? { nodeId: options.nodeId } : {}),
     ...(options.warmPool ? { warmPool: options.warmPool } : {}),
     ...(options.networkRules ? { networkRules: options.networkRules } : {}),
+    ...(options.trajectoryCapBytes ? { trajectoryCapBytes: options.trajectoryCapBytes } : {}),
   });
   return {
     platform,

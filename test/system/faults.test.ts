@@ -141,4 +141,22 @@ describe('load and faults', () => {
     const records = await (await env.platform.stepLog(gym.current!.id)).records();
     expect(records.map((r) => r.stepIndex)).toEqual([0, 1, 2, 3, 4]);
   });
+
+  it('caps a sandbox trajectory log: later records keep the head of long outputs, and the step says so', async () => {
+    await using env = await createTestPlatform('faults-log', { trajectoryCapBytes: 64 * 1024 });
+    await using gym = SandboxEnv.create(env.platform, { sandbox: { environment: 'busybox:latest' } });
+    await gym.reset();
+    const loud = { type: 'exec' as const, command: 'head -c 30000 /dev/zero | tr "\\0" x' };
+    const steps = [];
+    for (let i = 0; i < 4; i++) steps.push(await gym.step(loud));
+    const limits = steps.map((s) => (s.info['signals'] as StepSignals).limitsHit);
+    expect(limits.slice(0, 2)).toEqual([[], []]);
+    expect(limits.slice(2)).toEqual([['log'], ['log']]);
+    // the caller got every output whole; the log kept the head of the capped ones
+    for (const step of steps) expect(step.observation).toMatchObject({ stdout: 'x'.repeat(30000) });
+    const records = await (await env.platform.stepLog(gym.current!.id)).records();
+    const logged = records.map((r) => (r.result as { observation: { stdout: string } }).observation.stdout);
+    expect(logged[1]).toHaveLength(30000);
+    expect(logged[3]).toMatch(/^x{1024}….*the trajectory log reached its cap of 65536 bytes/);
+  });
 });

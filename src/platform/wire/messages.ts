@@ -18,6 +18,9 @@ export const sandboxIdField = z
 export const empty = z.strictObject({});
 export const sandboxRef = z.strictObject({ sandboxId: sandboxIdField });
 
+/** `capped`: the node's cap on the sandbox's trajectory log cut the record's long strings. */
+export const stepAppendResult = z.object({ capped: z.boolean().default(false) });
+
 export const setNetworkRequest = z.strictObject({ sandboxId: sandboxIdField, rules: networkRulesSchema });
 
 export const createRequest = z.strictObject({

@@ -83,7 +83,7 @@ export const SANDBOXES = {
     }),
     StepAppend: unary({
       request: m.stepAppendRequest,
-      response: m.empty,
+      response: m.stepAppendResult,
       maxRequestBytes: MAX_FILE_MESSAGE,
       summary: "log a step's result durably before the client returns it",
     }),
