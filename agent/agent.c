@@ -12,7 +12,8 @@
  * raw nonce before a normal reply, so the owner can skip whatever a dead predecessor left half
  * read. Such a sandbox ends only on `shutdown` or when its cgroup is killed.
  *
- * The same binary has a host-side mode, `launch`, documented in launch.c. */
+ * The same binary has host-side modes, `launch` and `helper` (launch.c, helper.c), and is the init
+ * of the VM backends' guests (vminit.c). */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -38,6 +39,11 @@
 int launch_main(int argc, char **argv);
 int helper_main(void);
 int mount_erofs_main(int argc, char **argv);
+void vm_init(void);
+_Noreturn void vm_power_off(void);
+
+/* Set when this is a VM's init (see vminit.c): there is no namespace to end, only the machine. */
+static bool in_vm = false;
 
 static int request_fd = -1;
 static uint8_t *inbuf;
@@ -254,6 +260,10 @@ static void handle_frame(const uint8_t *p, size_t n) {
  * of them and nothing else; anywhere else it would reach the whole host, so there only the
  * commands' own process groups are ended. */
 static void shutdown_sandbox(void) {
+  if (in_vm) {
+    kill(-1, SIGKILL);
+    vm_power_off();
+  }
   if (getpid() == 1) {
     kill(-1, SIGKILL);
   } else {
@@ -374,6 +384,12 @@ int main(int argc, char **argv) {
   if (argc == 2 && strcmp(argv[1], "helper") == 0) return helper_main();
   if (argc > 1 && strcmp(argv[1], "mount-erofs") == 0) return mount_erofs_main(argc - 1, argv + 1);
   agent_options options = {false, false, false};
+  if (getpid() == 1 && argc >= 1 && strcmp(argv[0], "/init") == 0) {
+    /* the kernel started us from the initramfs: build the root, then serve as usual */
+    in_vm = true;
+    vm_init();
+    agent_main(&options);
+  }
   bool usage = false;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--durable") == 0) options.durable = true;

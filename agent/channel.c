@@ -1,6 +1,7 @@
 #include "channel.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -14,6 +15,12 @@ static void write_all(const uint8_t *p, size_t n) {
     ssize_t k = write(channel_out, p, n);
     if (k < 0) {
       if (errno == EINTR) continue;
+      if (errno == EAGAIN) {
+        /* a VM's channel is one non-blocking port for both directions: wait for room */
+        struct pollfd room = {.fd = channel_out, .events = POLLOUT};
+        poll(&room, 1, -1);
+        continue;
+      }
       /* The host side is gone: nothing is left to report to. */
       _exit(0);
     }

@@ -1,0 +1,267 @@
+import { constants } from 'node:os';
+import { AsyncQueue, SandgymError, type FailureReason } from '../../common/index.ts';
+import { callOptionsOf } from '../call-options.ts';
+import { collectExec } from '../collect-exec.ts';
+import type {
+  BackendName,
+  BackendSandbox,
+  CallOptions,
+  DirEntry,
+  ExecChunk,
+  ExecOptions,
+  ExecResult,
+  ExecStream,
+  HibernateReport,
+  LayerImage,
+  ReadFileOptions,
+  SandboxResources,
+  SandboxSpec,
+  SandboxState,
+  SandboxStats,
+  WriteFileOptions,
+  WrittenPathsOptions,
+} from '../contract.ts';
+import type { AgentChannel } from './agent-channel.ts';
+import type { AgentExit } from './agent-protocol.ts';
+import { checkArgv, checkSandboxPath, throwIfAborted } from './checks.ts';
+import { resolveUser, type ResolvedUser } from './users.ts';
+
+const SIGNAL_NAMES = new Map<number, string>(
+  Object.entries(constants.signals).map(([name, number]) => [number, name]),
+);
+
+/**
+ * What every sandbox with the in-sandbox agent has in common, whatever isolates it (a container,
+ * a VM): commands, files and users through the agent channel, its lifetime, and the states a
+ * request finds it in. Subclasses say how it pauses, measures and ends.
+ */
+export abstract class AgentSandbox implements BackendSandbox {
+  abstract readonly backend: BackendName;
+  readonly id: string;
+  protected currentState: SandboxState = 'running';
+  protected failureReason: FailureReason | undefined;
+  protected active = Date.now();
+  readonly createdAt: number;
+  private closing: Promise<void> | undefined;
+
+  protected constructor(
+    protected readonly spec: SandboxSpec,
+    protected readonly channel: AgentChannel,
+    /** Resolves when the sandbox's processes are gone (its runtime or VM exited, or the channel closed). */
+    exited: Promise<void>,
+    createdAt: number | undefined,
+  ) {
+    this.id = spec.id;
+    this.createdAt = createdAt ?? Date.now();
+    void exited.then(() => this.onExit());
+  }
+
+  get state(): SandboxState {
+    return this.currentState;
+  }
+
+  get failure(): FailureReason | undefined {
+    return this.failureReason;
+  }
+
+  get layers(): readonly LayerImage[] {
+    return this.spec.layers;
+  }
+
+  get labels(): Readonly<Record<string, string>> {
+    return this.spec.labels;
+  }
+
+  get lastActiveAt(): number {
+    return this.activeCalls > 0 ? Date.now() : this.active;
+  }
+
+  /** When its lifetime (idle TTL, hard deadline) says it must go, or undefined. */
+  expiresAt(): number | undefined {
+    const { idleTtlMs, deadlineMs } = this.spec.lifetime ?? {};
+    const limits = [
+      ...(deadlineMs === undefined ? [] : [this.createdAt + deadlineMs]),
+      ...(idleTtlMs === undefined || this.activeCalls > 0 ? [] : [this.lastActiveAt + idleTtlMs]),
+    ];
+    return limits.length ? Math.min(...limits) : undefined;
+  }
+
+  /** Ends the sandbox for a platform reason (its lifetime ran out), which its handle then reports. */
+  async reclaim(reason: FailureReason): Promise<void> {
+    this.failureReason = reason;
+    await this.close();
+  }
+
+  get activeCalls(): number {
+    return this.channel.pendingCount;
+  }
+
+  get resources(): Readonly<SandboxResources> {
+    return this.spec.resources;
+  }
+
+  private onExit(): void {
+    if (this.currentState === 'stopping' || this.currentState === 'stopped') return;
+    this.currentState = 'failed';
+    this.failureReason = 'agent_crash';
+    this.channel.fail(new SandgymError('agent_crash', `Sandbox ${this.id} stopped unexpectedly`));
+  }
+
+  /** Makes the sandbox ready for a request: a paused sandbox resumes transparently. */
+  protected async ready(what: string, signal: AbortSignal | undefined): Promise<void> {
+    throwIfAborted(signal, what);
+    this.active = Date.now();
+    if (this.currentState === 'paused' || this.currentState === 'hibernated') await this.resume();
+    if (this.currentState !== 'running') {
+      const why = this.failureReason ? ` (${this.failureReason})` : '';
+      throw new SandgymError(
+        'failed_precondition',
+        `Cannot ${what}: sandbox ${this.id} is ${this.currentState}${why}`,
+      );
+    }
+  }
+
+  exec(argv: string[], options: ExecOptions = {}): Promise<ExecResult> {
+    return collectExec(this.execStream(argv, options));
+  }
+
+  execStream(argv: string[], options: ExecOptions = {}): ExecStream {
+    const queue = new AsyncQueue<ExecChunk>();
+    const result = this.run(argv, options, (chunk) => queue.push(chunk)).then(
+      (done) => {
+        queue.end();
+        return done;
+      },
+      (error: unknown) => {
+        queue.end(error);
+        throw error;
+      },
+    );
+    result.catch(() => undefined); // the caller may read only the output; the error reaches it there
+    return { output: queue, result };
+  }
+
+  private async run(
+    argv: string[],
+    options: ExecOptions,
+    onChunk: (chunk: ExecChunk) => void,
+  ): Promise<ExecResult> {
+    checkArgv(argv);
+    await this.ready('run a command', options.signal);
+    const stdin = typeof options.stdin === 'string' ? Buffer.from(options.stdin) : options.stdin;
+    const user = options.user && options.user !== 'root' ? await this.lookUpUser(options.user) : undefined;
+    // the spec's environment travels with every command: a warm sandbox's agent started without it
+    const env = { ...this.spec.env, ...(user?.home ? { HOME: user.home } : {}), ...options.env };
+    const { id, exit } = this.channel.exec(
+      {
+        op: 'exec',
+        argv,
+        uid: user?.uid,
+        gid: user?.gid,
+        env: Object.entries(env).map(([key, value]) => `${key}=${value}`),
+        cwd: options.cwd ?? this.spec.workdir,
+        stdin: stdin && stdin.length > 0 ? stdin : undefined,
+        timeoutMs: options.timeoutMs ?? 0,
+        outputCapBytes: options.outputCapBytes ?? this.spec.resources.outputCapBytes,
+      },
+      (stream, data) => onChunk({ stream, data }),
+    );
+    const onAbort = (): void => this.channel.cancel(id);
+    options.signal?.addEventListener('abort', onAbort, { once: true });
+    try {
+      const ended = await exit;
+      if (ended.cancelled) throw new SandgymError('cancelled', `Command ${argv[0]} was cancelled`);
+      return { ...(await this.describeExit(ended)), stdout: '', stderr: '' };
+    } finally {
+      options.signal?.removeEventListener('abort', onAbort);
+    }
+  }
+
+  private async lookUpUser(spec: string): Promise<ResolvedUser> {
+    const read = (path: string): Promise<string> =>
+      this.channel.call({ op: 'read', path, maxBytes: 1 << 20 }).then(
+        (reply) => Buffer.from(reply.data ?? new Uint8Array()).toString(),
+        () => '',
+      );
+    return resolveUser(spec, await read('/etc/passwd'), await read('/etc/group'));
+  }
+
+  private async describeExit(ended: AgentExit): Promise<Omit<ExecResult, 'stdout' | 'stderr'>> {
+    const signal = ended.signal === null ? null : (SIGNAL_NAMES.get(ended.signal) ?? `SIG${ended.signal}`);
+    // a SIGKILL nobody asked for may be the kernel's OOM killer
+    const oomKilled = signal === 'SIGKILL' && !ended.timedOut && (await this.oomKilledSinceLastCheck());
+    return {
+      exitCode: ended.exitCode,
+      signal,
+      stdoutBytes: ended.stdoutBytes,
+      stderrBytes: ended.stderrBytes,
+      stdoutTruncated: ended.stdoutTruncated,
+      stderrTruncated: ended.stderrTruncated,
+      timedOut: ended.timedOut,
+      oomKilled,
+      durationMs: ended.durationUs / 1000,
+    };
+  }
+
+  async readFile(path: string, options: ReadFileOptions = {}): Promise<Buffer> {
+    checkSandboxPath(path);
+    await this.ready('read a file', options.signal);
+    const reply = await this.channel.call({
+      op: 'read',
+      path,
+      maxBytes: options.maxBytes ?? 64 * 1024 * 1024,
+    });
+    return Buffer.from(reply.data ?? new Uint8Array());
+  }
+
+  async writeFile(path: string, data: string | Uint8Array, options: WriteFileOptions = {}): Promise<void> {
+    checkSandboxPath(path);
+    await this.ready('write a file', options.signal);
+    const bytes = typeof data === 'string' ? Buffer.from(data) : data;
+    await this.channel.call(
+      { op: 'write', path, data: bytes, mode: options.mode ?? 0o644 },
+      callOptionsOf(options),
+    );
+  }
+
+  async listDir(path: string, options: CallOptions = {}): Promise<DirEntry[]> {
+    checkSandboxPath(path);
+    await this.ready('list a directory', options.signal);
+    const reply = await this.channel.call({ op: 'list', path }, callOptionsOf(options));
+    return (reply.entries ?? []).sort((a, b) => a.name.localeCompare(b.name));
+  }
+
+  /** Whether the OOM killer ended a process since the last time this was asked. */
+  protected abstract oomKilledSinceLastCheck(): Promise<boolean>;
+
+  /** Tears the sandbox down; called once, by close(). */
+  protected abstract destroy(): Promise<void>;
+
+  abstract pause(options?: CallOptions): Promise<void>;
+  abstract hibernate(options?: CallOptions): Promise<HibernateReport>;
+  abstract resume(options?: CallOptions): Promise<void>;
+  abstract stats(options?: CallOptions): Promise<SandboxStats>;
+  abstract setNetwork(rules: readonly string[], options?: CallOptions): Promise<void>;
+  abstract writtenPaths(prefixes: readonly string[], options?: WrittenPathsOptions): Promise<string[]>;
+  abstract withWritableLayer<T>(consume: (dir: string) => Promise<T>, options?: CallOptions): Promise<T>;
+
+  /** Marks the sandbox as going away; returns false when it already is. */
+  beginStop(): boolean {
+    if (this.currentState === 'stopping' || this.currentState === 'stopped') return false;
+    this.currentState = 'stopping';
+    return true;
+  }
+
+  markStopped(): void {
+    this.currentState = 'stopped';
+  }
+
+  close(): Promise<void> {
+    this.closing ??= this.destroy();
+    return this.closing;
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
+  }
+}
