@@ -1,6 +1,10 @@
 /** Backends: the sandbox contract and its implementations, plus the host plumbing they share. */
 export { ContainerBackend } from './container/container-backend.ts';
 export { FnCallBackend, FNCALL_WORKER_LABEL } from './fncall/fncall-backend.ts';
+export { VmBackend } from './vm/vm-backend.ts';
+export { ensureGuestKernel } from './vm/guest-kernel.ts';
+export { accelerator } from './vm/qemu.ts';
+export type { VmBackendOptions } from './vm/vm-backend.ts';
 export type { FnCallBackendOptions } from './fncall/fncall-backend.ts';
 export type { ContainerBackendOptions } from './container/container-backend.ts';
 export type { WarmPoolPolicy } from './container/warm-pool.ts';

@@ -4,6 +4,7 @@ import { resolve, join } from 'node:path';
 import {
   ContainerBackend,
   FnCallBackend,
+  VmBackend,
   packageRoot,
   readNetworkRules,
   type NetworkRuleBook,
@@ -125,7 +126,29 @@ export class LocalPlatform implements PlatformClient {
   private readonly fncall: FnCallBackend;
 
   /** The kinds of sandbox this platform creates. */
-  readonly backends: readonly BackendName[] = ['container', 'fncall'];
+  readonly backends: readonly BackendName[] = ['container', 'fncall', 'microvm'];
+
+  /** microVMs, started on first use: the first one fetches the guest kernel into the store. */
+  private microvms: Promise<VmBackend> | undefined;
+
+  private microvmBackend(): Promise<VmBackend> {
+    if (!this.microvms) {
+      const opening = VmBackend.create({
+        dataDir: this.dataDir,
+        guestDir: join(this.store.root, 'guest'),
+        logger: this.logger,
+      });
+      this.microvms = opening;
+      opening.catch(() => (this.microvms = undefined));
+    }
+    return this.microvms;
+  }
+
+  /** The microvm backend if this process or another on the data dir has used it; it fetches nothing. */
+  private async microvmsInUse(): Promise<VmBackend | undefined> {
+    if (this.microvms) return this.microvms;
+    return existsSync(join(this.dataDir, 'vms')) ? this.microvmBackend() : undefined;
+  }
 
   /** Warm shells ready now per CPU class, and a wait for the pool to reach its policy. */
   get warmPool(): { ready: Record<QosClass, number>; filled(timeoutMs?: number): Promise<void> } {
@@ -180,10 +203,16 @@ export class LocalPlatform implements PlatformClient {
       [PROJECT_LABEL]: project,
       ...(resolved.run ? { [RUN_LABEL]: resolved.run } : {}),
     };
-    if (resolved.backend !== 'container' && resolved.backend !== 'fncall') {
+    if (resolved.backend === 'vm') {
       throw new SandgymError(
         'unsupported',
-        `Backend "${resolved.backend}" is not available yet; use "container" or "fncall"`,
+        'Backend "vm" (full disk images) is not available yet; use "container", "fncall" or "microvm"',
+      );
+    }
+    if (resolved.backend === 'microvm' && resolved.run) {
+      throw new SandgymError(
+        'invalid_argument',
+        'Runs govern containers only so far: leave out "run", or use backend "container"',
       );
     }
     if (resolved.backend === 'fncall' && resolved.run) {
@@ -219,7 +248,13 @@ export class LocalPlatform implements PlatformClient {
     this.logger.debug({ id, environment: `${environment.name}:${environment.version}` }, 'creating sandbox');
     const labels: Record<string, string> = { ...resolved.labels };
     if (environment.name !== 'build') labels['environment'] = `${environment.name}:${environment.version}`;
-    return (resolved.backend === 'fncall' ? this.fncall : this.container).create(
+    const backend =
+      resolved.backend === 'fncall'
+        ? this.fncall
+        : resolved.backend === 'microvm'
+          ? await this.microvmBackend()
+          : this.container;
+    return backend.create(
       {
         id,
         layers: await this.store.layerImages(environment),
@@ -240,7 +275,12 @@ export class LocalPlatform implements PlatformClient {
   }
 
   async listSandboxes(): Promise<SandboxRecord[]> {
-    return [...(await this.container.list()), ...(await this.fncall.list())];
+    const microvms = await this.microvmsInUse();
+    return [
+      ...(await this.container.list()),
+      ...(await this.fncall.list()),
+      ...((await microvms?.list()) ?? []),
+    ];
   }
 
   /** Adopts the durable sandboxes a crashed predecessor on this data dir left running. */
@@ -248,16 +288,22 @@ export class LocalPlatform implements PlatformClient {
     return this.container.adopt();
   }
 
-  attachSandbox(id: string): Promise<Sandbox> {
-    return Promise.resolve(this.fncall.has(id) ? this.fncall.attach(id) : this.container.attach(id));
+  async attachSandbox(id: string): Promise<Sandbox> {
+    const microvms = await this.microvmsInUse();
+    if (microvms?.has(id)) return microvms.attach(id);
+    return this.fncall.has(id) ? this.fncall.attach(id) : this.container.attach(id);
   }
 
-  killSandbox(id: string): Promise<void> {
+  async killSandbox(id: string): Promise<void> {
+    const microvms = await this.microvmsInUse();
+    if (microvms && (await microvms.holds(id))) return microvms.kill(id);
     return this.fncall.has(id) ? this.fncall.kill(id) : this.container.kill(id);
   }
 
-  gc(): Promise<GcReport> {
-    return this.container.gc();
+  async gc(): Promise<GcReport> {
+    const report = await this.container.gc();
+    const vms = await (await this.microvmsInUse())?.gc();
+    return vms ? { ...report, sandboxes: [...report.sandboxes, ...vms.sandboxes] } : report;
   }
 
   async layerGc(options: LayerGcOptions = {}): Promise<LayerGcReport> {
@@ -338,6 +384,7 @@ export class LocalPlatform implements PlatformClient {
       clearInterval(this.lifetimes);
       this.runManager.close();
       await this.fncall.close();
+      await (await this.microvms?.catch(() => undefined))?.close();
       await this.container.close();
     } finally {
       for (const log of this.trajectories.values()) await (await log.catch(() => undefined))?.close();

@@ -53,7 +53,8 @@ function findLeaks(): string[] {
       const cmdline = readFileSync(`/proc/${pid}/cmdline`, 'utf8').replaceAll('\0', ' ');
       const state = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]?.[0];
       if (state === 'Z') continue; // a zombie holds nothing; its parent reaps it
-      if (cmdline.includes('.sandgym-agent') || (cmdline.includes('crun') && cmdline.includes('.sandgym'))) {
+      const ours = cmdline.includes('crun') || cmdline.includes('qemu-system');
+      if (cmdline.includes('.sandgym-agent') || (ours && cmdline.includes('.sandgym'))) {
         leaks.push(`process ${pid}: ${cmdline.trim()}`);
       }
     } catch {

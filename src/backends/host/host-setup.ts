@@ -14,6 +14,11 @@ const REQUIRED_PROGRAMS: Record<string, string> = {
   btrfs: 'btrfs-progs',
   // network policy for sandboxes that may reach anything beyond loopback
   nft: 'nftables',
+  // the microvm backend: QEMU, the writable disk's filesystem, the guest kernel's unpacking
+  'qemu-system-x86_64': 'qemu-system-x86',
+  'mkfs.ext4': 'e2fsprogs',
+  xz: 'xz-utils',
+  'dpkg-deb': 'dpkg',
   debootstrap: 'debootstrap',
   busybox: 'busybox-static',
   ip: 'iproute2',

@@ -47,6 +47,8 @@ export const agentOkSchema = z.object({
   id: count,
   data: bytes.optional(),
   entries: z.array(agentDirEntrySchema).optional(),
+  /** `procs`: processes of the sandbox besides the agent (kernel threads not counted). */
+  count: z.number().int().nonnegative().optional(),
 });
 
 export const agentErrorSchema = z.object({

@@ -1,5 +1,11 @@
 import { join, resolve } from 'node:path';
-import { activeSwapAreas, ensureSwapFile, prepareHost } from '../../backends/index.ts';
+import {
+  accelerator,
+  activeSwapAreas,
+  ensureGuestKernel,
+  ensureSwapFile,
+  prepareHost,
+} from '../../backends/index.ts';
 import { consoleLogger } from '../console-logger.ts';
 import { LayerStore, defaultDataDir, defaultStoreDir, ensureBaseEnvironments } from '../../platform/index.ts';
 import { parseCommandArgs, positiveInt, text } from '../args.ts';
@@ -26,12 +32,17 @@ export async function setupCommand(args: string[]): Promise<number> {
   const store = await LayerStore.open(defaultStoreDir(defaultDataDir()));
   const built = await ensureBaseEnvironments(store, logger);
   const environments = (await store.listEnvironments()).map((e) => `${e.name}:${e.version}`);
+  // the microvm backend's guest kernel, kept beside the layers
+  const guest = await ensureGuestKernel(join(store.root, 'guest'), logger);
+  const vmAccel = await accelerator();
   const report = {
     ...host,
     store: store.root,
     builtEnvironments: built,
     environments,
     swap: await activeSwapAreas(),
+    guestKernel: guest.version,
+    vmAccelerator: vmAccel,
   };
   if (values.json) console.log(JSON.stringify(report));
   else {
@@ -39,7 +50,8 @@ export async function setupCommand(args: string[]): Promise<number> {
       `sandgym setup: host ready (cgroups ${host.cgroups}${host.hybridCgroups ? ', hybrid' : ''}); ` +
         `environments: ${environments.join(', ')}${built.length ? ` (built ${built.join(', ')})` : ''}; ` +
         `swap: ${report.swap.map((a) => a.filename).join(', ') || 'none (--swap-mib N adds a swap file)'}; ` +
-        `process checkpoints: ${host.criu.usable ? `criu ${host.criu.version}` : `no (${host.criu.reason})`}`,
+        `process checkpoints: ${host.criu.usable ? `criu ${host.criu.version}` : `no (${host.criu.reason})`}; ` +
+        `microvm: Debian kernel ${guest.version} under ${vmAccel === 'kvm' ? 'KVM' : 'TCG emulation (no usable KVM)'}`,
     );
   }
   return EXIT.ok;

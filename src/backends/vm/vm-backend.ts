@@ -1,0 +1,336 @@
+import { open, mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { join, resolve } from 'node:path';
+import { z } from 'zod';
+import {
+  SandgymError,
+  createMsgpackCodec,
+  messageOf,
+  silentLogger,
+  writeFileAtomic,
+  type Codec,
+  type Logger,
+} from '../../common/index.ts';
+import type {
+  Backend,
+  BackendCapabilities,
+  BackendSandbox,
+  CallOptions,
+  GcReport,
+  SandboxRecord,
+  SandboxSpec,
+} from '../contract.ts';
+import { agentBinaryPath, hostProgram } from '../host/paths.ts';
+import { isAlive, processIdentity, signalProcess, type ProcessIdentity } from '../host/processes.ts';
+import { runProgram } from '../host/run-program.ts';
+import { cpioArchive } from './cpio.ts';
+import { ensureGuestKernel, type GuestKernel } from './guest-kernel.ts';
+import { QemuVm } from './qemu.ts';
+import { VmSandbox } from './vm-sandbox.ts';
+
+/** Options for {@link VmBackend.create}. */
+export interface VmBackendOptions {
+  /** The node's data folder: each VM's folder is `<dataDir>/vms/<id>`. */
+  dataDir: string;
+  /** Where the guest kernel is kept (shared by nodes that share it): fetched there on first use. */
+  guestDir: string;
+  logger?: Logger;
+  codec?: Codec;
+  /** How long a boot may take before the watchdog kills it and boots once more. */
+  bootTimeoutMs?: number;
+}
+
+const CAPABILITIES: BackendCapabilities = {
+  pause: true,
+  hibernate: false,
+  checkpoint: 'none',
+  fork: false,
+  shellSessions: false,
+  ownNetwork: true,
+  networkPolicy: false,
+  statefulExec: true,
+};
+
+/** Under TCG a boot takes seconds, and a stuck TSC calibration never ends: the watchdog's limit. */
+const DEFAULT_BOOT_TIMEOUT_MS = 90_000;
+const STOP_GRACE_MS = 3_000;
+
+const vmStateSchema = z.object({
+  id: z.string(),
+  backend: z.literal('microvm'),
+  owner: z.object({ pid: z.number().int(), startTime: z.number() }),
+  /** The QEMU process, so another process can end it. */
+  qemu: z.object({ pid: z.number().int(), startTime: z.number() }).optional(),
+  createdAt: z.string(),
+  layers: z.array(z.string()),
+  labels: z.record(z.string(), z.string()),
+});
+type VmState = z.infer<typeof vmStateSchema>;
+
+/**
+ * microVMs on QEMU (`-M microvm`): the Debian guest kernel through PVH boot, the agent as init
+ * from an initramfs, the environment's EROFS layers as read-only virtio disks with an ext4 disk
+ * for the upper dir, and the agent channel over virtio-serial. KVM where `/dev/kvm` is usable,
+ * TCG emulation otherwise.
+ */
+export class VmBackend implements Backend {
+  readonly name = 'microvm' as const;
+  readonly capabilities = CAPABILITIES;
+  private readonly live = new Map<string, VmSandbox>();
+  private readonly logger: Logger;
+  private readonly codec: Codec;
+  private isClosed = false;
+
+  private constructor(
+    private readonly options: VmBackendOptions,
+    private readonly kernel: GuestKernel,
+    private readonly agentPath: string,
+    private readonly owner: ProcessIdentity,
+  ) {
+    this.logger = (options.logger ?? silentLogger()).child({ component: 'microvm-backend' });
+    this.codec = options.codec ?? createMsgpackCodec();
+  }
+
+  /** Checks QEMU and the agent, and fetches the guest kernel on first use. */
+  static async create(given: VmBackendOptions): Promise<VmBackend> {
+    const options = { ...given, dataDir: resolve(given.dataDir) };
+    hostProgram('qemu-system-x86_64');
+    hostProgram('mkfs.ext4');
+    const agentPath = agentBinaryPath();
+    const owner = await processIdentity(process.pid);
+    if (!owner) throw new SandgymError('platform_error', "Cannot read this process's identity from /proc");
+    const kernel = await ensureGuestKernel(options.guestDir, options.logger ?? silentLogger());
+    await mkdir(join(options.dataDir, 'vms'), { recursive: true });
+    return new VmBackend(options, kernel, agentPath, owner);
+  }
+
+  private dirOf(id: string): string {
+    return join(this.options.dataDir, 'vms', id);
+  }
+
+  async create(spec: SandboxSpec, options: CallOptions = {}): Promise<VmSandbox> {
+    if (this.isClosed) throw new SandgymError('failed_precondition', 'The microvm backend is closed');
+    if (spec.layers.length === 0) {
+      throw new SandgymError('invalid_argument', 'A microvm needs at least one layer: name an environment');
+    }
+    if (spec.network.length > 0) {
+      throw new SandgymError('unsupported', 'A microvm has loopback only: network rules need a container');
+    }
+    const dir = this.dirOf(spec.id);
+    await mkdir(dir, { recursive: true });
+    try {
+      const launch = {
+        dir,
+        kernel: this.kernel,
+        initrd: await this.writeInitrd(dir, spec),
+        layers: spec.layers.map((layer) => layer.path),
+        writableDisk: await makeWritableDisk(dir, spec.resources.diskMib),
+        memoryMib: spec.resources.memoryMib,
+        cpus: spec.resources.cpu,
+      };
+      const vm = await this.boot(launch, options);
+      await this.saveState(dir, spec, vm);
+      const sandbox = new VmSandbox({
+        spec,
+        vm,
+        writableDisk: launch.writableDisk,
+        destroy: (s) => this.destroy(s),
+      });
+      this.live.set(spec.id, sandbox);
+      return sandbox;
+    } catch (error) {
+      await rm(dir, { recursive: true, force: true });
+      throw error;
+    }
+  }
+
+  /** Boots, with a watchdog: a boot that does not reach the agent in time is killed and tried once more. */
+  private async boot(launch: Parameters<typeof QemuVm.start>[0], options: CallOptions): Promise<QemuVm> {
+    const timeoutMs = options.timeoutMs ?? this.options.bootTimeoutMs ?? DEFAULT_BOOT_TIMEOUT_MS;
+    for (let attempt = 1; ; attempt++) {
+      const vm = await QemuVm.start(launch, this.codec);
+      try {
+        await vm.waitReady(launch.dir, timeoutMs);
+        return vm;
+      } catch (error) {
+        await vm.kill();
+        if (attempt >= 2 || !(error instanceof SandgymError && error.code === 'timeout')) throw error;
+        this.logger.warn({ dir: launch.dir, error: messageOf(error) }, 'VM boot hung; booting again');
+      }
+    }
+  }
+
+  /** The modules' archive, then this VM's: the agent as /init, and the sandbox's environment. */
+  private async writeInitrd(dir: string, spec: SandboxSpec): Promise<string> {
+    const env = {
+      PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
+      HOME: '/root',
+      LANG: 'C.UTF-8',
+      ...spec.env,
+    };
+    const own = cpioArchive([
+      { path: 'init', kind: 'file', data: await readFile(this.agentPath), mode: 0o755 },
+      { path: 'sandgym', kind: 'dir' },
+      {
+        path: 'sandgym/env',
+        kind: 'file',
+        data: Buffer.from(
+          Object.entries(env)
+            .map(([key, value]) => `${key}=${value}\0`)
+            .join(''),
+        ),
+      },
+    ]);
+    const path = join(dir, 'initrd');
+    await writeFile(path, Buffer.concat([await readFile(this.kernel.modulesArchive), own]));
+    return path;
+  }
+
+  private async saveState(dir: string, spec: SandboxSpec, vm: QemuVm): Promise<void> {
+    const state: VmState = {
+      id: spec.id,
+      backend: 'microvm',
+      owner: this.owner,
+      ...(vm.pid ? { qemu: (await processIdentity(vm.pid)) ?? { pid: vm.pid, startTime: 0 } } : {}),
+      createdAt: new Date().toISOString(),
+      layers: spec.layers.map((layer) => layer.digest),
+      labels: spec.labels,
+    };
+    await writeFileAtomic(join(dir, 'state.json'), JSON.stringify(state), { sync: false });
+  }
+
+  private async readState(id: string): Promise<VmState | undefined> {
+    try {
+      return vmStateSchema.parse(JSON.parse(await readFile(join(this.dirOf(id), 'state.json'), 'utf8')));
+    } catch {
+      return undefined;
+    }
+  }
+
+  private async destroy(sandbox: VmSandbox): Promise<void> {
+    if (!sandbox.beginStop()) return;
+    try {
+      await sandbox.stopVm(STOP_GRACE_MS);
+      await rm(this.dirOf(sandbox.id), { recursive: true, force: true });
+    } finally {
+      this.live.delete(sandbox.id);
+      sandbox.markStopped();
+    }
+  }
+
+  has(id: string): boolean {
+    return this.live.has(id);
+  }
+
+  attach(id: string): BackendSandbox {
+    const sandbox = this.live.get(id);
+    if (!sandbox)
+      throw new SandgymError('not_found', `No live microvm "${id}" of this process: see "sandgym ps"`);
+    return sandbox;
+  }
+
+  async list(): Promise<SandboxRecord[]> {
+    const records: SandboxRecord[] = [];
+    for (const id of await readdir(join(this.options.dataDir, 'vms')).catch(() => [] as string[])) {
+      const state = await this.readState(id);
+      if (!state) continue;
+      const paused = this.live.get(id)?.state === 'paused';
+      records.push({
+        id: state.id,
+        backend: 'microvm',
+        state: !(await isAlive(state.owner)) ? 'orphaned' : paused ? 'paused' : 'running',
+        ownerPid: state.owner.pid,
+        createdAt: state.createdAt,
+        labels: state.labels,
+        layers: state.layers,
+      });
+    }
+    return records;
+  }
+
+  /** Whether this node has a VM of that id, whichever process owns it. */
+  async holds(id: string): Promise<boolean> {
+    return this.live.has(id) || (await this.readState(id)) !== undefined;
+  }
+
+  async kill(id: string): Promise<void> {
+    const mine = this.live.get(id);
+    if (mine) return mine.close();
+    const state = await this.readState(id);
+    if (!state) throw new SandgymError('not_found', `No microvm "${id}" on this node: see "sandgym ps"`);
+    await this.removeResidue(id, state);
+  }
+
+  /** Ends another process's (or a dead one's) QEMU, checked by its start time, and removes its folder. */
+  private async removeResidue(id: string, state: VmState): Promise<void> {
+    if (state.qemu && (await isAlive(state.qemu))) signalProcess(state.qemu.pid, 'SIGKILL');
+    await rm(this.dirOf(id), { recursive: true, force: true });
+  }
+
+  withWritableLayerOf<T>(): Promise<T> {
+    return Promise.reject(
+      new SandgymError(
+        'unsupported',
+        "A microvm's writable layer is inside its disk image: it cannot be packed yet",
+      ),
+    );
+  }
+
+  async gc(): Promise<GcReport> {
+    const report: GcReport = { sandboxes: [], mounts: [], cgroups: [] };
+    for (const id of await readdir(join(this.options.dataDir, 'vms')).catch(() => [] as string[])) {
+      if (this.live.has(id)) continue;
+      const state = await this.readState(id);
+      if (state && (await isAlive(state.owner))) continue;
+      await this.removeResidue(
+        id,
+        state ?? { id, backend: 'microvm', owner: this.owner, createdAt: '', layers: [], labels: {} },
+      );
+      report.sandboxes.push(id);
+    }
+    return report;
+  }
+
+  gcLayers(): Promise<{ unmounted: string[]; removedCopies: string[] }> {
+    return Promise.resolve({ unmounted: [], removedCopies: [] });
+  }
+
+  liveSandboxes(): VmSandbox[] {
+    return [...this.live.values()];
+  }
+
+  async close(): Promise<void> {
+    if (this.isClosed) return;
+    this.isClosed = true;
+    await Promise.all([...this.live.values()].map((sandbox) => sandbox.close().catch(() => undefined)));
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
+  }
+}
+
+/**
+ * A sparse ext4 image of `diskMib` for the upper dir: no journal (the disk dies with the VM, and a
+ * journal costs every write twice), inodes made lazily, so it costs a few MiB until written.
+ */
+async function makeWritableDisk(dir: string, diskMib: number): Promise<string> {
+  const path = join(dir, 'rw.img');
+  const file = await open(path, 'wx');
+  try {
+    await file.truncate(diskMib * 2 ** 20);
+  } finally {
+    await file.close();
+  }
+  await runProgram('mkfs.ext4', [
+    '-q',
+    '-F',
+    '-O',
+    '^has_journal',
+    '-m',
+    '0',
+    '-E',
+    'lazy_itable_init=1,nodiscard',
+    path,
+  ]);
+  return path;
+}

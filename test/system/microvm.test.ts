@@ -1,0 +1,54 @@
+import { spawnSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { existsSync } from 'node:fs';
+import { rm } from 'node:fs/promises';
+import { release } from 'node:os';
+import { join } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { CLI } from '../../examples/cluster/netns-cluster.ts';
+import { createTestPlatform, STORE_DIR, TEST_DATA_ROOT } from '../support/platform.ts';
+
+describe('microvm through the platform', () => {
+  it('runs `sandgym run --backend microvm -- uname -a` in the guest kernel, and leaves nothing', async () => {
+    const dataDir = join(TEST_DATA_ROOT, `microvm-cli-${randomBytes(4).toString('hex')}`);
+    try {
+      const run = spawnSync(
+        'node',
+        [CLI, 'run', '--backend', 'microvm', '--env', 'busybox:latest', '--', 'uname', '-a'],
+        {
+          env: { ...process.env, SANDGYM_DATA_DIR: dataDir, SANDGYM_STORE: STORE_DIR },
+          encoding: 'utf8',
+          timeout: 180_000,
+        },
+      );
+      expect(run.status, run.stderr).toBe(0);
+      expect(run.stdout).toMatch(/^Linux sandbox \S+-amd64 .*Debian/);
+      expect(run.stdout).not.toContain(release()); // the guest's kernel, not the host's
+      expect(
+        existsSync(join(dataDir, 'vms')) ? spawnSync('ls', [join(dataDir, 'vms')]).stdout.toString() : '',
+      ).toBe('');
+    } finally {
+      await rm(dataDir, { recursive: true, force: true });
+    }
+  });
+
+  it('lists, measures and kills a microvm like any sandbox', async () => {
+    await using env = await createTestPlatform('microvm-platform');
+    const sandbox = await env.platform.createSandbox({ backend: 'microvm', environment: 'busybox:latest' });
+    try {
+      expect(sandbox.backend).toBe('microvm');
+      expect((await env.platform.listSandboxes()).map((r) => [r.id, r.backend])).toContainEqual([
+        sandbox.id,
+        'microvm',
+      ]);
+      await sandbox.writeFile('/root/note', 'kept in the guest');
+      expect((await sandbox.exec(['cat', '/root/note'])).stdout).toBe('kept in the guest');
+      const stats = await sandbox.stats();
+      expect(stats.memoryBytes).toBeGreaterThan(16 * 2 ** 20);
+      await env.platform.killSandbox(sandbox.id);
+      expect(await env.platform.listSandboxes()).toEqual([]);
+    } finally {
+      await sandbox.close();
+    }
+  });
+});
