@@ -24,7 +24,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/random.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <time.h>
 #include <sys/signalfd.h>
 #include <unistd.h>
 
@@ -93,7 +96,7 @@ static void send_ready(void) {
 typedef struct {
   mp_item op, path, data, cwd, stdin_data;
   uint32_t id;
-  uint64_t timeout_ms, cap_bytes, max_bytes, mode, target;
+  uint64_t timeout_ms, cap_bytes, max_bytes, mode, target, time_ms;
   int64_t uid, gid;
   char **argv, **env;
   bool bad;
@@ -147,6 +150,7 @@ static bool parse_request(const uint8_t *p, size_t n, request *req) {
     else if (mp_item_is(&key, "maxBytes")) req->max_bytes = as_uint(&value, &req->bad);
     else if (mp_item_is(&key, "mode")) req->mode = as_uint(&value, &req->bad);
     else if (mp_item_is(&key, "target")) req->target = as_uint(&value, &req->bad);
+    else if (mp_item_is(&key, "timeMs")) req->time_ms = as_uint(&value, &req->bad);
     else if (mp_item_is(&key, "uid")) req->uid = (int64_t)as_uint(&value, &req->bad);
     else if (mp_item_is(&key, "gid")) req->gid = (int64_t)as_uint(&value, &req->bad);
   }
@@ -248,6 +252,28 @@ static void handle_procs(request *req) {
   channel_send(&w);
 }
 
+/* A VM restored from a snapshot (or one of its forks) carries the snapshot's clock and the random
+ * state of its kernel: the host sends the time and fresh entropy, credited to the pool, so no two
+ * forks draw the same random numbers and none lives in the past. */
+static void handle_restored(request *req) {
+  if (req->data.type != MP_BIN || req->data.len < 32 || req->data.len > 512 || !req->time_ms)
+    return send_error(req->id, "bad_request", "restored needs timeMs and 32-512 bytes of entropy in data");
+  struct timespec now = {.tv_sec = (time_t)(req->time_ms / 1000), .tv_nsec = (long)(req->time_ms % 1000) * 1000000};
+  if (clock_settime(CLOCK_REALTIME, &now) < 0) return send_errno(req->id, errno, "cannot set the clock");
+  struct {
+    int entropy_count, buf_size;
+    unsigned char buf[512];
+  } seed = {(int)req->data.len * 8, (int)req->data.len, {0}};
+  memcpy(seed.buf, req->data.ptr, req->data.len);
+  int fd = open("/dev/urandom", O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return send_errno(req->id, errno, "cannot open /dev/urandom");
+  int rc = ioctl(fd, RNDADDENTROPY, &seed);
+  int err = errno;
+  close(fd);
+  if (rc < 0) return send_errno(req->id, err, "cannot reseed the kernel's random pool");
+  send_ok(req->id);
+}
+
 static void handle_frame(const uint8_t *p, size_t n) {
   request req;
   if (!parse_request(p, n, &req) || req.bad || req.op.type != MP_STR) {
@@ -264,6 +290,8 @@ static void handle_frame(const uint8_t *p, size_t n) {
     file_write(req.id, &req.path, &req.data, (uint32_t)req.mode);
   } else if (mp_item_is(&req.op, "list")) {
     file_list(req.id, &req.path);
+  } else if (mp_item_is(&req.op, "restored")) {
+    handle_restored(&req);
   } else if (mp_item_is(&req.op, "procs")) {
     handle_procs(&req);
   } else if (mp_item_is(&req.op, "ping")) {

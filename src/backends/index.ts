@@ -5,6 +5,8 @@ export { VmBackend } from './vm/vm-backend.ts';
 export { ensureGuestKernel } from './vm/guest-kernel.ts';
 export { accelerator } from './vm/qemu.ts';
 export type { VmBackendOptions } from './vm/vm-backend.ts';
+export type { VmSandbox } from './vm/vm-sandbox.ts';
+export type { VmSnapshot } from './vm/snapshots.ts';
 export type { FnCallBackendOptions } from './fncall/fncall-backend.ts';
 export type { ContainerBackendOptions } from './container/container-backend.ts';
 export type { WarmPoolPolicy } from './container/warm-pool.ts';

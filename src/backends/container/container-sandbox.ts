@@ -53,10 +53,15 @@ export class ContainerSandbox extends AgentSandbox {
   private swapAreas: SwapArea[] = [];
 
   constructor(private readonly parts: ContainerSandboxParts) {
-    super(parts.spec, parts.channel, parts.exited, parts.createdAt);
+    super(parts.spec, parts.createdAt);
+    this.watchExit(parts.exited);
     this.slot = parts.slot;
     this.writableDir = parts.upperDir;
     this.seenOomKills = parts.baseline?.oomKills ?? 0;
+  }
+
+  protected get channel(): AgentChannel {
+    return this.parts.channel;
   }
 
   protected destroy(): Promise<void> {

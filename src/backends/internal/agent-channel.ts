@@ -59,6 +59,12 @@ export interface AgentChannelOptions {
   firstId?: number;
 }
 
+/** Requests in flight taken out of one channel for another (see {@link AgentChannel.releaseInFlight}). */
+export interface InFlight {
+  pending: ReadonlyMap<number, Pending>;
+  nextId: number;
+}
+
 export class AgentChannel {
   readonly ready: Promise<AgentReady>;
   /** Resolves when the agent's side of the channel closed: the agent is gone. */
@@ -171,6 +177,23 @@ export class AgentChannel {
       this.input.write(frame(this.codec.encode(definedFields({ ...request, id }))));
     });
     return { id, reply };
+  }
+
+  /**
+   * Takes the requests in flight out of this channel, which then holds none (so failing it fails
+   * none of them): for a successor channel to the same agent, reached anew after its VM was
+   * stopped and started again from its memory (see {@link AgentChannel.adoptInFlight}).
+   */
+  releaseInFlight(): InFlight {
+    const held = { pending: new Map(this.pending), nextId: this.nextId };
+    this.pending.clear();
+    return held;
+  }
+
+  /** Carries on requests another channel to this agent started: their answers arrive here. */
+  adoptInFlight(held: InFlight): void {
+    for (const [id, pending] of held.pending) this.pending.set(id, pending);
+    this.nextId = Math.max(this.nextId, held.nextId);
   }
 
   /** Forgets a request whose caller gave up, so its late answer is dropped. */

@@ -46,14 +46,24 @@ export abstract class AgentSandbox implements BackendSandbox {
 
   protected constructor(
     protected readonly spec: SandboxSpec,
-    protected readonly channel: AgentChannel,
-    /** Resolves when the sandbox's processes are gone (its runtime or VM exited, or the channel closed). */
-    exited: Promise<void>,
     createdAt: number | undefined,
   ) {
     this.id = spec.id;
     this.createdAt = createdAt ?? Date.now();
-    void exited.then(() => this.onExit());
+  }
+
+  /** The channel to its agent now (a VM restored from a snapshot has a new one). */
+  protected abstract get channel(): AgentChannel;
+
+  /**
+   * Fails the sandbox when `exited` resolves (its runtime or VM is gone, or the channel closed),
+   * unless it is going away anyway or `current` says that exit is no longer its own (a VM
+   * replaced by its restore).
+   */
+  protected watchExit(exited: Promise<void>, current: () => boolean = () => true): void {
+    void exited.then(() => {
+      if (current()) this.onExit();
+    });
   }
 
   get state(): SandboxState {

@@ -1,4 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process';
+import { randomBytes, randomInt } from 'node:crypto';
 import { constants, existsSync, openSync, closeSync } from 'node:fs';
 import { access, readFile } from 'node:fs/promises';
 import { connect, type Socket } from 'node:net';
@@ -103,7 +104,7 @@ export class QemuVm {
    * Starts QEMU and connects to its agent port and control socket. The channel's `ready` says
    * when the guest's agent is up; callers put a watchdog on it (see {@link QemuVm.waitReady}).
    */
-  static async start(launch: VmLaunch, codec: Codec): Promise<QemuVm> {
+  static async start(launch: VmLaunch, codec: Codec, options: { restoring?: boolean } = {}): Promise<QemuVm> {
     const log = openSync(join(launch.dir, 'qemu.log'), 'a');
     let child: ChildProcess;
     try {
@@ -120,7 +121,13 @@ export class QemuVm {
     });
     try {
       const socket = await connectWhenListening(join(launch.dir, 'agent.sock'), exited);
-      const channel = new AgentChannel(socket, socket, codec);
+      // a restored guest's agent sent its ready long ago: the channel finds it again by a sync
+      const channel = new AgentChannel(
+        socket,
+        socket,
+        codec,
+        options.restoring ? { resyncMarker: randomBytes(16), firstId: 1 + randomInt(1 << 30) } : {},
+      );
       const qmp = await Qmp.connect(join(launch.dir, 'qmp.sock'), 30_000);
       return new QemuVm(child, channel, qmp, exited);
     } catch (error) {

@@ -24,7 +24,8 @@ import { isAlive, processIdentity, signalProcess, type ProcessIdentity } from '.
 import { runProgram } from '../host/run-program.ts';
 import { cpioArchive } from './cpio.ts';
 import { ensureGuestKernel, type GuestKernel } from './guest-kernel.ts';
-import { QemuVm } from './qemu.ts';
+import { QemuVm, type VmLaunch } from './qemu.ts';
+import { startFromSnapshot, type VmSnapshot } from './snapshots.ts';
 import { VmSandbox } from './vm-sandbox.ts';
 
 /** Options for {@link VmBackend.create}. */
@@ -41,9 +42,10 @@ export interface VmBackendOptions {
 
 const CAPABILITIES: BackendCapabilities = {
   pause: true,
-  hibernate: false,
-  checkpoint: 'none',
-  fork: false,
+  hibernate: true,
+  // memory, processes and disk, through VmSandbox.checkpoint and VmBackend.restore / fork
+  checkpoint: 'memory',
+  fork: true,
   shellSessions: false,
   ownNetwork: true,
   networkPolicy: false,
@@ -53,6 +55,7 @@ const CAPABILITIES: BackendCapabilities = {
 /** Under TCG a boot takes seconds, and a stuck TSC calibration never ends: the watchdog's limit. */
 const DEFAULT_BOOT_TIMEOUT_MS = 90_000;
 const STOP_GRACE_MS = 3_000;
+const RESTORE_SYNC_MS = 30_000;
 
 const vmStateSchema = z.object({
   id: z.string(),
@@ -128,23 +131,79 @@ export class VmBackend implements Backend {
         cpus: spec.resources.cpu,
       };
       const vm = await this.boot(launch, options);
-      await this.saveState(dir, spec, vm);
-      const sandbox = new VmSandbox({
-        spec,
-        vm,
-        writableDisk: launch.writableDisk,
-        destroy: (s) => this.destroy(s),
-      });
-      this.live.set(spec.id, sandbox);
-      return sandbox;
+      return await this.track(spec, vm, launch);
     } catch (error) {
       await rm(dir, { recursive: true, force: true });
       throw error;
     }
   }
 
+  private async track(spec: SandboxSpec, vm: QemuVm, launch: VmLaunch): Promise<VmSandbox> {
+    try {
+      await this.saveState(launch.dir, spec, vm);
+    } catch (error) {
+      await vm.kill();
+      throw error;
+    }
+    const sandbox = new VmSandbox({
+      spec,
+      vm,
+      launch,
+      codec: this.codec,
+      snapshotsDir: this.snapshotsDir,
+      destroy: (s) => this.destroy(s),
+    });
+    this.live.set(spec.id, sandbox);
+    return sandbox;
+  }
+
+  private get snapshotsDir(): string {
+    return join(this.options.dataDir, 'vm-snapshots');
+  }
+
+  /**
+   * A new sandbox from a checkpoint (of any VM of this backend): its processes carry on from
+   * where the checkpoint left them, with the time and entropy of now. `spec` names it (its id)
+   * and says what it records; its resources and layers are the snapshot's.
+   */
+  async restoreAsNew(snapshot: VmSnapshot, spec: SandboxSpec): Promise<VmSandbox> {
+    if (this.isClosed) throw new SandgymError('failed_precondition', 'The microvm backend is closed');
+    const dir = this.dirOf(spec.id);
+    await mkdir(dir, { recursive: true });
+    try {
+      const { vm, launch } = await startFromSnapshot(
+        snapshot,
+        { dir, kernel: this.kernel, writableDisk: join(dir, 'rw.img') },
+        this.codec,
+        RESTORE_SYNC_MS,
+      );
+      return await this.track(spec, vm, launch);
+    } catch (error) {
+      await rm(dir, { recursive: true, force: true });
+      throw error;
+    }
+  }
+
+  /** `count` new sandboxes from one checkpoint, all or none; each diverges on its own from there. */
+  async fork(snapshot: VmSnapshot, specs: readonly SandboxSpec[]): Promise<VmSandbox[]> {
+    const made: VmSandbox[] = [];
+    try {
+      // one at a time: under TCG each restore takes a core
+      for (const spec of specs) made.push(await this.restoreAsNew(snapshot, spec));
+      return made;
+    } catch (error) {
+      await Promise.all(made.map((sandbox) => sandbox.close().catch(() => undefined)));
+      throw error;
+    }
+  }
+
+  /** Deletes a checkpoint's files. */
+  async dropSnapshot(snapshot: VmSnapshot): Promise<void> {
+    await rm(snapshot.dir, { recursive: true, force: true });
+  }
+
   /** Boots, with a watchdog: a boot that does not reach the agent in time is killed and tried once more. */
-  private async boot(launch: Parameters<typeof QemuVm.start>[0], options: CallOptions): Promise<QemuVm> {
+  private async boot(launch: VmLaunch, options: CallOptions): Promise<QemuVm> {
     const timeoutMs = options.timeoutMs ?? this.options.bootTimeoutMs ?? DEFAULT_BOOT_TIMEOUT_MS;
     for (let attempt = 1; ; attempt++) {
       const vm = await QemuVm.start(launch, this.codec);

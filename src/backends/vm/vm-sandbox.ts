@@ -1,18 +1,26 @@
-import { readFile, stat } from 'node:fs/promises';
-import { SandgymError } from '../../common/index.ts';
+import { readFile, rm, stat } from 'node:fs/promises';
+import { SandgymError, type Codec } from '../../common/index.ts';
 import type { CallOptions, HibernateReport, SandboxSpec, SandboxStats } from '../contract.ts';
+import type { AgentChannel, InFlight } from '../internal/agent-channel.ts';
 import { AgentSandbox } from '../internal/agent-sandbox.ts';
 import { throwIfAborted } from '../internal/checks.ts';
-import type { QemuVm } from './qemu.ts';
+import type { QemuVm, VmLaunch } from './qemu.ts';
+import { saveSnapshot, startFromSnapshot, type VmSnapshot } from './snapshots.ts';
 
 /** What a VM sandbox needs from its backend. */
 export interface VmSandboxParts {
   spec: SandboxSpec;
   vm: QemuVm;
-  /** The ext4 image of its upper dir. */
-  writableDisk: string;
+  /** What it was booted from; `writableDisk` is the ext4 image of its upper dir. */
+  launch: VmLaunch;
+  codec: Codec;
+  /** Where its checkpoints and hibernation images go. */
+  snapshotsDir: string;
   destroy(sandbox: VmSandbox): Promise<void>;
 }
+
+/** How long a restored guest's agent may take to answer on its new channel. */
+const RESTORE_SYNC_MS = 30_000;
 
 /** Clock ticks per second of /proc/PID/stat's CPU times (USER_HZ, 100 on Linux). */
 const TICKS_PER_SECOND = 100;
@@ -20,18 +28,72 @@ const TICKS_PER_SECOND = 100;
 /**
  * One microVM: the agent as its init, over a virtio-serial port. Pause stops the virtual CPUs
  * (QMP `stop`); memory and CPU are QEMU's own, as the host sees them; OOM kills are the guest
- * kernel's, from its /proc/vmstat.
+ * kernel's, from its /proc/vmstat. Checkpoints hold memory and processes (QEMU migration to a
+ * file) with the disk; hibernation is a checkpoint and the VM stopped, so its memory is freed.
  */
 export class VmSandbox extends AgentSandbox {
   readonly backend = 'microvm' as const;
   private seenOomKills = 0;
+  private current: QemuVm;
+  /** Set while its QEMU is being replaced (restore, hibernate), whose exit is then expected. */
+  private replacing = false;
+  private hibernation: { image: VmSnapshot; inFlight: InFlight } | undefined;
 
   constructor(private readonly parts: VmSandboxParts) {
-    super(parts.spec, parts.vm.channel, parts.vm.exited, undefined);
+    super(parts.spec, undefined);
+    this.current = parts.vm;
+    this.watchVm(parts.vm);
+  }
+
+  private watchVm(vm: QemuVm): void {
+    this.watchExit(vm.exited, () => this.current === vm && !this.replacing);
+  }
+
+  protected get channel(): AgentChannel {
+    return this.current.channel;
   }
 
   get vm(): QemuVm {
-    return this.parts.vm;
+    return this.current;
+  }
+
+  /** Saves its memory, processes and disk; it keeps running. */
+  async checkpoint(options: CallOptions = {}): Promise<VmSnapshot> {
+    await this.ready('checkpoint', options.signal);
+    return saveSnapshot(this.current, this.parts.launch, this.parts.snapshotsDir, true);
+  }
+
+  /** Goes back to a checkpoint of its own, in place: processes, memory and files as they were then. */
+  async restore(snapshot: VmSnapshot, options: CallOptions = {}): Promise<void> {
+    await this.ready('restore', options.signal);
+    await this.replaceWith(snapshot);
+  }
+
+  /**
+   * Ends its QEMU and starts another from `snapshot`; the sandbox stays the same. Requests in
+   * flight fail (the restored guest never saw them) unless `inFlight` carries them over.
+   */
+  private async replaceWith(snapshot: VmSnapshot, inFlight?: InFlight): Promise<void> {
+    this.replacing = true;
+    try {
+      await this.current.kill();
+      const { vm } = await startFromSnapshot(
+        snapshot,
+        this.parts.launch,
+        this.parts.codec,
+        RESTORE_SYNC_MS,
+        inFlight,
+      );
+      this.current = vm;
+      this.watchVm(vm);
+      this.currentState = 'running';
+    } catch (error) {
+      this.currentState = 'failed';
+      this.failureReason = 'platform_error';
+      throw error;
+    } finally {
+      this.replacing = false;
+    }
   }
 
   protected destroy(): Promise<void> {
@@ -55,33 +117,50 @@ export class VmSandbox extends AgentSandbox {
     throwIfAborted(options.signal, 'Pause');
     if (this.currentState === 'paused') return;
     await this.ready('pause', undefined);
-    await this.parts.vm.qmp.execute('stop');
+    await this.current.qmp.execute('stop');
     this.currentState = 'paused';
   }
 
   async resume(options: CallOptions = {}): Promise<void> {
     throwIfAborted(options.signal, 'Resume');
-    if (this.currentState !== 'paused') return;
-    await this.parts.vm.qmp.execute('cont');
-    this.currentState = 'running';
+    if (this.currentState === 'paused') {
+      await this.current.qmp.execute('cont');
+      this.currentState = 'running';
+    } else if (this.currentState === 'hibernated' && this.hibernation) {
+      const { image, inFlight } = this.hibernation;
+      await this.replaceWith(image, inFlight);
+      this.hibernation = undefined;
+      await rm(image.dir, { recursive: true, force: true });
+    }
   }
 
-  hibernate(): Promise<HibernateReport> {
-    return Promise.reject(
-      new SandgymError(
-        'unsupported',
-        'The microvm backend cannot hibernate yet: pause it, or use a container',
-      ),
-    );
+  /** A checkpoint, then its QEMU ended: all of its memory goes back to the host until a request resumes it. */
+  async hibernate(options: CallOptions = {}): Promise<HibernateReport> {
+    throwIfAborted(options.signal, 'Hibernate');
+    if (this.currentState === 'hibernated') return { freedBytes: 0 };
+    if (this.currentState !== 'paused') await this.ready('hibernate', undefined);
+    const before = await this.stats();
+    const wasRunning = this.currentState === 'running';
+    const image = await saveSnapshot(this.current, this.parts.launch, this.parts.snapshotsDir, wasRunning);
+    // its commands keep running in the guest's memory: their answers come on the next channel
+    this.hibernation = { image, inFlight: this.current.channel.releaseInFlight() };
+    this.replacing = true;
+    try {
+      await this.current.kill();
+    } finally {
+      this.replacing = false;
+    }
+    this.currentState = 'hibernated';
+    return { freedBytes: before.memoryBytes };
   }
 
   async stats(options: CallOptions = {}): Promise<SandboxStats> {
     throwIfAborted(options.signal, 'Stats');
-    const pid = this.parts.vm.pid;
+    const pid = this.currentState === 'hibernated' ? 0 : this.current.pid;
     const [status, procStat, disk] = await Promise.all([
       readFile(`/proc/${pid}/status`, 'utf8').catch(() => ''),
       readFile(`/proc/${pid}/stat`, 'utf8').catch(() => ''),
-      stat(this.parts.writableDisk).catch(() => undefined),
+      stat(this.parts.launch.writableDisk).catch(() => undefined),
     ]);
     const rssKib = Number(/^VmRSS:\s+(\d+)/m.exec(status)?.[1] ?? 0);
     const fields = procStat.slice(procStat.lastIndexOf(')') + 2).split(' ');
@@ -132,12 +211,15 @@ export class VmSandbox extends AgentSandbox {
 
   /** Ends the guest: the agent powers the VM off; QEMU is killed if it lingers. */
   async stopVm(graceMs: number): Promise<void> {
-    await this.parts.vm.channel.shutdown(graceMs).catch(() => undefined);
+    if (this.hibernation) await rm(this.hibernation.image.dir, { recursive: true, force: true });
+    const vm = this.current;
+    if (this.currentState === 'paused') await vm.qmp.execute('cont').catch(() => undefined);
+    await vm.channel.shutdown(graceMs).catch(() => undefined);
     const stopped = await Promise.race([
-      this.parts.vm.exited.then(() => true),
+      vm.exited.then(() => true),
       new Promise<boolean>((resolve) => setTimeout(() => resolve(false), graceMs).unref()),
     ]);
-    if (!stopped) await this.parts.vm.kill();
-    else this.parts.vm.qmp.close();
+    if (!stopped) await vm.kill();
+    else vm.qmp.close();
   }
 }
