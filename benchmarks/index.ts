@@ -10,6 +10,7 @@ import { benchBurst } from './burst.ts';
 import { benchDensity } from './density.ts';
 import { benchFnCall } from './fncall.ts';
 import { benchHibernate } from './hibernate.ts';
+import { benchVm } from './vm.ts';
 import type { BenchOptions, BenchReport } from './report.ts';
 
 /** Every benchmark by name, in the order `sandgym bench` runs them. */
@@ -26,6 +27,7 @@ export const BENCHMARKS: Record<string, (options: BenchOptions) => Promise<Bench
   density: benchDensity,
   fncall: benchFnCall,
   hibernate: benchHibernate,
+  vm: benchVm,
 };
 
 export type { BenchReport, BenchOptions, Metric } from './report.ts';
