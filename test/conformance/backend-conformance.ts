@@ -1,3 +1,6 @@
+import { randomBytes } from 'node:crypto';
+import { rm } from 'node:fs/promises';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
   collectExec,
@@ -7,6 +10,7 @@ import {
 } from '../../src/backends/index.ts';
 import { newSandboxId } from '../../src/common/index.ts';
 import { expectCode } from '../support/errors.ts';
+import { TEST_DATA_ROOT, busyboxSpecFactory } from '../support/platform.ts';
 
 /** How a backend joins the conformance suite. */
 export interface ConformanceTarget {
@@ -14,6 +18,36 @@ export interface ConformanceTarget {
   name: string;
   /** A ready backend plus a spec factory for a busybox-like environment. */
   open(): Promise<{ backend: Backend; spec(): SandboxSpec; dispose(): Promise<void> }>;
+}
+
+/**
+ * A conformance target whose backend lives in a data folder of its own below the test root, on
+ * busybox:latest; the folder goes when the suite ends. `open` makes the backend and says how to
+ * close it (and whatever it stands on).
+ */
+export function targetInDataDir(
+  name: string,
+  open: (dataDir: string) => Promise<{ backend: Backend; close: () => Promise<void> }>,
+): ConformanceTarget {
+  return {
+    name,
+    async open() {
+      const dataDir = join(TEST_DATA_ROOT, `conformance-${randomBytes(4).toString('hex')}`);
+      const { backend, close } = await open(dataDir);
+      const spec = await busyboxSpecFactory();
+      return {
+        backend,
+        spec,
+        async dispose() {
+          try {
+            await close();
+          } finally {
+            await rm(dataDir, { recursive: true, force: true });
+          }
+        },
+      };
+    },
+  };
 }
 
 /**

@@ -1,9 +1,5 @@
-import { randomBytes } from 'node:crypto';
-import { rm } from 'node:fs/promises';
-import { join } from 'node:path';
 import { ContainerBackend, type ContainerBackendOptions } from '../../src/backends/index.ts';
-import { describeBackendConformance } from '../conformance/backend-conformance.ts';
-import { TEST_DATA_ROOT, busyboxSpecFactory } from '../support/platform.ts';
+import { describeBackendConformance, targetInDataDir } from '../conformance/backend-conformance.ts';
 
 // cold: every sandbox a new container; warm: every sandbox a pooled shell given its layers, and
 // every destroyed one scrubbed and pooled again
@@ -13,24 +9,11 @@ const variants: Array<{ name: string; options: Partial<ContainerBackendOptions> 
 ];
 
 for (const variant of variants) {
-  describeBackendConformance({
-    name: variant.name,
-    async open() {
-      const dataDir = join(TEST_DATA_ROOT, `conformance-${randomBytes(4).toString('hex')}`);
+  describeBackendConformance(
+    targetInDataDir(variant.name, async (dataDir) => {
       const backend = await ContainerBackend.create({ dataDir, ...variant.options });
       await backend.warmPoolFilled();
-      const spec = await busyboxSpecFactory();
-      return {
-        backend,
-        spec,
-        async dispose() {
-          try {
-            await backend.close();
-          } finally {
-            await rm(dataDir, { recursive: true, force: true });
-          }
-        },
-      };
-    },
-  });
+      return { backend, close: () => backend.close() };
+    }),
+  );
 }

@@ -1,28 +1,16 @@
-import { randomBytes } from 'node:crypto';
-import { rm } from 'node:fs/promises';
-import { join } from 'node:path';
 import { ContainerBackend, FnCallBackend } from '../../src/backends/index.ts';
-import { describeBackendConformance } from '../conformance/backend-conformance.ts';
-import { TEST_DATA_ROOT, busyboxSpecFactory } from '../support/platform.ts';
+import { describeBackendConformance, targetInDataDir } from '../conformance/backend-conformance.ts';
 
-describeBackendConformance({
-  name: 'fncall',
-  async open() {
-    const dataDir = join(TEST_DATA_ROOT, `fncall-${randomBytes(4).toString('hex')}`);
+describeBackendConformance(
+  targetInDataDir('fncall', async (dataDir) => {
     const containers = await ContainerBackend.create({ dataDir });
     const backend = new FnCallBackend(containers, { nodeId: 'local', workersPerEnvironment: 2 });
-    const spec = await busyboxSpecFactory();
     return {
       backend,
-      spec,
-      async dispose() {
-        try {
-          await backend.close();
-          await containers.close();
-        } finally {
-          await rm(dataDir, { recursive: true, force: true });
-        }
+      close: async () => {
+        await backend.close();
+        await containers.close();
       },
     };
-  },
-});
+  }),
+);

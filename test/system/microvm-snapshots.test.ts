@@ -3,7 +3,6 @@ import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { VmBackend, type SandboxSpec, type VmSandbox } from '../../src/backends/index.ts';
-import { newSandboxId } from '../../src/common/index.ts';
 import { STORE_DIR, TEST_DATA_ROOT, busyboxSpecFactory } from '../support/platform.ts';
 
 /** A process that holds 4 MB of known content and, when /tmp/check appears, writes its digest. */
