@@ -3,6 +3,7 @@ import { existsSync, readdirSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { SandboxEnv } from '../../src/env/index.ts';
 import { Platform } from '../../src/platform/index.ts';
 import { STORE_DIR, createTestPlatform, type TestPlatform } from '../support/platform.ts';
 
@@ -33,6 +34,39 @@ describe('the sandgym command line', () => {
     expect(run.status).toBe(0);
     const document = JSON.parse(run.stdout) as Record<string, unknown>;
     expect(document).toMatchObject({ stdout: '42\n', exitCode: 0, backend: 'container', timedOut: false });
+  });
+
+  it('audits a sandbox from another process: its signals and its command history', async () => {
+    await using gym = SandboxEnv.create(env.platform, {
+      sandbox: { environment: 'busybox:latest', resources: { pids: 16 } },
+      protectedPaths: ['/bin', '/usr/bin'],
+    });
+    await gym.reset();
+    await gym.step({ type: 'exec', command: 'wget -O - http://10.0.0.1/ 2>/dev/null; echo tried' });
+    await gym.step({ type: 'exec', command: 'rm /bin/ls; sleep 600 >/dev/null 2>&1 &' });
+    await gym.step({ type: 'exec', command: 'for i in $(seq 40); do sleep 5 & done; true' });
+    const id = gym.current!.id;
+    const audit = sandgym('audit', id, '--json');
+    expect(audit.status, audit.stderr).toBe(0);
+    const report = JSON.parse(audit.stdout) as {
+      signals: {
+        deniedEgress: number;
+        protectedChanges: string[];
+        limitsHit: string[];
+        leftoverProcesses: number;
+      };
+      steps: { stepIndex: number; action: string; exitCode: number }[];
+    };
+    expect(report.steps.map((s) => s.stepIndex)).toEqual([0, 1, 2]);
+    expect(report.steps[0]?.action).toContain('wget');
+    expect(report.signals.deniedEgress).toBeGreaterThanOrEqual(1);
+    expect(report.signals.protectedChanges).toContain('/bin/ls');
+    expect(report.signals.limitsHit).toContain('pids');
+    expect(report.signals.leftoverProcesses).toBeGreaterThanOrEqual(1);
+    const text = sandgym('audit', id);
+    expect(text.stdout).toMatch(/denied egress \d+; protected paths changed: \/bin\/ls/);
+    expect(text.stdout).toContain('steps: 3');
+    expect(sandgym('audit', 'sg-local-aaaaaaaaaaaa').status).toBe(1);
   });
 
   it('streams output and exits 1 when the command fails', () => {

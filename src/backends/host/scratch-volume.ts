@@ -1,5 +1,5 @@
 import { existsSync } from 'node:fs';
-import { mkdir, open, readdir, readFile } from 'node:fs/promises';
+import { mkdir, open, readdir, readFile, statfs } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SandgymError } from '../../common/index.ts';
 import type { HostHelper } from './host-helper.ts';
@@ -34,6 +34,7 @@ export interface ScratchUsage {
 export class ScratchVolume {
   private constructor(
     readonly mountPoint: string,
+    private readonly image: string,
     private readonly sysfsQgroups: string,
     private readonly helper: HostHelper,
   ) {}
@@ -45,29 +46,23 @@ export class ScratchVolume {
     helper: HostHelper,
     imageGib = DEFAULT_IMAGE_GIB,
   ): Promise<ScratchVolume> {
-    await mkdir(mountPoint, { recursive: true });
-    if (!(await isMounted(mountPoint))) {
-      const left = await readdir(mountPoint);
-      if (left.length > 0) {
-        throw new SandgymError(
-          'failed_precondition',
-          `${mountPoint} holds ${left.length} entries but is not the scratch volume (a data dir from an older sandgym?): stop its sandboxes and remove it`,
-        );
-      }
-      if (!existsSync(image)) await makeImage(image, imageGib);
-      // discard gives deleted files' blocks back to the host's filesystem
-      await runProgram('mount', ['-o', 'loop,discard=async,noatime', image, mountPoint]);
-      await runProgram('btrfs', ['quota', 'enable', mountPoint]);
-    }
+    await mountVolume(mountPoint, image, imageGib);
     const uuid = (await runProgram('btrfs', ['filesystem', 'show', '--raw', mountPoint])).match(
       /uuid: ([0-9a-f-]{36})/,
     )?.[1];
     if (!uuid) throw new SandgymError('platform_error', `Cannot read the btrfs uuid of ${mountPoint}`);
-    return new ScratchVolume(mountPoint, `/sys/fs/btrfs/${uuid}/qgroups`, helper);
+    return new ScratchVolume(mountPoint, image, `/sys/fs/btrfs/${uuid}/qgroups`, helper);
   }
 
-  /** Makes slot `name` with its `rw` subvolume capped at `limitBytes`, unless it has one already. */
+  /**
+   * Makes slot `name` with its `rw` subvolume capped at `limitBytes`, unless it has one already.
+   * The volume is mounted again first if another process on the data dir unmounted it when it
+   * found it empty (see {@link closeIfEmpty}).
+   */
   async createSlot(name: string, limitBytes: number | 'none'): Promise<ScratchSlot> {
+    if ((await statfs(this.mountPoint)).type !== BTRFS_SUPER_MAGIC) {
+      await mountVolume(this.mountPoint, this.image, DEFAULT_IMAGE_GIB);
+    }
     return { subvolumeId: await this.helper.subvolume(join(this.mountPoint, name, 'rw'), limitBytes) };
   }
 
@@ -98,6 +93,34 @@ export class ScratchVolume {
     if (left.length > 0) return false;
     await runProgram('umount', [this.mountPoint]);
     return true;
+  }
+}
+
+/** The btrfs superblock magic, as statfs reports it. */
+const BTRFS_SUPER_MAGIC = 0x9123683e;
+
+/** Mounts the image on `mountPoint` (making the image first), unless it is mounted there already. */
+async function mountVolume(mountPoint: string, image: string, imageGib: number): Promise<void> {
+  await mkdir(mountPoint, { recursive: true });
+  if (!(await isMounted(mountPoint))) {
+    const left = await readdir(mountPoint);
+    if (left.length > 0) {
+      throw new SandgymError(
+        'failed_precondition',
+        `${mountPoint} holds ${left.length} entries but is not the scratch volume (a data dir from an older sandgym?): stop its sandboxes and remove it`,
+      );
+    }
+    if (!existsSync(image)) await makeImage(image, imageGib);
+    // discard gives deleted files' blocks back to the host's filesystem
+    const mounted = await runProgram('mount', ['-o', 'loop,discard=async,noatime', image, mountPoint]).then(
+      () => true,
+      async (error: unknown) => {
+        // another process on the data dir mounted it at the same moment: theirs serves both
+        if (await isMounted(mountPoint)) return false;
+        throw error;
+      },
+    );
+    if (mounted) await runProgram('btrfs', ['quota', 'enable', mountPoint]);
   }
 }
 
