@@ -43,6 +43,7 @@ int launch_main(int argc, char **argv);
 int helper_main(void);
 int mount_erofs_main(int argc, char **argv);
 void vm_init(void);
+void vm_open_channel(void);
 _Noreturn void vm_power_off(void);
 
 /* Set when this is a VM's init (see vminit.c): there is no namespace to end, only the machine. */
@@ -445,6 +446,12 @@ int main(int argc, char **argv) {
   }
   bool usage = false;
   for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--vm-service") == 0) {
+      /* a full VM's service (the vm backend's images): the machine is the sandbox */
+      in_vm = true;
+      vm_open_channel();
+      agent_main(&options);
+    }
     if (strcmp(argv[i], "--durable") == 0) options.durable = true;
     else if (strcmp(argv[i], "--sched-idle") == 0) options.sched_idle = true;
     else if (strcmp(argv[i], "--core-cookie") == 0) options.core_cookie = true;
@@ -452,6 +459,7 @@ int main(int argc, char **argv) {
   }
   if (usage) {
     fprintf(stderr, "usage: sandgym-agent [--durable] [--sched-idle] [--core-cookie] (as a sandbox's first process)\n"
+                    "       sandgym-agent --vm-service  (a full VM's agent, on its virtio-serial port \"sandgym\")\n"
                     "       sandgym-agent launch ...  (host side; see launch.c)\n"
                     "       sandgym-agent helper      (host side; see helper.c)\n"
                     "       sandgym-agent mount-erofs IMAGE TARGET\n");

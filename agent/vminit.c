@@ -156,8 +156,8 @@ static void loopback_up(void) {
 }
 
 /* The virtio-serial port the host named "sandgym", as fds 3 and 4 (one open file: a port
- * admits a single opener). */
-static void open_channel(void) {
+ * admits a single opener). Also what the agent does as a full VM's service (--vm-service). */
+void vm_open_channel(void) {
   for (int attempt = 0; attempt < 1000; attempt++) {
     DIR *ports = opendir("/sys/class/virtio-ports");
     for (struct dirent *e; ports && (e = readdir(ports));) {
@@ -203,5 +203,5 @@ void vm_init(void) {
   mount("shm", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
   loopback_up();
   sethostname("sandbox", 7);
-  open_channel();
+  vm_open_channel();
 }

@@ -8,19 +8,29 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { SandgymError, type Codec } from '../../common/index.ts';
 import { hostProgram } from '../host/paths.ts';
 import { AgentChannel } from '../internal/agent-channel.ts';
-import type { GuestKernel } from './guest-kernel.ts';
 import { Qmp } from './qmp.ts';
+
+/** A disk of a VM. */
+export interface VmDisk {
+  path: string;
+  format: 'raw' | 'qcow2';
+  readonly: boolean;
+}
 
 /** Everything a VM boots from and writes to. */
 export interface VmLaunch {
   /** Its folder: initrd, writable disk, sockets, console and QEMU logs. */
   dir: string;
-  kernel: GuestKernel;
-  /** The modules' archive followed by the VM's own (init, environment). */
+  /** `microvm`: virtio-mmio devices, PVH boot of a vmlinux; `q35`: a PC with PCI devices. */
+  machine: 'microvm' | 'q35';
+  /** The kernel QEMU loads (a vmlinux for microvm, the image's own vmlinuz for q35). */
+  kernel: string;
   initrd: string;
-  /** EROFS layer images, base first: read-only disks. */
-  layers: readonly string[];
-  /** The ext4 image that holds the upper dir. */
+  /** Kernel arguments besides the console and panic ones every VM gets. */
+  append: readonly string[];
+  /** Disks in order (the guest sees vda, vdb, ...); one of them is the writable disk. */
+  disks: readonly VmDisk[];
+  /** The disk that holds what the guest writes: what a checkpoint copies. */
   writableDisk: string;
   memoryMib: number;
   cpus: number;
@@ -52,36 +62,40 @@ async function tscKhz(): Promise<number | undefined> {
   return mhz ? Math.round(Number(mhz) * 1000) : undefined;
 }
 
-/** QEMU's arguments for a microvm: PVH boot of the vmlinux, virtio-mmio devices, no firmware. */
-async function microvmArgs(launch: VmLaunch): Promise<string[]> {
+/**
+ * QEMU's arguments: a microvm (PVH boot, virtio-mmio devices, no firmware) or a q35 PC (PCI
+ * devices), with the kernel loaded by QEMU, the disks, the agent's virtio-serial port, an entropy
+ * device and the control socket.
+ */
+async function qemuArgs(launch: VmLaunch): Promise<string[]> {
   const accel = await accelerator();
   const khz = accel === 'tcg' ? await tscKhz() : undefined;
+  const bus = launch.machine === 'microvm' ? 'device' : 'pci';
   const append = [
     'console=ttyS0',
     'quiet',
     'panic=-1',
-    'rdinit=/init',
-    `sandgym.layers=${launch.layers.length}`,
+    ...launch.append,
     ...(khz ? [`tsc_early_khz=${khz}`] : []),
-  ].join(' ');
+  ];
+  const machine = launch.machine === 'microvm' ? 'microvm,x-option-roms=off,rtc=on' : 'q35';
   const args = [
-    ...['-M', 'microvm,x-option-roms=off,rtc=on', '-accel', accel, '-cpu', accel === 'kvm' ? 'host' : 'max'],
+    ...['-M', machine, '-accel', accel, '-cpu', accel === 'kvm' ? 'host' : 'max'],
     ...['-m', `${launch.memoryMib}M`, '-smp', String(Math.max(1, Math.ceil(launch.cpus)))],
     ...['-nodefaults', '-no-user-config', '-nographic', '-no-reboot'],
     ...['-serial', `file:${join(launch.dir, 'console.log')}`],
-    ...['-kernel', launch.kernel.vmlinux, '-initrd', launch.initrd, '-append', append],
+    ...['-kernel', launch.kernel, '-initrd', launch.initrd, '-append', append.join(' ')],
   ];
-  launch.layers.forEach((layer, i) => {
-    args.push('-drive', `id=layer${i},file=${layer},format=raw,if=none,readonly=on`);
-    args.push('-device', `virtio-blk-device,drive=layer${i}`);
+  launch.disks.forEach((disk, i) => {
+    const access = disk.readonly ? ',readonly=on' : ',discard=unmap';
+    args.push('-drive', `id=disk${i},file=${disk.path},format=${disk.format},if=none${access}`);
+    args.push('-device', `virtio-blk-${bus},drive=disk${i}`);
   });
-  args.push('-drive', `id=rw,file=${launch.writableDisk},format=raw,if=none,discard=unmap`);
-  args.push('-device', 'virtio-blk-device,drive=rw');
-  args.push('-device', 'virtio-serial-device');
+  args.push('-device', `virtio-serial-${bus}`);
   // wait=on: QEMU starts the guest only once the node holds the agent's end
   args.push('-chardev', `socket,id=agent,path=${join(launch.dir, 'agent.sock')},server=on,wait=on`);
   args.push('-device', 'virtserialport,chardev=agent,name=sandgym');
-  args.push('-device', 'virtio-rng-device');
+  args.push('-device', `virtio-rng-${bus}`);
   args.push('-qmp', `unix:${join(launch.dir, 'qmp.sock')},server=on,wait=off`);
   if (launch.incoming) args.push('-incoming', `exec:cat ${launch.incoming}`);
   return args;
@@ -108,7 +122,7 @@ export class QemuVm {
     const log = openSync(join(launch.dir, 'qemu.log'), 'a');
     let child: ChildProcess;
     try {
-      child = spawn(hostProgram('qemu-system-x86_64'), await microvmArgs(launch), {
+      child = spawn(hostProgram('qemu-system-x86_64'), await qemuArgs(launch), {
         stdio: ['ignore', log, log],
         detached: false,
       });

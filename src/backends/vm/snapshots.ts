@@ -8,6 +8,12 @@ import { runProgram } from '../host/run-program.ts';
 import type { InFlight } from '../internal/agent-channel.ts';
 import { QemuVm, type VmLaunch } from './qemu.ts';
 
+/** What a VM was started with that a restore must repeat: all but its folder and writable disk. */
+type Recipe = Omit<VmLaunch, 'dir' | 'incoming' | 'writableDisk' | 'initrd'> & {
+  /** Which of `disks` is the writable one (its path there is the original VM's). */
+  writableIndex: number;
+};
+
 /**
  * A VM's memory and device state (QEMU migration to a file) with a copy of its writable disk
  * taken at the same instant, in its own folder. What restore, fork and hibernate start from.
@@ -15,17 +21,20 @@ import { QemuVm, type VmLaunch } from './qemu.ts';
 export interface VmSnapshot {
   id: string;
   dir: string;
-  /** What the VM was booted with, which a restore must match. */
-  memoryMib: number;
-  cpus: number;
-  layers: readonly string[];
+  recipe: Recipe;
 }
 
 const snapshotFile = z.object({
   id: z.string(),
-  memoryMib: z.number(),
-  cpus: z.number(),
-  layers: z.array(z.string()),
+  recipe: z.object({
+    machine: z.enum(['microvm', 'q35']),
+    kernel: z.string(),
+    append: z.array(z.string()),
+    disks: z.array(z.object({ path: z.string(), format: z.enum(['raw', 'qcow2']), readonly: z.boolean() })),
+    writableIndex: z.number().int().nonnegative(),
+    memoryMib: z.number(),
+    cpus: z.number(),
+  }),
 });
 
 /** How long a migration to a file may take; QEMU under TCG writes hundreds of MiB a second. */
@@ -49,16 +58,16 @@ export async function saveSnapshot(
     if (wasRunning) await vm.qmp.execute('stop');
     await vm.qmp.execute('migrate', { uri: `exec:cat > ${join(dir, 'memory')}` });
     await waitForMigration(vm);
-    await runProgram('cp', ['--sparse=always', launch.writableDisk, join(dir, 'rw.img')]);
+    await runProgram('cp', ['--sparse=always', launch.writableDisk, join(dir, 'disk')]);
     await link(launch.initrd, join(dir, 'initrd')).catch(() => copyFile(launch.initrd, join(dir, 'initrd')));
+    const writableIndex = launch.disks.findIndex((disk) => disk.path === launch.writableDisk);
+    const { machine, kernel, append, disks, memoryMib, cpus } = launch;
     const snapshot: VmSnapshot = {
       id,
       dir,
-      memoryMib: launch.memoryMib,
-      cpus: launch.cpus,
-      layers: [...launch.layers],
+      recipe: { machine, kernel, append, disks, writableIndex, memoryMib, cpus },
     };
-    await writeFile(join(dir, 'snapshot.json'), JSON.stringify({ ...snapshot, dir: undefined }));
+    await writeFile(join(dir, 'snapshot.json'), JSON.stringify({ id, recipe: snapshot.recipe }));
     return snapshot;
   } catch (error) {
     await rm(dir, { recursive: true, force: true });
@@ -98,19 +107,22 @@ async function waitForMigration(vm: QemuVm): Promise<void> {
  */
 export async function startFromSnapshot(
   snapshot: VmSnapshot,
-  launch: Omit<VmLaunch, 'incoming' | 'initrd' | 'memoryMib' | 'cpus' | 'layers'>,
+  /** The VM's folder and where its writable disk goes (a copy of the snapshot's). */
+  place: { dir: string; writableDisk: string },
   codec: Codec,
   syncTimeoutMs: number,
   /** Requests of the VM's previous channel to carry on (a hibernated VM's commands). */
   inFlight?: InFlight,
 ): Promise<{ vm: QemuVm; launch: VmLaunch }> {
-  await runProgram('cp', ['--sparse=always', join(snapshot.dir, 'rw.img'), launch.writableDisk]);
+  await runProgram('cp', ['--sparse=always', join(snapshot.dir, 'disk'), place.writableDisk]);
+  const { writableIndex, ...recipe } = snapshot.recipe;
   const full: VmLaunch = {
-    ...launch,
+    ...recipe,
+    ...place,
+    disks: recipe.disks.map((disk, i) =>
+      i === writableIndex ? { ...disk, path: place.writableDisk } : disk,
+    ),
     initrd: join(snapshot.dir, 'initrd'),
-    memoryMib: snapshot.memoryMib,
-    cpus: snapshot.cpus,
-    layers: snapshot.layers,
     incoming: join(snapshot.dir, 'memory'),
   };
   const vm = await QemuVm.start(full, codec, { restoring: true });

@@ -121,12 +121,19 @@ export class VmBackend implements Backend {
     const dir = this.dirOf(spec.id);
     await mkdir(dir, { recursive: true });
     try {
-      const launch = {
+      const writableDisk = await makeWritableDisk(dir, spec.resources.diskMib);
+      const launch: VmLaunch = {
         dir,
-        kernel: this.kernel,
+        machine: 'microvm',
+        kernel: this.kernel.vmlinux,
         initrd: await this.writeInitrd(dir, spec),
-        layers: spec.layers.map((layer) => layer.path),
-        writableDisk: await makeWritableDisk(dir, spec.resources.diskMib),
+        append: ['rdinit=/init', `sandgym.layers=${spec.layers.length}`],
+        // the layers, base first, then the writable disk: the order the guest's init expects
+        disks: [
+          ...spec.layers.map((layer) => ({ path: layer.path, format: 'raw' as const, readonly: true })),
+          { path: writableDisk, format: 'raw', readonly: false },
+        ],
+        writableDisk,
         memoryMib: spec.resources.memoryMib,
         cpus: spec.resources.cpu,
       };
@@ -173,7 +180,7 @@ export class VmBackend implements Backend {
     try {
       const { vm, launch } = await startFromSnapshot(
         snapshot,
-        { dir, kernel: this.kernel, writableDisk: join(dir, 'rw.img') },
+        { dir, writableDisk: join(dir, 'rw.img') },
         this.codec,
         RESTORE_SYNC_MS,
       );
