@@ -3,6 +3,7 @@ export { ContainerBackend } from './container/container-backend.ts';
 export { FnCallBackend, FNCALL_WORKER_LABEL } from './fncall/fncall-backend.ts';
 export { VmBackend } from './vm/vm-backend.ts';
 export { ensureGuestKernel } from './vm/guest-kernel.ts';
+export { ensureVmImage } from './vm/vm-image.ts';
 export { accelerator } from './vm/qemu.ts';
 export type { VmBackendOptions } from './vm/vm-backend.ts';
 export type { VmSandbox } from './vm/vm-sandbox.ts';

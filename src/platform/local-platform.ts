@@ -50,6 +50,10 @@ import {
   type DockerfileBuildResult,
 } from './layer-build/dockerfile-build.ts';
 
+/** The VM backends' kinds (see VmBackend). */
+const VM_KINDS = ['microvm', 'vm'] as const;
+type VmKind = (typeof VM_KINDS)[number];
+
 /** How often idle TTLs and deadlines are checked. */
 const LIFETIME_SWEEP_MS = 250;
 
@@ -126,28 +130,36 @@ export class LocalPlatform implements PlatformClient {
   private readonly fncall: FnCallBackend;
 
   /** The kinds of sandbox this platform creates. */
-  readonly backends: readonly BackendName[] = ['container', 'fncall', 'microvm'];
+  readonly backends: readonly BackendName[] = ['container', 'fncall', 'microvm', 'vm'];
 
-  /** microVMs, started on first use: the first one fetches the guest kernel into the store. */
-  private microvms: Promise<VmBackend> | undefined;
+  /**
+   * The VM backends, each started on first use: the first microvm fetches the guest kernel into
+   * the store, the first vm builds the Debian image there.
+   */
+  private readonly vmBackends = new Map<VmKind, Promise<VmBackend>>();
 
-  private microvmBackend(): Promise<VmBackend> {
-    if (!this.microvms) {
-      const opening = VmBackend.create({
+  private vmBackend(kind: VmKind): Promise<VmBackend> {
+    let opening = this.vmBackends.get(kind);
+    if (!opening) {
+      opening = VmBackend.create({
+        kind,
         dataDir: this.dataDir,
         guestDir: join(this.store.root, 'guest'),
         logger: this.logger,
+        debianMirror: process.env['SANDGYM_DEBIAN_MIRROR'] ?? 'http://deb.debian.org/debian',
       });
-      this.microvms = opening;
-      opening.catch(() => (this.microvms = undefined));
+      this.vmBackends.set(kind, opening);
+      opening.catch(() => this.vmBackends.delete(kind));
     }
-    return this.microvms;
+    return opening;
   }
 
-  /** The microvm backend if this process or another on the data dir has used it; it fetches nothing. */
-  private async microvmsInUse(): Promise<VmBackend | undefined> {
-    if (this.microvms) return this.microvms;
-    return existsSync(join(this.dataDir, 'vms')) ? this.microvmBackend() : undefined;
+  /** The VM backends this process or another on the data dir has used; none is started for nothing. */
+  private async vmBackendsInUse(): Promise<VmBackend[]> {
+    const kinds = VM_KINDS.filter(
+      (kind) => this.vmBackends.has(kind) || existsSync(join(this.dataDir, `${kind}s`)),
+    );
+    return Promise.all(kinds.map((kind) => this.vmBackend(kind)));
   }
 
   /** Warm shells ready now per CPU class, and a wait for the pool to reach its policy. */
@@ -203,13 +215,7 @@ export class LocalPlatform implements PlatformClient {
       [PROJECT_LABEL]: project,
       ...(resolved.run ? { [RUN_LABEL]: resolved.run } : {}),
     };
-    if (resolved.backend === 'vm') {
-      throw new SandgymError(
-        'unsupported',
-        'Backend "vm" (full disk images) is not available yet; use "container", "fncall" or "microvm"',
-      );
-    }
-    if (resolved.backend === 'microvm' && resolved.run) {
+    if ((resolved.backend === 'microvm' || resolved.backend === 'vm') && resolved.run) {
       throw new SandgymError(
         'invalid_argument',
         'Runs govern containers only so far: leave out "run", or use backend "container"',
@@ -251,8 +257,8 @@ export class LocalPlatform implements PlatformClient {
     const backend =
       resolved.backend === 'fncall'
         ? this.fncall
-        : resolved.backend === 'microvm'
-          ? await this.microvmBackend()
+        : resolved.backend === 'microvm' || resolved.backend === 'vm'
+          ? await this.vmBackend(resolved.backend)
           : this.container;
     return backend.create(
       {
@@ -275,12 +281,8 @@ export class LocalPlatform implements PlatformClient {
   }
 
   async listSandboxes(): Promise<SandboxRecord[]> {
-    const microvms = await this.microvmsInUse();
-    return [
-      ...(await this.container.list()),
-      ...(await this.fncall.list()),
-      ...((await microvms?.list()) ?? []),
-    ];
+    const vms = await Promise.all((await this.vmBackendsInUse()).map((backend) => backend.list()));
+    return [...(await this.container.list()), ...(await this.fncall.list()), ...vms.flat()];
   }
 
   /** Adopts the durable sandboxes a crashed predecessor on this data dir left running. */
@@ -289,21 +291,21 @@ export class LocalPlatform implements PlatformClient {
   }
 
   async attachSandbox(id: string): Promise<Sandbox> {
-    const microvms = await this.microvmsInUse();
-    if (microvms?.has(id)) return microvms.attach(id);
+    const vm = (await this.vmBackendsInUse()).find((backend) => backend.has(id));
+    if (vm) return vm.attach(id);
     return this.fncall.has(id) ? this.fncall.attach(id) : this.container.attach(id);
   }
 
   async killSandbox(id: string): Promise<void> {
-    const microvms = await this.microvmsInUse();
-    if (microvms && (await microvms.holds(id))) return microvms.kill(id);
+    for (const backend of await this.vmBackendsInUse()) if (await backend.holds(id)) return backend.kill(id);
     return this.fncall.has(id) ? this.fncall.kill(id) : this.container.kill(id);
   }
 
   async gc(): Promise<GcReport> {
     const report = await this.container.gc();
-    const vms = await (await this.microvmsInUse())?.gc();
-    return vms ? { ...report, sandboxes: [...report.sandboxes, ...vms.sandboxes] } : report;
+    for (const backend of await this.vmBackendsInUse())
+      report.sandboxes.push(...(await backend.gc()).sandboxes);
+    return report;
   }
 
   async layerGc(options: LayerGcOptions = {}): Promise<LayerGcReport> {
@@ -384,7 +386,7 @@ export class LocalPlatform implements PlatformClient {
       clearInterval(this.lifetimes);
       this.runManager.close();
       await this.fncall.close();
-      await (await this.microvms?.catch(() => undefined))?.close();
+      for (const opening of this.vmBackends.values()) await (await opening.catch(() => undefined))?.close();
       await this.container.close();
     } finally {
       for (const log of this.trajectories.values()) await (await log.catch(() => undefined))?.close();

@@ -28,13 +28,19 @@ export interface ConformanceTarget {
 export function targetInDataDir(
   name: string,
   open: (dataDir: string) => Promise<{ backend: Backend; close: () => Promise<void> }>,
+  /** Resources the backend needs beyond the busybox defaults (a full OS's memory). */
+  resources: Partial<SandboxSpec['resources']> = {},
 ): ConformanceTarget {
   return {
     name,
     async open() {
       const dataDir = join(TEST_DATA_ROOT, `conformance-${randomBytes(4).toString('hex')}`);
       const { backend, close } = await open(dataDir);
-      const spec = await busyboxSpecFactory();
+      const busybox = await busyboxSpecFactory();
+      const spec = (): SandboxSpec => {
+        const made = busybox();
+        return { ...made, resources: { ...made.resources, ...resources } };
+      };
       return {
         backend,
         spec,

@@ -25,7 +25,9 @@ describe('microvm through the platform', () => {
       expect(run.stdout).toMatch(/^Linux sandbox \S+-amd64 .*Debian/);
       expect(run.stdout).not.toContain(release()); // the guest's kernel, not the host's
       expect(
-        existsSync(join(dataDir, 'vms')) ? spawnSync('ls', [join(dataDir, 'vms')]).stdout.toString() : '',
+        existsSync(join(dataDir, 'microvms'))
+          ? spawnSync('ls', [join(dataDir, 'microvms')]).stdout.toString()
+          : '',
       ).toBe('');
     } finally {
       await rm(dataDir, { recursive: true, force: true });

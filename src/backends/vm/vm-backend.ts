@@ -1,5 +1,5 @@
 import { open, mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
-import { join, resolve } from 'node:path';
+import { basename, join, resolve } from 'node:path';
 import { z } from 'zod';
 import {
   SandgymError,
@@ -24,13 +24,20 @@ import { isAlive, processIdentity, signalProcess, type ProcessIdentity } from '.
 import { runProgram } from '../host/run-program.ts';
 import { cpioArchive } from './cpio.ts';
 import { ensureGuestKernel, type GuestKernel } from './guest-kernel.ts';
+import { ensureVmImage, type VmImage } from './vm-image.ts';
 import { QemuVm, type VmLaunch } from './qemu.ts';
 import { startFromSnapshot, type VmSnapshot } from './snapshots.ts';
 import { VmSandbox } from './vm-sandbox.ts';
 
 /** Options for {@link VmBackend.create}. */
 export interface VmBackendOptions {
-  /** The node's data folder: each VM's folder is `<dataDir>/vms/<id>`. */
+  /**
+   * `microvm` (default): the environment's layers under the agent as init. `vm`: a q35 PC booting
+   * a full Debian disk image (systemd, the agent as a service); the environment's layers are not
+   * used.
+   */
+  kind?: 'microvm' | 'vm';
+  /** The node's data folder: each VM's folder is `<dataDir>/<kind>s/<id>`. */
   dataDir: string;
   /** Where the guest kernel is kept (shared by nodes that share it): fetched there on first use. */
   guestDir: string;
@@ -38,6 +45,8 @@ export interface VmBackendOptions {
   codec?: Codec;
   /** How long a boot may take before the watchdog kills it and boots once more. */
   bootTimeoutMs?: number;
+  /** Where the vm kind's image is debootstrapped from. */
+  debianMirror?: string;
 }
 
 const CAPABILITIES: BackendCapabilities = {
@@ -52,14 +61,16 @@ const CAPABILITIES: BackendCapabilities = {
   statefulExec: true,
 };
 
-/** Under TCG a boot takes seconds, and a stuck TSC calibration never ends: the watchdog's limit. */
-const DEFAULT_BOOT_TIMEOUT_MS = 90_000;
+/** Under TCG a boot takes seconds (a full OS, tens of them), and a stuck TSC calibration never ends. */
+const DEFAULT_BOOT_TIMEOUT_MS = { microvm: 90_000, vm: 240_000 };
 const STOP_GRACE_MS = 3_000;
+/** Below this, Debian's initramfs and systemd run the guest out of memory while it boots. */
+const MIN_VM_MEMORY_MIB = 384;
 const RESTORE_SYNC_MS = 30_000;
 
 const vmStateSchema = z.object({
   id: z.string(),
-  backend: z.literal('microvm'),
+  backend: z.enum(['microvm', 'vm']),
   owner: z.object({ pid: z.number().int(), startTime: z.number() }),
   /** The QEMU process, so another process can end it. */
   qemu: z.object({ pid: z.number().int(), startTime: z.number() }).optional(),
@@ -70,13 +81,15 @@ const vmStateSchema = z.object({
 type VmState = z.infer<typeof vmStateSchema>;
 
 /**
- * microVMs on QEMU (`-M microvm`): the Debian guest kernel through PVH boot, the agent as init
+ * VMs on QEMU, in two kinds. `vm`: a q35 PC boots the full Debian image (see vm-image.ts), whose
+ * systemd starts the agent as a service; each VM writes to a copy-on-write overlay of the image.
+ * `microvm` (`-M microvm`): the Debian guest kernel through PVH boot, the agent as init
  * from an initramfs, the environment's EROFS layers as read-only virtio disks with an ext4 disk
  * for the upper dir, and the agent channel over virtio-serial. KVM where `/dev/kvm` is usable,
  * TCG emulation otherwise.
  */
 export class VmBackend implements Backend {
-  readonly name = 'microvm' as const;
+  readonly name: 'microvm' | 'vm';
   readonly capabilities = CAPABILITIES;
   private readonly live = new Map<string, VmSandbox>();
   private readonly logger: Logger;
@@ -85,11 +98,13 @@ export class VmBackend implements Backend {
 
   private constructor(
     private readonly options: VmBackendOptions,
-    private readonly kernel: GuestKernel,
+    /** The microvm's kernel, or the vm's image. */
+    private readonly boot: { kind: 'microvm'; kernel: GuestKernel } | { kind: 'vm'; image: VmImage },
     private readonly agentPath: string,
     private readonly owner: ProcessIdentity,
   ) {
-    this.logger = (options.logger ?? silentLogger()).child({ component: 'microvm-backend' });
+    this.name = boot.kind;
+    this.logger = (options.logger ?? silentLogger()).child({ component: `${boot.kind}-backend` });
     this.codec = options.codec ?? createMsgpackCodec();
   }
 
@@ -101,43 +116,55 @@ export class VmBackend implements Backend {
     const agentPath = agentBinaryPath();
     const owner = await processIdentity(process.pid);
     if (!owner) throw new SandgymError('platform_error', "Cannot read this process's identity from /proc");
-    const kernel = await ensureGuestKernel(options.guestDir, options.logger ?? silentLogger());
-    await mkdir(join(options.dataDir, 'vms'), { recursive: true });
-    return new VmBackend(options, kernel, agentPath, owner);
+    const logger = options.logger ?? silentLogger();
+    const boot =
+      options.kind === 'vm'
+        ? {
+            kind: 'vm' as const,
+            image: await ensureVmImage(
+              join(options.guestDir, 'vm'),
+              agentPath,
+              options.debianMirror ?? 'http://deb.debian.org/debian',
+              logger,
+            ),
+          }
+        : { kind: 'microvm' as const, kernel: await ensureGuestKernel(options.guestDir, logger) };
+    hostProgram('qemu-img');
+    await mkdir(join(options.dataDir, `${boot.kind}s`), { recursive: true });
+    return new VmBackend(options, boot, agentPath, owner);
+  }
+
+  /** Where this kind keeps its VMs' folders. */
+  private get vmsDir(): string {
+    return join(this.options.dataDir, `${this.name}s`);
   }
 
   private dirOf(id: string): string {
-    return join(this.options.dataDir, 'vms', id);
+    return join(this.vmsDir, id);
   }
 
   async create(spec: SandboxSpec, options: CallOptions = {}): Promise<VmSandbox> {
-    if (this.isClosed) throw new SandgymError('failed_precondition', 'The microvm backend is closed');
+    if (this.isClosed) throw new SandgymError('failed_precondition', `The ${this.name} backend is closed`);
     if (spec.layers.length === 0) {
-      throw new SandgymError('invalid_argument', 'A microvm needs at least one layer: name an environment');
+      throw new SandgymError('invalid_argument', `A ${this.name} needs an environment: name one`);
+    }
+    if (this.name === 'vm' && spec.resources.memoryMib < MIN_VM_MEMORY_MIB) {
+      throw new SandgymError(
+        'invalid_argument',
+        `A vm boots a full Debian (its initramfs, systemd): ask for memoryMib of at least ${MIN_VM_MEMORY_MIB}, not ${spec.resources.memoryMib}`,
+      );
     }
     if (spec.network.length > 0) {
-      throw new SandgymError('unsupported', 'A microvm has loopback only: network rules need a container');
+      throw new SandgymError(
+        'unsupported',
+        `A ${this.name} has loopback only: network rules need a container`,
+      );
     }
     const dir = this.dirOf(spec.id);
     await mkdir(dir, { recursive: true });
     try {
-      const writableDisk = await makeWritableDisk(dir, spec.resources.diskMib);
-      const launch: VmLaunch = {
-        dir,
-        machine: 'microvm',
-        kernel: this.kernel.vmlinux,
-        initrd: await this.writeInitrd(dir, spec),
-        append: ['rdinit=/init', `sandgym.layers=${spec.layers.length}`],
-        // the layers, base first, then the writable disk: the order the guest's init expects
-        disks: [
-          ...spec.layers.map((layer) => ({ path: layer.path, format: 'raw' as const, readonly: true })),
-          { path: writableDisk, format: 'raw', readonly: false },
-        ],
-        writableDisk,
-        memoryMib: spec.resources.memoryMib,
-        cpus: spec.resources.cpu,
-      };
-      const vm = await this.boot(launch, options);
+      const launch = await this.launchFor(dir, spec);
+      const vm = await this.start(launch, options);
       return await this.track(spec, vm, launch);
     } catch (error) {
       await rm(dir, { recursive: true, force: true });
@@ -153,6 +180,7 @@ export class VmBackend implements Backend {
       throw error;
     }
     const sandbox = new VmSandbox({
+      kind: this.name,
       spec,
       vm,
       launch,
@@ -174,13 +202,19 @@ export class VmBackend implements Backend {
    * and says what it records; its resources and layers are the snapshot's.
    */
   async restoreAsNew(snapshot: VmSnapshot, spec: SandboxSpec): Promise<VmSandbox> {
-    if (this.isClosed) throw new SandgymError('failed_precondition', 'The microvm backend is closed');
+    if (this.isClosed) throw new SandgymError('failed_precondition', `The ${this.name} backend is closed`);
     const dir = this.dirOf(spec.id);
     await mkdir(dir, { recursive: true });
     try {
       const { vm, launch } = await startFromSnapshot(
         snapshot,
-        { dir, writableDisk: join(dir, 'rw.img') },
+        {
+          dir,
+          writableDisk: join(
+            dir,
+            basename(snapshot.recipe.disks[snapshot.recipe.writableIndex]?.path ?? 'rw.img'),
+          ),
+        },
         this.codec,
         RESTORE_SYNC_MS,
       );
@@ -210,8 +244,50 @@ export class VmBackend implements Backend {
   }
 
   /** Boots, with a watchdog: a boot that does not reach the agent in time is killed and tried once more. */
-  private async boot(launch: VmLaunch, options: CallOptions): Promise<QemuVm> {
-    const timeoutMs = options.timeoutMs ?? this.options.bootTimeoutMs ?? DEFAULT_BOOT_TIMEOUT_MS;
+  /** What a new VM boots: the microvm's layers and writable disk, or an overlay of the vm's image. */
+  private async launchFor(dir: string, spec: SandboxSpec): Promise<VmLaunch> {
+    const common = { dir, memoryMib: spec.resources.memoryMib, cpus: spec.resources.cpu };
+    if (this.boot.kind === 'vm') {
+      const disk = join(dir, 'disk.qcow2');
+      await runProgram('qemu-img', [
+        'create',
+        '-q',
+        '-f',
+        'qcow2',
+        '-b',
+        this.boot.image.disk,
+        '-F',
+        'qcow2',
+        disk,
+      ]);
+      return {
+        ...common,
+        machine: 'q35',
+        kernel: this.boot.image.kernel,
+        initrd: this.boot.image.initrd,
+        append: ['root=/dev/vda', 'rw'],
+        disks: [{ path: disk, format: 'qcow2', readonly: false }],
+        writableDisk: disk,
+      };
+    }
+    const writableDisk = await makeWritableDisk(dir, spec.resources.diskMib);
+    return {
+      ...common,
+      machine: 'microvm',
+      kernel: this.boot.kernel.vmlinux,
+      initrd: await this.writeInitrd(dir, spec, this.boot.kernel),
+      append: ['rdinit=/init', `sandgym.layers=${spec.layers.length}`],
+      // the layers, base first, then the writable disk: the order the guest's init expects
+      disks: [
+        ...spec.layers.map((layer) => ({ path: layer.path, format: 'raw' as const, readonly: true })),
+        { path: writableDisk, format: 'raw', readonly: false },
+      ],
+      writableDisk,
+    };
+  }
+
+  private async start(launch: VmLaunch, options: CallOptions): Promise<QemuVm> {
+    const timeoutMs = options.timeoutMs ?? this.options.bootTimeoutMs ?? DEFAULT_BOOT_TIMEOUT_MS[this.name];
     for (let attempt = 1; ; attempt++) {
       const vm = await QemuVm.start(launch, this.codec);
       try {
@@ -226,7 +302,7 @@ export class VmBackend implements Backend {
   }
 
   /** The modules' archive, then this VM's: the agent as /init, and the sandbox's environment. */
-  private async writeInitrd(dir: string, spec: SandboxSpec): Promise<string> {
+  private async writeInitrd(dir: string, spec: SandboxSpec, kernel: GuestKernel): Promise<string> {
     const env = {
       PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
       HOME: '/root',
@@ -247,14 +323,14 @@ export class VmBackend implements Backend {
       },
     ]);
     const path = join(dir, 'initrd');
-    await writeFile(path, Buffer.concat([await readFile(this.kernel.modulesArchive), own]));
+    await writeFile(path, Buffer.concat([await readFile(kernel.modulesArchive), own]));
     return path;
   }
 
   private async saveState(dir: string, spec: SandboxSpec, vm: QemuVm): Promise<void> {
     const state: VmState = {
       id: spec.id,
-      backend: 'microvm',
+      backend: this.name,
       owner: this.owner,
       ...(vm.pid ? { qemu: (await processIdentity(vm.pid)) ?? { pid: vm.pid, startTime: 0 } } : {}),
       createdAt: new Date().toISOString(),
@@ -290,19 +366,19 @@ export class VmBackend implements Backend {
   attach(id: string): BackendSandbox {
     const sandbox = this.live.get(id);
     if (!sandbox)
-      throw new SandgymError('not_found', `No live microvm "${id}" of this process: see "sandgym ps"`);
+      throw new SandgymError('not_found', `No live ${this.name} "${id}" of this process: see "sandgym ps"`);
     return sandbox;
   }
 
   async list(): Promise<SandboxRecord[]> {
     const records: SandboxRecord[] = [];
-    for (const id of await readdir(join(this.options.dataDir, 'vms')).catch(() => [] as string[])) {
+    for (const id of await readdir(this.vmsDir).catch(() => [] as string[])) {
       const state = await this.readState(id);
       if (!state) continue;
       const paused = this.live.get(id)?.state === 'paused';
       records.push({
         id: state.id,
-        backend: 'microvm',
+        backend: this.name,
         state: !(await isAlive(state.owner)) ? 'orphaned' : paused ? 'paused' : 'running',
         ownerPid: state.owner.pid,
         createdAt: state.createdAt,
@@ -322,7 +398,7 @@ export class VmBackend implements Backend {
     const mine = this.live.get(id);
     if (mine) return mine.close();
     const state = await this.readState(id);
-    if (!state) throw new SandgymError('not_found', `No microvm "${id}" on this node: see "sandgym ps"`);
+    if (!state) throw new SandgymError('not_found', `No ${this.name} "${id}" on this node: see "sandgym ps"`);
     await this.removeResidue(id, state);
   }
 
@@ -336,20 +412,20 @@ export class VmBackend implements Backend {
     return Promise.reject(
       new SandgymError(
         'unsupported',
-        "A microvm's writable layer is inside its disk image: it cannot be packed yet",
+        `A ${this.name}'s writable layer is inside its disk image: it cannot be packed yet`,
       ),
     );
   }
 
   async gc(): Promise<GcReport> {
     const report: GcReport = { sandboxes: [], mounts: [], cgroups: [] };
-    for (const id of await readdir(join(this.options.dataDir, 'vms')).catch(() => [] as string[])) {
+    for (const id of await readdir(this.vmsDir).catch(() => [] as string[])) {
       if (this.live.has(id)) continue;
       const state = await this.readState(id);
       if (state && (await isAlive(state.owner))) continue;
       await this.removeResidue(
         id,
-        state ?? { id, backend: 'microvm', owner: this.owner, createdAt: '', layers: [], labels: {} },
+        state ?? { id, backend: this.name, owner: this.owner, createdAt: '', layers: [], labels: {} },
       );
       report.sandboxes.push(id);
     }

@@ -9,6 +9,7 @@ import { saveSnapshot, startFromSnapshot, type VmSnapshot } from './snapshots.ts
 
 /** What a VM sandbox needs from its backend. */
 export interface VmSandboxParts {
+  kind: 'microvm' | 'vm';
   spec: SandboxSpec;
   vm: QemuVm;
   /** What it was booted from; `writableDisk` is the ext4 image of its upper dir. */
@@ -32,7 +33,7 @@ const TICKS_PER_SECOND = 100;
  * file) with the disk; hibernation is a checkpoint and the VM stopped, so its memory is freed.
  */
 export class VmSandbox extends AgentSandbox {
-  readonly backend = 'microvm' as const;
+  readonly backend: 'microvm' | 'vm';
   private seenOomKills = 0;
   private current: QemuVm;
   /** Set while its QEMU is being replaced (restore, hibernate), whose exit is then expected. */
@@ -41,6 +42,7 @@ export class VmSandbox extends AgentSandbox {
 
   constructor(private readonly parts: VmSandboxParts) {
     super(parts.spec, undefined);
+    this.backend = parts.kind;
     this.current = parts.vm;
     this.watchVm(parts.vm);
   }
@@ -190,7 +192,10 @@ export class VmSandbox extends AgentSandbox {
   /** A microVM has loopback only: it has no network device to open. */
   async setNetwork(rules: readonly string[]): Promise<void> {
     if (rules.length > 0) {
-      throw new SandgymError('unsupported', 'A microvm has loopback only: network rules need a container');
+      throw new SandgymError(
+        'unsupported',
+        `A ${this.backend} has loopback only: network rules need a container`,
+      );
     }
     return Promise.resolve();
   }
@@ -204,7 +209,7 @@ export class VmSandbox extends AgentSandbox {
     return Promise.reject(
       new SandgymError(
         'unsupported',
-        "A microvm's writable layer is inside its disk image: it cannot be packed yet",
+        `A ${this.backend}'s writable layer is inside its disk image: it cannot be packed yet`,
       ),
     );
   }

@@ -2,8 +2,10 @@ import { join, resolve } from 'node:path';
 import {
   accelerator,
   activeSwapAreas,
+  agentBinaryPath,
   ensureGuestKernel,
   ensureSwapFile,
+  ensureVmImage,
   prepareHost,
 } from '../../backends/index.ts';
 import { consoleLogger } from '../console-logger.ts';
@@ -34,6 +36,13 @@ export async function setupCommand(args: string[]): Promise<number> {
   const environments = (await store.listEnvironments()).map((e) => `${e.name}:${e.version}`);
   // the microvm backend's guest kernel, kept beside the layers
   const guest = await ensureGuestKernel(join(store.root, 'guest'), logger);
+  // and the vm backend's full Debian image (debootstrapped once; remade when the agent changes)
+  await ensureVmImage(
+    join(store.root, 'guest', 'vm'),
+    agentBinaryPath(),
+    process.env['SANDGYM_DEBIAN_MIRROR'] ?? 'http://deb.debian.org/debian',
+    logger,
+  );
   const vmAccel = await accelerator();
   const report = {
     ...host,
