@@ -1,10 +1,10 @@
 import { spawnSync } from 'node:child_process';
-import { existsSync } from 'node:fs';
-import { mkdir, mkdtemp, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import { readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { basename, join } from 'node:path';
 import { z } from 'zod';
 import { SandgymError, type Logger } from '../../common/index.ts';
 import { runProgram } from '../host/run-program.ts';
+import { buildFolderOnce } from './build-once.ts';
 import { cpioArchive, type CpioEntry } from './cpio.ts';
 
 /**
@@ -45,9 +45,7 @@ const readyFile = z.object({ version: z.string() });
 export async function ensureGuestKernel(dir: string, logger: Logger): Promise<GuestKernel> {
   const existing = await readReady(dir);
   if (existing) return existing;
-  await mkdir(dir, { recursive: true });
-  const work = await mkdtemp(join(dir, '.prepare-'));
-  try {
+  await buildFolderOnce(join(dir, 'current'), 'ready.json', async (work) => {
     logger.info({ dir }, 'preparing the guest kernel (Debian linux-image-amd64)');
     const depends = await runProgram('apt-cache', ['depends', 'linux-image-amd64']);
     const pkg = /Depends: (linux-image-[0-9][^\s]*)/.exec(depends)?.[1];
@@ -73,16 +71,7 @@ export async function ensureGuestKernel(dir: string, logger: Logger): Promise<Gu
     await rm(tree, { recursive: true, force: true });
     await rm(join(work, deb), { force: true });
     await writeFile(join(work, 'ready.json'), JSON.stringify({ version }));
-    const target = join(dir, 'current');
-    await rename(work, target).catch(async (error: unknown) => {
-      // another process got there first: its kernel is as good as ours
-      if (!existsSync(join(target, 'ready.json'))) throw error;
-      await rm(work, { recursive: true, force: true });
-    });
-  } catch (error) {
-    await rm(work, { recursive: true, force: true });
-    throw error;
-  }
+  });
   const ready = await readReady(dir);
   if (!ready) throw new SandgymError('platform_error', `The guest kernel in ${dir} did not come out whole`);
   return ready;

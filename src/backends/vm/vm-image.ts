@@ -1,11 +1,12 @@
 import { existsSync } from 'node:fs';
-import { copyFile, mkdir, mkdtemp, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import { copyFile, mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { SandgymError, type Logger } from '../../common/index.ts';
 import { buildDebianRootfs } from '../host/base-rootfs.ts';
 import { sha256OfFile } from '../host/layer-verify.ts';
 import { runProgram } from '../host/run-program.ts';
+import { buildFolderOnce } from './build-once.ts';
 
 /** A full-OS disk image the vm backend boots: the disk, and its own kernel and initramfs. */
 export interface VmImage {
@@ -55,8 +56,7 @@ export async function ensureVmImage(
   if (ready) return ready;
   await mkdir(dir, { recursive: true });
   const rootfs = await ensureRootfs(dir, mirror, logger);
-  const work = await mkdtemp(join(dir, '.image-'));
-  try {
+  await buildFolderOnce(imageDir, 'ready.json', async (work) => {
     logger.info({ dir: imageDir }, 'making the vm image (agent installed as a service)');
     await copyFile(agentPath, join(rootfs, 'usr/local/sbin/sandgym-agent'));
     await mkdir(join(rootfs, 'etc/systemd/system/multi-user.target.wants'), { recursive: true });
@@ -91,18 +91,11 @@ export async function ensureVmImage(
     });
     await rm(raw);
     await writeFile(join(work, 'ready.json'), JSON.stringify({ kernel, initrd }));
-    await rename(work, imageDir).catch(async (error: unknown) => {
-      if (!existsSync(join(imageDir, 'ready.json'))) throw error;
-      await rm(work, { recursive: true, force: true });
-    });
-    // images for earlier agents are of no use any more
-    for (const old of await readdir(dir)) {
-      if (old.startsWith('image-') && join(dir, old) !== imageDir)
-        await rm(join(dir, old), { recursive: true, force: true });
-    }
-  } catch (error) {
-    await rm(work, { recursive: true, force: true });
-    throw error;
+  });
+  // images for earlier agents are of no use any more
+  for (const old of await readdir(dir)) {
+    if (old.startsWith('image-') && !old.includes('.building-') && join(dir, old) !== imageDir)
+      await rm(join(dir, old), { recursive: true, force: true });
   }
   const image = await readImage(imageDir);
   if (!image) throw new SandgymError('platform_error', `The vm image in ${imageDir} did not come out whole`);
@@ -126,15 +119,9 @@ async function readImage(imageDir: string): Promise<VmImage | undefined> {
 async function ensureRootfs(dir: string, mirror: string, logger: Logger): Promise<string> {
   const rootfs = join(dir, 'rootfs');
   if (existsSync(join(rootfs, 'etc/os-release'))) return rootfs;
-  const work = await mkdtemp(join(dir, '.rootfs-'));
-  try {
+  await buildFolderOnce(rootfs, 'etc/os-release', async (work) => {
     logger.info({ mirror }, 'debootstrapping the vm image (Debian bookworm with systemd and its kernel)');
     await buildDebianRootfs(work, { suite: 'bookworm', mirror, packages: IMAGE_PACKAGES });
-    await rm(rootfs, { recursive: true, force: true });
-    await rename(work, rootfs);
-  } catch (error) {
-    await rm(work, { recursive: true, force: true });
-    throw error;
-  }
+  });
   return rootfs;
 }
