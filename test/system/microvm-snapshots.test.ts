@@ -1,4 +1,5 @@
 import { randomBytes } from 'node:crypto';
+import { readFileSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -77,6 +78,11 @@ describe('microvm snapshots: checkpoint, restore, fork', () => {
 
       // the origin goes back to its checkpoint in place: the later file is gone, the process is back
       await origin.restore(snapshot);
+      // other processes find (and can end) the QEMU that now runs it
+      const state = JSON.parse(readFileSync(join(dataDir, 'microvms', origin.id, 'state.json'), 'utf8')) as {
+        qemu: { pid: number };
+      };
+      expect(state.qemu.pid).toBe(origin.vm.pid);
       await expect(origin.readFile('/root/after-checkpoint')).rejects.toMatchObject({ code: 'not_found' });
       await origin.writeFile('/tmp/check', '');
       expect(await waitForFile(origin, '/tmp/after')).toBe(before);

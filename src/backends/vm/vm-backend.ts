@@ -173,8 +173,9 @@ export class VmBackend implements Backend {
   }
 
   private async track(spec: SandboxSpec, vm: QemuVm, launch: VmLaunch): Promise<VmSandbox> {
+    const createdAt = new Date().toISOString();
     try {
-      await this.saveState(launch.dir, spec, vm);
+      await this.saveState(launch.dir, spec, vm, createdAt);
     } catch (error) {
       await vm.kill();
       throw error;
@@ -187,6 +188,7 @@ export class VmBackend implements Backend {
       codec: this.codec,
       snapshotsDir: this.snapshotsDir,
       destroy: (s) => this.destroy(s),
+      replaced: (next) => this.saveState(launch.dir, spec, next, createdAt),
     });
     this.live.set(spec.id, sandbox);
     return sandbox;
@@ -327,13 +329,13 @@ export class VmBackend implements Backend {
     return path;
   }
 
-  private async saveState(dir: string, spec: SandboxSpec, vm: QemuVm): Promise<void> {
+  private async saveState(dir: string, spec: SandboxSpec, vm: QemuVm, createdAt: string): Promise<void> {
     const state: VmState = {
       id: spec.id,
       backend: this.name,
       owner: this.owner,
       ...(vm.pid ? { qemu: (await processIdentity(vm.pid)) ?? { pid: vm.pid, startTime: 0 } } : {}),
-      createdAt: new Date().toISOString(),
+      createdAt,
       layers: spec.layers.map((layer) => layer.digest),
       labels: spec.labels,
     };

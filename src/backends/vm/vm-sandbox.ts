@@ -18,6 +18,8 @@ export interface VmSandboxParts {
   /** Where its checkpoints and hibernation images go. */
   snapshotsDir: string;
   destroy(sandbox: VmSandbox): Promise<void>;
+  /** Its QEMU was replaced (a restore): the state other processes read must name the new one. */
+  replaced(vm: QemuVm): Promise<void>;
 }
 
 /** How long a restored guest's agent may take to answer on its new channel. */
@@ -88,6 +90,7 @@ export class VmSandbox extends AgentSandbox {
       );
       this.current = vm;
       this.watchVm(vm);
+      await this.parts.replaced(vm);
       this.currentState = 'running';
     } catch (error) {
       this.currentState = 'failed';
@@ -143,7 +146,8 @@ export class VmSandbox extends AgentSandbox {
     if (this.currentState !== 'paused') await this.ready('hibernate', undefined);
     const before = await this.stats();
     const wasRunning = this.currentState === 'running';
-    const image = await saveSnapshot(this.current, this.parts.launch, this.parts.snapshotsDir, wasRunning);
+    const image = await saveSnapshot(this.current, this.parts.launch, this.parts.launch.dir, wasRunning);
+    // the image sits in the VM's own folder, so whatever removes the VM removes it too;
     // its commands keep running in the guest's memory: their answers come on the next channel
     this.hibernation = { image, inFlight: this.current.channel.releaseInFlight() };
     this.replacing = true;
