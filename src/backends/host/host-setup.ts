@@ -16,6 +16,8 @@ const REQUIRED_PROGRAMS: Record<string, string> = {
   nft: 'nftables',
   // the microvm backend: QEMU, the writable disk's filesystem, the guest kernel's unpacking
   'qemu-system-x86_64': 'qemu-system-x86',
+  // only a Recommends of qemu-system-x86, which --no-install-recommends leaves out
+  'qemu-img': 'qemu-utils',
   'mkfs.ext4': 'e2fsprogs',
   xz: 'xz-utils',
   'dpkg-deb': 'dpkg',
