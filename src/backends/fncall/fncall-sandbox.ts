@@ -1,9 +1,8 @@
-import { AsyncQueue, SandgymError, type FailureReason } from '../../common/index.ts';
+import { SandgymError, type FailureReason } from '../../common/index.ts';
 import type {
   BackendSandbox,
   CallOptions,
   DirEntry,
-  ExecChunk,
   ExecOptions,
   ExecResult,
   ExecStream,
@@ -17,7 +16,7 @@ import type {
   WriteFileOptions,
 } from '../contract.ts';
 import type { ContainerSandbox } from '../container/container-sandbox.ts';
-import { collectExec } from '../collect-exec.ts';
+import { collectExec, streamExec } from '../collect-exec.ts';
 import { checkArgv, checkSandboxPath, throwIfAborted } from '../internal/checks.ts';
 import type { WorkerSet } from './worker-set.ts';
 
@@ -117,29 +116,19 @@ export class FnCallSandbox implements BackendSandbox {
 
   execStream(argv: string[], options: ExecOptions = {}): ExecStream {
     checkArgv(argv);
-    const queue = new AsyncQueue<ExecChunk>();
     const call: ExecOptions = {
       ...options,
       cwd: options.cwd ?? this.spec.workdir,
       env: { ...this.spec.env, ...options.env },
       outputCapBytes: options.outputCapBytes ?? this.spec.resources.outputCapBytes,
     };
-    const result = this.withWorker('run a command', options.signal, async (worker) => {
-      const running = worker.execStream(argv, call);
-      for await (const chunk of running.output) queue.push(chunk);
-      return running.result;
-    }).then(
-      (done) => {
-        queue.end();
-        return done;
-      },
-      (error: unknown) => {
-        queue.end(error);
-        throw error;
-      },
+    return streamExec((onChunk) =>
+      this.withWorker('run a command', options.signal, async (worker) => {
+        const running = worker.execStream(argv, call);
+        for await (const chunk of running.output) onChunk(chunk);
+        return running.result;
+      }),
     );
-    result.catch(() => undefined); // the caller may read only the output; the error reaches it there
-    return { output: queue, result };
   }
 
   async readFile(path: string, options: ReadFileOptions = {}): Promise<Buffer> {

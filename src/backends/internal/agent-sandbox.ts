@@ -1,7 +1,7 @@
 import { constants } from 'node:os';
-import { AsyncQueue, SandgymError, type FailureReason } from '../../common/index.ts';
+import { SandgymError, type FailureReason } from '../../common/index.ts';
 import { callOptionsOf } from '../call-options.ts';
-import { collectExec } from '../collect-exec.ts';
+import { collectExec, streamExec } from '../collect-exec.ts';
 import type {
   BackendName,
   BackendSandbox,
@@ -136,19 +136,7 @@ export abstract class AgentSandbox implements BackendSandbox {
   }
 
   execStream(argv: string[], options: ExecOptions = {}): ExecStream {
-    const queue = new AsyncQueue<ExecChunk>();
-    const result = this.run(argv, options, (chunk) => queue.push(chunk)).then(
-      (done) => {
-        queue.end();
-        return done;
-      },
-      (error: unknown) => {
-        queue.end(error);
-        throw error;
-      },
-    );
-    result.catch(() => undefined); // the caller may read only the output; the error reaches it there
-    return { output: queue, result };
+    return streamExec((onChunk) => this.run(argv, options, onChunk));
   }
 
   private async run(
