@@ -6,7 +6,8 @@ import { defineConfig } from 'vitest/config';
 // `npm run prepare-host` (the test script runs it). The leak check runs after everything.
 export default defineConfig({
   test: {
-    globalSetup: ['test/support/leak-check.ts'],
+    // the hostile suite's totals print last, after the leak check's verdict
+    globalSetup: ['test/hostile/summary.ts', 'test/support/leak-check.ts'],
     projects: [
       { test: { name: 'unit', include: ['test/unit/**/*.test.ts'], sequence: { groupOrder: 0 } } },
       {

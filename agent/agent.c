@@ -33,6 +33,7 @@
 
 #include "channel.h"
 #include "files.h"
+#include "selfstate.h"
 #include "jobs.h"
 
 #define AGENT_PROTOCOL_VERSION 1
@@ -79,7 +80,9 @@ static void apply_cpu_class(const agent_options *options) {
 static void send_ready(void) {
   mp_writer w;
   mp_writer_init(&w);
-  mp_map(&w, 5);
+  char state[2048];
+  selfstate_describe(state, sizeof state);
+  mp_map(&w, 6);
   mp_str(&w, "t");
   mp_str(&w, "ready");
   mp_str(&w, "version");
@@ -90,8 +93,11 @@ static void send_ready(void) {
   mp_str(&w, sched_class);
   mp_str(&w, "coreCookie");
   mp_str(&w, core_cookie);
+  mp_str(&w, "state");
+  mp_str(&w, state);
   channel_send(&w);
 }
+
 
 /* The fields any request may carry; which ones matter depends on op. */
 typedef struct {
@@ -101,6 +107,8 @@ typedef struct {
   int64_t uid, gid;
   char **argv, **env;
   bool bad;
+  /* why argv or env was refused, named in the error reply */
+  const char *bad_strv;
 } request;
 
 static uint64_t as_uint(const mp_item *it, bool *bad) {
@@ -126,8 +134,13 @@ static bool parse_request(const uint8_t *p, size_t n, request *req) {
       if (!mp_next(&r, &value)) return false;
       if (value.type == MP_NIL) continue;
       if (value.type != MP_ARRAY) return false;
-      char **v = read_strv(&r, &value);
-      if (!v) return false;
+      const char *why = NULL;
+      char **v = read_strv(&r, &value, &why);
+      if (!v) {
+        req->bad_strv = mp_item_is(&key, "argv") ? "argv" : "env";
+        if (strcmp(why, "malformed request") == 0) return false;
+        continue;
+      }
       if (mp_item_is(&key, "argv")) req->argv = v;
       else req->env = v;
       continue;
@@ -232,6 +245,17 @@ static void handle_reset(request *req) {
 
 /* Processes besides the agent and the kernel's own threads (whose cmdline is empty): what a VM's
  * stats report as its pids, where no cgroup counts them. */
+/* The agent's own process state now (see selfstate.c), for the host to compare with the ready's. */
+static void handle_procstate(request *req) {
+  char state[2048];
+  selfstate_describe(state, sizeof state);
+  mp_writer w;
+  reply_begin(&w, "ok", req->id, 1);
+  mp_str(&w, "state");
+  mp_str(&w, state);
+  channel_send(&w);
+}
+
 static void handle_procs(request *req) {
   DIR *proc = opendir("/proc");
   if (!proc) return send_errno(req->id, errno, "cannot list /proc");
@@ -279,6 +303,10 @@ static void handle_frame(const uint8_t *p, size_t n) {
   request req;
   if (!parse_request(p, n, &req) || req.bad || req.op.type != MP_STR) {
     send_error(req.id, "bad_request", "malformed request");
+  } else if (req.bad_strv) {
+    char message[96];
+    snprintf(message, sizeof message, "%s entries must be strings without NUL bytes", req.bad_strv);
+    send_error(req.id, "bad_request", message);
   } else if (mp_item_is(&req.op, "exec")) {
     handle_exec(&req);
   } else if (mp_item_is(&req.op, "cancel")) {
@@ -295,6 +323,8 @@ static void handle_frame(const uint8_t *p, size_t n) {
     handle_restored(&req);
   } else if (mp_item_is(&req.op, "procs")) {
     handle_procs(&req);
+  } else if (mp_item_is(&req.op, "procstate")) {
+    handle_procstate(&req);
   } else if (mp_item_is(&req.op, "ping")) {
     send_ok(req.id);
   } else if (mp_item_is(&req.op, "sync")) {
@@ -381,6 +411,7 @@ static void take_channel(bool durable) {
 
 static _Noreturn void agent_main(const agent_options *options) {
   prctl(PR_SET_DUMPABLE, 0);
+  selfstate_protect();
   take_channel(options->durable);
   apply_cpu_class(options);
   files_init();

@@ -76,6 +76,9 @@ static const char *errno_code(int err) {
     case ELOOP: case EXDEV: return "path_escape";
     case ENOSPC: case EDQUOT: return "no_space";
     case EFBIG: return "file_too_large";
+    /* the sandbox's own limits (pids, memory, open files): its doing, never the platform's */
+    case EAGAIN: case ENOMEM: case EMFILE: case ENFILE: return "no_resources";
+    case ENAMETOOLONG: return "invalid_path";
     default: return "io_error";
   }
 }

@@ -1,6 +1,9 @@
 /* File requests: read, write and list inside the sandbox root. Paths are absolute, contain no
  * ".." component, and are resolved with openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS) so that
- * neither a symlink nor a /proc magic link can lead out of the root. */
+ * neither a symlink nor a /proc magic link can lead out of the root. The agent serves every
+ * request from one thread, so nothing here may block on what the sandbox planted: every open is
+ * non-blocking (a FIFO opens at once and is then refused as not a regular file), and a write's
+ * temp file is a fresh random name created exclusively, never an existing node. */
 #define _GNU_SOURCE
 #include "files.h"
 
@@ -11,8 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "channel.h"
@@ -63,12 +68,19 @@ void file_read(uint32_t id, const mp_item *path, uint64_t max_bytes) {
   char rel[4096];
   const char *why = checked_path(path, rel, sizeof rel);
   if (why) return send_error(id, "invalid_path", why);
-  int fd = open_in_root(rel, O_RDONLY | O_NOFOLLOW, 0);
+  int fd = open_in_root(rel, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY, 0);
   if (fd < 0) return send_errno(id, errno, "cannot open file");
   struct stat st;
   if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
     close(fd);
-    return send_error(id, S_ISDIR(st.st_mode) ? "is_directory" : "not_regular_file", "path is not a regular file");
+    return send_error(id, S_ISDIR(st.st_mode) ? "is_directory" : "not_regular_file",
+                      S_ISDIR(st.st_mode) ? "path is a directory" : "path is not a regular file (a FIFO, socket or device)");
+  }
+  if ((uint64_t)st.st_size > max_bytes) {
+    close(fd);
+    char message[128];
+    snprintf(message, sizeof message, "file is larger than the %llu-byte read limit", (unsigned long long)max_bytes);
+    return send_error(id, "file_too_large", message);
   }
   size_t cap = 65536, len = 0;
   uint8_t *buf = malloc(cap);
@@ -127,16 +139,34 @@ static int make_parents(char *rel) {
   return 0;
 }
 
+/* Creates a temp file beside rel under a random name that did not exist: O_EXCL never opens a
+ * FIFO or anything else the sandbox put there, and O_NONBLOCK keeps even that from waiting. */
+static int create_temp_beside(const char *rel, char *tmp, size_t size, uint32_t mode) {
+  const char *slash = strrchr(rel, '/');
+  int dir_len = slash ? (int)(slash - rel + 1) : 0;
+  for (int attempt = 0; attempt < 16; attempt++) {
+    uint64_t nonce = 0;
+    /* GRND_NONBLOCK: a VM guest early in its boot must not wait for entropy just to name a file */
+    if (getrandom(&nonce, sizeof nonce, GRND_NONBLOCK) != sizeof nonce) {
+      struct timespec ts;
+      clock_gettime(CLOCK_MONOTONIC, &ts);
+      nonce = ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)attempt << 56);
+    }
+    snprintf(tmp, size, "%.*s.sandgym-write-%016llx", dir_len, rel, (unsigned long long)nonce);
+    int fd = open_in_root(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY, mode & 07777);
+    if (fd >= 0 || errno != EEXIST) return fd;
+  }
+  errno = EEXIST;
+  return -1;
+}
+
 void file_write(uint32_t id, const mp_item *path, const mp_item *data, uint32_t mode) {
   char rel[4096], tmp[4200];
   const char *why = checked_path(path, rel, sizeof rel);
   if (why) return send_error(id, "invalid_path", why);
   if (data->type != MP_BIN && data->type != MP_STR) return send_error(id, "bad_request", "data must be binary");
   if (make_parents(rel) < 0) return send_errno(id, errno, "cannot create parent directory");
-  const char *slash = strrchr(rel, '/');
-  int dir_len = slash ? (int)(slash - rel + 1) : 0;
-  snprintf(tmp, sizeof tmp, "%.*s.sandgym-write-%d", dir_len, rel, (int)getpid());
-  int fd = open_in_root(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, mode & 07777);
+  int fd = create_temp_beside(rel, tmp, sizeof tmp, mode);
   if (fd < 0) return send_errno(id, errno, "cannot create file");
   const uint8_t *p = data->ptr;
   size_t n = data->len;
@@ -173,7 +203,7 @@ void file_list(uint32_t id, const mp_item *path) {
   char rel[4096];
   const char *why = checked_path(path, rel, sizeof rel);
   if (why) return send_error(id, "invalid_path", why);
-  int fd = open_in_root(rel, O_RDONLY | O_DIRECTORY, 0);
+  int fd = open_in_root(rel, O_RDONLY | O_DIRECTORY | O_NONBLOCK, 0);
   if (fd < 0) return send_errno(id, errno, "cannot open directory");
   DIR *dir = fdopendir(fd);
   if (!dir) {

@@ -12,6 +12,9 @@
  *   ID attach PID overlay LOWERS UPPER WORK CHECK_EROFS DEV   (CHECK_EROFS: 0 or 1)
  *   ID attach PID bind DIR                                    (DIR is mounted read-only)
  *   ID subvol PATH LIMIT                                      (see subvol(); answers the subvolume id)
+ *   ID snapshot SOURCE DEST                                   (see snapshot())
+ *   ID unsubvol PATH                                          (see unsubvol())
+ *   ID clearopaque PATH...                                    (see clear_opaque(); answers how many)
  *
  * DEV is "fresh" or "keep": a scrub between tenants always builds a fresh /dev and purges IPC,
  * so handing a scrubbed shell to its next tenant may keep both as they are.
@@ -45,6 +48,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +64,7 @@
 #include <sys/sysmacros.h>
 #include <sys/vfs.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #define EROFS_SUPER_MAGIC_V1 0xE0F5E1E2
@@ -67,6 +72,8 @@
 #define AGENT_IN_SANDBOX "/dev/.sandgym-agent"
 #define MAX_FIELDS 12
 #define MAX_RUNNING 1024
+/* a sandbox's devpts cap: SANDBOX_MAX_PTYS in src/backends/container/oci-config.ts */
+#define SANDBOX_MAX_PTYS "256"
 
 static const char *request_id = "?";
 /* Where answers go: the helper's stdout, kept aside when a launch points stdout at a log. */
@@ -184,6 +191,61 @@ static void subvol(char **f, int n) {
   answer(0, "%llu", (unsigned long long)lookup.treeid);
 }
 
+/* Splits PATH into its parent folder (opened) and its last component, which must fit a btrfs name. */
+static int open_parent(const char *path, char *parent, size_t size, const char **name) {
+  if (snprintf(parent, size, "%s", path) >= (int)size) answer(2, "path too long");
+  char *slash = strrchr(parent, '/');
+  if (!slash || slash == parent || strlen(slash + 1) >= BTRFS_PATH_NAME_MAX) answer(2, "bad subvolume path %s", path);
+  *slash = 0;
+  *name = slash + 1;
+  int dir = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  CHECK(dir, "cannot open %s: %s", parent, strerror(errno));
+  return dir;
+}
+
+/* A read-write snapshot of subvolume SOURCE at DEST: a private copy of a sandbox's writable layer,
+ * made in one ioctl whatever its size, that a packer may prune without touching the sandbox. */
+static void snapshot(char **f, int n) {
+  if (n != 4) answer(2, "malformed snapshot request");
+  char parent[4096];
+  const char *name;
+  int dir = open_parent(f[3], parent, sizeof parent, &name);
+  int source = open(f[2], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  CHECK(source, "cannot open %s: %s", f[2], strerror(errno));
+  struct btrfs_ioctl_vol_args_v2 args = {0};
+  args.fd = source;
+  memcpy(args.name, name, strlen(name));
+  CHECK(ioctl(dir, BTRFS_IOC_SNAP_CREATE_V2, &args), "cannot snapshot %s: %s", f[2], strerror(errno));
+  answer(0, NULL);
+}
+
+/* Deletes subvolume PATH with everything in it, as btrfs does: at once, the space freed later. */
+static void unsubvol(char **f, int n) {
+  if (n != 3) answer(2, "malformed unsubvol request");
+  char parent[4096];
+  const char *name;
+  int dir = open_parent(f[2], parent, sizeof parent, &name);
+  struct btrfs_ioctl_vol_args args = {0};
+  memcpy(args.name, name, strlen(name));
+  if (ioctl(dir, BTRFS_IOC_SNAP_DESTROY, &args) < 0 && errno != ENOENT)
+    answer(1, "cannot delete the subvolume %s: %s", f[2], strerror(errno));
+  answer(0, NULL);
+}
+
+/* Makes each PATH, an overlay upper folder, transparent again: its opaque mark goes, so what the
+ * layers below hold shows through it. Answers one flag per path, 1 where it had the mark. */
+static void clear_opaque(char **f, int n) {
+  char flags[MAX_FIELDS + 1] = "";
+  for (int i = 2; i < n; i++) {
+    bool had = lremovexattr(f[i], "trusted.overlay.opaque") == 0;
+    if (!had && errno != ENODATA && errno != ENOENT)
+      answer(1, "cannot clear the opaque mark of %s: %s", f[i], strerror(errno));
+    flags[i - 2] = had ? '1' : '0';
+    flags[i - 1] = 0;
+  }
+  answer(0, "%s", flags[0] ? flags : "-");
+}
+
 /* The device nodes and links of an OCI container's /dev, on a fresh tmpfs. */
 static void build_dev(const char *dev) {
   char path[512];
@@ -205,7 +267,7 @@ static void build_dev(const char *dev) {
   }
   snprintf(path, sizeof path, "%s/pts", dev);
   CHECK(mkdir(path, 0755), "cannot create %s: %s", path, strerror(errno));
-  CHECK(mount("devpts", path, "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"), "cannot mount %s: %s", path, strerror(errno));
+  CHECK(mount("devpts", path, "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,max=" SANDBOX_MAX_PTYS), "cannot mount %s: %s", path, strerror(errno));
   snprintf(path, sizeof path, "%s/shm", dev);
   CHECK(mkdir(path, 01777), "cannot create %s: %s", path, strerror(errno));
   CHECK(mount("shm", path, "tmpfs", MS_NOSUID | MS_NOEXEC | MS_NODEV, "mode=1777,size=65536k"), "cannot mount %s: %s", path, strerror(errno));
@@ -419,6 +481,9 @@ static void start(char *line) {
     if (n >= 2 && strcmp(f[1], "attach") == 0) attach(f, n);
     if (n >= 2 && strcmp(f[1], "launch") == 0) launch(f, n);
     if (n >= 2 && strcmp(f[1], "subvol") == 0) subvol(f, n);
+    if (n >= 2 && strcmp(f[1], "snapshot") == 0) snapshot(f, n);
+    if (n >= 2 && strcmp(f[1], "unsubvol") == 0) unsubvol(f, n);
+    if (n >= 2 && strcmp(f[1], "clearopaque") == 0) clear_opaque(f, n);
     answer(2, "unknown request %s", n >= 2 ? f[1] : "");
   }
   if (pid < 0) {

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "channel.h"
+#include "selfstate.h"
 
 #define CHUNK_BYTES 65536
 #define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -53,16 +54,29 @@ static void free_strv(char **v) {
   free(v);
 }
 
-/* Reads an array of strings from the reader into a NULL-terminated vector. */
-char **read_strv(mp_reader *r, const mp_item *array) {
+/* Reads an array of strings from the reader into a NULL-terminated vector. On a bad entry (not a
+ * string, or one holding a NUL byte) it returns NULL with *why set, but still moves the reader
+ * past the whole array, so the rest of the request (its id above all) can be read and answered. */
+char **read_strv(mp_reader *r, const mp_item *array, const char **why) {
   char **v = calloc(array->len + 1, sizeof(char *));
-  if (!v) return NULL;
+  *why = v ? NULL : "out of memory";
   for (uint32_t i = 0; i < array->len; i++) {
     mp_item it;
-    if (!mp_next(r, &it) || it.type != MP_STR || memchr(it.ptr, 0, it.len) || !(v[i] = copy_str(&it))) {
-      free_strv(v);
-      return NULL;
+    if (!mp_next(r, &it)) {
+      *why = "malformed request";
+      break;
     }
+    if (it.type == MP_ARRAY || it.type == MP_MAP) {
+      for (uint32_t k = 0; k < it.len * (it.type == MP_MAP ? 2u : 1u); k++) mp_skip(r);
+    }
+    if (*why) continue;
+    if (it.type != MP_STR) *why = "entries must be strings";
+    else if (memchr(it.ptr, 0, it.len)) *why = "entries must not contain NUL bytes";
+    else if (!(v[i] = copy_str(&it))) *why = "out of memory";
+  }
+  if (*why) {
+    free_strv(v);
+    return NULL;
   }
   return v;
 }
@@ -121,14 +135,8 @@ static void child_main(exec_request *req, int out_w, int err_w, int in_r, char *
   sigprocmask(SIG_SETMASK, &all, NULL);
   for (int sig = 1; sig < NSIG; sig++) signal(sig, SIG_DFL);
   setsid(); /* its own process group, so a timeout kills every descendant that stayed in it */
-  int adj = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-  if (adj >= 0) {
-    /* The OOM killer must pick a command, never the agent that reports on it. Lowering the
-     * agent's score needs CAP_SYS_RESOURCE, which even the host may lack; raising the command's
-     * needs nothing. */
-    if (write(adj, "1000", 4) < 0) {}
-    close(adj);
-  }
+  /* The OOM killer must pick a command, never the agent that reports on it (see selfstate.c). */
+  selfstate_for_command();
   dup2(in_r, 0);
   dup2(out_w, 1);
   dup2(err_w, 2);

@@ -40,7 +40,7 @@ typedef struct {
 extern job jobs[MAX_JOBS];
 
 int64_t now_us(void);
-char **read_strv(mp_reader *r, const mp_item *array);
+char **read_strv(mp_reader *r, const mp_item *array, const char **why);
 void exec_request_free(exec_request *req);
 void job_start(exec_request *req);
 job *job_by_id(uint32_t id);

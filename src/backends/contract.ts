@@ -1,4 +1,5 @@
 import type { FailureReason } from '../common/index.ts';
+import type { DiffFilter, FilterReport } from './host/diff-filter.ts';
 
 /** The four kinds of sandbox behind one API. */
 export type BackendName = 'container' | 'fncall' | 'microvm' | 'vm';
@@ -226,12 +227,23 @@ export interface BackendSandbox extends AsyncDisposable {
   writtenPaths(prefixes: readonly string[], options?: WrittenPathsOptions): Promise<string[]>;
   /**
    * Hands `consume` a folder holding everything the sandbox wrote (its overlay upper dir, with
-   * whiteouts for deletions), frozen for the duration so the view is consistent. Backends whose
-   * `checkpoint` capability is not `disk` or deeper fail with `unsupported`.
+   * whiteouts for deletions), frozen for the duration so the view is consistent. With a `filter`
+   * it is instead a private copy of it, taken frozen and pruned by the filter (see
+   * {@link DiffFilter}), which `consume` may change; the report says what the pruning found.
+   * Backends whose `checkpoint` capability is not `disk` or deeper fail with `unsupported`.
    */
-  withWritableLayer<T>(consume: (dir: string) => Promise<T>, options?: CallOptions): Promise<T>;
+  withWritableLayer<T>(
+    consume: (dir: string, report: FilterReport) => Promise<T>,
+    options?: WritableLayerOptions,
+  ): Promise<T>;
   /** Destroys the sandbox and everything it holds. Idempotent. */
   close(): Promise<void>;
+}
+
+/** Options for {@link BackendSandbox.withWritableLayer}. */
+export interface WritableLayerOptions extends CallOptions {
+  /** Hand over a private copy pruned by this filter instead of the live folder. */
+  filter?: DiffFilter;
 }
 
 /** What a garbage collection removed. */
@@ -270,7 +282,12 @@ export interface Backend extends AsyncDisposable {
    */
   withWritableLayerOf<T>(
     id: string,
-    consume: (dir: string, sandbox: Pick<BackendSandbox, 'layers' | 'labels'>) => Promise<T>,
+    consume: (
+      dir: string,
+      sandbox: Pick<BackendSandbox, 'layers' | 'labels'>,
+      report: FilterReport,
+    ) => Promise<T>,
+    options?: WritableLayerOptions,
   ): Promise<T>;
   /** Removes what dead owners left behind: sandboxes, mounts, cgroups. */
   gc(): Promise<GcReport>;

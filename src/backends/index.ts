@@ -41,6 +41,7 @@ export type {
 export { collectExec } from './collect-exec.ts';
 export { callOptionsOf } from './call-options.ts';
 export { buildErofsImage } from './host/erofs.ts';
+export type { DiffFilter, DroppedEntry, FilterReport } from './host/diff-filter.ts';
 export type { ErofsBuildOptions } from './host/erofs.ts';
 export { buildBusyboxRootfs, buildDebianRootfs } from './host/base-rootfs.ts';
 export type { DebianRootfsOptions } from './host/base-rootfs.ts';

@@ -1,4 +1,4 @@
-import type { z } from 'zod';
+import { z } from 'zod';
 import { SandgymError } from './errors.ts';
 
 /**
@@ -12,4 +12,12 @@ export function parseAt<T extends z.ZodType>(schema: T, value: unknown, where: s
     .map((issue) => `${issue.path.length ? issue.path.join('.') : '(root)'}: ${issue.message}`)
     .join('; ');
   throw new SandgymError('invalid_argument', `Invalid ${where}: ${problems}`);
+}
+
+/**
+ * A string that can reach a process unchanged: the kernel cuts arguments, environment entries and
+ * paths at a NUL byte, so one inside is refused at the door rather than silently shortened.
+ */
+export function textWithoutNul(): z.ZodString {
+  return z.string().regex(/^[^\0]*$/, 'must not contain a NUL byte');
 }

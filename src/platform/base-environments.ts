@@ -19,13 +19,14 @@ function baseEnvironments(): BaseEnvironment[] {
   return [
     {
       ref: 'busybox:latest',
-      description: 'Debian busybox-static and its applets: a tiny root for fast tests',
+      description: 'Debian busybox-static and its applets: a tiny root for fast tests (file times kept)',
       build: buildBusyboxRootfs,
       createdFrom: 'busybox-static',
     },
     {
       ref: 'debian:bookworm',
-      description: `Debian 12 minbase with ${DEBIAN_PACKAGES.join(', ')}`,
+      // the recipe's description: an image built by an older recipe (file times reset) is rebuilt
+      description: `Debian 12 minbase with ${DEBIAN_PACKAGES.join(', ')} (file times kept)`,
       build: (dir) => buildDebianRootfs(dir, { suite: 'bookworm', mirror, packages: DEBIAN_PACKAGES }),
       createdFrom: `debootstrap --variant=minbase bookworm ${mirror}`,
     },

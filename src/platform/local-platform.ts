@@ -16,6 +16,7 @@ import {
   type WarmPoolPolicy,
   type QosClass,
   type BackendName,
+  type FilterReport,
 } from '../backends/index.ts';
 import {
   SandgymError,
@@ -326,20 +327,31 @@ export class LocalPlatform implements PlatformClient {
   async packDiff(sandbox: Sandbox | string, options: PackDiffOptions): Promise<PackDiffResult> {
     const ref = options.name === undefined ? undefined : parseEnvironmentRef(options.name);
     const id = typeof sandbox === 'string' ? sandbox : sandbox.id;
-    const pack = async (dir: string, found: Pick<Sandbox, 'layers' | 'labels'>) => ({
-      present: (options.reportPaths ?? []).filter((path) => existsSync(join(dir, path))),
-      layer: await this.store.addLayerFromDirectory(dir, `pack_diff of sandbox ${id}`, {
-        ...(options.excludePaths ? { excludePaths: options.excludePaths } : {}),
-        ...(options.excludeRegexes ? { excludeRegexes: options.excludeRegexes } : {}),
-      }),
+    // Always a private copy, pruned: what a layer cannot hold (too-long names and paths), what no
+    // layer should (FIFOs, sockets, devices), the excluded paths and whatever stands in for them.
+    const filter = {
+      ...(options.excludePaths ? { excludePaths: options.excludePaths } : {}),
+      ...(options.reportPaths ? { reportPaths: options.reportPaths } : {}),
+    };
+    const pack = async (dir: string, found: Pick<Sandbox, 'layers' | 'labels'>, report: FilterReport) => ({
+      present: report.present,
+      dropped: report.dropped,
+      layer: await this.store.addLayerFromDirectory(
+        dir,
+        `pack_diff of sandbox ${id}`,
+        options.excludeRegexes ? { excludeRegexes: options.excludeRegexes } : {},
+      ),
       parent: found.labels['environment'],
       stack: found.layers.map((l) => l.digest),
     });
-    const { layer, present, parent, stack } =
+    const { layer, present, dropped, parent, stack } =
       typeof sandbox === 'string'
-        ? await this.container.withWritableLayerOf(sandbox, pack)
-        : await sandbox.withWritableLayer((dir) => pack(dir, sandbox), options);
-    if (!ref) return { layer, present };
+        ? await this.container.withWritableLayerOf(sandbox, pack, { filter })
+        : await sandbox.withWritableLayer((dir, report) => pack(dir, sandbox, report), {
+            ...definedFields({ signal: options.signal, timeoutMs: options.timeoutMs }),
+            filter,
+          });
+    if (!ref) return { layer, present, dropped };
     const handle = typeof sandbox === 'string' ? undefined : sandbox;
     const config = parent ? (await this.store.getEnvironment(parent)).config : {};
     const environment = await this.store.putEnvironment({
@@ -350,7 +362,7 @@ export class LocalPlatform implements PlatformClient {
     });
     // a snapshot of a run's sandbox belongs to the run: its end removes it
     if (handle) await this.runManager.addSnapshot(handle, `${environment.name}:${environment.version}`);
-    return { layer, environment, present };
+    return { layer, environment, present, dropped };
   }
 
   /**

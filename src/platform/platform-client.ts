@@ -1,4 +1,10 @@
-import type { BackendSandbox, CallOptions, GcReport, SandboxRecord } from '../backends/index.ts';
+import type {
+  BackendSandbox,
+  CallOptions,
+  DroppedEntry,
+  GcReport,
+  SandboxRecord,
+} from '../backends/index.ts';
 import type { Environment, LayerManifest } from './layer-store.ts';
 import type { SandboxRequest } from './sandbox-request.ts';
 import type { StepLog } from './exactly-once.ts';
@@ -70,7 +76,11 @@ export interface PackDiffOptions extends CallOptions {
    */
   name?: string;
   description?: string;
-  /** Paths (relative to /) left out of the layer, with everything below them. */
+  /**
+   * Paths (relative to /) left out of the layer, with everything below them, and with any
+   * ancestor of theirs the sandbox replaced by something that is not a folder (a symlink in place
+   * of /usr/local, say); an ancestor it emptied and made again shows the layers below it again.
+   */
   excludePaths?: string[];
   /** Regular expressions over paths (relative to /) left out of the layer. */
   excludeRegexes?: string[];
@@ -83,8 +93,13 @@ export interface PackDiffResult {
   layer: LayerManifest;
   /** Set when a name was given. */
   environment?: Environment;
-  /** The `reportPaths` the sandbox had written, created or deleted. */
+  /** The `reportPaths` the sandbox had written, created or deleted (itself, or by replacing a folder above). */
   present: string[];
+  /**
+   * What was left out besides the excluded paths: FIFOs, sockets and device nodes, names and paths
+   * too long for a layer, and whatever stood in place of an excluded path's folder.
+   */
+  dropped: DroppedEntry[];
 }
 
 /** Options for {@link PlatformClient.layerGc}. */

@@ -163,12 +163,12 @@ export class RemotePlatform implements PlatformClient {
     const fields: Partial<PackDiffOptions> = { ...options };
     delete fields.signal; // call options travel as the call's own
     delete fields.timeoutMs;
-    const { layer, environment, present } = await this.client.call(
+    const { layer, environment, present, dropped } = await this.client.call(
       'PackDiff',
       { sandboxId: typeof sandbox === 'string' ? sandbox : sandbox.id, ...definedFields(fields) },
       callOptionsOf(options),
     );
-    return environment ? { layer, environment, present } : { layer, present };
+    return environment ? { layer, environment, present, dropped } : { layer, present, dropped };
   }
 
   getEnvironment(ref: string, options: CallOptions = {}): Promise<Environment> {

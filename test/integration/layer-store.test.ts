@@ -1,6 +1,6 @@
 import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdir, mkdtemp, rm, writeFile, readdir } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, rm, utimes, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
@@ -29,12 +29,18 @@ describe('layer store', () => {
   }
 
   it('addresses a layer by the sha256 of its bytes, the same for the same tree', async () => {
+    // the same names, contents, modes and times (a layer keeps its files' times), built apart
+    const sameTimes = async (root: string): Promise<string> => {
+      for (const path of ['etc/x', 'bin/y', 'etc', 'bin', ''])
+        await utimes(join(root, path), 1_700_000_000, 1_700_000_000);
+      return root;
+    };
     const a = await store.addLayerFromDirectory(
-      await tree('a', { 'etc/x': 'one', 'bin/y': 'two' }),
+      await sameTimes(await tree('a', { 'etc/x': 'one', 'bin/y': 'two' })),
       'test a',
     );
     const b = await store.addLayerFromDirectory(
-      await tree('b', { 'etc/x': 'one', 'bin/y': 'two' }),
+      await sameTimes(await tree('b', { 'etc/x': 'one', 'bin/y': 'two' })),
       'test b',
     );
     const c = await store.addLayerFromDirectory(await tree('c', { 'etc/x': 'changed' }), 'test c');

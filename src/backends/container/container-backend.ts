@@ -1,7 +1,7 @@
 import { randomBytes, randomInt } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
-import { basename, dirname, join, resolve } from 'node:path';
+import { basename, dirname, join, relative, resolve } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import {
   SandgymError,
@@ -25,6 +25,7 @@ import type {
   SandboxRecord,
   SandboxSpec,
   QosClass,
+  WritableLayerOptions,
 } from '../contract.ts';
 import {
   SandboxCgroup,
@@ -42,13 +43,18 @@ import { LayerTarballs } from '../host/layer-tarballs.ts';
 import { agentBinaryPath, hostProgram } from '../host/paths.ts';
 import { isAlive, processIdentity, type ProcessIdentity } from '../host/processes.ts';
 import { HostHelper } from '../host/host-helper.ts';
+import { raisePtyLimit } from '../host/pty-room.ts';
+import { hostCanGrantSysResource } from '../host/capabilities.ts';
 import { checkRuleBook, resolveRules, type NetworkRuleBook } from '../host/network-rules.ts';
 import { NodeNetwork, removeStaleNetwork, type NetworkAttachment } from '../host/node-network.ts';
 import { ScratchVolume, type ScratchSlot } from '../host/scratch-volume.ts';
 import { runProgram } from '../host/run-program.ts';
 import { AgentChannel } from '../internal/agent-channel.ts';
+import type { AgentReady } from '../internal/agent-protocol.ts';
 import { channelFifos, openPipe } from '../internal/channel-fifos.ts';
 import { ContainerSandbox } from './container-sandbox.ts';
+import { NOTHING_FILTERED, consumeFiltered, type PrivateCopy } from './private-copy.ts';
+import type { FilterReport } from '../host/diff-filter.ts';
 import { buildOciConfig } from './oci-config.ts';
 import { removeContainerResidue, type ContainerPaths } from './residue.ts';
 import { readContainerState, writeContainerState, type ContainerState } from './sandbox-record.ts';
@@ -135,6 +141,8 @@ export class ContainerBackend implements Backend {
     private readonly tarballs: LayerTarballs,
     private readonly scratch: ScratchVolume,
     private readonly helper: HostHelper,
+    /** Whether agents may hold CAP_SYS_RESOURCE to keep out of the OOM killer's reach. */
+    private readonly hostHasSysResource: boolean,
   ) {
     this.logger = (options.logger ?? silentLogger()).child({ component: 'container-backend' });
     this.codec = options.codec ?? createMsgpackCodec();
@@ -180,6 +188,7 @@ export class ContainerBackend implements Backend {
     const agentPath = agentBinaryPath();
     const runtime = hostProgram('crun');
     const layout = await detectCgroupLayout();
+    await raisePtyLimit();
     const owner = await processIdentity(process.pid);
     if (!owner) throw new SandgymError('platform_error', "Cannot read this process's identity from /proc");
     await Promise.all(
@@ -209,6 +218,7 @@ export class ContainerBackend implements Backend {
       new LayerTarballs(mounts),
       scratch,
       helper,
+      await hostCanGrantSysResource(),
     );
   }
 
@@ -218,6 +228,7 @@ export class ContainerBackend implements Backend {
       dir: join(this.options.dataDir, 'sandboxes', slot),
       runtimeRoot: join(this.options.dataDir, 'runtime'),
       runtime: this.runtime,
+      deleteSubvolume: (path) => this.helper.deleteSubvolume(path),
     };
   }
 
@@ -360,6 +371,7 @@ export class ContainerBackend implements Backend {
           cpuUsageMs: baseline.cpuUsageMs,
           oomKills: baseline.oomKills,
           pidsLimitHits: baseline.pidsLimitHits,
+          memoryLimitHits: baseline.memoryLimitHits,
         },
       });
     } catch (error) {
@@ -469,6 +481,7 @@ export class ContainerBackend implements Backend {
         denied: () => this.deniedByRules(shell.slot),
       },
       destroy: (s) => this.destroy(s),
+      privateCopy: (upperDir) => this.privateCopy(shell.slot, upperDir),
       ...(baseline ? { baseline } : {}),
       ...(createdAt === undefined ? {} : { createdAt }),
     });
@@ -499,6 +512,7 @@ export class ContainerBackend implements Backend {
         agentHostPath: this.agentPath,
         cgroupsPath: `/${cgroup.relativePath}`,
         durable: this.options.durable ?? false,
+        hostHasSysResource: this.hostHasSysResource,
         ...(overlay ? {} : { root: { path: this.shellRoot, readonly: true } }),
       });
       await writeFile(join(paths.dir, 'config.json'), JSON.stringify(config));
@@ -532,7 +546,7 @@ export class ContainerBackend implements Backend {
         diskMib: spec.resources.diskMib,
       };
       this.containers.set(slot, shell);
-      await this.waitReady(slot, channel, exited, paths, options);
+      shell.agentState = (await this.waitReady(slot, channel, exited, paths, options)).state;
       this.logger.debug({ slot }, 'container ready');
       return shell;
     } catch (error) {
@@ -548,7 +562,7 @@ export class ContainerBackend implements Backend {
     exited: Promise<void>,
     paths: ContainerPaths,
     options: CallOptions,
-  ): Promise<void> {
+  ): Promise<AgentReady> {
     const timeoutMs = options.timeoutMs ?? this.options.startTimeoutMs ?? 30_000;
     const timeout = sleep(timeoutMs, 'timeout', { ref: false });
     const outcome = await Promise.race([
@@ -559,7 +573,7 @@ export class ContainerBackend implements Backend {
       exited.then(() => 'exited' as const),
       timeout,
     ]);
-    if (outcome === 'ready') return;
+    if (outcome === 'ready') return channel.ready;
     const log = await readFile(join(paths.dir, 'runtime.log'), 'utf8').catch(() => '');
     const tail = log.trim().split('\n').slice(-3).join(' | ') || 'no output';
     throw new SandgymError(
@@ -605,6 +619,8 @@ export class ContainerBackend implements Backend {
       await this.detachNetwork(shell.slot);
       await shell.channel.call({ op: 'reset' }, { timeoutMs: RESET_TIMEOUT_MS });
       shell.agentPid = await soleProcess(shell);
+      await this.checkAgentUnchanged(shell);
+      await shell.cgroup.resetMemoryWatermark();
       await this.helper.swap(shell.agentPid, { kind: 'bind', dir: this.shellRoot });
       const paths = this.pathsOf(shell.slot);
       await removeWritableLayers(paths.dir);
@@ -616,6 +632,21 @@ export class ContainerBackend implements Backend {
         'cannot scrub a container for reuse; destroying it',
       );
       return false;
+    }
+  }
+
+  /**
+   * Fails unless the container's agent shows the process state it started with: a tenant's
+   * process may have lowered its limits, reniced it or moved its CPUs (all allowed to a process
+   * of the same uid), and every command of the next tenant would inherit that.
+   */
+  private async checkAgentUnchanged(shell: WarmShell): Promise<void> {
+    const now = (await shell.channel.call({ op: 'procstate' }, { timeoutMs: RESET_TIMEOUT_MS })).state;
+    if (shell.agentState === undefined || now !== shell.agentState) {
+      throw new SandgymError(
+        'failed_precondition',
+        `The agent of container ${shell.slot} was changed by its tenant (limits, priority or CPUs): it is not reused`,
+      );
     }
   }
 
@@ -647,14 +678,20 @@ export class ContainerBackend implements Backend {
 
   /**
    * Whether a sandbox of this process holds anything beyond its image: a process besides its
-   * agent, a written file, or something in /dev/shm or /dev/mqueue. What a stateless caller
-   * (FnCall) checks between two calls before reusing the sandbox.
+   * agent, a written file, something in /dev/shm or /dev/mqueue, or an agent whose process state
+   * changed. What a stateless caller (FnCall) checks between two calls before reusing the sandbox.
    */
   async holdsState(sandbox: ContainerSandbox): Promise<boolean> {
     const shell = this.containers.get(sandbox.slot);
     if (!shell) return true;
     const pids = await shell.cgroup.members();
     if (pids.length !== 1 || pids[0] === undefined) return true;
+    // a call that changed its agent's process state holds state no fresh root takes away
+    if (
+      (await shell.channel.call({ op: 'procstate' }, { timeoutMs: RESET_TIMEOUT_MS })).state !==
+      shell.agentState
+    )
+      return true;
     const root = `/proc/${pids[0]}/root`;
     for (const dir of [sandbox.upperDir, `${root}/dev/shm`, `${root}/dev/mqueue`]) {
       if ((await readdir(dir).catch(() => ['unreadable'])).length > 0) return true;
@@ -666,6 +703,7 @@ export class ContainerBackend implements Backend {
    * Gives a sandbox of this process a fresh root over its own layers, as if it were just created:
    * every process but the agent ended, a new empty upper dir, a fresh /dev, IPC purged. The
    * container, its cgroups and its agent stay. What FnCall does between calls that left state.
+   * Fails when the agent's own process state was changed: no new root undoes that.
    */
   async renewRoot(sandbox: ContainerSandbox): Promise<void> {
     const shell = this.containers.get(sandbox.slot);
@@ -673,6 +711,7 @@ export class ContainerBackend implements Backend {
     await shell.cgroup.setFrozen(false);
     await shell.channel.call({ op: 'reset' }, { timeoutMs: RESET_TIMEOUT_MS });
     shell.agentPid = await soleProcess(shell);
+    await this.checkAgentUnchanged(shell);
     const upper = await this.swapInOverlay(
       shell,
       shell.agentPid,
@@ -820,27 +859,53 @@ export class ContainerBackend implements Backend {
 
   async withWritableLayerOf<T>(
     id: string,
-    consume: (dir: string, sandbox: Pick<BackendSandbox, 'layers' | 'labels'>) => Promise<T>,
+    consume: (
+      dir: string,
+      sandbox: Pick<BackendSandbox, 'layers' | 'labels'>,
+      report: FilterReport,
+    ) => Promise<T>,
+    options: WritableLayerOptions = {},
   ): Promise<T> {
     const mine = [...this.live].find((s) => s.id === id);
-    if (mine) return mine.withWritableLayer((dir) => consume(dir, mine));
+    if (mine) return mine.withWritableLayer((dir, report) => consume(dir, mine, report), options);
     const slot = await this.slotOf(id);
     const paths = this.pathsOf(slot ?? id);
     const state = slot === undefined ? undefined : await readContainerState(paths.dir);
     if (!state || slot === undefined) {
       throw new SandgymError('not_found', `No sandbox "${id}" on this node: see "sandgym ps"`);
     }
+    // paths are left empty: the consumer reads digests, it does not mount
+    const found = { layers: state.layers.map((digest) => ({ digest, path: '' })), labels: state.labels };
+    const upper = join(paths.dir, 'rw', 'upper');
     const cgroup = new SandboxCgroup(this.layout, this.scope, slot);
     const wasFrozen = await cgroup.isFrozen();
-    // frozen, so what it writes cannot change under the packer
+    // frozen, so what it writes cannot change under the packer (or the snapshot)
     if (!wasFrozen) await cgroup.setFrozen(true);
+    let copy: PrivateCopy | undefined;
     try {
-      // paths are left empty: the consumer reads digests, it does not mount
-      const layers: LayerImage[] = state.layers.map((digest) => ({ digest, path: '' }));
-      return await consume(join(paths.dir, 'rw', 'upper'), { layers, labels: state.labels });
+      if (!options.filter) return await consume(upper, found, NOTHING_FILTERED);
+      copy = await this.privateCopy(slot, upper);
     } finally {
       if (!wasFrozen) await cgroup.setFrozen(false);
     }
+    return consumeFiltered(copy, options.filter, (dir, report) => consume(dir, found, report));
+  }
+
+  /**
+   * A read-write snapshot of a container's `rw` subvolume beside it in its slot: what it wrote, at
+   * one instant and in one ioctl, for a packer to prune (see {@link filterDiffTree}) without
+   * touching the sandbox. Counts against no sandbox's cap; deleted when the packer is done.
+   */
+  private async privateCopy(slot: string, upperDir: string): Promise<PrivateCopy> {
+    const rw = join(this.pathsOf(slot).dir, 'rw');
+    const snapshot = join(this.pathsOf(slot).dir, `diff-${randomBytes(6).toString('hex')}`);
+    await this.helper.snapshot(rw, snapshot);
+    return {
+      tree: join(snapshot, relative(rw, upperDir)),
+      trash: join(snapshot, '.dropped'),
+      clearOpaque: (dirs) => this.helper.clearOpaque(dirs),
+      dispose: () => this.helper.deleteSubvolume(snapshot),
+    };
   }
 
   async gc(): Promise<GcReport> {

@@ -1,11 +1,14 @@
-import { SandgymError } from '../../common/index.ts';
+import { SandgymError, type FailureReason } from '../../common/index.ts';
 import type {
   CallOptions,
   HibernateReport,
   SandboxSpec,
   SandboxStats,
+  WritableLayerOptions,
   WrittenPathsOptions,
 } from '../contract.ts';
+import { NOTHING_FILTERED, consumeFiltered, type PrivateCopy } from './private-copy.ts';
+import type { FilterReport } from '../host/diff-filter.ts';
 import type { SandboxCgroup, UsageBaseline } from '../host/cgroups.ts';
 import { deniedEgressOf } from '../host/egress.ts';
 import type { ScratchUsage } from '../host/scratch-volume.ts';
@@ -42,6 +45,8 @@ export interface ContainerSandboxParts {
   destroy(sandbox: ContainerSandbox): Promise<void>;
   /** When it was created (ms since the epoch); now, unless it is being adopted. */
   createdAt?: number;
+  /** A private copy of what it wrote (a snapshot of its writable subvolume), for pruning and packing. */
+  privateCopy(upperDir: string): Promise<PrivateCopy>;
 }
 
 /** One live container: a handle over its agent channel and its cgroups. */
@@ -66,6 +71,18 @@ export class ContainerSandbox extends AgentSandbox {
 
   protected destroy(): Promise<void> {
     return this.parts.destroy(this);
+  }
+
+  /**
+   * An agent that went away while its memory cgroup counted an OOM kill inside the sandbox's own
+   * limit was ended by an OOM the sandbox caused: `oom`, the sandbox's doing, not the platform's.
+   */
+  protected override async causeOfExit(): Promise<FailureReason> {
+    const usage = await this.parts.cgroup.usage();
+    const baseline = this.parts.baseline;
+    const killed = usage.oomKills > (baseline?.oomKills ?? 0);
+    const hitLimit = usage.memoryLimitHits > (baseline?.memoryLimitHits ?? 0);
+    return killed && hitLimit ? 'oom' : 'agent_crash';
   }
 
   /** The memory cgroup's OOM counter. */
@@ -191,13 +208,29 @@ export class ContainerSandbox extends AgentSandbox {
     await this.parts.network.set(rules);
   }
 
-  async withWritableLayer<T>(consume: (dir: string) => Promise<T>, options: CallOptions = {}): Promise<T> {
+  async withWritableLayer<T>(
+    consume: (dir: string, report: FilterReport) => Promise<T>,
+    options: WritableLayerOptions = {},
+  ): Promise<T> {
     throwIfAborted(options.signal, 'Reading the writable layer');
+    const { filter } = options;
+    if (!filter) return this.whileStill(() => consume(this.writableDir, NOTHING_FILTERED));
+    // frozen only while the copy is taken: the sandbox runs on while the copy is pruned and packed
+    const copy = await this.whileStill(() => this.parts.privateCopy(this.writableDir));
+    return consumeFiltered(copy, filter, consume);
+  }
+
+  /**
+   * Runs `work` while nothing in the sandbox runs: frozen, and thawed after unless it was paused
+   * before. A sandbox whose agent died has nothing left to run; its layer is still there to read.
+   */
+  private async whileStill<T>(work: () => Promise<T>): Promise<T> {
+    if (this.currentState === 'failed') return work();
     const wasPaused = this.currentState === 'paused';
     await this.ready('read the writable layer', undefined);
     await this.pause();
     try {
-      return await consume(this.writableDir);
+      return await work();
     } finally {
       if (!wasPaused) await this.resume();
     }

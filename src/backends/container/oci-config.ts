@@ -5,7 +5,12 @@ import { defaultSeccompProfile } from './seccomp-profile.ts';
 /** Where the agent binary appears inside every container: on /dev's tmpfs, so it never lands in the upper dir. */
 export const AGENT_PATH_IN_SANDBOX = '/dev/.sandgym-agent';
 
-/** Docker's default set, less NET_RAW and MKNOD: enough for package managers, nothing to escape with. */
+/**
+ * What commands get: Docker's default set, less NET_RAW and MKNOD, enough for package managers and
+ * nothing to escape with. Where the host has CAP_SYS_RESOURCE to give, the agent also holds it, to
+ * put itself out of the OOM killer's reach; each command drops it before it starts
+ * (agent/selfstate.c).
+ */
 const CAPABILITIES = [
   'CAP_CHOWN',
   'CAP_DAC_OVERRIDE',
@@ -20,6 +25,9 @@ const CAPABILITIES = [
   'CAP_AUDIT_WRITE',
   'CAP_SETFCAP',
 ];
+
+/** Most pseudo-terminals one sandbox may hold: its own devpts instance's cap (see host-setup's pty.max). */
+export const SANDBOX_MAX_PTYS = 256;
 
 /** The OCI runtime spec's default masked and read-only paths. */
 const MASKED_PATHS = [
@@ -37,6 +45,12 @@ const MASKED_PATHS = [
   '/proc/kpageflags',
   '/sys/firmware',
   '/sys/devices/virtual/powercap',
+  // The agent's OOM score (see agent/selfstate.c): a process of the sandbox, root too, could
+  // otherwise raise it so that an OOM it caused ends the agent and the sandbox with it.
+  '/proc/1/oom_score_adj',
+  '/proc/1/oom_adj',
+  '/proc/1/task/1/oom_score_adj',
+  '/proc/1/task/1/oom_adj',
 ];
 const READONLY_PATHS = ['/proc/bus', '/proc/fs', '/proc/irq', '/proc/sys', '/proc/sysrq-trigger'];
 
@@ -49,6 +63,8 @@ export interface OciConfigInputs {
   durable?: boolean;
   /** The root folder: the bundle's `rootfs` (an overlay the launcher mounts), or a shared read-only folder. */
   root?: { path: string; readonly: boolean };
+  /** The host can give CAP_SYS_RESOURCE (its bounding set has it; some virtualised hosts lack it). */
+  hostHasSysResource?: boolean;
 }
 
 /** The bundle's config.json: the agent as pid 1 over an overlay root, isolated and limited. */
@@ -58,7 +74,9 @@ export function buildOciConfig({
   cgroupsPath,
   durable = false,
   root = { path: 'rootfs', readonly: false },
+  hostHasSysResource = false,
 }: OciConfigInputs): Record<string, unknown> {
+  const agentCapabilities = hostHasSysResource ? [...CAPABILITIES, 'CAP_SYS_RESOURCE'] : CAPABILITIES;
   const env = {
     PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
     HOME: '/root',
@@ -81,9 +99,9 @@ export function buildOciConfig({
       // The agent starts in /; the sandbox's workdir is where its commands start (it may not exist yet).
       cwd: '/',
       capabilities: {
-        bounding: CAPABILITIES,
-        effective: CAPABILITIES,
-        permitted: CAPABILITIES,
+        bounding: agentCapabilities,
+        effective: agentCapabilities,
+        permitted: agentCapabilities,
       },
       noNewPrivileges: true,
     },
@@ -101,7 +119,7 @@ export function buildOciConfig({
         destination: '/dev/pts',
         type: 'devpts',
         source: 'devpts',
-        options: ['nosuid', 'noexec', 'newinstance', 'ptmxmode=0666', 'mode=0620'],
+        options: ['nosuid', 'noexec', 'newinstance', 'ptmxmode=0666', 'mode=0620', `max=${SANDBOX_MAX_PTYS}`],
       },
       {
         destination: '/dev/shm',

@@ -1,5 +1,5 @@
 import { existsSync } from 'node:fs';
-import { rm } from 'node:fs/promises';
+import { readdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { SandboxCgroup } from '../host/cgroups.ts';
@@ -13,7 +13,16 @@ export interface ContainerPaths {
   /** The OCI runtime's state root. */
   runtimeRoot: string;
   runtime: string;
+  /**
+   * Deletes a btrfs subvolume whatever it holds: its writable layer (`rw`) and private copies of it
+   * (`diff-*`). A tenant's tree can be too deep for any path-based delete (`rm` fails with
+   * ENAMETOOLONG past PATH_MAX); the kernel deletes a subvolume without walking paths.
+   */
+  deleteSubvolume(path: string): Promise<void>;
 }
+
+/** The btrfs subvolumes a container's folder may hold: its writable layer and copies of it. */
+const SUBVOLUMES = /^(rw|diff-[0-9a-f]+)$/;
 
 /**
  * Removes every trace of one container sandbox: its processes, the runtime's state, its
@@ -38,6 +47,9 @@ export async function removeContainerResidue(
     await step(() => runProgram(paths.runtime, ['--root', paths.runtimeRoot, 'delete', '--force', id]));
   }
   await step(() => cgroup.remove());
+  for (const name of await readdir(paths.dir).catch(() => [] as string[])) {
+    if (SUBVOLUMES.test(name)) await step(() => paths.deleteSubvolume(join(paths.dir, name)));
+  }
   await step(() => rm(paths.dir, { recursive: true, force: true, maxRetries: 3 }));
   if (errors.length === 1) throw errors[0];
   if (errors.length > 1) throw new AggregateError(errors, `Cannot fully remove sandbox ${id}`);

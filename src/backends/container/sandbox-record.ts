@@ -13,7 +13,12 @@ export const containerStateSchema = z.object({
   pooled: z.boolean().optional(),
   /** Counters its container ran up before this tenant, which its stats leave out. */
   baseline: z
-    .object({ cpuUsageMs: z.number(), oomKills: z.number(), pidsLimitHits: z.number().default(0) })
+    .object({
+      cpuUsageMs: z.number(),
+      oomKills: z.number(),
+      pidsLimitHits: z.number().default(0),
+      memoryLimitHits: z.number().default(0),
+    })
     .optional(),
   backend: z.literal('container'),
   owner: z.object({ pid: z.number().int(), startTime: z.number() }),

@@ -28,6 +28,11 @@ export interface WarmShell {
   /** Its subvolume on the node's scratch volume, and the disk cap set on it (MiB). */
   scratch: ScratchSlot;
   diskMib: number;
+  /**
+   * Its agent's process state as the agent reported it at start (see agent/selfstate.c), for the
+   * check that no tenant changed it; unknown for an adopted container, which is never pooled.
+   */
+  agentState?: string;
 }
 
 /** What the pool needs from its backend. */

@@ -93,12 +93,22 @@ export interface CgroupUsage {
   pids: number;
   cpuUsageMs: number;
   oomKills: number;
+  /**
+   * Times the sandbox ran into its own memory limit: v2 counts its memcg's OOM events; v1 has no
+   * such counter (its failcnt stays 0 here), so it is 1 once the usage watermark reached the
+   * limit (see {@link SandboxCgroup.resetMemoryWatermark}). An OOM kill with one of these is the
+   * sandbox's doing; without, the host's OOM killer chose it.
+   */
+  memoryLimitHits: number;
   /** Forks refused at the pids limit. */
   pidsLimitHits: number;
 }
 
 /** Counters a sandbox's stats start from: what its container ran up before it (a warm shell). */
-export type UsageBaseline = Pick<CgroupUsage, 'cpuUsageMs' | 'oomKills' | 'pidsLimitHits'>;
+export type UsageBaseline = Pick<
+  CgroupUsage,
+  'cpuUsageMs' | 'oomKills' | 'pidsLimitHits' | 'memoryLimitHits'
+>;
 
 /**
  * The cgroups of one sandbox. The OCI runtime creates and limits them from the bundle's
@@ -169,16 +179,19 @@ export class SandboxCgroup {
         pids: Number(pids ?? 0),
         cpuUsageMs: counter(cpu, 'usage_usec') / 1000,
         oomKills: counter(events, 'oom_kill'),
+        memoryLimitHits: counter(events, 'oom'),
         pidsLimitHits: counter(pidsEvents, 'max'),
       };
     }
-    const [memory, pids, cpu, oom, kernel, pidsEvents] = await Promise.all([
+    const [memory, pids, cpu, oom, kernel, pidsEvents, peak, limit] = await Promise.all([
       readText(this.v1('memory', 'memory.usage_in_bytes')),
       readText(this.v1('pids', 'pids.current')),
       readText(this.v1('cpuacct', 'cpuacct.usage')),
       readText(this.v1('memory', 'memory.oom_control')),
       readText(this.v1('memory', 'memory.kmem.usage_in_bytes')),
       readText(this.v1('pids', 'pids.events')),
+      readText(this.v1('memory', 'memory.max_usage_in_bytes')),
+      readText(this.v1('memory', 'memory.limit_in_bytes')),
     ]);
     return {
       memoryBytes: Number(memory ?? 0),
@@ -186,8 +199,14 @@ export class SandboxCgroup {
       pids: Number(pids ?? 0),
       cpuUsageMs: Number(cpu ?? 0) / 1e6,
       oomKills: counter(oom, 'oom_kill'),
+      memoryLimitHits: peak !== undefined && Number(peak) >= Number(limit ?? Infinity) ? 1 : 0,
       pidsLimitHits: counter(pidsEvents, 'max'),
     };
+  }
+
+  /** Starts the v1 memory watermark anew, so a scrubbed container's next tenant is judged on its own use. */
+  async resetMemoryWatermark(): Promise<void> {
+    if (this.layout.kind === 'v1') await writeFile(this.v1('memory', 'memory.max_usage_in_bytes'), '0');
   }
 
   /**

@@ -70,6 +70,30 @@ export class HostHelper {
     return Number(id);
   }
 
+  /** A read-write btrfs snapshot of subvolume `source` at `dest` (which must not exist). */
+  async snapshot(source: string, dest: string): Promise<void> {
+    await this.request(['snapshot', source, dest], 'Cannot snapshot a writable layer');
+  }
+
+  /** Deletes btrfs subvolume `path` and everything in it; a missing one is fine. */
+  async deleteSubvolume(path: string): Promise<void> {
+    await this.request(['unsubvol', path], 'Cannot delete a subvolume');
+  }
+
+  /** Removes the overlay opaque mark of each folder (overlay upper dirs); returns those that had it. */
+  async clearOpaque(paths: readonly string[]): Promise<string[]> {
+    const had: string[] = [];
+    // a request line holds at most ten paths (MAX_FIELDS in agent/helper.c)
+    for (let at = 0; at < paths.length; at += 10) {
+      const batch = paths.slice(at, at + 10);
+      const flags = await this.request(['clearopaque', ...batch], 'Cannot clear an opaque mark');
+      batch.forEach((path, i) => {
+        if (flags[i] === '1') had.push(path);
+      });
+    }
+    return had;
+  }
+
   /** Starts a container detached; its agent then waits on the FIFO channel in `dir`. */
   async launch(request: LaunchRequest): Promise<void> {
     const fields = [

@@ -6,6 +6,8 @@ import { posix } from 'node:path';
  * its files, symlinks, whiteouts (deletions) and empty folders, as sandbox paths, at most `limit`.
  * The upper dir belongs to the sandbox, so nothing in it is followed: each prefix's folders are
  * checked with lstat one by one, and a symlink where a folder should be is reported, not entered.
+ * Python's bytecode caches (`__pycache__`) are not counted: any interpreter that runs writes them,
+ * and no grader takes them from a diff.
  */
 export async function writtenUnder(
   upper: string,
@@ -39,11 +41,14 @@ export async function writtenUnder(
   return [...found].sort();
 }
 
+const BYTECODE_CACHE = '__pycache__';
+
 /** Adds every leaf below `dir`; false once the limit is reached. */
 async function walk(upper: string, dir: string, add: (path: string) => boolean): Promise<boolean> {
   const entries = await readdir(upper + dir, { withFileTypes: true }).catch(() => []);
   if (entries.length === 0 && dir !== '') return add(dir);
   for (const entry of entries) {
+    if (entry.name === BYTECODE_CACHE && entry.isDirectory()) continue;
     const path = `${dir}/${entry.name}`;
     const more = entry.isDirectory() ? await walk(upper, path, add) : add(path);
     if (!more) return false;

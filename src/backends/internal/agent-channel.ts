@@ -24,7 +24,12 @@ interface Pending {
   onOutput?: OutputHandler;
 }
 
-/** How the agent's error codes read to callers. */
+/**
+ * How the agent's error codes read to callers. An error the agent answers with is about what the
+ * sandbox holds or may use (a missing file, a full disk, its pids limit), never a platform fault,
+ * so even an unknown code reads as a failed precondition: an agent in a sandbox must not be able
+ * to turn its own failure into an infrastructure outcome.
+ */
 const AGENT_ERROR_CODES: Record<string, SandgymErrorCode> = {
   invalid_path: 'invalid_argument',
   bad_request: 'invalid_argument',
@@ -37,6 +42,8 @@ const AGENT_ERROR_CODES: Record<string, SandgymErrorCode> = {
   file_too_large: 'resource_exhausted',
   no_space: 'resource_exhausted',
   busy: 'resource_exhausted',
+  no_resources: 'resource_exhausted',
+  io_error: 'failed_precondition',
 };
 
 /** Drops undefined fields: msgpack has no such type, and encoders disagree on how to send it. */
@@ -174,7 +181,8 @@ export class AgentChannel {
     if (closed) return { id, reply: Promise.reject(closed) };
     const reply = new Promise<AgentOk | AgentExit>((resolve, reject) => {
       this.pending.set(id, onOutput ? { resolve, reject, onOutput } : { resolve, reject });
-      this.input.write(frame(this.codec.encode(definedFields({ ...request, id }))));
+      // the id goes first: an agent that cannot parse the rest can still say which request failed
+      this.input.write(frame(this.codec.encode(definedFields({ id, ...request }))));
     });
     return { id, reply };
   }
@@ -248,7 +256,7 @@ export class AgentChannel {
         this.pending.delete(message.id);
         pending.reject(
           new SandgymError(
-            AGENT_ERROR_CODES[message.code] ?? 'platform_error',
+            AGENT_ERROR_CODES[message.code] ?? 'failed_precondition',
             message.code === 'no_space'
               ? `${message.message}: the sandbox's disk is full (free space in it, or ask for more with resources.diskMib)`
               : message.message,

@@ -12,6 +12,11 @@ export const agentReadySchema = z.object({
   sched: z.enum(['normal', 'idle']).default('normal'),
   /** A core-scheduling cookie of its own (latency class), where the kernel has core scheduling. */
   coreCookie: z.enum(['off', 'own', 'unsupported']).default('off'),
+  /**
+   * The agent's own process state that other processes of its uid could change (limits, nice,
+   * I/O priority, affinity, OOM score): what a warm sandbox's agent must still show when reused.
+   */
+  state: z.string().max(8192).default(''),
 });
 
 export const agentOutputSchema = z.object({
@@ -49,6 +54,8 @@ export const agentOkSchema = z.object({
   entries: z.array(agentDirEntrySchema).optional(),
   /** `procs`: processes of the sandbox besides the agent (kernel threads not counted). */
   count: z.number().int().nonnegative().optional(),
+  /** `procstate`: the agent's own process state now, as in its ready message. */
+  state: z.string().max(8192).optional(),
 });
 
 export const agentErrorSchema = z.object({

@@ -1,4 +1,5 @@
 import { constants } from 'node:os';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { SandgymError, type FailureReason } from '../../common/index.ts';
 import { callOptionsOf } from '../call-options.ts';
 import { collectExec, streamExec } from '../collect-exec.ts';
@@ -18,13 +19,25 @@ import type {
   SandboxSpec,
   SandboxState,
   SandboxStats,
+  WritableLayerOptions,
   WriteFileOptions,
   WrittenPathsOptions,
 } from '../contract.ts';
+import type { FilterReport } from '../host/diff-filter.ts';
 import type { AgentChannel } from './agent-channel.ts';
 import type { AgentExit } from './agent-protocol.ts';
-import { checkArgv, checkSandboxPath, throwIfAborted } from './checks.ts';
+import { checkArgv, checkEnv, checkSandboxPath, throwIfAborted } from './checks.ts';
 import { resolveUser, type ResolvedUser } from './users.ts';
+
+/**
+ * How long a file call (read, write, list) may take when the caller sets no deadline. The agent
+ * serves one request at a time, so a call that never ends would stall every later one; this is
+ * the backstop behind the agent's own refusal to wait on what a sandbox planted.
+ */
+export const DEFAULT_FILE_CALL_TIMEOUT_MS = 60_000;
+
+/** How long a failed request waits to learn why the agent died. */
+const EXIT_EXPLANATION_MS = 2_000;
 
 const SIGNAL_NAMES = new Map<number, string>(
   Object.entries(constants.signals).map(([name, number]) => [number, name]),
@@ -61,9 +74,20 @@ export abstract class AgentSandbox implements BackendSandbox {
    * replaced by its restore).
    */
   protected watchExit(exited: Promise<void>, current: () => boolean = () => true): void {
-    void exited.then(() => {
-      if (current()) this.onExit();
+    this.exitExplained = exited.then(async () => {
+      if (current()) await this.onExit();
     });
+  }
+
+  /** Settles once an unexpected exit has been told apart (see {@link causeOfExit}). */
+  private exitExplained: Promise<void> = new Promise(() => undefined);
+
+  /**
+   * Why the agent went away on its own: `agent_crash` unless a backend knows better (a container
+   * whose agent the OOM killer ended inside the sandbox's own memory limit: `oom`).
+   */
+  protected causeOfExit(): Promise<FailureReason> {
+    return Promise.resolve('agent_crash');
   }
 
   get state(): SandboxState {
@@ -110,11 +134,40 @@ export abstract class AgentSandbox implements BackendSandbox {
     return this.spec.resources;
   }
 
-  private onExit(): void {
-    if (this.currentState === 'stopping' || this.currentState === 'stopped') return;
+  private async onExit(): Promise<void> {
+    if (this.isEnding()) return;
+    const reason = await this.causeOfExit().catch((): FailureReason => 'agent_crash');
+    if (this.isEnding()) return; // closed while the cause was read
     this.currentState = 'failed';
-    this.failureReason = 'agent_crash';
-    this.channel.fail(new SandgymError('agent_crash', `Sandbox ${this.id} stopped unexpectedly`));
+    this.failureReason = reason;
+    this.channel.fail(this.exitError());
+  }
+
+  private isEnding(): boolean {
+    return this.currentState === 'stopping' || this.currentState === 'stopped';
+  }
+
+  private exitError(): SandgymError {
+    return this.failureReason === 'oom'
+      ? new SandgymError(
+          'oom',
+          `Sandbox ${this.id} ran out of its own memory (memoryMib ${this.spec.resources.memoryMib}) and the OOM killer ended its agent`,
+        )
+      : new SandgymError('agent_crash', `Sandbox ${this.id} stopped unexpectedly`);
+  }
+
+  /**
+   * Runs a request; when the agent dies under it, the error says why (its own OOM, say) once
+   * that is known, rather than the bare channel failure that arrives first.
+   */
+  private async explained<T>(request: Promise<T>): Promise<T> {
+    try {
+      return await request;
+    } catch (error) {
+      if (!(error instanceof SandgymError) || error.code !== 'agent_crash') throw error;
+      await Promise.race([this.exitExplained, sleep(EXIT_EXPLANATION_MS, undefined, { ref: false })]);
+      throw this.failureReason === 'oom' ? this.exitError() : error;
+    }
   }
 
   /** Makes the sandbox ready for a request: a paused sandbox resumes transparently. */
@@ -136,7 +189,7 @@ export abstract class AgentSandbox implements BackendSandbox {
   }
 
   execStream(argv: string[], options: ExecOptions = {}): ExecStream {
-    return streamExec((onChunk) => this.run(argv, options, onChunk));
+    return streamExec((onChunk) => this.explained(this.run(argv, options, onChunk)));
   }
 
   private async run(
@@ -145,6 +198,8 @@ export abstract class AgentSandbox implements BackendSandbox {
     onChunk: (chunk: ExecChunk) => void,
   ): Promise<ExecResult> {
     checkArgv(argv);
+    if (options.env) checkEnv(options.env);
+    if (options.cwd !== undefined) checkSandboxPath(options.cwd);
     await this.ready('run a command', options.signal);
     const stdin = typeof options.stdin === 'string' ? Buffer.from(options.stdin) : options.stdin;
     const user = options.user && options.user !== 'root' ? await this.lookUpUser(options.user) : undefined;
@@ -177,7 +232,7 @@ export abstract class AgentSandbox implements BackendSandbox {
 
   private async lookUpUser(spec: string): Promise<ResolvedUser> {
     const read = (path: string): Promise<string> =>
-      this.channel.call({ op: 'read', path, maxBytes: 1 << 20 }).then(
+      this.channel.call({ op: 'read', path, maxBytes: 1 << 20 }, fileCallOptions({})).then(
         (reply) => Buffer.from(reply.data ?? new Uint8Array()).toString(),
         () => '',
       );
@@ -204,11 +259,12 @@ export abstract class AgentSandbox implements BackendSandbox {
   async readFile(path: string, options: ReadFileOptions = {}): Promise<Buffer> {
     checkSandboxPath(path);
     await this.ready('read a file', options.signal);
-    const reply = await this.channel.call({
-      op: 'read',
-      path,
-      maxBytes: options.maxBytes ?? 64 * 1024 * 1024,
-    });
+    const reply = await this.explained(
+      this.channel.call(
+        { op: 'read', path, maxBytes: options.maxBytes ?? 64 * 1024 * 1024 },
+        fileCallOptions(options),
+      ),
+    );
     return Buffer.from(reply.data ?? new Uint8Array());
   }
 
@@ -216,16 +272,18 @@ export abstract class AgentSandbox implements BackendSandbox {
     checkSandboxPath(path);
     await this.ready('write a file', options.signal);
     const bytes = typeof data === 'string' ? Buffer.from(data) : data;
-    await this.channel.call(
-      { op: 'write', path, data: bytes, mode: options.mode ?? 0o644 },
-      callOptionsOf(options),
+    await this.explained(
+      this.channel.call(
+        { op: 'write', path, data: bytes, mode: options.mode ?? 0o644 },
+        fileCallOptions(options),
+      ),
     );
   }
 
   async listDir(path: string, options: CallOptions = {}): Promise<DirEntry[]> {
     checkSandboxPath(path);
     await this.ready('list a directory', options.signal);
-    const reply = await this.channel.call({ op: 'list', path }, callOptionsOf(options));
+    const reply = await this.explained(this.channel.call({ op: 'list', path }, fileCallOptions(options)));
     return (reply.entries ?? []).sort((a, b) => a.name.localeCompare(b.name));
   }
 
@@ -241,7 +299,10 @@ export abstract class AgentSandbox implements BackendSandbox {
   abstract stats(options?: CallOptions): Promise<SandboxStats>;
   abstract setNetwork(rules: readonly string[], options?: CallOptions): Promise<void>;
   abstract writtenPaths(prefixes: readonly string[], options?: WrittenPathsOptions): Promise<string[]>;
-  abstract withWritableLayer<T>(consume: (dir: string) => Promise<T>, options?: CallOptions): Promise<T>;
+  abstract withWritableLayer<T>(
+    consume: (dir: string, report: FilterReport) => Promise<T>,
+    options?: WritableLayerOptions,
+  ): Promise<T>;
 
   /** Marks the sandbox as going away; returns false when it already is. */
   beginStop(): boolean {
@@ -262,4 +323,9 @@ export abstract class AgentSandbox implements BackendSandbox {
   [Symbol.asyncDispose](): Promise<void> {
     return this.close();
   }
+}
+
+/** A file call's cancellation, with the default deadline when the caller gave none. */
+function fileCallOptions(options: CallOptions): CallOptions {
+  return { ...callOptionsOf(options), timeoutMs: options.timeoutMs ?? DEFAULT_FILE_CALL_TIMEOUT_MS };
 }

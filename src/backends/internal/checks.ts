@@ -28,6 +28,27 @@ export function checkArgv(argv: readonly string[]): void {
   }
 }
 
+/**
+ * Checks a command's environment: names that a process environment can hold (non-empty, no `=`)
+ * and no NUL byte anywhere, which the kernel would cut the entry at.
+ */
+export function checkEnv(env: Readonly<Record<string, string>>): void {
+  for (const [key, value] of Object.entries(env)) {
+    if (key.length === 0 || key.includes('=') || key.includes('\0')) {
+      throw new SandgymError(
+        'invalid_argument',
+        `Environment variable name ${JSON.stringify(key)} is not valid: use a non-empty name without "=" or NUL bytes`,
+      );
+    }
+    if (typeof value !== 'string' || value.includes('\0')) {
+      throw new SandgymError(
+        'invalid_argument',
+        `Environment variable ${key} must be a string without NUL bytes`,
+      );
+    }
+  }
+}
+
 /** Throws `cancelled` when the signal has fired. */
 export function throwIfAborted(signal: AbortSignal | undefined, what: string): void {
   if (signal?.aborted) throw new SandgymError('cancelled', `${what} was cancelled`, { cause: signal.reason });

@@ -1,7 +1,7 @@
 import { rm } from 'node:fs/promises';
 import { resolve } from 'node:path';
 import type { LayerManifest, LayerStore } from '../layer-store.ts';
-import { extractTar, openTar } from './tar-extract.ts';
+import { extractTar, normaliseFolderTimes, openTar } from './tar-extract.ts';
 
 /**
  * A layer from a tar (plain or gzip). Whiteouts in it become overlay whiteouts, so the layer
@@ -12,6 +12,7 @@ export async function buildLayerFromTar(store: LayerStore, archive: string): Pro
   const dir = await store.scratch('tar');
   try {
     await extractTar(await openTar(path), path, dir, 'layer');
+    await normaliseFolderTimes(dir);
     return await store.addLayerFromDirectory(dir, `tar ${path}`);
   } finally {
     await rm(dir, { recursive: true, force: true });

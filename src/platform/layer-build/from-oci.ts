@@ -3,7 +3,7 @@ import { join, resolve, sep } from 'node:path';
 import { z } from 'zod';
 import { SandgymError, parseAt } from '../../common/index.ts';
 import type { Environment, LayerManifest, LayerStore } from '../layer-store.ts';
-import { extractTar, openTar } from './tar-extract.ts';
+import { extractTar, normaliseFolderTimes, openTar } from './tar-extract.ts';
 
 const dockerManifestSchema = z
   .array(z.object({ Config: z.string(), Layers: z.array(z.string()).min(1) }))
@@ -118,6 +118,7 @@ export async function buildLayerFromOci(store: LayerStore, archive: string): Pro
       const eq = pair.indexOf('=');
       if (eq > 0) env[pair.slice(0, eq)] = pair.slice(eq + 1);
     }
+    await normaliseFolderTimes(tree);
     const layer = await store.addLayerFromDirectory(tree, `oci ${path}`);
     return {
       layer,

@@ -144,6 +144,22 @@ async function applyWhiteout(
   if (mode === 'layer') await runProgram('mknod', [hidden, 'c', '0', '0']);
 }
 
+/**
+ * Sets every folder of an unpacked tree to time 0. Files keep the times their archive gave them
+ * (a .pyc is checked against its source's), but folders' times record when unpacking touched
+ * them (parents made on the way, whiteouts carried out), which would make one image unpacked
+ * twice, or from two formats, pack to two digests.
+ */
+export async function normaliseFolderTimes(root: string): Promise<void> {
+  const pending = [root];
+  while (pending.length) {
+    const dir = pending.pop() ?? root;
+    for (const entry of await readdir(dir, { withFileTypes: true }))
+      if (entry.isDirectory()) pending.push(join(dir, entry.name));
+    await lutimes(dir, 0, 0);
+  }
+}
+
 /** A tar file's stream, gunzipped when it starts with the gzip magic. */
 export async function openTar(path: string): Promise<Readable> {
   const head = Buffer.alloc(2);

@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { textWithoutNul } from '../../common/index.ts';
 import { environmentSchema, layerManifestSchema } from '../layer-store.ts';
 import { networkRulesSchema, sandboxRequestSchema } from '../sandbox-request.ts';
 
@@ -10,7 +11,7 @@ import { networkRulesSchema, sandboxRequestSchema } from '../sandbox-request.ts'
 
 const count = z.number().int().nonnegative();
 const bytes = z.instanceof(Uint8Array);
-const absolutePath = z.string().min(1).max(4096).startsWith('/', 'paths are absolute');
+const absolutePath = textWithoutNul().min(1).max(4096).startsWith('/', 'paths are absolute');
 export const sandboxIdField = z
   .string()
   .regex(/^sg-[a-z0-9]{1,32}-[a-z0-9]{12}$/, 'a sandbox id, sg-<node>-<12 chars>');
@@ -61,12 +62,12 @@ export type SandboxInfo = z.infer<typeof sandboxInfo>;
 export const execRequest = z.strictObject({
   sandboxId: sandboxIdField,
   argv: z
-    .array(z.string().max(128 * 1024))
+    .array(textWithoutNul().max(128 * 1024))
     .min(1, 'argv needs a program')
     .max(4096),
   cwd: absolutePath.optional(),
-  user: z.string().max(64).optional(),
-  env: z.record(z.string().max(256), z.string().max(128 * 1024)).optional(),
+  user: textWithoutNul().max(64).optional(),
+  env: z.record(textWithoutNul().min(1).max(256), textWithoutNul().max(128 * 1024)).optional(),
   stdin: bytes.optional(),
   outputCapBytes: z
     .number()
@@ -217,6 +218,14 @@ export const packDiffResult = z.object({
   layer: layerManifestSchema,
   environment: environmentSchema.optional(),
   present: z.array(z.string()),
+  dropped: z
+    .array(
+      z.object({
+        path: z.string(),
+        reason: z.enum(['replaces_an_excluded_folder', 'special_file', 'name_too_long', 'path_too_long']),
+      }),
+    )
+    .default([]),
 });
 export const environmentRef = z.strictObject({ ref: z.string().min(1).max(160) });
 export const environmentMessage = environmentSchema;

@@ -1,0 +1,89 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { ContainerSandbox } from '../../src/backends/container/container-sandbox.ts';
+import { signalProcess } from '../../src/backends/host/processes.ts';
+import { SandboxEnv } from '../../src/env/index.ts';
+import type { Sandbox } from '../../src/platform/index.ts';
+import { expectCode } from '../support/errors.ts';
+import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
+import { attack } from './summary.ts';
+
+/**
+ * The sandbox's agent serves one request at a time: what a sandbox plants must never make a file
+ * call or a command wait forever, and every call has a deadline besides. Each attack is followed
+ * by a command that must still be served.
+ */
+describe('the agent API under attack', () => {
+  let env: TestPlatform;
+  let sandbox: Sandbox;
+
+  beforeAll(async () => {
+    env = await createTestPlatform('hostile-agent-api');
+    sandbox = await env.platform.createSandbox({ environment: 'busybox:latest' });
+  });
+
+  afterAll(async () => {
+    await sandbox?.close();
+    await env?.[Symbol.asyncDispose]();
+  });
+
+  async function stillServed(): Promise<void> {
+    expect((await sandbox.exec(['echo', 'served'], { timeoutMs: 10_000 })).stdout).toBe('served\n');
+  }
+
+  it('refuses to read a FIFO, at once', () =>
+    attack('agent-api', 'read_file on a FIFO', async () => {
+      await sandbox.exec(['mkfifo', '/tmp/pipe']);
+      await expectCode(sandbox.readFile('/tmp/pipe', { timeoutMs: 10_000 }), 'failed_precondition', /FIFO/);
+      await stillServed();
+    }));
+
+  it('writes a file whatever the sandbox planted where a temp file could go', () =>
+    attack('agent-api', 'FIFOs at write temp paths', async () => {
+      // the names an agent once used for its temp files, and a few more
+      await sandbox.exec(['sh', '-c', 'for n in 1 2 3 100; do mkfifo /tmp/.sandgym-write-$n; done']);
+      await sandbox.writeFile('/tmp/written', 'content', { timeoutMs: 10_000 });
+      expect((await sandbox.readFile('/tmp/written')).toString()).toBe('content');
+      await stillServed();
+    }));
+
+  it('names a NUL byte in a command environment, argument or folder', () =>
+    attack('agent-api', 'NUL bytes in a command', async () => {
+      await expectCode(sandbox.exec(['echo'], { env: { X: 'a\0b' } }), 'invalid_argument', /NUL/);
+      await expectCode(sandbox.exec(['echo'], { env: { 'A\0B': 'x' } }), 'invalid_argument', /NUL/);
+      await expectCode(sandbox.exec(['echo', 'a\0b']), 'invalid_argument', /NUL/);
+      await expectCode(sandbox.exec(['echo'], { cwd: '/tmp\0x' }), 'invalid_argument', /NUL/);
+      await stillServed();
+    }));
+
+  it('refuses a NUL byte in an action at the gym door', () =>
+    attack('agent-api', 'NUL bytes in an action', async () => {
+      const gym = SandboxEnv.create(env.platform, { sandbox: { environment: 'busybox:latest' } });
+      try {
+        await gym.reset();
+        await expectCode(
+          gym.step({ type: 'exec', command: ['echo'], env: { X: 'a\0b' } }),
+          'invalid_argument',
+          /NUL/,
+        );
+        await expectCode(gym.step({ type: 'read_file', path: '/etc/\0passwd' }), 'invalid_argument', /NUL/);
+      } finally {
+        await gym.close();
+      }
+    }));
+
+  it('gives up on every kind of call to an agent that does not answer, within its deadline', () =>
+    attack('agent-api', 'an agent that never answers', async () => {
+      const stuck = (await env.platform.createSandbox({ environment: 'busybox:latest' })) as ContainerSandbox;
+      try {
+        const [agent] = await stuck.cgroup.members();
+        signalProcess(agent!, 'SIGSTOP');
+        const deadline = { timeoutMs: 500 };
+        await expectCode(stuck.readFile('/etc/passwd', deadline), 'timeout', /took longer than 500 ms/);
+        await expectCode(stuck.writeFile('/tmp/x', 'x', deadline), 'timeout');
+        await expectCode(stuck.listDir('/', deadline), 'timeout');
+        signalProcess(agent!, 'SIGCONT');
+      } finally {
+        await stuck.close();
+      }
+    }));
+});
