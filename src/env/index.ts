@@ -9,7 +9,10 @@ export { VectorEnv } from './vector-env.ts';
 export { comparableObservation, replayTrajectory } from './replay.ts';
 export type { ReplayReport } from './replay.ts';
 export type { AutoresetMode, VectorEnvOptions, VectorStepResult } from './vector-env.ts';
-export { TaskEnv, PROTECTED_PATHS } from './task-env.ts';
+export { TaskEnv } from './task-env.ts';
+export { PROTECTED_PATHS, gradingScope } from './grading-scope.ts';
+export type { GradingScope } from './grading-scope.ts';
+export { Deadline } from './deadline.ts';
 export type { Grade, TaskCheckpoint, TaskEnvOptions, TaskObservation } from './task-env.ts';
 export { filesUnder, stageFolder } from './stage-folder.ts';
 export { loadHarborTask, loadTasks } from './tasks/harbor.ts';
@@ -19,8 +22,10 @@ export { scrubToBase } from './tasks/workspace.ts';
 export type { NetworkPolicy, OjCase, Task, TaskEnvironmentSource, TaskGrading } from './tasks/task.ts';
 export { NO_NETWORK } from './tasks/task.ts';
 export {
+  GradingAnomaly,
   customVerifier,
   defaultVerifier,
+  parseReward,
   exitCodeVerifier,
   normaliseOutput,
   ojVerifier,

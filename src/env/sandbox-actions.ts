@@ -1,13 +1,16 @@
 import { z } from 'zod';
+import { textWithoutNul } from '../common/index.ts';
+
+const absolutePath = textWithoutNul().startsWith('/', 'paths are absolute');
 
 /** What an agent may do in a sandbox. Validated at the door: actions come from a policy. */
 export const sandboxActionSchema = z.discriminatedUnion('type', [
   z.object({
     type: z.literal('exec'),
     /** A program and its arguments, or a shell line run with /bin/sh -c. */
-    command: z.union([z.array(z.string()).min(1), z.string().min(1)]),
-    cwd: z.string().startsWith('/').optional(),
-    env: z.record(z.string(), z.string()).optional(),
+    command: z.union([z.array(textWithoutNul()).min(1), textWithoutNul().min(1)]),
+    cwd: absolutePath.optional(),
+    env: z.record(textWithoutNul(), textWithoutNul()).optional(),
     timeoutMs: z.number().int().positive().optional(),
     /**
      * A named shell session: the command starts where the session's last command left off (its
@@ -18,9 +21,9 @@ export const sandboxActionSchema = z.discriminatedUnion('type', [
       .regex(/^[A-Za-z0-9_-]{1,64}$/, 'session names are 1-64 letters, digits, _ and -')
       .optional(),
   }),
-  z.object({ type: z.literal('write_file'), path: z.string().startsWith('/'), content: z.string() }),
-  z.object({ type: z.literal('read_file'), path: z.string().startsWith('/') }),
-  z.object({ type: z.literal('list_dir'), path: z.string().startsWith('/') }),
+  z.object({ type: z.literal('write_file'), path: absolutePath, content: z.string() }),
+  z.object({ type: z.literal('read_file'), path: absolutePath }),
+  z.object({ type: z.literal('list_dir'), path: absolutePath }),
   z.object({ type: z.literal('submit') }),
 ]);
 

@@ -18,12 +18,16 @@ import { sandboxActionSchema, type SandboxAction, type SandboxObservation } from
 import { inSession } from './shell-session.ts';
 import { StepAuditor, type StepSignals } from './step-signals.ts';
 
-/** Errors that mean the platform failed, not the agent: they become typed outcomes. */
+/**
+ * Errors that mean the platform failed, not the agent: they become typed outcomes. An `oom` is
+ * not one of them: a sandbox that ran out of its own memory limit (even when the OOM killer took
+ * its agent with it) did so through what the agent ran, so the step is scored and the episode
+ * ends there.
+ */
 const INFRA_CODES: Record<string, FailureReason> = {
   agent_crash: 'agent_crash',
   platform_error: 'platform_error',
   admission_rejected: 'admission_rejected',
-  oom: 'oom',
 };
 
 /** A command's time limit: what the action asks, within the cap, in whole milliseconds. */
@@ -249,6 +253,9 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
       }
     } catch (error) {
       if (isSandgymError(error, 'node_lost')) throw error; // not a result: step() reports it unlogged
+      if (isSandgymError(error, 'oom') || (isSandgymError(error) && sandbox.failure === 'oom')) {
+        return done({ type: 'error', code: 'oom', message: messageOf(error) }, true);
+      }
       // a sandbox that died under the call (killed, crashed) reports why through its own state
       const reason = isSandgymError(error) ? (INFRA_CODES[error.code] ?? sandbox.failure) : undefined;
       if (reason) {

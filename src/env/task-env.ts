@@ -1,4 +1,4 @@
-import { SandgymError, isSandgymError, messageOf } from '../common/index.ts';
+import { SandgymError, isSandgymError, messageOf, type FailureReason } from '../common/index.ts';
 import {
   LocalPlatform,
   type Environment as LayerEnvironment,
@@ -9,51 +9,30 @@ import type { EnvCallOptions, Environment, ResetOptions, ResetResult, StepResult
 import type { SandboxAction, SandboxObservation } from './sandbox-actions.ts';
 import { SandboxEnv } from './sandbox-env.ts';
 import type { Task } from './tasks/task.ts';
-import { defaultVerifier, runVerifiers, type Verifier } from './verifiers.ts';
+import { Deadline } from './deadline.ts';
+import { BASE_SCOPE, PROTECTED_PATHS, gradingScope, type GradingScope } from './grading-scope.ts';
+import { probeInterpreters, type InterpreterFacts } from './python-probe.ts';
+import { defaultVerifier, runVerifiers, type Verifier, type VerifierResult } from './verifiers.ts';
 import { workspaceEnvironment, workspaceEnvironmentName } from './tasks/workspace.ts';
 
-/**
- * Paths the grader takes from the task's own layers, never from the agent's diff; an agent's
- * edit to any of them is a tamper signal. Beyond the tests, solution and reward path, this is
- * everything the verifier runs with: interpreters and libraries (a replaced /bin/bash or a
- * /usr/local/bin/python3 first on PATH would forge a pass), and the dynamic loader's config.
- */
-const PROTECTED = [
-  'tests',
-  'solution',
-  'logs/verifier',
-  'bin',
-  'sbin',
-  'lib',
-  'lib32',
-  'lib64',
-  'libx32',
-  'usr/bin',
-  'usr/sbin',
-  'usr/lib',
-  'usr/lib32',
-  'usr/lib64',
-  'usr/libexec',
-  'usr/local/bin',
-  'usr/local/sbin',
-  'etc/ld.so.preload',
-  'etc/ld.so.conf',
-  'etc/ld.so.conf.d',
-  'etc/ld.so.cache',
-];
-/** The same, as the sandbox sees them: what each step's audit watches. */
-export const PROTECTED_PATHS = PROTECTED.map((path) => `/${path}`);
-/** Python start-up hooks that run before any test: left out of the graded diff wherever they are. */
-const PROTECTED_PATTERNS = [
-  '(^|/)(sitecustomize|usercustomize)\\.py$',
-  '(^|/)site-packages/[^/]*\\.pth$',
-  '(^|/)dist-packages/[^/]*\\.pth$',
-];
 /** Where a task's environment starts when its Dockerfile names an image we do not have. */
 const FALLBACK_BASE = 'debian:bookworm';
 
 /** How long a task's setup script may run. */
 const SETUP_SCRIPT_TIMEOUT_MS = 10 * 60_000;
+
+/** Grading's time beyond the tests' own budget: staging the tests, reading the reward. */
+const GRADING_OVERHEAD_MS = 2 * 60_000;
+
+/** Errors of grading that are the platform's, not the verifier's: an infrastructure outcome. */
+const INFRA_CODES = ['node_lost', 'admission_rejected', 'platform_error'] as const;
+
+/**
+ * What probes of clean sandboxes found, per layer stack: environments are immutable, so one probe
+ * serves every episode of every task on them in this process.
+ */
+const probed = new Map<string, Promise<InterpreterFacts>>();
+const PROBE_CACHE_SIZE = 256;
 
 /** The name a task's Dockerfile build is stored under. */
 function taskEnvironmentName(task: Task): string {
@@ -111,6 +90,8 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
   /** Tamper signals carried over from checkpoints. */
   private earlierTampering: string[] = [];
   private checkpoints = 0;
+  /** What grading takes from the agent's diff: known once a clean sandbox was probed. */
+  private scope: GradingScope = BASE_SCOPE;
 
   private constructor(
     private readonly platform: PlatformClient,
@@ -196,12 +177,37 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
     });
     const reset = await this.inner.reset(options);
     const sandbox = this.inner.current!;
+    // before anything runs in it, the sandbox shows what a clean one of its environment holds
+    this.scope = gradingScope(await this.facts(sandbox), this.workdir(), this.taskExclusions());
     await sandbox.exec(['mkdir', '-p', '/logs/agent', '/logs/artifacts']);
     if (this.task.setupScript !== undefined) await this.runSetupScript(sandbox, this.task.setupScript);
     // the stage boundary: the same sandbox, the agent stage's rules
     await sandbox.setNetwork(this.task.network.agent);
     this.deadline = Date.now() + budgetMs;
     return this.opening(sandbox, reset.info);
+  }
+
+  /** The interpreters of the sandbox's environment, probed once per layer stack. */
+  private facts(sandbox: Sandbox): Promise<InterpreterFacts> {
+    const key = sandbox.layers.map((layer) => layer.digest).join(',');
+    let facts = probed.get(key);
+    if (!facts) {
+      facts = probeInterpreters(sandbox);
+      probed.set(key, facts);
+      facts.catch(() => probed.delete(key));
+      if (probed.size > PROBE_CACHE_SIZE) probed.delete(probed.keys().next().value ?? key);
+    }
+    return facts;
+  }
+
+  private workdir(): string {
+    return this.built?.config.workdir ?? '/';
+  }
+
+  /** Paths only this task's grading leaves out: a SWE-bench repository's git folder. */
+  private taskExclusions(): string[] {
+    const grading = this.task.grading;
+    return grading.kind === 'swebench' ? [`${grading.repoPath}/.git`] : [];
   }
 
   private async runSetupScript(sandbox: Sandbox, script: string): Promise<void> {
@@ -317,46 +323,99 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
         },
       };
     } catch (error) {
-      return { ...result, reward: 0, outcome: { kind: 'verifier_error', message: messageOf(error) } };
+      const message = messageOf(error);
+      const infra = isSandgymError(error, ...INFRA_CODES) ? (error.code as FailureReason) : undefined;
+      return {
+        ...result,
+        reward: 0,
+        outcome: infra
+          ? { kind: 'infra_failure', reason: infra, message }
+          : { kind: 'verifier_error', message },
+      };
     }
   }
 
-  /** Grades the episode so far in a fresh sandbox; the agent's sandbox is frozen while its diff is taken. */
+  /**
+   * Grades the episode so far in a fresh sandbox of the task's layers plus the agent's diff (taken
+   * from a frozen copy of its sandbox, pruned by the grading scope). A run that goes wrong in a way
+   * either side could cause (see GradingAnomaly: the tests hang, the reward is missing or out of
+   * range, the grader dies) is run again without the agent's diff: if that run is sound, the
+   * agent's changes caused the trouble and the episode scores 0 with the anomaly in its details;
+   * if it fails too, the verifier is at fault and grading fails (`verifier_error`).
+   */
   async grade(): Promise<Grade> {
     const agent = this.inner?.current;
     const environment = this.built;
     if (!agent || !environment)
       throw new SandgymError('failed_precondition', 'Nothing to grade: call reset() first');
     // no name: a layer for this grading only, which layer gc reclaims later
-    const { layer, present } = await this.platform.packDiff(agent, this.diffOptions());
+    const { layer, present, dropped } = await this.platform.packDiff(agent, this.diffOptions());
     const { deniedEgress } = await agent.stats();
     const tampered = [...new Set([...this.earlierTampering, ...present.map((path) => `/${path}`)])];
     const clean = this.base ?? `${environment.name}:${environment.version}`;
+    const withDiff = await this.judge(clean, [layer.digest]).then(
+      (verdict) => ({ verdict }),
+      (error: unknown) => ({ error }),
+    );
+    let verdict: VerifierResult;
+    if ('verdict' in withDiff) {
+      verdict = withDiff.verdict;
+    } else {
+      if (isSandgymError(withDiff.error, ...INFRA_CODES)) throw withDiff.error;
+      const anomaly = messageOf(withDiff.error);
+      await this.judge(clean, []).catch((error: unknown) => {
+        throw new SandgymError(
+          'failed_precondition',
+          `The verifier of task ${this.task.id} failed with the agent's changes (${anomaly}) and without them too (${messageOf(error)}): the verifier is at fault`,
+          { cause: error },
+        );
+      });
+      verdict = {
+        reward: 0,
+        details: {
+          anomaly,
+          control: "the verifier runs soundly without the agent's changes, so they caused it",
+        },
+      };
+    }
+    // Tampering is reported, not punished: the protected paths came from the task's own layers,
+    // so the verifier judged the real work.
+    return {
+      reward: verdict.reward,
+      tampered,
+      deniedEgress,
+      details: { ...verdict.details, ...(dropped.length ? { droppedFromDiff: dropped } : {}) },
+    };
+  }
+
+  /** Runs the verifiers in a fresh grader of `environment` plus `extraLayers`, within the grading deadline. */
+  private async judge(environment: string, extraLayers: string[]): Promise<VerifierResult> {
     const grader = await this.platform.createSandbox({
-      environment: clean,
-      extraLayers: [layer.digest],
+      environment,
+      ...(extraLayers.length ? { extraLayers } : {}),
       resources: { cpu: this.task.resources.cpu, memoryMib: this.task.resources.memoryMib },
       network: this.task.network.verify,
     });
     try {
-      const verdict = await runVerifiers([...(this.options.verifiers ?? []), defaultVerifier(this.task)], {
+      return await runVerifiers([...(this.options.verifiers ?? []), defaultVerifier(this.task)], {
         task: this.task,
         grader,
-        workdir: environment.config.workdir,
+        workdir: this.workdir(),
         platform: this.platform,
-        environment: clean,
+        environment,
+        deadline: Deadline.after(
+          this.task.verifierTimeoutMs + GRADING_OVERHEAD_MS,
+          `Grading task ${this.task.id}`,
+        ),
       });
-      // Tampering is reported, not punished: the protected paths came from the task's own
-      // layers, so the verifier judged the real work.
-      return { reward: verdict.reward, tampered, deniedEgress, details: verdict.details };
     } finally {
       await grader.close();
     }
   }
 
-  /** The agent's changes without the protected paths, reporting which of those it touched. */
-  private diffOptions(): { excludePaths: string[]; excludeRegexes: string[]; reportPaths: string[] } {
-    return { excludePaths: PROTECTED, excludeRegexes: PROTECTED_PATTERNS, reportPaths: PROTECTED };
+  /** The agent's changes without what grading never takes from it, reporting the protected paths it touched. */
+  private diffOptions(): GradingScope {
+    return this.scope;
   }
 
   async close(): Promise<void> {

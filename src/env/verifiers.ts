@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { SandgymError } from '../common/index.ts';
 import type { PlatformClient, Sandbox } from '../platform/index.ts';
+import type { Deadline } from './deadline.ts';
 import type { OjCase, Task, TaskGrading } from './tasks/task.ts';
 import { stageFolder } from './stage-folder.ts';
 
@@ -13,6 +14,25 @@ export interface VerifyContext {
   platform: PlatformClient;
   /** The clean environment the grader was built on, without the agent's changes. */
   environment: string;
+  /** What is left of the grading's time: every call in the grader takes its timeout from it. */
+  deadline: Deadline;
+}
+
+/**
+ * A verifier run that went wrong in a way either side could have caused: the tests ran out of
+ * time, the reward is missing or not a number in range, the runner never reported. The agent's
+ * code runs inside the tests, so it can hang them or write a bad reward; a broken verifier does
+ * the same. The grader tells them apart by running the verifier again without the agent's
+ * changes (see TaskEnv.grade): if that run is sound, the agent's changes caused it and the
+ * episode scores 0; if it fails too, the verifier is at fault (`verifier_error`).
+ */
+export class GradingAnomaly extends SandgymError {
+  constructor(
+    readonly kind: 'timeout' | 'no_reward' | 'bad_reward' | 'no_report',
+    message: string,
+  ) {
+    super('failed_precondition', message);
+  }
 }
 
 /** A verifier's verdict: the reward and what led to it. */
@@ -43,47 +63,95 @@ export function runVerifiers(
   return at(0);
 }
 
-function parseReward(text: string, json: boolean): number {
-  if (!json) {
-    const value = Number(text.trim());
-    if (!Number.isFinite(value))
-      throw new SandgymError('invalid_argument', `reward.txt holds "${text.trim()}", not a number`);
-    return value;
-  }
-  const parsed = JSON.parse(text) as Record<string, unknown>;
-  if (typeof parsed['reward'] === 'number') return parsed['reward'];
-  const values = Object.values(parsed).filter((v): v is number => typeof v === 'number');
-  if (values.length === 0) throw new SandgymError('invalid_argument', 'reward.json holds no number');
-  return values.reduce((a, b) => a + b, 0) / values.length;
+/** A reward and, from a reward.json, each named metric. */
+interface ParsedReward {
+  reward: number;
+  metrics?: Record<string, number>;
 }
 
 /**
- * Harbor: stages the task's tests at /tests (in the grader only), creates /logs/verifier empty,
- * runs /tests/test.sh, and reads reward.txt or reward.json over the agent channel.
+ * Reads reward.txt (one number) or reward.json (named numbers: `reward`, else their mean). Every
+ * value must be a finite number within the task's range; anything else (text, NaN, Infinity,
+ * 1e9, a nested object) is a {@link GradingAnomaly}, never a reward.
+ */
+export function parseReward(
+  text: string,
+  json: boolean,
+  [min, max]: readonly [number, number],
+): ParsedReward {
+  const inRange = (value: unknown, what: string): number => {
+    if (typeof value !== 'number' || !Number.isFinite(value) || value < min || value > max) {
+      throw new GradingAnomaly(
+        'bad_reward',
+        `${what} is ${JSON.stringify(value) ?? String(value)}, not a finite number in [${min}, ${max}]`,
+      );
+    }
+    return value;
+  };
+  if (!json) {
+    const trimmed = text.trim();
+    if (!/^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$/.test(trimmed))
+      throw new GradingAnomaly(
+        'bad_reward',
+        `reward.txt holds ${JSON.stringify(trimmed.slice(0, 80))}, not a number`,
+      );
+    return { reward: inRange(Number(trimmed), 'reward.txt') };
+  }
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(text);
+  } catch {
+    throw new GradingAnomaly('bad_reward', 'reward.json is not valid JSON');
+  }
+  if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed))
+    throw new GradingAnomaly('bad_reward', 'reward.json must be an object of named numbers');
+  const entries = Object.entries(parsed as Record<string, unknown>);
+  if (entries.length === 0) throw new GradingAnomaly('bad_reward', 'reward.json holds no number');
+  const metrics = Object.fromEntries(
+    entries.map(([name, value]) => [name, inRange(value, `reward.json "${name}"`)]),
+  );
+  const values = Object.values(metrics);
+  const reward = metrics['reward'] ?? values.reduce((a, b) => a + b, 0) / values.length;
+  return { reward, metrics };
+}
+
+/** The range rewards must fall in when a task names none. */
+export const DEFAULT_REWARD_RANGE: readonly [number, number] = [0, 1];
+
+/**
+ * Harbor: stages the task's tests at /tests (in the grader only), makes /logs/verifier anew and
+ * empty, runs /tests/test.sh through bash (executable or not), and reads reward.txt or
+ * reward.json over the agent channel. Every step takes its time from the grading's deadline.
  */
 export function rewardFileVerifier(testsDir: string, timeoutMs: number): Verifier {
-  return async ({ grader, workdir }) => {
-    await stageFolder(grader, testsDir, '/tests');
-    await grader.exec(['mkdir', '-p', '/logs/verifier']);
-    const run = await grader.exec(['/tests/test.sh'], { timeoutMs, cwd: workdir });
-    if (run.timedOut) throw new SandgymError('timeout', `The verifier ran out of its ${timeoutMs} ms`);
-    const files = (await grader.listDir('/logs/verifier')).map((e) => e.name);
+  return async ({ grader, workdir, deadline, task }) => {
+    await stageFolder(grader, testsDir, '/tests', deadline);
+    await grader.exec(['rm', '-rf', '--', '/logs/verifier'], deadline.call());
+    await grader.exec(['mkdir', '-p', '/logs/verifier'], deadline.call());
+    const runTests = (shell: string) =>
+      grader.exec([shell, '/tests/test.sh'], { ...deadline.call(timeoutMs), cwd: workdir });
+    let run = await runTests('bash');
+    // an image without bash (busybox) runs the script with its sh
+    if (run.exitCode === 127 && /cannot run bash/.test(run.stderr)) run = await runTests('sh');
+    if (run.timedOut) throw new GradingAnomaly('timeout', `The tests ran out of their ${timeoutMs} ms`);
+    const files = (await grader.listDir('/logs/verifier', deadline.call())).map((e) => e.name);
     const json = files.includes('reward.json');
-    const reward =
-      files.includes('reward.txt') || json
-        ? parseReward(
-            (
-              await grader.readFile(json ? '/logs/verifier/reward.json' : '/logs/verifier/reward.txt')
-            ).toString(),
-            json,
-          )
-        : 0;
+    if (!json && !files.includes('reward.txt')) {
+      throw new GradingAnomaly(
+        'no_reward',
+        `tests/test.sh ended (exit ${run.exitCode ?? run.signal}) without writing /logs/verifier/reward.txt or reward.json`,
+      );
+    }
+    const path = json ? '/logs/verifier/reward.json' : '/logs/verifier/reward.txt';
+    const text = (await grader.readFile(path, { ...deadline.call(), maxBytes: 1 << 20 })).toString();
+    const { reward, metrics } = parseReward(text, json, task.rewardRange ?? DEFAULT_REWARD_RANGE);
     return {
       reward,
       details: {
         exitCode: run.exitCode,
         output: `${run.stdout}${run.stderr}`.slice(-4000),
-        rewardFile: files.includes('reward.txt') || json,
+        rewardFile: true,
+        ...(metrics ? { metrics } : {}),
       },
     };
   };
@@ -91,10 +159,10 @@ export function rewardFileVerifier(testsDir: string, timeoutMs: number): Verifie
 
 /** Reward 1 when a command exits 0 in the grader, else 0. */
 export function exitCodeVerifier(argv: string[], timeoutMs: number): Verifier {
-  return async ({ grader, workdir }) => {
-    const run = await grader.exec(argv, { timeoutMs, cwd: workdir });
+  return async ({ grader, workdir, deadline }) => {
+    const run = await grader.exec(argv, { ...deadline.call(timeoutMs), cwd: workdir });
     if (run.timedOut)
-      throw new SandgymError('timeout', `The verifier command ran out of its ${timeoutMs} ms`);
+      throw new GradingAnomaly('timeout', `The verifier command ran out of its ${timeoutMs} ms`);
     return { reward: run.exitCode === 0 ? 1 : 0, details: { exitCode: run.exitCode } };
   };
 }
@@ -115,8 +183,8 @@ export function normaliseOutput(text: string): string {
  * every case matches.
  */
 export function ojVerifier(program: string, run: string[], cases: OjCase[], caseTimeoutMs: number): Verifier {
-  return async ({ grader, workdir, platform, environment, task }) => {
-    const source = await grader.readFile(program).catch(() => undefined);
+  return async ({ grader, workdir, platform, environment, task, deadline }) => {
+    const source = await grader.readFile(program, deadline.call()).catch(() => undefined);
     if (!source)
       return { reward: 0, details: { cases: cases.map(() => 'no_program'), passed: 0, total: cases.length } };
     const judge = await platform.createSandbox({
@@ -125,12 +193,12 @@ export function ojVerifier(program: string, run: string[], cases: OjCase[], case
       resources: { cpu: task.resources.cpu, memoryMib: task.resources.memoryMib },
     });
     try {
-      await judge.writeFile(program, source, { mode: 0o755 });
+      await judge.writeFile(program, source, { ...deadline.call(), mode: 0o755 });
       const statuses: string[] = [];
       for (const testCase of cases) {
         const result = await judge.exec(run, {
+          ...deadline.call(caseTimeoutMs),
           stdin: testCase.stdin,
-          timeoutMs: caseTimeoutMs,
           cwd: workdir,
         });
         statuses.push(
@@ -224,10 +292,13 @@ const runnerReportSchema = z.object({
 });
 
 /** The runner's report, or undefined when it never wrote a whole one. */
-async function runnerReport(grader: Sandbox): Promise<z.infer<typeof runnerReportSchema> | undefined> {
+async function runnerReport(
+  grader: Sandbox,
+  deadline: Deadline,
+): Promise<z.infer<typeof runnerReportSchema> | undefined> {
   try {
     return runnerReportSchema.parse(
-      JSON.parse((await grader.readFile('/logs/verifier/report.json')).toString()),
+      JSON.parse((await grader.readFile('/logs/verifier/report.json', deadline.call())).toString()),
     );
   } catch {
     return undefined;
@@ -241,9 +312,27 @@ async function runnerReport(grader: Sandbox): Promise<z.infer<typeof runnerRepor
  */
 const TEST_HARNESS_FILES = /(^|\/)conftest\.py$|^(pytest\.ini|tox\.ini|setup\.cfg|pyproject\.toml)$/;
 
+/**
+ * git as the grader runs it: no system or global configuration, no hooks and no fsmonitor, so a
+ * command planted in any git configuration never runs (the repository's own .git comes from the
+ * task's layers: graders leave it out of the diff).
+ */
+function gitIn(grader: Sandbox, repo: string, deadline: Deadline) {
+  return (...args: string[]) =>
+    grader.exec(
+      ['git', '-C', repo, '-c', 'core.hooksPath=/dev/null', '-c', 'core.fsmonitor=false', ...args],
+      { ...deadline.call(), env: { GIT_CONFIG_NOSYSTEM: '1', GIT_CONFIG_GLOBAL: '/dev/null' } },
+    );
+}
+
 /** Restores the test harness files of `repo` to the base commit; returns the ones it changed. */
-async function restoreTestHarness(grader: Sandbox, repo: string, baseCommit: string): Promise<string[]> {
-  const git = (...args: string[]) => grader.exec(['git', '-C', repo, ...args]);
+async function restoreTestHarness(
+  grader: Sandbox,
+  repo: string,
+  baseCommit: string,
+  deadline: Deadline,
+): Promise<string[]> {
+  const git = gitIn(grader, repo, deadline);
   const lines = (text: string): string[] => text.split('\n').filter(Boolean);
   const untracked = lines((await git('ls-files', '--others')).stdout).filter((f) =>
     TEST_HARNESS_FILES.test(f),
@@ -251,11 +340,11 @@ async function restoreTestHarness(grader: Sandbox, repo: string, baseCommit: str
   const changed = lines((await git('diff', '--name-only', baseCommit)).stdout).filter((f) =>
     TEST_HARNESS_FILES.test(f),
   );
-  for (const file of untracked) await grader.exec(['rm', '-f', '--', `${repo}/${file}`]);
+  for (const file of untracked) await grader.exec(['rm', '-f', '--', `${repo}/${file}`], deadline.call());
   for (const file of changed) {
     const existed = (await git('cat-file', '-e', `${baseCommit}:${file}`)).exitCode === 0;
     if (existed) await git('checkout', '-q', baseCommit, '--', file);
-    else await grader.exec(['rm', '-f', '--', `${repo}/${file}`]);
+    else await grader.exec(['rm', '-f', '--', `${repo}/${file}`], deadline.call());
   }
   return [...untracked, ...changed];
 }
@@ -274,37 +363,36 @@ export function sweBenchVerifier(
   grading: Extract<TaskGrading, { kind: 'swebench' }>,
   timeoutMs: number,
 ): Verifier {
-  return async ({ grader }) => {
+  return async ({ grader, deadline }) => {
     const repo = grading.repoPath;
+    const git = gitIn(grader, repo, deadline);
     const dirs = [
       ...new Set(
         patchedFiles(grading.testPatch).map((file) => file.split('/').slice(0, -1).join('/') || '.'),
       ),
     ];
     for (const dir of dirs) {
-      await grader.exec(['git', '-C', repo, 'checkout', '-q', grading.baseCommit, '--', dir]);
-      await grader.exec(['git', '-C', repo, 'clean', '-fdxq', '--', dir]);
+      await git('checkout', '-q', grading.baseCommit, '--', dir);
+      await git('clean', '-fdxq', '--', dir);
     }
-    const restored = await restoreTestHarness(grader, repo, grading.baseCommit);
-    await grader.writeFile('/tmp/sandgym-test.patch', grading.testPatch);
-    const applied = await grader.exec(['git', '-C', repo, 'apply', '/tmp/sandgym-test.patch']);
+    const restored = await restoreTestHarness(grader, repo, grading.baseCommit, deadline);
+    await grader.writeFile('/sandgym-runner/test.patch', grading.testPatch, deadline.call());
+    const applied = await git('apply', '/sandgym-runner/test.patch');
     if (applied.exitCode !== 0)
       throw new SandgymError(
         'failed_precondition',
         `The test patch does not apply: ${applied.stderr.trim()}`,
       );
-    await grader.writeFile('/sandgym-runner/run_tests.py', SWEBENCH_RUNNER);
-    await grader.exec(['mkdir', '-p', '/logs/verifier']);
+    await grader.writeFile('/sandgym-runner/run_tests.py', SWEBENCH_RUNNER, deadline.call());
+    await grader.exec(['rm', '-rf', '--', '/logs/verifier'], deadline.call());
+    await grader.exec(['mkdir', '-p', '/logs/verifier'], deadline.call());
     const ids = [...grading.failToPass, ...grading.passToPass];
     const run = await grader.exec(
       ['python3', '-I', '/sandgym-runner/run_tests.py', repo, '/logs/verifier/report.json', ...ids],
-      {
-        timeoutMs,
-        cwd: repo,
-      },
+      { ...deadline.call(timeoutMs), cwd: repo },
     );
-    if (run.timedOut) throw new SandgymError('timeout', `The tests ran out of their ${timeoutMs} ms`);
-    const report = await runnerReport(grader);
+    if (run.timedOut) throw new GradingAnomaly('timeout', `The tests ran out of their ${timeoutMs} ms`);
+    const report = await runnerReport(grader, deadline);
     // the runner always finishes and says so: if it did not, the code under test ended it
     if (!report || run.exitCode !== 0) {
       return {

@@ -15,6 +15,11 @@ export interface EpisodeReport {
   replayedSteps?: number;
   /** Attempts to reach addresses the network policy denies (a fetch of the solution, say). */
   deniedEgress?: number;
+  /**
+   * What the verifiers reported: per-metric rewards of a reward.json, test statuses, an anomaly the
+   * agent's changes caused, entries left out of its diff.
+   */
+  details?: Record<string, unknown>;
   /** Set when the agent used up its time budget: the episode was graded as it stood then. */
   timeout?: { budgetMs: number };
 }

@@ -71,7 +71,7 @@ async function runEpisode(
     steps: number,
     reward: number,
     outcome: StepOutcome,
-    grade: Partial<Pick<Grade, 'tampered' | 'deniedEgress'>> | undefined,
+    grade: Partial<Pick<Grade, 'tampered' | 'deniedEgress' | 'details'>> | undefined,
   ): EpisodeReport => ({
     task: task.id,
     reward,
@@ -80,6 +80,7 @@ async function runEpisode(
     durationMs: performance.now() - started,
     tampered: grade?.tampered ?? [],
     ...(grade?.deniedEgress ? { deniedEgress: grade.deniedEgress } : {}),
+    ...(grade?.details ? { details: grade.details } : {}),
     sandboxId,
     episodeId,
     ...(takenOver ? { replayedSteps } : {}),

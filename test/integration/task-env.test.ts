@@ -297,7 +297,7 @@ describe('Harbor tasks, fresh-box grading and evaluation', () => {
     expect(stalled?.result).toMatchObject({ observation: { type: 'exec', timedOut: true } });
   });
 
-  it('reports a verifier that runs out of time as verifier_error, not a reward of 0', async () => {
+  it("reports a verifier that runs out of time even without the agent's changes as verifier_error", async () => {
     const slow = await taskCopy('slow-verifier', async (d) => {
       await writeFile(join(d, 'task.toml'), '[verifier]\ntimeout_sec = 0.5\n');
       await writeFile(join(d, 'tests', 'test.sh'), '#!/bin/bash\nsleep 30\n', { mode: 0o755 });
@@ -307,7 +307,9 @@ describe('Harbor tasks, fresh-box grading and evaluation', () => {
     });
     expect(report?.outcome).toMatchObject({
       kind: 'verifier_error',
-      message: expect.stringMatching(/ran out of its 500 ms/) as unknown,
+      message: expect.stringMatching(
+        /ran out of their 500 ms.*without them too.*verifier is at fault/,
+      ) as unknown,
     });
   });
 });

@@ -55,6 +55,8 @@ export interface Task {
   env: Record<string, string>;
   agentTimeoutMs: number;
   verifierTimeoutMs: number;
+  /** The range a verifier's reward must fall in (a reward outside it is a verifier anomaly); default [0, 1]. */
+  rewardRange?: readonly [number, number];
   /** Named network rules per stage (empty: loopback only, the default). */
   network: NetworkPolicy;
   /**

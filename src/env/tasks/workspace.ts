@@ -1,4 +1,5 @@
-import { rm } from 'node:fs/promises';
+import { existsSync } from 'node:fs';
+import { rename, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { runProgram } from '../../backends/index.ts';
 import { SandgymError } from '../../common/index.ts';
@@ -14,29 +15,65 @@ function git(dir: string, ...args: string[]): Promise<string> {
 }
 
 /**
- * Scrubs a checkout to its base commit, so no later commit can leak the answer: one branch at
- * the base, no remotes, no tags, the reflog expired and unreachable objects pruned. Then audits:
- * any commit that is not an ancestor of the base fails the setup.
+ * Scrubs a checkout to its base commit, so no later commit can leak the answer. Deleting refs
+ * and pruning is not enough: objects can outlive every ref (a pack marked `.promisor` survives
+ * `git gc`, an alternates file lends another store's objects, replace refs and notes name
+ * more). So the repository is rebuilt: a new object store receives exactly what the base commit
+ * reaches (fetched by id into an empty repository), one branch points at it, and the old `.git`
+ * (hooks, config, remotes, reflogs, alternates, packs) goes whole. Then every object the store
+ * holds, reachable or not, is audited: a commit that is not the base or an ancestor of it fails
+ * the setup.
  */
 export async function scrubToBase(dir: string, baseCommit: string): Promise<void> {
-  await git(dir, 'checkout', '-q', '--detach', baseCommit);
-  await git(dir, 'checkout', '-q', '-B', 'main', baseCommit);
-  for (const branch of (
-    await git(dir, 'for-each-ref', '--format=%(refname)', 'refs/heads', 'refs/remotes', 'refs/tags')
+  const base = (await git(dir, 'rev-parse', '--verify', `${baseCommit}^{commit}`)).trim();
+  await git(dir, 'checkout', '-q', '--detach', base);
+  const fresh = `${dir}.git-fresh`;
+  await rm(fresh, { recursive: true, force: true });
+  try {
+    await runProgram('git', ['init', '-q', '--template=', fresh], { timeoutMs: 60_000 });
+    // fetch by id needs the source to allow it; its upload-pack is ours to configure
+    await git(
+      fresh,
+      'fetch',
+      '-q',
+      '--no-tags',
+      '--upload-pack',
+      'git -c uploadpack.allowAnySHA1InWant=true upload-pack',
+      dir,
+      base,
+    );
+    await git(fresh, 'update-ref', 'refs/heads/main', base);
+    await git(fresh, 'symbolic-ref', 'HEAD', 'refs/heads/main');
+    await rm(join(fresh, '.git', 'FETCH_HEAD'), { force: true });
+    await rm(join(dir, '.git'), { recursive: true, force: true });
+    await rename(join(fresh, '.git'), join(dir, '.git'));
+  } finally {
+    await rm(fresh, { recursive: true, force: true });
+  }
+  await git(dir, 'reset', '-q'); // the index anew, for a working tree that is the base already
+  await auditObjects(dir, base);
+}
+
+/** Fails unless every commit object in the repository's store is the base or an ancestor of it. */
+async function auditObjects(dir: string, base: string): Promise<void> {
+  const ancestors = new Set((await git(dir, 'rev-list', base)).split('\n').filter(Boolean));
+  const commits = (
+    await git(dir, 'cat-file', '--batch-all-objects', '--batch-check=%(objecttype) %(objectname)')
   )
     .split('\n')
-    .filter(Boolean)) {
-    if (branch !== 'refs/heads/main') await git(dir, 'update-ref', '-d', branch);
-  }
-  for (const remote of (await git(dir, 'remote')).split('\n').filter(Boolean))
-    await git(dir, 'remote', 'remove', remote);
-  await git(dir, 'reflog', 'expire', '--expire=now', '--all');
-  await git(dir, 'gc', '-q', '--prune=now');
-  const later = (await git(dir, 'rev-list', '--all', `^${baseCommit}`)).split('\n').filter(Boolean);
-  if (later.length > 0) {
+    .filter((line) => line.startsWith('commit '))
+    .map((line) => line.slice('commit '.length));
+  const later = commits.filter((commit) => !ancestors.has(commit));
+  const leaks = ['objects/info/alternates', 'shallow', 'packed-refs'].filter((path) =>
+    existsSync(join(dir, '.git', path)),
+  );
+  const refs = (await git(dir, 'for-each-ref', '--format=%(refname)')).split('\n').filter(Boolean);
+  if (later.length > 0 || leaks.length > 0 || refs.join() !== 'refs/heads/main') {
     throw new SandgymError(
       'failed_precondition',
-      `History audit of ${dir}: ${later.length} commits after base ${baseCommit} remain`,
+      `History audit of ${dir}: ${later.length} commits besides base ${base} and its ancestors remain` +
+        (leaks.length ? `; it still has ${leaks.join(', ')}` : '') +
+        (refs.join() !== 'refs/heads/main' ? `; refs: ${refs.join(', ')}` : ''),
     );
   }
 }

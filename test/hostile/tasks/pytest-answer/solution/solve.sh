@@ -1,0 +1,2 @@
+#!/bin/sh
+printf 'def answer():\n    return 42\n' > /app/solution.py

@@ -1,0 +1,5 @@
+from solution import answer
+
+
+def test_answer():
+    assert answer() == 42
