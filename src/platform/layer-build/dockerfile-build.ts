@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { cp, lstat, mkdir, readFile, readdir, readlink, rm } from 'node:fs/promises';
+import { cp, lstat, mkdir, readFile, readdir, readlink, realpath, rm } from 'node:fs/promises';
 import { dirname, join, posix, resolve, sep } from 'node:path';
 import { SandgymError } from '../../common/index.ts';
 import type { Environment, LayerStore } from '../layer-store.ts';
@@ -147,7 +147,9 @@ export async function buildFromDockerfile(
         // WORKDIR makes its folder, as Docker does, so commands can start in it
         if (instruction.kind === 'WORKDIR') config.workdir = posix.resolve(config.workdir, instruction.path);
         const copies = instruction.kind === 'COPY' || instruction.kind === 'ADD' ? instruction : undefined;
-        const sources = copies ? copies.sources.map((s) => inContext(file, line, context, s)) : [];
+        const sources = copies
+          ? await Promise.all(copies.sources.map((s) => inContext(file, line, context, s)))
+          : [];
         key = hash(key, label, config, copies ? await contentDigest(sources) : '');
         const cached = await host.store.cachedStep(key);
         const where = `${file} line ${line}`;
@@ -183,15 +185,32 @@ export async function buildFromDockerfile(
   return { environment, steps, notes };
 }
 
-function inContext(file: string, line: number, context: string, source: string): string {
-  const path = resolve(context, source);
-  if (path !== context && !path.startsWith(context + sep)) {
+/**
+ * A COPY/ADD source as a real path inside the build context. Symlinks are resolved first, the
+ * context's own included, so neither `../` nor a link (to /etc/shadow, or a folder leading out)
+ * takes anything from outside it; what a link inside points at inside is what gets copied.
+ */
+async function inContext(file: string, line: number, context: string, source: string): Promise<string> {
+  const outside = (): never => {
     throw new SandgymError(
       'invalid_argument',
-      `${file} line ${line}: "${source}" is outside the build context ${context}`,
+      `${file} line ${line}: "${source}" is outside the build context ${context}: COPY and ADD take only files inside it (a symlink may not lead out)`,
     );
-  }
-  return path;
+  };
+  const root = await realpath(context);
+  const lexical = resolve(root, source);
+  if (lexical !== root && !lexical.startsWith(root + sep)) outside();
+  const real = await realpath(lexical).catch((error: unknown) => {
+    throw new SandgymError(
+      'invalid_argument',
+      `${file} line ${line}: COPY/ADD source ${source} does not exist`,
+      {
+        cause: error,
+      },
+    );
+  });
+  if (real !== root && !real.startsWith(root + sep)) outside();
+  return real;
 }
 
 async function runStep(
