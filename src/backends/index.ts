@@ -49,6 +49,7 @@ export { runProgram } from './host/run-program.ts';
 export { BENCHMARK_PROGRAMS, installPrograms, prepareHost } from './host/host-setup.ts';
 export type { HostReport } from './host/host-setup.ts';
 export { agentBinaryPath, hostProgram, packageRoot } from './host/paths.ts';
+export { prepareDataFolder } from './host/data-folder.ts';
 export { detectCgroupLayout } from './host/cgroups.ts';
 export { sha256OfFile } from './host/layer-verify.ts';
 export { hostAvailableMib } from './host/memory.ts';

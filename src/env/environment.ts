@@ -1,13 +1,15 @@
 import type { FailureReason } from '../common/index.ts';
 
 /**
- * How a step went for the platform: fine; an infrastructure failure; or a verifier that crashed
- * or ran out of time. The last two are never a reward of 0: rollouts mask or retry them.
+ * How a step went for the platform: fine; an infrastructure failure; a verifier at fault; or a
+ * task that cannot run as written (its environment does not build, its setup fails), which its
+ * author must fix. The last three are never a reward of 0: rollouts mask or retry them.
  */
 export type StepOutcome =
   | { kind: 'ok' }
   | { kind: 'infra_failure'; reason: FailureReason; message: string }
-  | { kind: 'verifier_error'; message: string };
+  | { kind: 'verifier_error'; message: string }
+  | { kind: 'task_error'; message: string };
 
 /** Cancellation for a call. */
 export interface EnvCallOptions {

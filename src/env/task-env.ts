@@ -8,7 +8,7 @@ import {
 import type { EnvCallOptions, Environment, ResetOptions, ResetResult, StepResult } from './environment.ts';
 import type { SandboxAction, SandboxObservation } from './sandbox-actions.ts';
 import { SandboxEnv } from './sandbox-env.ts';
-import type { Task } from './tasks/task.ts';
+import { TaskError, type Task } from './tasks/task.ts';
 import { Deadline } from './deadline.ts';
 import { BASE_SCOPE, PROTECTED_PATHS, gradingScope, type GradingScope } from './grading-scope.ts';
 import { probeInterpreters, type InterpreterFacts } from './python-probe.ts';
@@ -109,6 +109,14 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
    */
   async prepare(): Promise<LayerEnvironment> {
     if (this.built) return this.built;
+    try {
+      return await this.build();
+    } catch (error) {
+      throw TaskError.fromPreparing(this.task.id, error);
+    }
+  }
+
+  private async build(): Promise<LayerEnvironment> {
     const source = this.task.environment;
     if (source.kind === 'stored') return (this.built = await this.platform.getEnvironment(source.ref));
     const platform = this.platform;
@@ -214,9 +222,9 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
     const result = await sandbox.exec(['sh', '-c', script], { timeoutMs: SETUP_SCRIPT_TIMEOUT_MS });
     if (result.exitCode === 0) return;
     const tail = (result.stderr || result.stdout).trim().split('\n').slice(-3).join(' | ');
-    throw new SandgymError(
-      'failed_precondition',
-      `Task ${this.task.id}: its setup script failed (${result.timedOut ? 'timed out' : `exit ${result.exitCode}`}): ${tail || 'no output'}`,
+    throw new TaskError(
+      this.task.id,
+      `its setup script failed (${result.timedOut ? 'timed out' : `exit ${result.exitCode}`}): ${tail || 'no output'}`,
     );
   }
 

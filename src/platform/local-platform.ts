@@ -6,6 +6,7 @@ import {
   FnCallBackend,
   VmBackend,
   packageRoot,
+  prepareDataFolder,
   readNetworkRules,
   type NetworkRuleBook,
   type CallOptions,
@@ -423,9 +424,17 @@ export const Platform = {
    * ```
    */
   async local(options: LocalPlatformOptions = {}): Promise<LocalPlatform> {
-    const dataDir = resolve(options.dataDir ?? defaultDataDir());
+    // checked before anything is made in them (see prepareDataFolder), and root's alone
+    const dataDir = await prepareDataFolder(
+      options.dataDir ?? defaultDataDir(),
+      'dataDir or $SANDGYM_DATA_DIR',
+    );
     const logger = (options.logger ?? silentLogger()).child({ component: 'platform' });
-    const store = await LayerStore.open(options.storeDir ?? defaultStoreDir(dataDir));
+    const storeDir = await prepareDataFolder(
+      options.storeDir ?? defaultStoreDir(dataDir),
+      'storeDir or $SANDGYM_STORE',
+    );
+    const store = await LayerStore.open(storeDir);
     const container = await ContainerBackend.create({
       dataDir,
       logger,

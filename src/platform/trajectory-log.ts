@@ -89,7 +89,8 @@ export class TrajectoryLog {
       offset = end;
     }
     if (offset < bytes.length) await truncate(path, offset);
-    return new TrajectoryLog(path, codec, await open(path, 'a'), records, offset, capBytes);
+    // tenants' commands and outputs: the node's root alone reads them
+    return new TrajectoryLog(path, codec, await open(path, 'a', 0o600), records, offset, capBytes);
   }
 
   /** Every record, in order. */

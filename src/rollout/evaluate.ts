@@ -1,6 +1,7 @@
 import { isSandgymError, messageOf } from '../common/index.ts';
 import {
   TaskEnv,
+  TaskError,
   type Grade,
   type ResetResult,
   type StepOutcome,
@@ -124,7 +125,8 @@ async function runEpisode(
 
 /**
  * Runs one episode per task with at most `concurrency` at once, refilling as each finishes. An
- * episode that throws is reported with an `infra_failure` outcome, never as a reward of 0.
+ * episode that throws is reported with a `task_error` outcome when the task cannot run as written,
+ * else an `infra_failure`: never as a reward of 0.
  */
 export async function evaluate(
   platform: PlatformClient,
@@ -178,7 +180,11 @@ export async function evaluate(
         report = {
           task: task.id,
           reward: 0,
-          outcome: { kind: 'infra_failure', reason: 'platform_error', message },
+          // a task that cannot run as written is its author's to fix; anything else, the platform's
+          outcome:
+            error instanceof TaskError
+              ? { kind: 'task_error', message }
+              : { kind: 'infra_failure', reason: 'platform_error', message },
           steps: 0,
           durationMs: 0,
           tampered: [],

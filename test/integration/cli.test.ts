@@ -1,5 +1,6 @@
 import { spawn, spawnSync } from 'node:child_process';
 import { existsSync, readdirSync } from 'node:fs';
+import { cp, mkdir, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -34,6 +35,51 @@ describe('the sandgym command line', () => {
     expect(run.status).toBe(0);
     const document = JSON.parse(run.stdout) as Record<string, unknown>;
     expect(document).toMatchObject({ stdout: '42\n', exitCode: 0, backend: 'container', timedOut: false });
+  });
+
+  it('exits 2, naming the file and line, for a task that cannot run as written', async () => {
+    const broken = {
+      'a failing RUN': 'FROM debian:bookworm\nRUN exit 7\n',
+      'a missing COPY source': 'FROM debian:bookworm\nCOPY missing.txt /x\n',
+      'an unknown instruction': 'FROM debian:bookworm\nFROBNICATE x\n',
+    };
+    for (const [what, dockerfile] of Object.entries(broken)) {
+      const dir = join(env.dataDir, 'tasks', what.replace(/\W+/g, '-'));
+      await cp(resolve('examples/tasks/hello-file'), dir, { recursive: true });
+      await writeFile(join(dir, 'environment', 'Dockerfile'), dockerfile);
+      for (const command of [
+        ['eval', dir, '--agent', 'nop'],
+        ['check', dir],
+      ]) {
+        const run = sandgym(...command);
+        expect(run.status, `${command[0]} with ${what}: ${run.stderr}`).toBe(2);
+        expect(run.stderr, what).toMatch(/Dockerfile line 2/);
+      }
+    }
+  });
+
+  it('refuses a data folder on a kernel filesystem or a read-only mount at once, naming the setting', async () => {
+    const onProc = spawnSync('node', [CLI, 'run', '--', 'true'], {
+      env: { ...cliEnv, SANDGYM_DATA_DIR: '/proc/sandgym-data' },
+      encoding: 'utf8',
+      timeout: 30_000,
+    });
+    expect(onProc.status).toBe(2);
+    expect(onProc.stderr).toMatch(/\/proc\/sandgym-data is on procfs.*SANDGYM_DATA_DIR/);
+    const readOnly = join(env.dataDir, 'read-only');
+    await mkdir(readOnly, { recursive: true });
+    spawnSync('mount', ['-t', 'tmpfs', '-o', 'ro,size=1m', 'tmpfs', readOnly]);
+    try {
+      const run = spawnSync('node', [CLI, 'run', '--', 'true'], {
+        env: { ...cliEnv, SANDGYM_DATA_DIR: join(readOnly, 'data') },
+        encoding: 'utf8',
+        timeout: 30_000,
+      });
+      expect(run.status).toBe(2);
+      expect(run.stderr).toMatch(/cannot be written .*read-only.*SANDGYM_DATA_DIR/);
+    } finally {
+      spawnSync('umount', [readOnly]);
+    }
   });
 
   it('audits a sandbox from another process: its signals and its command history', async () => {

@@ -130,7 +130,7 @@ async function isMounted(path: string): Promise<boolean> {
 
 /** A sparse image with btrfs on it: nothing is allocated until sandboxes write. */
 async function makeImage(image: string, sizeGib: number): Promise<void> {
-  const handle = await open(image, 'wx');
+  const handle = await open(image, 'wx', 0o600); // every sandbox's writes: root's alone
   try {
     await handle.truncate(sizeGib * 2 ** 30);
   } finally {

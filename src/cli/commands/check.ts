@@ -1,4 +1,4 @@
-import { loadTasks } from '../../env/index.ts';
+import { TaskEnv, loadTasks } from '../../env/index.ts';
 import { openPlatform } from './cluster.ts';
 import { checkTask } from '../../rollout/index.ts';
 import { parseCommandArgs } from '../args.ts';
@@ -13,6 +13,8 @@ export async function checkCommand(args: string[]): Promise<number> {
   await using platform = await openPlatform();
   const all: Record<string, Awaited<ReturnType<typeof checkTask>>> = {};
   for (const task of tasks) {
+    // a task that cannot run as written (its environment does not build) is bad input: exit 2
+    await TaskEnv.create(platform, task).prepare();
     const results = await checkTask(platform, task);
     all[task.id] = results;
     if (!parsed.values['json']) {

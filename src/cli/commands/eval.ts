@@ -70,7 +70,7 @@ export async function evalCommand(args: string[]): Promise<number> {
     const outcome =
       r.outcome.kind === 'ok'
         ? ''
-        : ` [${r.outcome.kind}${'reason' in r.outcome ? `: ${r.outcome.reason}` : ''}]`;
+        : ` [${r.outcome.kind}${'reason' in r.outcome ? `: ${r.outcome.reason}` : ''}]${r.outcome.kind === 'task_error' ? ` ${r.outcome.message}` : ''}`;
     const tamper = r.tampered.length ? ` tampered: ${r.tampered.join(', ')}` : '';
     const egress = r.deniedEgress ? ` denied egress: ${r.deniedEgress}` : '';
     process.stderr.write(
@@ -84,7 +84,9 @@ export async function evalCommand(args: string[]): Promise<number> {
     agent: agentName,
     tasks: reports.length,
     resolved: reports.filter((r) => r.outcome.kind === 'ok' && r.reward >= 1).length,
-    failedInfrastructure: reports.filter((r) => r.outcome.kind !== 'ok').length,
+    failedInfrastructure: reports.filter((r) => r.outcome.kind !== 'ok' && r.outcome.kind !== 'task_error')
+      .length,
+    taskErrors: reports.filter((r) => r.outcome.kind === 'task_error').length,
     meanReward: reports.reduce((sum, r) => sum + r.reward, 0) / Math.max(1, reports.length),
     episodes: reports,
   };
@@ -100,5 +102,12 @@ export async function evalCommand(args: string[]): Promise<number> {
   }
   console.error(`sandgym eval: ${summary.resolved}/${summary.tasks} resolved with --agent ${agentName}`);
   if (summary.failedInfrastructure > 0) return EXIT.infrastructure;
+  // a task that cannot run as written is bad input: its author must fix it
+  if (summary.taskErrors > 0) {
+    console.error(
+      `sandgym eval: ${summary.taskErrors} task(s) cannot run as written; see their messages above`,
+    );
+    return EXIT.usage;
+  }
   return summary.resolved === summary.tasks ? EXIT.ok : EXIT.failed;
 }

@@ -1,3 +1,30 @@
+import { SandgymError, isSandgymError, messageOf } from '../../common/index.ts';
+
+/**
+ * A task that cannot run as written: its Dockerfile does not parse or a step of it fails, a file
+ * it names is missing, its repository or base commit cannot be had, its setup script fails. The
+ * task's author must change it; retrying does not help, and it is bad input, not infrastructure.
+ */
+export class TaskError extends SandgymError {
+  constructor(
+    readonly taskId: string,
+    message: string,
+    options: { cause?: unknown } = {},
+  ) {
+    super('invalid_argument', `Task ${taskId}: ${message}`, options);
+  }
+
+  /**
+   * The error of preparing a task, as a TaskError when the task's content caused it (bad input,
+   * a missing file, a failing build step); anything else (the platform's) is returned as it was.
+   */
+  static fromPreparing(taskId: string, error: unknown): unknown {
+    if (error instanceof TaskError) return error;
+    if (!isSandgymError(error, 'invalid_argument', 'not_found', 'failed_precondition')) return error;
+    return new TaskError(taskId, messageOf(error), { cause: error });
+  }
+}
+
 /**
  * Where a task's environment comes from: its own Dockerfile, an environment in the store, or a
  * stored base plus a git workspace checked out at a base commit with its later history scrubbed.
