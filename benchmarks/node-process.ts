@@ -15,7 +15,7 @@ export interface BenchNode extends AsyncDisposable {
 export async function startBenchNode(): Promise<BenchNode> {
   const base = defaultDataDir();
   const dataDir = resolve(base, `bench-node-${process.pid}`);
-  const token = randomBytes(16).toString('hex');
+  const token = randomBytes(32).toString('hex');
   const child: ChildProcess = spawn(
     process.execPath,
     [

@@ -28,8 +28,8 @@ const GROUP = 4;
 async function main(): Promise<void> {
   const tag = randomBytes(2).toString('hex');
   const work = join(defaultDataDir(), `cluster-demo-${tag}`);
-  const nodeToken = randomBytes(16).toString('hex');
-  const clientToken = randomBytes(16).toString('hex');
+  const nodeToken = randomBytes(32).toString('hex');
+  const clientToken = randomBytes(32).toString('hex');
   const hosts: HostInNamespace[] = [];
   const nodes: NodeProcess[] = [];
   let controller: ReturnType<typeof spawn> | undefined;

@@ -11,6 +11,7 @@ export type { VmSnapshot } from './vm/snapshots.ts';
 export type { FnCallBackendOptions } from './fncall/fncall-backend.ts';
 export type { ContainerBackendOptions } from './container/container-backend.ts';
 export type { WarmPoolPolicy } from './container/warm-pool.ts';
+export type { VolumeRoom } from './host/scratch-volume.ts';
 export type {
   Backend,
   BackendCapabilities,
@@ -50,6 +51,8 @@ export { BENCHMARK_PROGRAMS, installPrograms, prepareHost } from './host/host-se
 export type { HostReport } from './host/host-setup.ts';
 export { agentBinaryPath, hostProgram, packageRoot } from './host/paths.ts';
 export { prepareDataFolder } from './host/data-folder.ts';
+export { isAlive, processIdentity } from './host/processes.ts';
+export type { ProcessIdentity } from './host/processes.ts';
 export { detectCgroupLayout } from './host/cgroups.ts';
 export { sha256OfFile } from './host/layer-verify.ts';
 export { hostAvailableMib } from './host/memory.ts';

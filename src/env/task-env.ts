@@ -147,7 +147,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
       if (!isSandgymError(error, 'not_found')) throw error;
       throw new SandgymError(
         'failed_precondition',
-        `Task ${this.task.id} needs environment ${ref}, which a cluster client cannot build: run \`sandgym eval\` or \`sandgym check\` on the task once on a node that shares the store`,
+        `Task ${this.task.id} needs environment ${ref}, which a cluster client cannot build: run \`sandgym eval\` or \`sandgym check\` on the task once on a node that shares the store, with SANDGYM_PROJECT set to your project`,
         { cause: error },
       );
     }

@@ -1,5 +1,11 @@
 /** The platform: layer store, environments, and the client that creates sandboxes. */
-export { Platform, LocalPlatform, defaultDataDir, defaultStoreDir } from './local-platform.ts';
+export {
+  Platform,
+  LocalPlatform,
+  defaultDataDir,
+  defaultProject,
+  defaultStoreDir,
+} from './local-platform.ts';
 export type { LocalPlatformOptions } from './local-platform.ts';
 export { RemotePlatform, parseGrpcUrl } from './remote-platform.ts';
 export type { ConnectOptions } from './remote-platform.ts';
@@ -20,7 +26,7 @@ export type {
   Sandbox,
   SandboxGroup,
 } from './platform-client.ts';
-export { LayerStore, parseEnvironmentRef } from './layer-store.ts';
+export { LayerStore, ProjectStore, parseEnvironmentRef } from './layer-store.ts';
 export type { Environment, EnvironmentInput, LayerManifest } from './layer-store.ts';
 export { ensureBaseEnvironments, DEFAULT_ENVIRONMENT } from './base-environments.ts';
 export { MIN_MEMORY_MIB } from './sandbox-request.ts';

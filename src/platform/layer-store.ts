@@ -1,12 +1,27 @@
 import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { copyFile, mkdir, readFile, readdir, rename, rm, stat, open } from 'node:fs/promises';
+import { copyFile, mkdir, readFile, readdir, rename, rm, stat, open, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { buildErofsImage, sha256OfFile, type ErofsBuildOptions, type LayerImage } from '../backends/index.ts';
 import { SandgymError, parseAt, writeFileAtomic } from '../common/index.ts';
 
 const DIGEST = /^sha256:[0-9a-f]{64}$/;
+/** A project's name, as tokens map to them (the same rule as the wire's). */
+const PROJECT_NAME = /^[a-z0-9][a-z0-9_-]{0,63}$/;
+
+/** After this long without a refresh, a process's pins no longer count: its node is gone. */
+export const PIN_STALE_MS = 15 * 60_000;
+
+/** What one process sharing the store needs kept (see {@link LayerStore.writePins}). */
+const pinRecordSchema = z.object({
+  host: z.string(),
+  pid: z.number().int(),
+  startTime: z.number(),
+  updatedAt: z.number(),
+  digests: z.array(z.string().regex(DIGEST)),
+});
+export type PinRecord = z.infer<typeof pinRecordSchema>;
 const ENV_NAME = /^[a-z0-9][a-z0-9._-]{0,63}$/;
 const ENV_VERSION = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
 
@@ -58,12 +73,15 @@ export class LayerStore {
   /** Opens (creating if needed) the store at `root`. */
   static async open(root: string): Promise<LayerStore> {
     await Promise.all(
-      ['layers/sha256', 'envs', 'tmp', 'cache'].map((d) => mkdir(join(root, d), { recursive: true })),
+      ['layers/sha256', 'envs', 'tmp', 'cache', 'owners', 'pins', 'projects'].map((d) =>
+        mkdir(join(root, d), { recursive: true }),
+      ),
     );
     return new LayerStore(root);
   }
 
-  private layerPath(digest: string): string {
+  /** Where a layer's image is; also what a project view reads. */
+  layerPath(digest: string): string {
     return join(this.root, 'layers/sha256', `${digest.slice('sha256:'.length)}.erofs`);
   }
 
@@ -178,28 +196,41 @@ export class LayerStore {
   }
 
   /**
-   * Removes layers that no environment references and nothing in `inUse` needs, once they are
-   * older than `minAgeMs`; also temp files a crashed writer left. The manifest goes first, so a
-   * crash midway leaves a file nobody names rather than a name without a file.
+   * Removes layers that no environment of any project references and nothing pinned needs (a
+   * live sandbox anywhere the store is shared, a layer made moments ago for a grader or a build
+   * step), once they are older than `minAgeMs`; also temp files a crashed writer left. With an
+   * `owner`, only that project's layers are candidates, and a layer another project made too
+   * loses only the owner's claim: a project's collection never takes what another one made.
+   * Without one (the node's admin) every unreferenced, unpinned layer is. The manifest goes
+   * first, so a crash midway leaves a file nobody names rather than a name without a file.
    */
   async collectGarbage(options: {
     minAgeMs: number;
-    inUse: ReadonlySet<string>;
+    pinned: ReadonlySet<string>;
+    owner?: string;
   }): Promise<{ removed: string[]; freedBytes: number }> {
-    const referenced = new Set(options.inUse);
-    for (const environment of await this.listEnvironments())
+    const referenced = new Set(options.pinned);
+    for (const environment of await this.allEnvironments())
       for (const digest of environment.layers) referenced.add(digest);
     const now = Date.now();
     const removed: string[] = [];
     let freedBytes = 0;
     for (const layer of await this.listLayers()) {
       if (referenced.has(layer.digest) || now - Date.parse(layer.createdAt) < options.minAgeMs) continue;
+      const hex = layer.digest.slice('sha256:'.length);
+      const owners = await this.ownersOf(hex);
+      if (options.owner !== undefined) {
+        if (!owners.includes(options.owner)) continue;
+        await rm(join(this.root, 'owners', options.owner, hex), { force: true });
+        if (owners.length > 1) continue; // another project made it too: theirs to collect
+      }
       const image = this.layerPath(layer.digest);
       await rm(image.replace(/\.erofs$/, '.json'), { force: true });
       for (const file of [image, image.replace(/\.erofs$/, '.tar.gz')]) {
         freedBytes += (await stat(file).catch(() => undefined))?.size ?? 0;
         await rm(file, { force: true });
       }
+      for (const owner of owners) await rm(join(this.root, 'owners', owner, hex), { force: true });
       removed.push(layer.digest);
     }
     for (const name of await readdir(join(this.root, 'tmp'))) {
@@ -209,6 +240,78 @@ export class LayerStore {
         await rm(path, { recursive: true, force: true });
     }
     return { removed, freedBytes };
+  }
+
+  /** The projects that made a layer (hex digest). */
+  private async ownersOf(hex: string): Promise<string[]> {
+    const projects = await readdir(join(this.root, 'owners')).catch(() => [] as string[]);
+    return projects.filter((project) => existsSync(join(this.root, 'owners', project, hex)));
+  }
+
+  /** Records that `project` made a layer, so that its layer gc may collect it. */
+  async markOwner(project: string, digest: string): Promise<void> {
+    const dir = join(this.root, 'owners', project);
+    await mkdir(dir, { recursive: true });
+    await writeFile(join(dir, digest.slice('sha256:'.length)), '');
+  }
+
+  /** The projects with environments of their own in this store. */
+  async projects(): Promise<string[]> {
+    return (await readdir(join(this.root, 'projects')).catch(() => [] as string[])).filter((name) =>
+      PROJECT_NAME.test(name),
+    );
+  }
+
+  /** Every environment of every project and the shared ones: what layer gc must keep. */
+  private async allEnvironments(): Promise<Environment[]> {
+    const all = await this.listEnvironments();
+    for (const project of await this.projects())
+      all.push(...(await this.forProject(project).ownEnvironments()));
+    return all;
+  }
+
+  /** The store as `project` sees it: its own environments first, then the shared ones. */
+  forProject(project: string, onLayerAdded?: (digest: string) => Promise<void>): ProjectStore {
+    return new ProjectStore(this, project, onLayerAdded);
+  }
+
+  /**
+   * Records which layers a process needs kept (its sandboxes' and those it just made), for the
+   * layer gc of every process and node that shares this store. `name` is the process's own.
+   */
+  async writePins(name: string, record: PinRecord): Promise<void> {
+    await writeFileAtomic(join(this.root, 'pins', `${name}.json`), JSON.stringify(record), { sync: false });
+  }
+
+  async removePins(name: string): Promise<void> {
+    await rm(join(this.root, 'pins', `${name}.json`), { force: true });
+  }
+
+  /**
+   * What every process sharing the store has pinned. A record not refreshed for {@link PIN_STALE_MS}
+   * (its node is gone) no longer counts, nor does one of a dead process on this host.
+   */
+  async livePins(isAlive: (record: PinRecord) => Promise<boolean>): Promise<Set<string>> {
+    const pinned = new Set<string>();
+    for (const file of await readdir(join(this.root, 'pins')).catch(() => [] as string[])) {
+      if (!file.endsWith('.json')) continue;
+      const path = join(this.root, 'pins', file);
+      const record = pinRecordSchema.safeParse(
+        await readFile(path, 'utf8').then(
+          (text) => JSON.parse(text) as unknown,
+          () => undefined,
+        ),
+      );
+      if (
+        !record.success ||
+        Date.now() - record.data.updatedAt > PIN_STALE_MS ||
+        !(await isAlive(record.data))
+      ) {
+        continue;
+      }
+      for (const digest of record.data.digests) pinned.add(digest);
+    }
+    return pinned;
   }
 
   /** Copies an environment and its layers from another store (a cluster seeding its shared store). */
@@ -269,5 +372,153 @@ export class LayerStore {
         return { digest, path: this.layerPath(digest), sizeBytes: manifest.sizeBytes };
       }),
     );
+  }
+}
+
+/**
+ * The layer store as one project sees it. Environments are the project's own, under
+ * `projects/<project>/envs`, over the shared ones (`sandgym setup`'s bases, an admin's builds):
+ * a project reads its own first, and writes only its own, so no project can read, list, boot or
+ * overwrite another's environment by name. Layers are shared by digest (a digest names bytes the
+ * asker already has), but each records the projects that made it, whose layer gc alone may
+ * collect it; the step cache of Dockerfile builds is the project's own.
+ */
+export class ProjectStore {
+  constructor(
+    /** The whole store, every project's. */
+    readonly layers: LayerStore,
+    readonly project: string,
+    /** Told of each layer the project makes, so that its process can pin it while it is fresh. */
+    private readonly onLayerAdded?: (digest: string) => Promise<void>,
+  ) {
+    if (!PROJECT_NAME.test(project)) {
+      throw new SandgymError(
+        'invalid_argument',
+        `Project "${project}" must be a-z, 0-9, _ and -, at most 64`,
+      );
+    }
+  }
+
+  get root(): string {
+    return this.layers.root;
+  }
+
+  private envPath(name: string, version: string): string {
+    return join(this.root, 'projects', this.project, 'envs', name, `${version}.json`);
+  }
+
+  /** Packs a folder into a layer the project made. */
+  async addLayerFromDirectory(
+    sourceDir: string,
+    createdFrom: string,
+    leaveOut: ErofsBuildOptions = {},
+  ): Promise<LayerManifest> {
+    const manifest = await this.layers.addLayerFromDirectory(sourceDir, createdFrom, leaveOut);
+    await this.layers.markOwner(this.project, manifest.digest);
+    await this.onLayerAdded?.(manifest.digest);
+    return manifest;
+  }
+
+  /** Records an environment version of the project; its layers must be in the store already. */
+  async putEnvironment(input: EnvironmentInput): Promise<Environment> {
+    const environment = parseAt(environmentSchema, input, 'environment');
+    for (const digest of environment.layers) await this.getLayer(digest);
+    const path = this.envPath(environment.name, environment.version);
+    await mkdir(join(path, '..'), { recursive: true });
+    await writeFileAtomic(path, JSON.stringify(environment, null, 2));
+    return environment;
+  }
+
+  /** Forgets one of the project's environments. Idempotent. */
+  async removeEnvironment(ref: string): Promise<void> {
+    const { name, version } = parseEnvironmentRef(ref);
+    await rm(this.envPath(name, version), { force: true });
+  }
+
+  /** True when the project has the environment, or a shared one of that name does. */
+  hasEnvironment(ref: string): boolean {
+    const { name, version } = parseEnvironmentRef(ref);
+    return existsSync(this.envPath(name, version)) || this.layers.hasEnvironment(ref);
+  }
+
+  /** The project's environment of that name, else the shared one. */
+  async getEnvironment(ref: string): Promise<Environment> {
+    const { name, version } = parseEnvironmentRef(ref);
+    const path = this.envPath(name, version);
+    const text = await readFile(path, 'utf8').catch(() => undefined);
+    if (text !== undefined)
+      return parseAt(environmentSchema, JSON.parse(text), `environment manifest ${path}`);
+    if (this.layers.hasEnvironment(ref)) return this.layers.getEnvironment(ref);
+    const known = (await this.listEnvironments()).map((e) => `${e.name}:${e.version}`);
+    throw new SandgymError(
+      'not_found',
+      `Unknown environment "${ref}"; known: ${known.join(', ') || 'none (run "sandgym setup")'}`,
+    );
+  }
+
+  /** The project's own environments, without the shared ones. */
+  async ownEnvironments(): Promise<Environment[]> {
+    const environments: Environment[] = [];
+    const dir = join(this.root, 'projects', this.project, 'envs');
+    for (const name of await readdir(dir).catch(() => [] as string[])) {
+      for (const file of await readdir(join(dir, name))) {
+        if (!file.endsWith('.json') || file.startsWith('.')) continue;
+        const path = join(dir, name, file);
+        environments.push(
+          parseAt(
+            environmentSchema,
+            JSON.parse(await readFile(path, 'utf8')),
+            `environment manifest ${path}`,
+          ),
+        );
+      }
+    }
+    return environments;
+  }
+
+  /** What the project sees: its own environments, and the shared ones it has none of the same name of. */
+  async listEnvironments(): Promise<Environment[]> {
+    const own = await this.ownEnvironments();
+    const mine = new Set(own.map((e) => `${e.name}:${e.version}`));
+    const shared = (await this.layers.listEnvironments()).filter((e) => !mine.has(`${e.name}:${e.version}`));
+    return [...own, ...shared].sort((a, b) =>
+      `${a.name}:${a.version}`.localeCompare(`${b.name}:${b.version}`),
+    );
+  }
+
+  getLayer(digest: string): Promise<LayerManifest> {
+    return this.layers.getLayer(digest);
+  }
+
+  /** The layers the project made. */
+  async listLayers(): Promise<LayerManifest[]> {
+    const mine = await readdir(join(this.root, 'owners', this.project)).catch(() => [] as string[]);
+    return Promise.all(mine.map((hex) => this.getLayer(`sha256:${hex}`)));
+  }
+
+  layerImages(environment: Environment): Promise<LayerImage[]> {
+    return this.layers.layerImages(environment);
+  }
+
+  scratch(prefix: string): Promise<string> {
+    return this.layers.scratch(prefix);
+  }
+
+  /** The layer a build step of this project with this cache key made, if it is still there. */
+  cachedStep(key: string): Promise<string | undefined> {
+    return this.layers.cachedStep(`${this.project}/${key}`);
+  }
+
+  async cacheStep(key: string, digest: string): Promise<void> {
+    await mkdir(join(this.root, 'cache', this.project), { recursive: true });
+    await this.layers.cacheStep(`${this.project}/${key}`, digest);
+  }
+
+  /** Collects the project's own layers that nothing needs (see {@link LayerStore.collectGarbage}). */
+  collectGarbage(options: {
+    minAgeMs: number;
+    pinned: ReadonlySet<string>;
+  }): Promise<{ removed: string[]; freedBytes: number }> {
+    return this.layers.collectGarbage({ ...options, owner: this.project });
   }
 }

@@ -7,6 +7,9 @@ import {
   VmBackend,
   packageRoot,
   prepareDataFolder,
+  isAlive,
+  processIdentity,
+  type ProcessIdentity,
   readNetworkRules,
   type NetworkRuleBook,
   type CallOptions,
@@ -35,7 +38,8 @@ import { DEFAULT_PROJECT, PROJECT_LABEL, RUN_LABEL, RunManager, type Run, type R
 import { localRun, runOptionsSchema } from './run-handles.ts';
 import { RemotePlatform, type ConnectOptions } from './remote-platform.ts';
 import { localStepLog, type StepLog } from './exactly-once.ts';
-import { LayerStore, parseEnvironmentRef, type Environment } from './layer-store.ts';
+import { LayerStore, parseEnvironmentRef, type Environment, type ProjectStore } from './layer-store.ts';
+import { LayerPins, PIN_REFRESH_MS, pinIsLive } from './layer-pins.ts';
 import type {
   LayerGcOptions,
   LayerGcReport,
@@ -45,7 +49,12 @@ import type {
   Sandbox,
   SandboxGroup,
 } from './platform-client.ts';
-import { sandboxRequestSchema, type ResolvedSandboxRequest, type SandboxRequest } from './sandbox-request.ts';
+import {
+  DEFAULT_DISK_MIB,
+  sandboxRequestSchema,
+  type ResolvedSandboxRequest,
+  type SandboxRequest,
+} from './sandbox-request.ts';
 import {
   buildFromDockerfile,
   type DockerfileBuildOptions,
@@ -55,6 +64,10 @@ import {
 /** The VM backends' kinds (see VmBackend). */
 const VM_KINDS = ['microvm', 'vm'] as const;
 type VmKind = (typeof VM_KINDS)[number];
+
+const MIB = 2 ** 20;
+/** Below this much free space on the node's sandbox volume, no new container is admitted. */
+const VOLUME_FREE_FLOOR_BYTES = 256 * MIB;
 
 /** How often idle TTLs and deadlines are checked. */
 const LIFETIME_SWEEP_MS = 250;
@@ -92,6 +105,16 @@ export interface LocalPlatformOptions {
    * outputs, and the step's signals say `log`. Default 256 MiB.
    */
   trajectoryCapBytes?: number;
+  /**
+   * The project this platform's own sandboxes, environments and layers belong to (a node agent
+   * acts for each caller's instead). Default: $SANDGYM_PROJECT, else `default`.
+   */
+  project?: string;
+  /**
+   * How long a layer this platform just made (a grader's diff, a build step) or is about to mount
+   * stays out of every layer gc's reach while nothing references it yet. Default 10 minutes.
+   */
+  freshLayerHoldMs?: number;
 }
 
 /**
@@ -100,6 +123,11 @@ export interface LocalPlatformOptions {
  */
 export function defaultDataDir(): string {
   return resolve(process.env['SANDGYM_DATA_DIR'] ?? join(packageRoot(), '.sandgym'));
+}
+
+/** The project an embedded platform acts for when not told otherwise: $SANDGYM_PROJECT, else `default`. */
+export function defaultProject(): string {
+  return process.env['SANDGYM_PROJECT'] ?? DEFAULT_PROJECT;
 }
 
 /** Where the layer store is when not told otherwise. */
@@ -113,19 +141,50 @@ export class LocalPlatform implements PlatformClient {
   private readonly codec = createMsgpackCodec();
   private readonly trajectories = new Map<string, Promise<TrajectoryLog>>();
 
+  /** The store as this platform's own project sees it (see {@link storeFor}). */
+  readonly store: ProjectStore;
+  /** What this process needs kept in the store, for every node's layer gc. */
+  private readonly pins: LayerPins;
+  private readonly pinRefresh: NodeJS.Timeout;
+
   constructor(
     readonly dataDir: string,
-    readonly store: LayerStore,
+    /** The whole layer store, every project's. */
+    readonly layers: LayerStore,
     private readonly container: ContainerBackend,
     private readonly logger: Logger,
     /** The runs of this node: leases, phases, cleanup. */
     readonly runManager: RunManager,
+    identity: ProcessIdentity,
+    readonly project = DEFAULT_PROJECT,
     readonly nodeId = 'local',
     private readonly trajectoryCapBytes = DEFAULT_TRAJECTORY_CAP_BYTES,
+    freshLayerHoldMs?: number,
   ) {
     this.lifetimes = setInterval(() => void this.reclaimExpired(), LIFETIME_SWEEP_MS);
     this.lifetimes.unref();
     this.fncall = new FnCallBackend(container, { logger, nodeId });
+    this.pins = new LayerPins(
+      layers,
+      identity,
+      async () => (await this.listSandboxes()).flatMap((record) => record.layers),
+      freshLayerHoldMs,
+    );
+    this.pinRefresh = setInterval(() => {
+      this.pins
+        .refresh()
+        .catch((error: unknown) => this.logger.warn({ err: error }, 'cannot refresh layer pins'));
+    }, PIN_REFRESH_MS);
+    this.pinRefresh.unref();
+    this.store = this.storeFor(project);
+  }
+
+  /**
+   * The store as `project` sees it: its environments over the shared ones, its layers pinned
+   * while fresh. What a node agent uses for each caller.
+   */
+  storeFor(project: string): ProjectStore {
+    return this.layers.forProject(project, (digest) => this.pins.hold([digest]));
   }
 
   /** Stateless calls on warm container workers, per environment (request `backend: 'fncall'`). */
@@ -185,10 +244,10 @@ export class LocalPlatform implements PlatformClient {
     }
   }
 
-  /** Starts (or rejoins) a run of this platform's default project. */
+  /** Starts (or rejoins) a run of this platform's project. */
   async startRun(options: RunOptions): Promise<Run> {
-    await this.runManager.start(DEFAULT_PROJECT, parseAt(runOptionsSchema, options, 'run options'));
-    return localRun(this.runManager, DEFAULT_PROJECT, options.name);
+    await this.runManager.start(this.project, parseAt(runOptionsSchema, options, 'run options'));
+    return localRun(this.runManager, this.project, options.name);
   }
 
   /** Closes and deletes a sandbox's trajectory log (its run ended). */
@@ -200,7 +259,7 @@ export class LocalPlatform implements PlatformClient {
   }
 
   createSandbox(request: SandboxRequest = {}, options: CallOptions = {}): Promise<Sandbox> {
-    return this.createSandboxFor(DEFAULT_PROJECT, request, options);
+    return this.createSandboxFor(this.project, request, options);
   }
 
   /** A sandbox owned by `project` (node agents create on behalf of their callers' projects). */
@@ -229,7 +288,7 @@ export class LocalPlatform implements PlatformClient {
         'A FnCall sandbox keeps no state for a run to govern: leave out "run", or use backend "container"',
       );
     }
-    const named = await this.store.getEnvironment(resolved.environment);
+    const named = await this.storeFor(project).getEnvironment(resolved.environment);
     const environment = resolved.extraLayers?.length
       ? { ...named, layers: [...named.layers, ...resolved.extraLayers] }
       : named;
@@ -262,13 +321,16 @@ export class LocalPlatform implements PlatformClient {
         : resolved.backend === 'microvm' || resolved.backend === 'vm'
           ? await this.vmBackend(resolved.backend)
           : this.container;
+    const diskMib = await this.admitDisk(resolved.backend, resolved.resources.diskMib);
+    // pinned before they are mounted: no layer gc may take them from under this create
+    await this.pins.hold(environment.layers);
     return backend.create(
       {
         id,
-        layers: await this.store.layerImages(environment),
+        layers: await this.layers.layerImages(environment),
         env: { ...environment.config.env, ...resolved.env },
         workdir: resolved.workdir ?? environment.config.workdir,
-        resources: resolved.resources,
+        resources: { ...resolved.resources, diskMib },
         qos: resolved.qos,
         labels,
         network: resolved.network,
@@ -276,6 +338,34 @@ export class LocalPlatform implements PlatformClient {
       },
       options,
     );
+  }
+
+  /**
+   * A container's disk cap, admitted against the node's sandbox volume: by default the usual cap
+   * or what the volume holds, whichever is less; a cap the volume could never hold is refused for
+   * good, and no sandbox starts on a volume that is all but full (its neighbours would then share
+   * nothing but ENOSPC). VMs keep their own disks beside the node's data.
+   */
+  private async admitDisk(backend: BackendName, asked: number | undefined): Promise<number> {
+    if (backend === 'microvm' || backend === 'vm') return asked ?? DEFAULT_DISK_MIB;
+    const room = await this.container.diskRoom();
+    const capacityMib = Math.floor(room.capacityBytes / MIB);
+    const diskMib = asked ?? Math.min(DEFAULT_DISK_MIB, capacityMib);
+    if (diskMib > capacityMib) {
+      throw new SandgymError(
+        'resource_exhausted',
+        `resources.diskMib ${diskMib} is more than node ${this.nodeId}'s sandbox volume holds (${capacityMib} MiB): ask for less`,
+      );
+    }
+    const floor = Math.min(VOLUME_FREE_FLOOR_BYTES, room.capacityBytes * 0.1);
+    if (room.freeBytes < floor) {
+      throw new SandgymError(
+        'admission_rejected',
+        `Node ${this.nodeId}'s sandbox volume is full (${Math.floor(room.freeBytes / MIB)} of ${capacityMib} MiB free): retry when sandboxes end, or on another node`,
+        { retryable: true },
+      );
+    }
+    return diskMib;
   }
 
   buildFromDockerfile(options: DockerfileBuildOptions): Promise<DockerfileBuildResult> {
@@ -311,9 +401,23 @@ export class LocalPlatform implements PlatformClient {
   }
 
   async layerGc(options: LayerGcOptions = {}): Promise<LayerGcReport> {
+    return this.layerGcFor(options.allProjects ? undefined : this.project, options);
+  }
+
+  /**
+   * Layer gc as `project` may do it (see LayerStore.collectGarbage): its own layers only, and
+   * none that an environment of any project references or any process sharing the store pinned.
+   * Without a project, the node's admin collects every project's.
+   */
+  async layerGcFor(project: string | undefined, options: LayerGcOptions = {}): Promise<LayerGcReport> {
     const node = await this.container.gcLayers();
-    const inUse = new Set((await this.container.list()).flatMap((record) => record.layers));
-    const store = await this.store.collectGarbage({ minAgeMs: options.minAgeMs ?? 60 * 60_000, inUse });
+    await this.pins.refresh();
+    const pinned = new Set([...this.pins.current(), ...(await this.layers.livePins(pinIsLive(isAlive)))]);
+    const store = await this.layers.collectGarbage({
+      minAgeMs: options.minAgeMs ?? 60 * 60_000,
+      pinned,
+      ...(project === undefined ? {} : { owner: project }),
+    });
     return { ...node, removedLayers: store.removed, freedBytes: store.freedBytes };
   }
 
@@ -334,18 +438,23 @@ export class LocalPlatform implements PlatformClient {
       ...(options.excludePaths ? { excludePaths: options.excludePaths } : {}),
       ...(options.reportPaths ? { reportPaths: options.reportPaths } : {}),
     };
-    const pack = async (dir: string, found: Pick<Sandbox, 'layers' | 'labels'>, report: FilterReport) => ({
-      present: report.present,
-      dropped: report.dropped,
-      layer: await this.store.addLayerFromDirectory(
-        dir,
-        `pack_diff of sandbox ${id}`,
-        options.excludeRegexes ? { excludeRegexes: options.excludeRegexes } : {},
-      ),
-      parent: found.labels['environment'],
-      stack: found.layers.map((l) => l.digest),
-    });
-    const { layer, present, dropped, parent, stack } =
+    const pack = async (dir: string, found: Pick<Sandbox, 'layers' | 'labels'>, report: FilterReport) => {
+      // what a sandbox is packed into belongs to the sandbox's project
+      const store = this.storeFor(found.labels[PROJECT_LABEL] ?? this.project);
+      return {
+        store,
+        present: report.present,
+        dropped: report.dropped,
+        layer: await store.addLayerFromDirectory(
+          dir,
+          `pack_diff of sandbox ${id}`,
+          options.excludeRegexes ? { excludeRegexes: options.excludeRegexes } : {},
+        ),
+        parent: found.labels['environment'],
+        stack: found.layers.map((l) => l.digest),
+      };
+    };
+    const { store, layer, present, dropped, parent, stack } =
       typeof sandbox === 'string'
         ? await this.container.withWritableLayerOf(sandbox, pack, { filter })
         : await sandbox.withWritableLayer((dir, report) => pack(dir, sandbox, report), {
@@ -354,8 +463,8 @@ export class LocalPlatform implements PlatformClient {
           });
     if (!ref) return { layer, present, dropped };
     const handle = typeof sandbox === 'string' ? undefined : sandbox;
-    const config = parent ? (await this.store.getEnvironment(parent)).config : {};
-    const environment = await this.store.putEnvironment({
+    const config = parent ? (await store.getEnvironment(parent)).config : {};
+    const environment = await store.putEnvironment({
       ...ref,
       layers: [...stack, layer.digest],
       config,
@@ -397,12 +506,14 @@ export class LocalPlatform implements PlatformClient {
     this.isClosed = true;
     try {
       clearInterval(this.lifetimes);
+      clearInterval(this.pinRefresh);
       this.runManager.close();
       await this.fncall.close();
       for (const opening of this.vmBackends.values()) await (await opening.catch(() => undefined))?.close();
       await this.container.close();
     } finally {
       for (const log of this.trajectories.values()) await (await log.catch(() => undefined))?.close();
+      await this.pins.close().catch(() => undefined);
     }
   }
 
@@ -434,7 +545,7 @@ export const Platform = {
       options.storeDir ?? defaultStoreDir(dataDir),
       'storeDir or $SANDGYM_STORE',
     );
-    const store = await LayerStore.open(storeDir);
+    const layers = await LayerStore.open(storeDir);
     const container = await ContainerBackend.create({
       dataDir,
       logger,
@@ -452,18 +563,23 @@ export const Platform = {
         live: () => container.liveSandboxes(),
         destroy: (sandbox) => sandbox.close(),
         dropLog: (id) => late.platform?.dropTrajectory(id) ?? Promise.resolve(),
-        dropSnapshot: (environment) => store.removeEnvironment(environment),
+        dropSnapshot: (project, environment) => layers.forProject(project).removeEnvironment(environment),
       },
       logger,
     );
+    const identity = await processIdentity(process.pid);
+    if (!identity) throw new SandgymError('platform_error', "Cannot read this process's identity from /proc");
     late.platform = new LocalPlatform(
       dataDir,
-      store,
+      layers,
       container,
       logger,
       runs,
+      identity,
+      options.project ?? defaultProject(),
       options.nodeId,
       options.trajectoryCapBytes,
+      options.freshLayerHoldMs,
     );
     return late.platform;
   },

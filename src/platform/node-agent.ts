@@ -12,6 +12,7 @@ import {
   SANDBOXES,
   WireServer,
   register,
+  checkTokenStrength,
   tokenAuthenticator,
   type CallContext,
   type ExecRequest,
@@ -83,6 +84,7 @@ export class NodeAgent {
    * first (with their trajectory logs, which live on disk), and true orphans are destroyed.
    */
   static async start(platform: LocalPlatform, options: NodeAgentOptions): Promise<NodeAgent> {
+    checkTokenStrength(options.token, 'The node token (SANDGYM_NODE_TOKEN)');
     const memory = new MemoryAdmission({
       capacityMib: options.memoryCapacityMib ?? Math.floor(totalmem() / 1024 / 1024),
       overcommit: options.overcommit ?? 1.5,
@@ -225,8 +227,11 @@ export class NodeAgent {
           ...definedFields(options),
           signal: call.signal,
         }),
-      ListEnvironments: async () => ({ environments: await this.platform.listEnvironments() }),
-      GetEnvironment: ({ ref }) => this.platform.getEnvironment(ref),
+      // each project sees its own environments over the shared ones, and no other project's
+      ListEnvironments: async (_request, call) => ({
+        environments: await this.platform.storeFor(call.principal.project).listEnvironments(),
+      }),
+      GetEnvironment: ({ ref }, call) => this.platform.storeFor(call.principal.project).getEnvironment(ref),
       StepLookup: async ({ sandboxId, episodeId, stepIndex, action }, call) =>
         (await this.stepLogOf(sandboxId, call)).lookup({ episodeId, stepIndex, action }),
       StepAppend: async ({ sandboxId, record }, call) => {
@@ -237,7 +242,9 @@ export class NodeAgent {
         records: [...(await (await this.stepLogOf(sandboxId, call)).records())],
       }),
       Gc: () => this.platform.gc(),
-      LayerGc: ({ minAgeMs }) => this.platform.layerGc(minAgeMs === undefined ? {} : { minAgeMs }),
+      // a project collects only what it made, never what another's sandboxes or graders use
+      LayerGc: ({ minAgeMs }, call) =>
+        this.platform.layerGcFor(call.principal.project, minAgeMs === undefined ? {} : { minAgeMs }),
     });
   }
 

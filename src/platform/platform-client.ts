@@ -105,6 +105,11 @@ export interface PackDiffResult {
 /** Options for {@link PlatformClient.layerGc}. */
 export interface LayerGcOptions extends CallOptions {
   minAgeMs?: number;
+  /**
+   * The node's admin only (the embedded platform): collect every project's unused layers, not
+   * only this project's. Still never one an environment references or a process pinned.
+   */
+  allProjects?: boolean;
 }
 
 /** What {@link PlatformClient.layerGc} removed. */

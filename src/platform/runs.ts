@@ -70,7 +70,8 @@ export interface RunSandboxes {
   live(): BackendSandbox[];
   destroy(sandbox: BackendSandbox): Promise<void>;
   dropLog(sandboxId: string): Promise<void>;
-  dropSnapshot(environment: string): Promise<void>;
+  /** Removes an environment a run's sandbox was packed into, from the run's project. */
+  dropSnapshot(project: string, environment: string): Promise<void>;
 }
 
 /**
@@ -241,7 +242,7 @@ export class RunManager {
       `Some sandboxes of run ${run.name} were not destroyed`,
     );
     await settleAll(
-      run.snapshots.map((environment) => this.sandboxes.dropSnapshot(environment)),
+      run.snapshots.map((environment) => this.sandboxes.dropSnapshot(run.project, environment)),
       `Some snapshots of run ${run.name} were not removed`,
     );
     return { destroyed: members.map((s) => s.id) };

@@ -8,7 +8,7 @@ export const MIN_MEMORY_MIB = 16;
 /** A sandbox's network rules, by name. */
 export const networkRulesSchema = z.array(z.string().min(1).max(256)).max(64);
 
-/** What a sandbox may write unless it asks for more or less. */
+/** What a sandbox may write unless it asks for more or less (or the node's volume holds less). */
 export const DEFAULT_DISK_MIB = 10 * 1024;
 
 /**
@@ -33,11 +33,12 @@ export const sandboxRequestSchema = z.strictObject({
         .positive()
         .max(64 * 1024 * 1024)
         .default(1024 * 1024),
+      /** Default: {@link DEFAULT_DISK_MIB}, or what the node's volume holds when that is less. */
       diskMib: z
         .number()
         .int()
         .min(16, 'diskMib must be at least 16: package managers and logs need room')
-        .default(DEFAULT_DISK_MIB),
+        .optional(),
     })
     .prefault({}),
   qos: z.enum(['latency', 'best_effort']).default('latency'),

@@ -11,7 +11,7 @@ import {
 import { expectCode } from '../support/errors.ts';
 import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
 
-const NODE_TOKEN = 'controller-test-node-token';
+const NODE_TOKEN = 'controller-test-node-token-3f9a1c7e5b2d4086';
 const SMALL = { environment: 'busybox:latest', resources: { memoryMib: 64 } };
 
 describe('controller admission', () => {

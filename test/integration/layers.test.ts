@@ -9,7 +9,8 @@ describe('composed layers on real mounts', () => {
   let env: TestPlatform;
 
   beforeAll(async () => {
-    env = await createTestPlatform('layers', { privateStore: true });
+    // layers it makes are gc's to take at once: this file tests collection, not in-flight holds
+    env = await createTestPlatform('layers', { privateStore: true, freshLayerHoldMs: 0 });
   });
 
   afterAll(async () => {

@@ -9,7 +9,7 @@ import {
 import { describePlatformContract } from '../conformance/platform-contract.ts';
 import { createTestPlatform } from '../support/platform.ts';
 
-const NODE_TOKEN = 'node-secret';
+const NODE_TOKEN = 'node-secret-5d7f9b1e3a2c4068a9c1e3f5';
 const GRANTS = {
   'token-a': { project: 'alpha', maxSandboxes: 50 },
   'token-b': { project: 'beta', maxSandboxes: 50 },

@@ -7,7 +7,7 @@ import { evaluate, nopAgent, oracleAgent } from '../../src/rollout/index.ts';
 import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
 
 const EXAMPLES = resolve('examples/tasks');
-const NODE_TOKEN = 'remote-eval-node-token';
+const NODE_TOKEN = 'remote-eval-node-token-6e8a0c2f4b1d3957';
 
 describe('task environments and evaluation over the cluster client', () => {
   let builder: TestPlatform;
@@ -17,10 +17,12 @@ describe('task environments and evaluation over the cluster client', () => {
   let platform: RemotePlatform;
 
   beforeAll(async () => {
-    // one machine builds the task environments into the store the node shares
+    // one machine builds the task environments into the store the node shares, for the project
+    // whose token the cluster client holds
     builder = await createTestPlatform('remote-eval-build', {
       privateStore: true,
       seed: ['debian:bookworm'],
+      project: 'evals',
     });
     const tasks = await loadTasks([EXAMPLES]);
     for (const task of tasks) await TaskEnv.create(builder.platform, task).prepare();

@@ -10,7 +10,7 @@ import { STORE_DIR, TEST_DATA_ROOT } from './platform.ts';
 export { createNamespace, removeNode } from '../../examples/cluster/netns-cluster.ts';
 export type { HostInNamespace, NodeProcess } from '../../examples/cluster/netns-cluster.ts';
 
-export const NODE_TOKEN = 'cluster-test-node-token';
+export const NODE_TOKEN = 'cluster-test-node-token-2b4d6f8a1c3e5079';
 
 /** A node agent of the test cluster: its data below the test root, the shared test store. */
 export function startNode(

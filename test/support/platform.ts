@@ -37,6 +37,10 @@ export interface TestPlatformOptions {
   networkRules?: NetworkRuleBook;
   /** The cap on each sandbox's trajectory log. */
   trajectoryCapBytes?: number;
+  /** The project its sandboxes, environments and layers belong to (default `default`). */
+  project?: string;
+  /** How long fresh layers are out of layer gc's reach (see LocalPlatformOptions). */
+  freshLayerHoldMs?: number;
 }
 
 export async function createTestPlatform(
@@ -57,6 +61,8 @@ export async function createTestPlatform(
     ...(options.warmPool ? { warmPool: options.warmPool } : {}),
     ...(options.networkRules ? { networkRules: options.networkRules } : {}),
     ...(options.trajectoryCapBytes ? { trajectoryCapBytes: options.trajectoryCapBytes } : {}),
+    ...(options.project ? { project: options.project } : {}),
+    ...(options.freshLayerHoldMs === undefined ? {} : { freshLayerHoldMs: options.freshLayerHoldMs }),
   });
   return {
     platform,

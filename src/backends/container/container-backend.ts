@@ -47,7 +47,7 @@ import { raisePtyLimit } from '../host/pty-room.ts';
 import { hostCanGrantSysResource } from '../host/capabilities.ts';
 import { checkRuleBook, resolveRules, type NetworkRuleBook } from '../host/network-rules.ts';
 import { NodeNetwork, removeStaleNetwork, type NetworkAttachment } from '../host/node-network.ts';
-import { ScratchVolume, type ScratchSlot } from '../host/scratch-volume.ts';
+import { ScratchVolume, type ScratchSlot, type VolumeRoom } from '../host/scratch-volume.ts';
 import { runProgram } from '../host/run-program.ts';
 import { AgentChannel } from '../internal/agent-channel.ts';
 import type { AgentReady } from '../internal/agent-protocol.ts';
@@ -121,6 +121,8 @@ export class ContainerBackend implements Backend {
   private readonly containers = new Map<string, WarmShell>();
   private readonly pool: WarmPool | undefined;
   private renewals = 0;
+  /** Containers this process started: its close waits for their slots to go before unmounting. */
+  private containersMade = 0;
   private readonly logger: Logger;
   private readonly codec: Codec;
   private isClosed = false;
@@ -157,6 +159,11 @@ export class ContainerBackend implements Backend {
           this.logger,
         )
       : undefined;
+  }
+
+  /** What the node's sandbox volume can hold and take now (every container's writes land there). */
+  diskRoom(): Promise<VolumeRoom> {
+    return this.scratch.room();
   }
 
   /** Warm shells ready now, per CPU class. */
@@ -197,11 +204,16 @@ export class ContainerBackend implements Backend {
       ),
     );
     const mode = options.loadMode ?? 'ondemand';
-    const mounts = new LayerMounts(join(options.dataDir, 'layers'), agentPath, {
-      mode: mode === 'eager' ? 'eager' : 'ondemand',
-      verify: options.verifyLayers ?? 'digest',
-      copiesDir: join(options.dataDir, 'layer-copies'),
-    });
+    const mounts = new LayerMounts(
+      join(options.dataDir, 'layers'),
+      agentPath,
+      {
+        mode: mode === 'eager' ? 'eager' : 'ondemand',
+        verify: options.verifyLayers ?? 'digest',
+        copiesDir: join(options.dataDir, 'layer-copies'),
+      },
+      owner,
+    );
     const helper = new HostHelper(agentPath);
     const scratch = await ScratchVolume.open(
       join(options.dataDir, 'sandboxes'),
@@ -273,11 +285,11 @@ export class ContainerBackend implements Backend {
   private async createCold(spec: SandboxSpec, options: CallOptions): Promise<ContainerSandbox> {
     const unpacked = this.options.loadMode === 'tar';
     const paths = this.pathsOf(spec.id);
-    // unpacked layers land in the slot: they are not the tenant's writes, so no cap counts them
+    // unpacked layers land in the slot's `lower`, beside the capped `rw`: they count against no cap
     let scratch: ScratchSlot;
     let points: string[];
     try {
-      scratch = await this.scratch.createSlot(spec.id, unpacked ? 'none' : mib(spec.resources.diskMib));
+      scratch = await this.scratch.createSlot(spec.id, mib(spec.resources.diskMib));
       await Promise.all(
         ['rw/upper', 'rw/work', 'rootfs'].map((d) => mkdir(join(paths.dir, d), { recursive: true })),
       );
@@ -504,6 +516,7 @@ export class ContainerBackend implements Backend {
     const paths = this.pathsOf(slot);
     const cgroup = new SandboxCgroup(this.layout, this.scope, slot);
     let shell: WarmShell | undefined;
+    this.containersMade++;
     try {
       await this.saveState(paths.dir, state);
       const joins = await cgroup.prepare();
@@ -965,7 +978,7 @@ export class ContainerBackend implements Backend {
     await this.closeNetwork().catch((error: unknown) => {
       this.logger.warn({ error: messageOf(error) }, 'cannot remove the node network');
     });
-    await this.scratch.closeIfEmpty().catch((error: unknown) => {
+    await this.scratch.closeIfEmpty({ settle: this.containersMade > 0 }).catch((error: unknown) => {
       this.logger.warn({ error: messageOf(error) }, 'cannot unmount the scratch volume');
     });
     await closing;

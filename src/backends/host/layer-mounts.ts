@@ -1,10 +1,11 @@
-import { mkdir, readdir, rm, rmdir, statfs } from 'node:fs/promises';
-import { join } from 'node:path';
+import { mkdir, readdir, rm, rmdir, statfs, writeFile } from 'node:fs/promises';
+import { dirname, join } from 'node:path';
 import { SandgymError } from '../../common/index.ts';
 import type { LayerImage, LayerVerification } from '../contract.ts';
 import { SingleFlight } from '../internal/single-flight.ts';
 import { LayerCopies } from './layer-copies.ts';
 import { LayerVerifier } from './layer-verify.ts';
+import { isAlive, type ProcessIdentity } from './processes.ts';
 import { runProgram } from './run-program.ts';
 
 const EROFS_MAGIC = 0xe0f5e1e2;
@@ -20,8 +21,10 @@ async function isErofsMount(path: string): Promise<boolean> {
 /**
  * The node's layer mounts: each EROFS image is mounted once, read-only, straight from the store
  * file, and every sandbox on the node stacks the same mount. Read-only data is in the page cache
- * once. Unmounting is left to {@link LayerMounts.unmountIdle}; the kernel refuses to unmount a
- * layer that a live overlay still uses, which makes it safe across processes.
+ * once. Unmounting is left to {@link LayerMounts.unmountIdle}. The kernel refuses to unmount a
+ * layer that a live overlay uses, but a layer mounted for a create whose overlay is not made yet
+ * is idle to it: so a process counts a layer as used before it mounts it, and marks it held (a
+ * file per process under `.held/`) for other processes on the node, whose gc then leaves it.
  */
 export class LayerMounts {
   private readonly mounting = new SingleFlight<string>();
@@ -34,6 +37,8 @@ export class LayerMounts {
     private readonly mountsDir: string,
     private readonly helperPath: string,
     private readonly loading: { mode: 'ondemand' | 'eager'; verify: LayerVerification; copiesDir: string },
+    /** This process, whose marks on held layers other processes check. */
+    private readonly self: ProcessIdentity,
   ) {
     this.verifier = new LayerVerifier(mountsDir);
     this.copies = loading.mode === 'eager' ? new LayerCopies(loading.copiesDir) : undefined;
@@ -41,9 +46,20 @@ export class LayerMounts {
 
   /** Mount points for the layers, base first; mounts what is not mounted yet. */
   async acquire(layers: readonly LayerImage[]): Promise<string[]> {
-    const points = await Promise.all(layers.map((layer) => this.mountOnce(layer)));
-    for (const layer of layers) this.users.set(layer.digest, (this.users.get(layer.digest) ?? 0) + 1);
-    return points;
+    // counted (and marked held) first: no gc may unmount them between the mount and its use
+    const fresh: LayerImage[] = [];
+    for (const layer of layers) {
+      const users = this.users.get(layer.digest) ?? 0;
+      if (users === 0) fresh.push(layer);
+      this.users.set(layer.digest, users + 1);
+    }
+    try {
+      await Promise.all(fresh.map((layer) => this.markHeld(layer.digest)));
+      return await Promise.all(layers.map((layer) => this.mountOnce(layer)));
+    } catch (error) {
+      this.release(layers);
+      throw error;
+    }
   }
 
   /** Drops this process's use of the layers. */
@@ -51,8 +67,39 @@ export class LayerMounts {
     for (const layer of layers) {
       const left = (this.users.get(layer.digest) ?? 1) - 1;
       if (left > 0) this.users.set(layer.digest, left);
-      else this.users.delete(layer.digest);
+      else {
+        this.users.delete(layer.digest);
+        rm(this.heldMarker(layer.digest), { force: true }).catch(() => undefined);
+      }
     }
+  }
+
+  /** This process's mark on a layer it uses, which other processes' gc respects while it lives. */
+  private heldMarker(digest: string): string {
+    return join(
+      this.mountsDir,
+      '.held',
+      digest.replace(/^sha256:/, ''),
+      `${this.self.pid}-${this.self.startTime}`,
+    );
+  }
+
+  private async markHeld(digest: string): Promise<void> {
+    const marker = this.heldMarker(digest);
+    await mkdir(dirname(marker), { recursive: true });
+    await writeFile(marker, '');
+  }
+
+  /** Whether a live process other than this one holds the layer (hex digest). */
+  private async heldElsewhere(hex: string): Promise<boolean> {
+    const dir = join(this.mountsDir, '.held', hex);
+    for (const name of await readdir(dir).catch(() => [] as string[])) {
+      const [pid, startTime] = name.split('-').map(Number);
+      if (pid === this.self.pid && startTime === this.self.startTime) continue;
+      if (pid && startTime !== undefined && (await isAlive({ pid, startTime }))) return true;
+      await rm(join(dir, name), { force: true }); // a dead process's mark
+    }
+    return false;
   }
 
   private mountOnce(layer: LayerImage): Promise<string> {
@@ -98,6 +145,7 @@ export class LayerMounts {
     const removed: string[] = [];
     for (const name of names) {
       if (!/^[0-9a-f]{64}$/.test(name) || this.users.has(`sha256:${name}`)) continue;
+      if (await this.heldElsewhere(name)) continue;
       const point = join(this.mountsDir, name);
       let busy = false;
       while (!busy && (await isErofsMount(point))) {

@@ -1,13 +1,27 @@
 import { existsSync } from 'node:fs';
-import { mkdir, open, readdir, readFile, statfs } from 'node:fs/promises';
-import { join } from 'node:path';
+import { mkdir, open, readdir, readFile, stat, statfs } from 'node:fs/promises';
+import { dirname, join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { SandgymError } from '../../common/index.ts';
 import type { HostHelper } from './host-helper.ts';
 import { readMounts } from './mountinfo.ts';
 import { runProgram } from './run-program.ts';
 
-/** How big the sparse image may grow; it takes host disk only as sandboxes write. */
-const DEFAULT_IMAGE_GIB = 256;
+/** The most the sparse image may grow to; it takes host disk only as sandboxes write. */
+const MAX_IMAGE_BYTES = 256 * 2 ** 30;
+/** The least a volume is made with (btrfs needs room for its own trees). */
+const MIN_IMAGE_BYTES = 256 * 2 ** 20;
+/** Host disk the volume leaves to everything else on the host: a tenth of what is free, at most 1 GiB. */
+const HOST_RESERVE_SHARE = 0.1;
+const MAX_HOST_RESERVE_BYTES = 2 ** 30;
+
+/** What the volume can hold and what it can still take, in bytes. */
+export interface VolumeRoom {
+  /** Everything it could hold: its own size, or less when the host disk under it cannot back that. */
+  capacityBytes: number;
+  /** What it can still take before writes fail: its own free space, or less, the host's. */
+  freeBytes: number;
+}
 
 /** A slot's place on the volume and what it may write. */
 export interface ScratchSlot {
@@ -40,13 +54,8 @@ export class ScratchVolume {
   ) {}
 
   /** Mounts the volume (making its image first), or takes it as it is when a predecessor left it mounted. */
-  static async open(
-    mountPoint: string,
-    image: string,
-    helper: HostHelper,
-    imageGib = DEFAULT_IMAGE_GIB,
-  ): Promise<ScratchVolume> {
-    await mountVolume(mountPoint, image, imageGib);
+  static async open(mountPoint: string, image: string, helper: HostHelper): Promise<ScratchVolume> {
+    await mountVolume(mountPoint, image);
     const uuid = (await runProgram('btrfs', ['filesystem', 'show', '--raw', mountPoint])).match(
       /uuid: ([0-9a-f-]{36})/,
     )?.[1];
@@ -61,7 +70,7 @@ export class ScratchVolume {
    */
   async createSlot(name: string, limitBytes: number | 'none'): Promise<ScratchSlot> {
     if ((await statfs(this.mountPoint)).type !== BTRFS_SUPER_MAGIC) {
-      await mountVolume(this.mountPoint, this.image, DEFAULT_IMAGE_GIB);
+      await mountVolume(this.mountPoint, this.image);
     }
     return { subvolumeId: await this.helper.subvolume(join(this.mountPoint, name, 'rw'), limitBytes) };
   }
@@ -87,20 +96,47 @@ export class ScratchVolume {
     }
   }
 
+  /**
+   * What the volume can hold and take now. The image is sparse: every byte btrfs writes into it
+   * may need a byte of the host disk under it, and if the host runs out first the loop device
+   * fails writes with EIO, which would break every sandbox on the node, not just the one that
+   * filled it. So the host's free space (less its reserve) bounds both numbers.
+   */
+  async room(): Promise<VolumeRoom> {
+    const [volume, host, allocated] = await Promise.all([
+      statfs(this.mountPoint),
+      statfs(dirname(this.image)),
+      stat(this.image).then((info) => info.blocks * 512),
+    ]);
+    const hostFree = Math.max(0, host.bavail * host.bsize - hostReserve(host.bavail * host.bsize));
+    return {
+      capacityBytes: Math.min(volume.blocks * volume.bsize, allocated + hostFree),
+      freeBytes: Math.min(volume.bavail * volume.bsize, hostFree),
+    };
+  }
+
   /** Unmounts the volume when no slot is left on it; true when it did. The image and the empty mount point stay. */
-  async closeIfEmpty(): Promise<boolean> {
-    const left = await readdir(this.mountPoint).catch(() => ['unreadable']);
+  async closeIfEmpty({ settle = false }: { settle?: boolean } = {}): Promise<boolean> {
+    let left = await readdir(this.mountPoint).catch(() => ['unreadable']);
+    // with `settle` (its owner made slots), one whose removal is just finishing is waited for
+    for (let wait = 0; settle && left.length > 0 && wait < CLOSE_WAIT_ROUNDS; wait++) {
+      await sleep(50);
+      left = await readdir(this.mountPoint).catch(() => ['unreadable']);
+    }
     if (left.length > 0) return false;
     await runProgram('umount', [this.mountPoint]);
     return true;
   }
 }
 
+/** How many times (50 ms apart) closing looks again for the volume to empty. */
+const CLOSE_WAIT_ROUNDS = 10;
+
 /** The btrfs superblock magic, as statfs reports it. */
 const BTRFS_SUPER_MAGIC = 0x9123683e;
 
 /** Mounts the image on `mountPoint` (making the image first), unless it is mounted there already. */
-async function mountVolume(mountPoint: string, image: string, imageGib: number): Promise<void> {
+async function mountVolume(mountPoint: string, image: string): Promise<void> {
   await mkdir(mountPoint, { recursive: true });
   if (!(await isMounted(mountPoint))) {
     const left = await readdir(mountPoint);
@@ -110,7 +146,7 @@ async function mountVolume(mountPoint: string, image: string, imageGib: number):
         `${mountPoint} holds ${left.length} entries but is not the scratch volume (a data dir from an older sandgym?): stop its sandboxes and remove it`,
       );
     }
-    if (!existsSync(image)) await makeImage(image, imageGib);
+    if (!existsSync(image)) await makeImage(image);
     // discard gives deleted files' blocks back to the host's filesystem
     const mounted = await runProgram('mount', ['-o', 'loop,discard=async,noatime', image, mountPoint]).then(
       () => true,
@@ -128,11 +164,24 @@ async function isMounted(path: string): Promise<boolean> {
   return (await readMounts()).some((m) => m.mountPoint === path);
 }
 
-/** A sparse image with btrfs on it: nothing is allocated until sandboxes write. */
-async function makeImage(image: string, sizeGib: number): Promise<void> {
+/** The host disk kept free for everything but the volume. */
+function hostReserve(freeBytes: number): number {
+  return Math.min(MAX_HOST_RESERVE_BYTES, Math.floor(freeBytes * HOST_RESERVE_SHARE));
+}
+
+/**
+ * A sparse image with btrfs on it: nothing is allocated until sandboxes write. It is made no
+ * larger than the host disk under it can back (less a reserve), so a full volume fails writes
+ * with ENOSPC, as a full disk does, rather than the host failing them under it with EIO.
+ */
+async function makeImage(image: string): Promise<void> {
+  const host = await statfs(dirname(image));
+  const free = host.bavail * host.bsize;
+  const size =
+    Math.floor(Math.max(MIN_IMAGE_BYTES, Math.min(MAX_IMAGE_BYTES, free - hostReserve(free))) / 4096) * 4096;
   const handle = await open(image, 'wx', 0o600); // every sandbox's writes: root's alone
   try {
-    await handle.truncate(sizeGib * 2 ** 30);
+    await handle.truncate(size);
   } finally {
     await handle.close();
   }

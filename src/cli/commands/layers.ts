@@ -1,7 +1,10 @@
 import { resolve } from 'node:path';
+import { prepareDataFolder } from '../../backends/index.ts';
 import {
   LayerStore,
   Platform,
+  defaultProject,
+  type ProjectStore,
   buildLayerFromOci,
   buildLayerFromTar,
   defaultDataDir,
@@ -13,8 +16,14 @@ import {
 import { parseCommandArgs, text, type ParsedCommandArgs } from '../args.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
 
-function openStore(): Promise<LayerStore> {
-  return LayerStore.open(defaultStoreDir(defaultDataDir()));
+/** The whole store: what `layer ls` shows the node's admin. */
+async function openWholeStore(): Promise<LayerStore> {
+  return LayerStore.open(await prepareDataFolder(defaultStoreDir(defaultDataDir()), '$SANDGYM_STORE'));
+}
+
+/** The store as this command's project ($SANDGYM_PROJECT) sees it: what builds and `env` use. */
+async function openStore(): Promise<ProjectStore> {
+  return (await openWholeStore()).forProject(defaultProject());
 }
 
 function mib(bytes: number): string {
@@ -28,13 +37,14 @@ export async function layerCommand(args: string[]): Promise<number> {
   if (sub === 'build') return layerBuild(rest);
   if (sub === 'gc') return layerGc(rest);
   throw new UsageError(
-    'sandgym layer: use "layer ls", "layer gc [--min-age-minutes N]" or "layer build (--from-dir D | --from-tar T | --from-oci A | --dockerfile F | --from-sandbox ID) [--name NAME:VERSION] [--base ENV]"',
+    'sandgym layer: use "layer ls", "layer gc [--min-age-minutes N] [--all-projects]" or "layer build (--from-dir D | --from-tar T | --from-oci A | --dockerfile F | --from-sandbox ID) [--name NAME:VERSION] [--base ENV]"',
   );
 }
 
 async function layerGc(args: string[]): Promise<number> {
   const parsed = parseCommandArgs('layer gc', args, {
     'min-age-minutes': { type: 'string' },
+    'all-projects': { type: 'boolean' },
     json: { type: 'boolean' },
   });
   const minutes = text(parsed, 'min-age-minutes');
@@ -42,7 +52,10 @@ async function layerGc(args: string[]): Promise<number> {
     throw new UsageError(`sandgym layer gc: --min-age-minutes must be a number of minutes, got "${minutes}"`);
   }
   await using platform = await Platform.local();
-  const report = await platform.layerGc(minutes === undefined ? {} : { minAgeMs: Number(minutes) * 60_000 });
+  const report = await platform.layerGc({
+    ...(minutes === undefined ? {} : { minAgeMs: Number(minutes) * 60_000 }),
+    allProjects: parsed.values['all-projects'] === true,
+  });
   if (parsed.values['json']) console.log(JSON.stringify(report));
   else {
     console.error(
@@ -55,7 +68,7 @@ async function layerGc(args: string[]): Promise<number> {
 
 async function layerList(args: string[]): Promise<number> {
   const parsed = parseCommandArgs('layer ls', args, { json: { type: 'boolean' } });
-  const layers = await (await openStore()).listLayers();
+  const layers = await (await openWholeStore()).listLayers();
   if (parsed.values['json']) console.log(JSON.stringify({ layers }));
   else
     for (const l of layers)

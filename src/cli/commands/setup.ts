@@ -1,5 +1,6 @@
 import { join, resolve } from 'node:path';
 import {
+  prepareDataFolder,
   accelerator,
   activeSwapAreas,
   agentBinaryPath,
@@ -31,7 +32,9 @@ export async function setupCommand(args: string[]): Promise<number> {
   if (swapFile && swapMib && (await ensureSwapFile(swapFile, swapMib))) {
     logger.info({ swapFile, swapMib }, 'swap file enabled for hibernation');
   }
-  const store = await LayerStore.open(defaultStoreDir(defaultDataDir()));
+  const store = await LayerStore.open(
+    await prepareDataFolder(defaultStoreDir(defaultDataDir()), '$SANDGYM_STORE'),
+  );
   const built = await ensureBaseEnvironments(store, logger);
   const environments = (await store.listEnvironments()).map((e) => `${e.name}:${e.version}`);
   // the microvm backend's guest kernel, kept beside the layers

@@ -2,14 +2,14 @@ import { createHash } from 'node:crypto';
 import { cp, lstat, mkdir, readFile, readdir, readlink, realpath, rm } from 'node:fs/promises';
 import { dirname, join, posix, resolve, sep } from 'node:path';
 import { SandgymError } from '../../common/index.ts';
-import type { Environment, LayerStore } from '../layer-store.ts';
+import type { Environment, ProjectStore } from '../layer-store.ts';
 import type { Sandbox } from '../platform-client.ts';
 import { parseDockerfile, type DockerInstruction } from './dockerfile-parse.ts';
 import { extractTar, openTar } from './tar-extract.ts';
 
 /** What the builder needs from the platform: a sandbox on an explicit layer stack. */
 export interface BuildHost {
-  readonly store: LayerStore;
+  readonly store: ProjectStore;
   createSandboxFromLayers(layers: string[], config: Environment['config']): Promise<Sandbox>;
 }
 
@@ -240,7 +240,7 @@ async function runStep(
   }
 }
 
-async function folderStep(store: LayerStore, folder: string, where: string): Promise<string> {
+async function folderStep(store: ProjectStore, folder: string, where: string): Promise<string> {
   const root = await store.scratch('workdir');
   try {
     await mkdir(join(root, folder), { recursive: true });
@@ -251,7 +251,7 @@ async function folderStep(store: LayerStore, folder: string, where: string): Pro
 }
 
 async function copyStep(
-  store: LayerStore,
+  store: ProjectStore,
   instruction: Extract<DockerInstruction, { kind: 'COPY' | 'ADD' }>,
   sources: string[],
   workdir: string,

@@ -1,13 +1,13 @@
 import { rm } from 'node:fs/promises';
 import { resolve } from 'node:path';
-import type { LayerManifest, LayerStore } from '../layer-store.ts';
+import type { LayerManifest, ProjectStore } from '../layer-store.ts';
 import { extractTar, normaliseFolderTimes, openTar } from './tar-extract.ts';
 
 /**
  * A layer from a tar (plain or gzip). Whiteouts in it become overlay whiteouts, so the layer
  * hides files of the layers under it, as an image layer does.
  */
-export async function buildLayerFromTar(store: LayerStore, archive: string): Promise<LayerManifest> {
+export async function buildLayerFromTar(store: ProjectStore, archive: string): Promise<LayerManifest> {
   const path = resolve(archive);
   const dir = await store.scratch('tar');
   try {

@@ -2,7 +2,7 @@ import { readFile, rm, stat } from 'node:fs/promises';
 import { join, resolve, sep } from 'node:path';
 import { z } from 'zod';
 import { SandgymError, parseAt } from '../../common/index.ts';
-import type { Environment, LayerManifest, LayerStore } from '../layer-store.ts';
+import type { Environment, LayerManifest, ProjectStore } from '../layer-store.ts';
 import { extractTar, normaliseFolderTimes, openTar } from './tar-extract.ts';
 
 const dockerManifestSchema = z
@@ -102,7 +102,7 @@ export interface OciBuildResult {
  * The image's layers are applied in order, whiteouts carried out, into a single EROFS layer:
  * one mount per sandbox starts faster than one per image layer, and the tree is the same.
  */
-export async function buildLayerFromOci(store: LayerStore, archive: string): Promise<OciBuildResult> {
+export async function buildLayerFromOci(store: ProjectStore, archive: string): Promise<OciBuildResult> {
   const path = resolve(archive);
   const unpacked = await store.scratch('oci');
   const tree = await store.scratch('oci-tree');

@@ -1,7 +1,7 @@
 import { timingSafeEqual, createHash } from 'node:crypto';
 import type { Metadata } from '@grpc/grpc-js';
 import { SandgymError } from '../../common/index.ts';
-import type { Authenticate, Principal } from './server.ts';
+import type { Authenticate, Principal } from './principal.ts';
 
 /** The metadata key a trusted caller (a controller) uses to say which project it acts for. */
 export const PROJECT_KEY = 'sandgym-project';
@@ -10,6 +10,24 @@ import { DEFAULT_PROJECT } from '../runs.ts';
 export { DEFAULT_PROJECT };
 
 const PROJECT_NAME = /^[a-z0-9][a-z0-9_-]{0,63}$/;
+
+/** The least a node token may be: it gives its holder every project's sandboxes on the node. */
+const MIN_TOKEN_CHARS = 32;
+const MIN_DISTINCT_CHARS = 10;
+
+/**
+ * Refuses a token anyone could guess: a node token lets its holder act for any project on the
+ * node (controllers name the project per call), so it must be long and random.
+ */
+export function checkTokenStrength(token: string, what: string): void {
+  const distinct = new Set(token).size;
+  if (token.length < MIN_TOKEN_CHARS || distinct < MIN_DISTINCT_CHARS || /\s/.test(token)) {
+    throw new SandgymError(
+      'invalid_argument',
+      `${what} is too weak (${token.length} characters, ${distinct} different): use at least ${MIN_TOKEN_CHARS} random characters without spaces, e.g. the output of \`openssl rand -hex 32\``,
+    );
+  }
+}
 
 function digest(token: string): Buffer {
   return createHash('sha256').update(token).digest();

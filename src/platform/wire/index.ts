@@ -3,7 +3,7 @@ export { WireServer, register, TRANSPORT_MAX_BYTES } from './server.ts';
 export type { Authenticate, CallContext, Handlers, Principal, Registration } from './server.ts';
 export { WireClient } from './client.ts';
 export type { WireCallOptions, WireClientOptions } from './client.ts';
-export { tokenAuthenticator, PROJECT_KEY, DEFAULT_PROJECT } from './auth.ts';
+export { checkTokenStrength, tokenAuthenticator, PROJECT_KEY, DEFAULT_PROJECT } from './auth.ts';
 export { SANDBOXES, NODE, RUNS } from './services.ts';
 export type { SandboxInfo, NodeStatus, ExecEvent, ExecRequest } from './messages.ts';
 export { decodeMessage, encodeMessage } from './decode.ts';

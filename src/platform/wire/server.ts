@@ -18,18 +18,13 @@ import {
   type ServiceDef,
 } from './service.ts';
 import { toStatus } from './status.ts';
+import { callGuard } from './call-guard.ts';
+import type { Authenticate, Principal } from './principal.ts';
+
+export type { Authenticate, Principal };
 
 /** Largest frame the transport accepts; each method then applies its own, smaller, limit. */
 export const TRANSPORT_MAX_BYTES = 96 * 1024 * 1024;
-
-/** Who is calling, as {@link Authenticate} decided from the call's metadata. */
-export interface Principal {
-  /** The project whose sandboxes and quota the call may touch. */
-  project: string;
-}
-
-/** Decides who a call is from, or throws `unauthenticated`. */
-export type Authenticate = (metadata: Metadata, path: string) => Principal;
 
 /** What a handler gets besides the request. */
 export interface CallContext {
@@ -74,9 +69,15 @@ export class WireServer {
     registrations: Registration[],
     options: { authenticate: Authenticate; logger: Logger },
   ): Promise<WireServer> {
+    const caps = new Map<string, number>();
+    for (const { service } of registrations)
+      for (const [name, method] of Object.entries(service.methods))
+        caps.set(methodPath(service, name), method.maxRequestBytes ?? DEFAULT_MAX_REQUEST_BYTES);
     const server = new Server({
-      'grpc.max_receive_message_length': TRANSPORT_MAX_BYTES,
+      'grpc.max_receive_message_length': Math.max(...caps.values(), DEFAULT_MAX_REQUEST_BYTES),
       'grpc.max_send_message_length': TRANSPORT_MAX_BYTES,
+      // the token is checked and the body capped before a byte of the body is read
+      interceptors: [callGuard(options.authenticate, caps)],
     });
     for (const { service, handlers } of registrations) {
       const definition: Record<string, ServiceDefinition[string]> = {};

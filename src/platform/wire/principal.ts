@@ -1,0 +1,10 @@
+import type { Metadata } from '@grpc/grpc-js';
+
+/** Who is calling, as {@link Authenticate} decided from the call's metadata. */
+export interface Principal {
+  /** The project whose sandboxes and quota the call may touch. */
+  project: string;
+}
+
+/** Decides who a call is from, or throws `unauthenticated`. */
+export type Authenticate = (metadata: Metadata, path: string) => Principal;
