@@ -5,18 +5,16 @@ import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../src/common/index.ts';
 import { SandboxEnv } from '../../src/env/index.ts';
+import { NodeAgent, Platform, type LocalPlatform, type RemotePlatform } from '../../src/platform/index.ts';
 import {
-  Controller,
-  NodeAgent,
-  Platform,
-  type LocalPlatform,
-  type RemotePlatform,
-} from '../../src/platform/index.ts';
+  IN_PROCESS_NODE_TOKEN,
+  startInProcessCluster,
+  type InProcessCluster,
+} from '../support/in-process-cluster.ts';
 import { expectCode } from '../support/errors.ts';
 import { STORE_DIR, TEST_DATA_ROOT, createTestPlatform, type TestPlatform } from '../support/platform.ts';
 import { attack } from './summary.ts';
 
-const NODE_TOKEN = 'tenant-test-node-token-4c6e8a0b2d4f6183';
 const GRANTS = {
   'alpha-token-1f3e5d7c9b0a2468': { project: 'alpha', maxSandboxes: 20 },
   'beta-token-9e7c5a3f1d2b4680': { project: 'beta', maxSandboxes: 20 },
@@ -34,43 +32,27 @@ function rssMib(): number {
  */
 describe('tenant isolation', () => {
   let nodeData: TestPlatform;
-  let nodePlatform: LocalPlatform;
-  let node: NodeAgent;
-  let controller: Controller;
+  let cluster: InProcessCluster;
   let alpha: RemotePlatform;
   let beta: RemotePlatform;
 
   beforeAll(async () => {
     nodeData = await createTestPlatform('hostile-tenant', { privateStore: true });
-    nodePlatform = await Platform.local({
-      dataDir: join(nodeData.dataDir, 'node'),
+    cluster = await startInProcessCluster({
+      dataDir: nodeData.dataDir,
       storeDir: join(nodeData.dataDir, 'store'),
       nodeId: 'tenantnode',
-    });
-    node = await NodeAgent.start(nodePlatform, {
-      listen: '127.0.0.1:0',
-      token: NODE_TOKEN,
-      logger: silentLogger(),
-    });
-    controller = await Controller.start({
-      listen: '127.0.0.1:0',
-      nodes: [`127.0.0.1:${node.port}`],
-      nodeToken: NODE_TOKEN,
       grants: GRANTS,
-      logger: silentLogger(),
-      pollMs: 200,
     });
-    const url = `grpc://127.0.0.1:${controller.port}`;
-    alpha = await Platform.connect(url, { token: 'alpha-token-1f3e5d7c9b0a2468' });
-    beta = await Platform.connect(url, { token: 'beta-token-9e7c5a3f1d2b4680' });
+    alpha = await Platform.connect(cluster.url, { token: 'alpha-token-1f3e5d7c9b0a2468' });
+    beta = await Platform.connect(cluster.url, { token: 'beta-token-9e7c5a3f1d2b4680' });
   });
 
   afterAll(async () => {
     for (const step of [
       () => alpha?.close(),
       () => beta?.close(),
-      () => controller?.close(),
-      () => node?.close(),
+      () => cluster?.close(),
       async () => nodeData?.[Symbol.asyncDispose](),
     ]) {
       await step()?.catch((error: unknown) => console.error(error));
@@ -108,7 +90,7 @@ describe('tenant isolation', () => {
       const report = await beta.layerGc({ minAgeMs: 0 });
       expect(report.removedLayers).not.toContain(layer.digest);
       // and the node's admin, collecting every project's, still leaves a layer just made
-      const admin = await nodePlatform.layerGc({ minAgeMs: 0, allProjects: true });
+      const admin = await cluster.nodePlatform.layerGc({ minAgeMs: 0, allProjects: true });
       expect(admin.removedLayers).not.toContain(layer.digest);
       await beta.gc();
       await using grader = await alpha.createSandbox({
@@ -140,7 +122,7 @@ describe('tenant isolation', () => {
         ]).then((codes) => { console.log(JSON.stringify(codes)); client.close(); });
       `;
       const output = await new Promise<string>((done, fail) => {
-        const child = spawn('node', ['-e', script, `127.0.0.1:${node.port}`, NODE_TOKEN], {
+        const child = spawn('node', ['-e', script, `127.0.0.1:${cluster.node.port}`, IN_PROCESS_NODE_TOKEN], {
           stdio: ['ignore', 'pipe', 'inherit'],
         });
         let text = '';
@@ -159,7 +141,7 @@ describe('tenant isolation', () => {
     attack('tenant', 'weak node token', async () => {
       for (const token of ['secret', 'a'.repeat(64), 'abcdefghabcdefghabcdefghabcdefgh']) {
         await expectCode(
-          NodeAgent.start(nodePlatform, { listen: '127.0.0.1:0', token, logger: silentLogger() }),
+          NodeAgent.start(cluster.nodePlatform, { listen: '127.0.0.1:0', token, logger: silentLogger() }),
           'invalid_argument',
           /too weak/,
         );

@@ -1,19 +1,17 @@
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { silentLogger } from '../../src/common/index.ts';
 import { TaskEnv, loadHarborTask, loadTasks } from '../../src/env/index.ts';
-import { Controller, NodeAgent, Platform, type RemotePlatform } from '../../src/platform/index.ts';
+import { Platform, type RemotePlatform } from '../../src/platform/index.ts';
+import { startInProcessCluster, type InProcessCluster } from '../support/in-process-cluster.ts';
 import { evaluate, nopAgent, oracleAgent } from '../../src/rollout/index.ts';
 import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
 
 const EXAMPLES = resolve('examples/tasks');
-const NODE_TOKEN = 'remote-eval-node-token-6e8a0c2f4b1d3957';
 
 describe('task environments and evaluation over the cluster client', () => {
   let builder: TestPlatform;
   let nodeData: TestPlatform;
-  let node: NodeAgent;
-  let controller: Controller;
+  let cluster: InProcessCluster;
   let platform: RemotePlatform;
 
   beforeAll(async () => {
@@ -27,33 +25,19 @@ describe('task environments and evaluation over the cluster client', () => {
     const tasks = await loadTasks([EXAMPLES]);
     for (const task of tasks) await TaskEnv.create(builder.platform, task).prepare();
     nodeData = await createTestPlatform('remote-eval-node', { nodeId: 'evalnode' });
-    const nodePlatform = await Platform.local({
-      dataDir: join(nodeData.dataDir, 'node'),
+    cluster = await startInProcessCluster({
+      dataDir: nodeData.dataDir,
       storeDir: join(builder.dataDir, 'store'),
       nodeId: 'evalnode',
-      durable: true,
-    });
-    node = await NodeAgent.start(nodePlatform, {
-      listen: '127.0.0.1:0',
-      token: NODE_TOKEN,
-      logger: silentLogger(),
-    });
-    controller = await Controller.start({
-      listen: '127.0.0.1:0',
-      nodes: [`127.0.0.1:${node.port}`],
-      nodeToken: NODE_TOKEN,
       grants: { 'eval-token': { project: 'evals', maxSandboxes: 20 } },
-      logger: silentLogger(),
-      pollMs: 200,
     });
-    platform = await Platform.connect(`grpc://127.0.0.1:${controller.port}`, { token: 'eval-token' });
+    platform = await Platform.connect(cluster.url, { token: 'eval-token' });
   });
 
   afterAll(async () => {
     for (const step of [
       () => platform?.close(),
-      () => controller?.close(),
-      () => node?.close(),
+      () => cluster?.close(),
       async () => nodeData?.[Symbol.asyncDispose](),
       async () => builder?.[Symbol.asyncDispose](),
     ]) {

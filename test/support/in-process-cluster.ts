@@ -1,0 +1,64 @@
+import { join } from 'node:path';
+import { silentLogger } from '../../src/common/index.ts';
+import {
+  Controller,
+  NodeAgent,
+  Platform,
+  type LocalPlatform,
+  type ProjectGrant,
+} from '../../src/platform/index.ts';
+
+/** The node token of in-process test clusters: long and random enough for a node to accept it. */
+export const IN_PROCESS_NODE_TOKEN = 'in-process-node-token-6e8a0c2f4b1d3957';
+
+/** One node agent and one controller in this process, on loopback ports of their own. */
+export interface InProcessCluster {
+  nodePlatform: LocalPlatform;
+  node: NodeAgent;
+  controller: Controller;
+  /** `grpc://127.0.0.1:PORT` of the controller. */
+  url: string;
+  /** Stops the controller and the node (whose platform then destroys its sandboxes). */
+  close(): Promise<void>;
+}
+
+/** Starts a node on `dataDir` (data in `node/` below it) and `storeDir`, behind a controller granting `grants`. */
+export async function startInProcessCluster(options: {
+  dataDir: string;
+  storeDir: string;
+  nodeId: string;
+  grants: Record<string, ProjectGrant>;
+}): Promise<InProcessCluster> {
+  const nodePlatform = await Platform.local({
+    dataDir: join(options.dataDir, 'node'),
+    storeDir: options.storeDir,
+    nodeId: options.nodeId,
+    durable: true,
+  });
+  const node = await NodeAgent.start(nodePlatform, {
+    listen: '127.0.0.1:0',
+    token: IN_PROCESS_NODE_TOKEN,
+    logger: silentLogger(),
+  });
+  const controller = await Controller.start({
+    listen: '127.0.0.1:0',
+    nodes: [`127.0.0.1:${node.port}`],
+    nodeToken: IN_PROCESS_NODE_TOKEN,
+    grants: options.grants,
+    logger: silentLogger(),
+    pollMs: 200,
+  });
+  return {
+    nodePlatform,
+    node,
+    controller,
+    url: `grpc://127.0.0.1:${controller.port}`,
+    async close() {
+      try {
+        await controller.close();
+      } finally {
+        await node.close();
+      }
+    },
+  };
+}
