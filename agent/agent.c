@@ -215,17 +215,6 @@ static void handle_sync(request *req) {
   send_ok(req->id);
 }
 
-/* Processes of this pid namespace besides the agent, as its /proc lists them. */
-static int other_processes(void) {
-  DIR *proc = opendir("/proc");
-  if (!proc) return -1;
-  int count = 0;
-  for (struct dirent *e; (e = readdir(proc));)
-    if (e->d_name[0] >= '1' && e->d_name[0] <= '9' && strcmp(e->d_name, "1") != 0) count++;
-  closedir(proc);
-  return count;
-}
-
 /* Makes a warm sandbox ready for its next root (see helper.c): ends every other process of the
  * sandbox and waits until they are reaped, then takes the current root as the one file calls are
  * resolved in (the host swaps roots between two resets). Only pid 1 of a namespace may do this. */
@@ -233,7 +222,7 @@ static void handle_reset(request *req) {
   if (getpid() != 1) return send_error(req->id, "bad_request", "reset needs the agent to be its namespace's pid 1");
   kill(-1, SIGKILL);
   int left = -1;
-  for (int i = 0; i < 500 && (left = other_processes()) != 0; i++) {
+  for (int i = 0; i < 500 && (left = selfstate_others()) != 0; i++) {
     jobs_reap();
     usleep(10000);
   }

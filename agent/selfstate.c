@@ -15,6 +15,7 @@
 #define _GNU_SOURCE
 #include "selfstate.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/capability.h>
@@ -107,4 +108,14 @@ size_t selfstate_describe(char *buf, size_t size) {
   at = append_proc_line(buf, size, at, "coredump_filter");
   if (at >= size && size > 0) buf[size - 1] = 0;
   return at < size ? at : size - 1;
+}
+
+int selfstate_others(void) {
+  DIR *proc = opendir("/proc");
+  if (!proc) return -1;
+  int count = 0;
+  for (struct dirent *e; (e = readdir(proc));)
+    if (e->d_name[0] >= '1' && e->d_name[0] <= '9' && strcmp(e->d_name, "1") != 0) count++;
+  closedir(proc);
+  return count;
 }

@@ -11,5 +11,7 @@ void selfstate_protect(void);
 void selfstate_for_command(void);
 /* The agent's state that other processes of its uid can change, as text; returns its length. */
 size_t selfstate_describe(char *buf, size_t size);
+/* Processes of the agent's pid namespace besides itself, as /proc lists them; -1 if unreadable. */
+int selfstate_others(void);
 
 #endif

@@ -699,12 +699,12 @@ export class ContainerBackend implements Backend {
     if (!shell) return true;
     const pids = await shell.cgroup.members();
     if (pids.length !== 1 || pids[0] === undefined) return true;
-    // a call that changed its agent's process state holds state no fresh root takes away
-    if (
-      (await shell.channel.call({ op: 'procstate' }, { timeoutMs: RESET_TIMEOUT_MS })).state !==
-      shell.agentState
-    )
-      return true;
+    // a call that changed its agent's process state holds state no fresh root takes away; what
+    // the last command's end reported serves when nothing else was left to change it since
+    const state =
+      sandbox.agentStateWhenLastAlone ??
+      (await shell.channel.call({ op: 'procstate' }, { timeoutMs: RESET_TIMEOUT_MS })).state;
+    if (state !== shell.agentState) return true;
     const root = `/proc/${pids[0]}/root`;
     for (const dir of [sandbox.upperDir, `${root}/dev/shm`, `${root}/dev/mqueue`]) {
       if ((await readdir(dir).catch(() => ['unreadable'])).length > 0) return true;

@@ -97,6 +97,11 @@ export class ContainerSandbox extends AgentSandbox {
     return this.parts.cgroup;
   }
 
+  /** Its agent's process state as its last command left it alone in the sandbox, if it did. */
+  get agentStateWhenLastAlone(): string | undefined {
+    return this.agentStateAfterLastCommand;
+  }
+
   /** Its overlay upper dir on the node: what it has written. */
   get upperDir(): string {
     return this.writableDir;

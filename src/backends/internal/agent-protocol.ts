@@ -38,6 +38,11 @@ export const agentExitSchema = z.object({
   stderrBytes: count,
   stdoutTruncated: z.boolean(),
   stderrTruncated: z.boolean(),
+  /**
+   * The agent's process state when the command ended, sent only when no other process was left in
+   * the sandbox then (so nothing could change it afterwards): see AgentReady.state.
+   */
+  agentStateAlone: z.string().max(8192).optional(),
 });
 
 export const agentDirEntrySchema = z.object({

@@ -56,6 +56,11 @@ export abstract class AgentSandbox implements BackendSandbox {
   protected active = Date.now();
   readonly createdAt: number;
   private closing: Promise<void> | undefined;
+  /**
+   * The agent's process state as its last command left it, when that left no other process in
+   * the sandbox; undefined while a command runs or when one was left.
+   */
+  protected agentStateAfterLastCommand: string | undefined;
 
   protected constructor(
     protected readonly spec: SandboxSpec,
@@ -221,8 +226,10 @@ export abstract class AgentSandbox implements BackendSandbox {
     );
     const onAbort = (): void => this.channel.cancel(id);
     options.signal?.addEventListener('abort', onAbort, { once: true });
+    this.agentStateAfterLastCommand = undefined;
     try {
       const ended = await exit;
+      this.agentStateAfterLastCommand = ended.agentStateAlone;
       if (ended.cancelled) throw new SandgymError('cancelled', `Command ${argv[0]} was cancelled`);
       return { ...(await this.describeExit(ended)), stdout: '', stderr: '' };
     } finally {
