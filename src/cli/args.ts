@@ -5,7 +5,7 @@ type Options = NonNullable<ParseArgsConfig['options']>;
 
 /** Parsed options and positionals of one subcommand. */
 export interface ParsedCommandArgs {
-  values: Record<string, string | boolean | undefined>;
+  values: Record<string, string | boolean | string[] | undefined>;
   positionals: string[];
 }
 
@@ -46,4 +46,10 @@ export function nonNegativeInt(name: string, value: string | undefined): number 
 export function text(parsed: ParsedCommandArgs, name: string): string | undefined {
   const value = parsed.values[name];
   return typeof value === 'string' ? value : undefined;
+}
+
+/** A repeatable string option's values (`--build-arg A=1 --build-arg B=2`), none when absent. */
+export function texts(parsed: ParsedCommandArgs, name: string): string[] {
+  const value = parsed.values[name];
+  return Array.isArray(value) ? value : typeof value === 'string' ? [value] : [];
 }

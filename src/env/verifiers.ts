@@ -272,12 +272,17 @@ for test_id in [i for i in ids if i not in node_ids]:
     except Exception:
         statuses[test_id] = 'error'
 
+# Rewiring is replacing behaviour: a changed or added function, method or class. pytest keeps
+# flags of its own on its classes as it runs (_pytest_diamond_inheritance_warning_shown, say),
+# which change no result.
+def behaviour(value):
+    return callable(value) or isinstance(value, (classmethod, staticmethod, property))
 tampered = sorted(
     f'{getattr(holder, "__name__", holder)}.{name}'
     for holder, saved in before
     for name, value in vars(holder).items()
-    if name in saved and saved[name] is not value
-    or name not in saved and isinstance(holder, type)
+    if name in saved and saved[name] is not value and (behaviour(value) or behaviour(saved[name]))
+    or name not in saved and isinstance(holder, type) and behaviour(value)
 )
 if tampered:
     statuses = {test_id: 'error' for test_id in ids}

@@ -35,6 +35,20 @@ export const layerManifestSchema = z.object({
 });
 export type LayerManifest = z.infer<typeof layerManifestSchema>;
 
+/** What an image says of itself beyond its files and config: kept, not acted on. */
+export const imageMetadataSchema = z.object({
+  labels: z.record(z.string(), z.string()).default({}),
+  cmd: z.array(z.string()).optional(),
+  entrypoint: z.array(z.string()).optional(),
+  exposedPorts: z.array(z.string()).default([]),
+  volumes: z.array(z.string()).default([]),
+  healthcheck: z.string().optional(),
+  stopSignal: z.string().optional(),
+  shell: z.array(z.string()).optional(),
+  onbuild: z.array(z.string()).optional(),
+});
+export type ImageMetadata = z.infer<typeof imageMetadataSchema>;
+
 /** A named, versioned environment: an ordered layer stack (base first) plus its config. */
 export const environmentSchema = z.object({
   name: z.string().regex(ENV_NAME),
@@ -46,6 +60,8 @@ export const environmentSchema = z.object({
     user: z.string().default('root'),
   }),
   description: z.string().default(''),
+  /** From a Dockerfile or an image: labels, CMD, ENTRYPOINT, exposed ports, volumes and the like. */
+  image: imageMetadataSchema.optional(),
 });
 export type Environment = z.infer<typeof environmentSchema>;
 export type EnvironmentInput = z.input<typeof environmentSchema>;
@@ -365,9 +381,14 @@ export class LayerStore {
   }
 
   /** The layer images of an environment, base first, as a backend mounts them. */
-  async layerImages(environment: Environment): Promise<LayerImage[]> {
+  layerImages(environment: Environment): Promise<LayerImage[]> {
+    return this.imagesOf(environment.layers);
+  }
+
+  /** The images of layers given by digest, in order. */
+  async imagesOf(digests: readonly string[]): Promise<LayerImage[]> {
     return Promise.all(
-      environment.layers.map(async (digest) => {
+      digests.map(async (digest) => {
         const manifest = await this.getLayer(digest);
         return { digest, path: this.layerPath(digest), sizeBytes: manifest.sizeBytes };
       }),

@@ -299,9 +299,13 @@ export class LocalPlatform implements PlatformClient {
   createSandboxFromLayers(
     layers: string[],
     config: Environment['config'],
-    resources: SandboxRequest['resources'] = { memoryMib: 2048 },
+    options: { network?: string[]; resources?: SandboxRequest['resources'] } = {},
   ): Promise<Sandbox> {
-    const resolved = parseAt(sandboxRequestSchema, { resources }, 'sandbox request');
+    const resolved = parseAt(
+      sandboxRequestSchema,
+      { resources: options.resources ?? { memoryMib: 2048 }, network: options.network ?? [] },
+      'sandbox request',
+    );
     const stack: Environment = { name: 'build', version: 'step', layers, config, description: '' };
     return this.launch(stack, resolved, {});
   }
@@ -366,6 +370,19 @@ export class LocalPlatform implements PlatformClient {
       );
     }
     return diskMib;
+  }
+
+  /** A read-only view of a layer stack's merged tree on this host (see ContainerBackend.withLayerStack). */
+  async withLayerStack<T>(layers: readonly string[], consume: (root: string) => Promise<T>): Promise<T> {
+    return this.container.withLayerStack(await this.layers.imagesOf(layers), consume);
+  }
+
+  /**
+   * The network rules a Dockerfile's RUN steps reach unless a build names its own: the node's
+   * package mirrors (its rule book's `mirror:*` rules) and its `dns` rule, where it has them.
+   */
+  get defaultBuildNetwork(): string[] {
+    return this.container.ruleNames().filter((name) => name.startsWith('mirror:') || name === 'dns');
   }
 
   buildFromDockerfile(options: DockerfileBuildOptions): Promise<DockerfileBuildResult> {

@@ -46,6 +46,7 @@ USER nobody
     });
     expect(steps.map((s) => s.outcome)).toEqual([
       'config',
+      'config',
       'built',
       'built',
       'built',
@@ -92,13 +93,13 @@ USER nobody
     expect(three.stdout, three.stderr).toBe('edited\n');
   });
 
-  it('names the line of an unsupported instruction, a failing RUN and a source outside the context', async () => {
+  it('names the line of an unknown instruction, a failing RUN and a source outside the context', async () => {
     await expect(
       env.platform.buildFromDockerfile({
-        file: await dockerfile('FROM busybox:latest\n\nEXPOSE 80\n'),
+        file: await dockerfile('FROM busybox:latest\n\nFROBNICATE 80\n'),
         name: 'x:1',
       }),
-    ).rejects.toThrow(/Dockerfile line 3: unsupported instruction EXPOSE/);
+    ).rejects.toThrow(/Dockerfile line 3: unknown instruction FROBNICATE/);
     await expect(
       env.platform.buildFromDockerfile({
         file: await dockerfile('FROM busybox:latest\nRUN echo broken >&2; exit 7\n'),
@@ -113,6 +114,6 @@ USER nobody
     ).rejects.toThrow(/line 2: "..\/..\/etc\/passwd" is outside the build context/);
     await expect(
       env.platform.buildFromDockerfile({ file: await dockerfile('FROM nosuch:1\n'), name: 'x:1' }),
-    ).rejects.toThrow(/line 1: Unknown environment "nosuch:1"/);
+    ).rejects.toThrow(/line 1: FROM nosuch:1: no such image in the store/);
   });
 });

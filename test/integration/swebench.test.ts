@@ -1,4 +1,5 @@
-import { readFile, writeFile } from 'node:fs/promises';
+import { execFileSync } from 'node:child_process';
+import { mkdir, readFile, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TaskEnv, loadSweBenchFile, type Task } from '../../src/env/index.ts';
@@ -163,6 +164,50 @@ describe('SWE-bench tasks', () => {
       if (name === 'rewire') expect(grade.details['harnessTampered']).toEqual(['TestCase.assertEqual']);
       else expect(grade.details['runner']).toMatch(/did not finish/);
     }
+  });
+
+  it('grades plain pytest function ids: pytest flagging its own classes is no tampering', async () => {
+    // a repository whose tests are module-level functions, as most pytest projects write them
+    const repo = join(env.dataDir, 'pyfuncs');
+    const git = (...args: string[]): string =>
+      execFileSync('git', ['-C', repo, '-c', 'user.name=t', '-c', 'user.email=t@t', ...args], {
+        encoding: 'utf8',
+      }).trim();
+    await mkdir(join(repo, 'tests'), { recursive: true });
+    execFileSync('git', ['init', '-q', '-b', 'main', repo]);
+    await writeFile(join(repo, 'calc.py'), 'def half(x):\n    return x // 2\n');
+    await writeFile(join(repo, 'tests', '__init__.py'), '');
+    await writeFile(
+      join(repo, 'tests', 'test_calc.py'),
+      'from calc import half\n\n\ndef test_even():\n    assert half(4) == 2\n',
+    );
+    git('add', '.');
+    git('commit', '-q', '-m', 'base');
+    const base = git('rev-parse', 'HEAD');
+    const patch =
+      'diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def half(x):\n-    return x // 2\n+    return x / 2\n';
+    const testPatch =
+      'diff --git a/tests/test_calc.py b/tests/test_calc.py\n--- a/tests/test_calc.py\n+++ b/tests/test_calc.py\n@@ -3,3 +3,7 @@ from calc import half\n \n def test_even():\n     assert half(4) == 2\n+\n+\n+def test_odd():\n+    assert half(3) == 1.5\n';
+    const rows = join(env.dataDir, 'pyfuncs.swebench.jsonl');
+    await writeFile(
+      rows,
+      `${JSON.stringify({
+        instance_id: 'pyfuncs__half-1',
+        repo,
+        base_commit: base,
+        patch,
+        test_patch: testPatch,
+        problem_statement: 'half(3) should be 1.5',
+        FAIL_TO_PASS: ['tests/test_calc.py::test_odd'],
+        PASS_TO_PASS: ['tests/test_calc.py::test_even'],
+      })}\n`,
+    );
+    const tasks = await loadSweBenchFile(rows);
+    const [oracle] = await evaluate(env.platform, tasks, oracleAgent, { concurrency: 1 });
+    expect(oracle, JSON.stringify(oracle?.details)).toMatchObject({ reward: 1, outcome: { kind: 'ok' } });
+    const [nop] = await evaluate(env.platform, tasks, () => scriptedAgent([]), { concurrency: 1 });
+    expect(nop?.reward).toBe(0);
+    expect(nop?.details).toMatchObject({ failToPass: { 'tests/test_calc.py::test_odd': 'failed' } });
   });
 
   it('names the line and field of a malformed row', async () => {

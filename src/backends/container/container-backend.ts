@@ -161,6 +161,53 @@ export class ContainerBackend implements Backend {
       : undefined;
   }
 
+  /** The names of the node's network rules (its rule book): what builds pick their package mirrors from. */
+  ruleNames(): string[] {
+    return Object.keys(this.ruleBook);
+  }
+
+  /**
+   * Hands `consume` a read-only view of a layer stack's merged tree on this host: a build's
+   * `COPY --from` an earlier stage, or a look at its /etc/passwd. One layer is its own EROFS
+   * mount; several are a read-only overlay of them, mounted on a folder of the data dir for the
+   * duration (its lower dirs named relative to the mounts' folder, so a deep stack fits the
+   * mount options' page).
+   */
+  async withLayerStack<T>(layers: readonly LayerImage[], consume: (root: string) => Promise<T>): Promise<T> {
+    if (layers.length === 0) {
+      const empty = join(this.options.dataDir, 'stacks', this.stackViewName());
+      await mkdir(empty, { recursive: true });
+      try {
+        return await consume(empty);
+      } finally {
+        await rm(empty, { recursive: true, force: true });
+      }
+    }
+    const points = await this.mounts.acquire(layers);
+    try {
+      if (points.length === 1) return await consume(points[0] ?? '');
+      const view = join(this.options.dataDir, 'stacks', this.stackViewName());
+      await mkdir(view, { recursive: true });
+      const lowers = [...points].reverse().map((point) => basename(point));
+      await runProgram('mount', ['-t', 'overlay', 'overlay', '-o', `ro,lowerdir=${lowers.join(':')}`, view], {
+        cwd: dirname(points[0] ?? ''),
+      });
+      try {
+        return await consume(view);
+      } finally {
+        await runProgram('umount', [view]).catch(() => undefined);
+        await rm(view, { recursive: true, force: true });
+      }
+    } finally {
+      this.mounts.release(layers);
+    }
+  }
+
+  /** A stack view's folder name: its process's identity first, so gc leaves a live one's alone. */
+  private stackViewName(): string {
+    return `${this.owner.pid}-${this.owner.startTime}-${randomBytes(6).toString('hex')}`;
+  }
+
   /** What the node's sandbox volume can hold and take now (every container's writes land there). */
   diskRoom(): Promise<VolumeRoom> {
     return this.scratch.room();
@@ -944,9 +991,21 @@ export class ContainerBackend implements Backend {
       report.cgroups.push(...cgroup.allPaths());
     }
     await this.removeOrphanRuntimeState(mine);
+    await this.removeStackViews();
     if (mine.size === 0) await removeIdleParents(this.layout, this.scope);
     report.mounts = await this.mounts.unmountIdle();
     return report;
+  }
+
+  /** Read-only stack views a build of a dead process left mounted (see withLayerStack). */
+  private async removeStackViews(): Promise<void> {
+    const dir = join(this.options.dataDir, 'stacks');
+    for (const name of await readdir(dir).catch(() => [] as string[])) {
+      const [pid, startTime] = name.split('-').map(Number);
+      if (pid !== undefined && startTime !== undefined && (await isAlive({ pid, startTime }))) continue;
+      await runProgram('umount', [join(dir, name)]).catch(() => undefined);
+      await rm(join(dir, name), { recursive: true, force: true }).catch(() => undefined);
+    }
   }
 
   async gcLayers(): Promise<{ unmounted: string[]; removedCopies: string[] }> {

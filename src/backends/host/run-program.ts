@@ -8,6 +8,8 @@ export interface RunProgramOptions {
   env?: Record<string, string>;
   /** What the program reads on stdin (an nft transaction). */
   input?: string;
+  /** The folder it runs in. */
+  cwd?: string;
 }
 
 /**
@@ -27,6 +29,7 @@ export function runProgram(
         timeout: options.timeoutMs ?? 120_000,
         maxBuffer: 64 * 1024 * 1024,
         env: options.env ? { ...process.env, ...options.env } : process.env,
+        ...(options.cwd ? { cwd: options.cwd } : {}),
       },
       (error, stdout, stderr) => {
         if (!error) return resolve(stdout);

@@ -13,7 +13,7 @@ import {
   type Environment,
   type LayerManifest,
 } from '../../platform/index.ts';
-import { parseCommandArgs, text, type ParsedCommandArgs } from '../args.ts';
+import { parseCommandArgs, text, texts, type ParsedCommandArgs } from '../args.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
 
 /** The whole store: what `layer ls` shows the node's admin. */
@@ -37,7 +37,7 @@ export async function layerCommand(args: string[]): Promise<number> {
   if (sub === 'build') return layerBuild(rest);
   if (sub === 'gc') return layerGc(rest);
   throw new UsageError(
-    'sandgym layer: use "layer ls", "layer gc [--min-age-minutes N] [--all-projects]" or "layer build (--from-dir D | --from-tar T | --from-oci A | --dockerfile F | --from-sandbox ID) [--name NAME:VERSION] [--base ENV]"',
+    'sandgym layer: use "layer ls", "layer gc [--min-age-minutes N] [--all-projects]" or "layer build (--from-dir D | --from-tar T | --from-oci A | --dockerfile F [--build-arg K=V] [--target STAGE] [--build-net RULE|none] | --from-sandbox ID) [--name NAME:VERSION] [--base ENV]"',
   );
 }
 
@@ -86,6 +86,9 @@ async function layerBuild(args: string[]): Promise<number> {
     context: { type: 'string' },
     name: { type: 'string' },
     base: { type: 'string' },
+    'build-arg': { type: 'string', multiple: true },
+    'build-net': { type: 'string', multiple: true },
+    target: { type: 'string' },
     json: { type: 'boolean' },
   });
   const sources = {
@@ -165,11 +168,23 @@ async function dockerfileBuild(file: string, parsed: ParsedCommandArgs): Promise
     );
   parseEnvironmentRef(name);
   const context = text(parsed, 'context');
+  const target = text(parsed, 'target');
+  const buildArgs: Record<string, string> = {};
+  for (const pair of texts(parsed, 'build-arg')) {
+    const eq = pair.indexOf('=');
+    if (eq <= 0) throw new UsageError(`sandgym layer build: --build-arg takes NAME=value, got "${pair}"`);
+    buildArgs[pair.slice(0, eq)] = pair.slice(eq + 1);
+  }
+  const network = texts(parsed, 'build-net');
   await using platform = await Platform.local();
   const result = await platform.buildFromDockerfile({
     file,
     name,
+    buildArgs,
     ...(context ? { context } : {}),
+    ...(target ? { target } : {}),
+    // `--build-net none` builds offline; without the flag, RUN reaches the node's package mirrors
+    ...(network.length ? { network: network.filter((rule) => rule !== 'none') } : {}),
     onStep: (step) =>
       console.error(`sandgym: line ${step.line} ${step.outcome.padEnd(6)} ${step.instruction}`),
   });

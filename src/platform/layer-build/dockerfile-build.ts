@@ -1,16 +1,34 @@
 import { createHash } from 'node:crypto';
-import { cp, lstat, mkdir, readFile, readdir, readlink, realpath, rm } from 'node:fs/promises';
-import { dirname, join, posix, resolve, sep } from 'node:path';
+import { chmod, cp, lchown, lstat, mkdir, open, readFile, readdir, rm, writeFile } from 'node:fs/promises';
+import { basename, dirname, join, posix, resolve } from 'node:path';
 import { SandgymError } from '../../common/index.ts';
-import type { Environment, ProjectStore } from '../layer-store.ts';
+import type { Environment, ImageMetadata, ProjectStore } from '../layer-store.ts';
 import type { Sandbox } from '../platform-client.ts';
-import { parseDockerfile, type DockerInstruction } from './dockerfile-parse.ts';
+import { BuildContext } from './build-context.ts';
+import {
+  expandVariables,
+  keyValues,
+  parseDockerfile,
+  splitWords,
+  type Command,
+  type DockerInstruction,
+  type Heredoc,
+} from './dockerfile-parse.ts';
 import { extractTar, openTar } from './tar-extract.ts';
 
-/** What the builder needs from the platform: a sandbox on an explicit layer stack. */
+/** What the builder needs from the platform. */
 export interface BuildHost {
   readonly store: ProjectStore;
-  createSandboxFromLayers(layers: string[], config: Environment['config']): Promise<Sandbox>;
+  /** A sandbox on an explicit layer stack, reaching what the named network rules allow. */
+  createSandboxFromLayers(
+    layers: string[],
+    config: Environment['config'],
+    options?: { network?: string[] },
+  ): Promise<Sandbox>;
+  /** Hands `consume` a read-only view of a layer stack's merged tree on this host. */
+  withLayerStack<T>(layers: readonly string[], consume: (root: string) => Promise<T>): Promise<T>;
+  /** The network rules RUN steps get unless a build names its own: the node's package mirrors. */
+  readonly defaultBuildNetwork: readonly string[];
 }
 
 /** Options for {@link buildFromDockerfile}. */
@@ -27,6 +45,15 @@ export interface DockerfileBuildOptions {
    * `FROM ubuntu:22.04`, say). Without it such a FROM is an error.
    */
   fromFallback?: string;
+  /** `--build-arg NAME=value`: values for the Dockerfile's ARGs. */
+  buildArgs?: Readonly<Record<string, string>>;
+  /** The stage to build (its `AS` name); default the last. */
+  target?: string;
+  /**
+   * The network rules RUN steps may reach (`mirror:debian`, `host:IP:PORT`); default the node's
+   * package mirrors (its rule book's `mirror:*` rules, and `dns`).
+   */
+  network?: readonly string[];
 }
 
 /** How one instruction went. */
@@ -45,172 +72,390 @@ export interface DockerfileBuildResult {
   notes: string[];
 }
 
+/** A stage's state as its instructions run. */
+interface Stage {
+  layers: string[];
+  config: Environment['config'];
+  image: ImageMetadata;
+  /** ARGs in scope: the stage's own declarations, with their values. */
+  args: Record<string, string>;
+  shell: string[];
+  key: string;
+}
+
+/** The platforms FROM --platform may name: the machine's own. */
+const OWN_PLATFORMS = new Set([
+  'linux/amd64',
+  'linux/x86_64',
+  'linux/amd64/v1',
+  'linux/amd64/v2',
+  'linux/amd64/v3',
+]);
+const DEFAULT_SHELL = ['/bin/sh', '-c'];
+/** The PATH of a sandbox whose environment sets none (as OCI images and the agent have it). */
+const DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
+/** ARGs Docker predefines: the build's and the target's platform. */
+const PLATFORM_ARGS: Record<string, string> = {
+  BUILDPLATFORM: 'linux/amd64',
+  TARGETPLATFORM: 'linux/amd64',
+  BUILDOS: 'linux',
+  TARGETOS: 'linux',
+  BUILDARCH: 'amd64',
+  TARGETARCH: 'amd64',
+};
+
 function hash(...parts: unknown[]): string {
   return createHash('sha256').update(JSON.stringify(parts)).digest('hex');
 }
 
-/** A digest of the files COPY/ADD would take, so an edit to any of them misses the cache. */
-async function contentDigest(paths: string[]): Promise<string> {
-  const digest = createHash('sha256');
-  const walk = async (path: string, rel: string): Promise<void> => {
-    const info = await lstat(path);
-    digest.update(`${rel}\0${info.mode}\0`);
-    if (info.isSymbolicLink()) digest.update(await readlink(path));
-    else if (info.isFile()) digest.update(await readFile(path));
-    else if (info.isDirectory())
-      for (const child of (await readdir(path)).sort()) await walk(join(path, child), `${rel}/${child}`);
-  };
-  for (const path of paths) await walk(path, path);
-  return digest.digest('hex');
-}
-
-function isTarName(path: string): boolean {
-  return /\.(tar|tar\.gz|tgz)$/.test(path);
-}
-
-function describe(instruction: DockerInstruction): string {
-  switch (instruction.kind) {
-    case 'FROM':
-      return `FROM ${instruction.environment}`;
-    case 'RUN':
-      return `RUN ${instruction.argv.join(' ')}`;
-    case 'COPY':
-    case 'ADD':
-      return `${instruction.kind} ${instruction.sources.join(' ')} ${instruction.destination}`;
-    case 'ENV':
-      return `ENV ${Object.entries(instruction.values)
-        .map(([k, v]) => `${k}=${v}`)
-        .join(' ')}`;
-    case 'WORKDIR':
-      return `WORKDIR ${instruction.path}`;
-    case 'USER':
-      return `USER ${instruction.user}`;
-  }
+/** An image reference as a store environment name: `ubuntu:22.04`; a registry or digest part is kept out. */
+function storeRef(image: string): string | undefined {
+  const withoutDigest = image.split('@')[0] ?? '';
+  const ref = /^[a-z0-9][a-z0-9._-]*(:[A-Za-z0-9][A-Za-z0-9._-]*)?$/.test(withoutDigest)
+    ? withoutDigest
+    : undefined;
+  return ref;
 }
 
 /**
  * Builds an environment from a Dockerfile without a Docker engine: RUN steps run in our own
- * container backend and each step's writable layer becomes a layer; COPY and ADD become layers
- * of their own. Each step is cached by a key chained from its parent's key, the instruction, the
- * config it runs under and (for COPY/ADD) the content it takes, as `docker build` does.
+ * container backend (reaching the build's network rules) and each step's writable layer becomes
+ * a layer; COPY and ADD become layers of their own; config and metadata instructions change the
+ * environment's config and image metadata. Multi-stage builds, ARG scoping, here-documents and
+ * `.dockerignore` work as in `docker build`. Each step is cached by a key chained from its
+ * parent's key, the instruction, the config it runs under and (for COPY/ADD) the content it
+ * takes. Every error names the file and line.
  */
 export async function buildFromDockerfile(
   host: BuildHost,
   options: DockerfileBuildOptions,
 ): Promise<DockerfileBuildResult> {
   const file = resolve(options.file);
-  const context = resolve(options.context ?? dirname(file));
   const text = await readFile(file, 'utf8').catch((error: unknown) => {
-    throw new SandgymError('not_found', `Cannot read Dockerfile ${file}`, { cause: error });
+    throw new SandgymError('invalid_argument', `Cannot read Dockerfile ${file}`, { cause: error });
   });
-  const [from, ...rest] = parseDockerfile(text, file);
-  if (from?.kind !== 'FROM')
-    throw new SandgymError('invalid_argument', `${file}: the first instruction must be FROM`);
+  const { instructions, escape } = parseDockerfile(text, file);
+  const context = await BuildContext.open(options.context ?? dirname(file));
+  const buildArgs = options.buildArgs ?? {};
+  const network = [...(options.network ?? host.defaultBuildNetwork)];
   const notes: string[] = [];
-  const known =
-    /^[a-z0-9][a-z0-9._-]*(:[A-Za-z0-9][A-Za-z0-9._-]*)?$/.test(from.environment) &&
-    host.store.hasEnvironment(from.environment);
-  const baseRef = known || !options.fromFallback ? from.environment : options.fromFallback;
-  if (baseRef !== from.environment)
-    notes.push(`FROM ${from.environment} is not in the store; built on ${baseRef} instead`);
-  const base = await host.store.getEnvironment(baseRef).catch((error: unknown) => {
-    throw new SandgymError('not_found', `${file} line ${from.line}: ${(error as Error).message}`, {
-      cause: error,
-    });
-  });
-  const layers = [...base.layers];
-  const config = { env: { ...base.config.env }, workdir: base.config.workdir, user: base.config.user };
-  let key = hash('FROM', layers, config);
   const steps: BuildStep[] = [];
   const record = (step: BuildStep): void => {
     steps.push(step);
     options.onStep?.(step);
   };
-  for (const instruction of rest) {
+  const stages = new Map<string, Stage>();
+  const finished: Stage[] = [];
+  // ARGs before the first FROM: in scope for FROM lines, and declarable again inside a stage
+  const globalArgs: Record<string, string> = { ...PLATFORM_ARGS };
+  let stage: Stage | undefined;
+  let stageName: string | undefined;
+  const finishStage = (): void => {
+    if (!stage) return;
+    finished.push(stage);
+    stages.set(String(finished.length - 1), stage);
+    if (stageName) stages.set(stageName, stage);
+  };
+
+  for (const instruction of instructions) {
     const line = instruction.line;
-    const label = describe(instruction);
+    const where = `${file} line ${line}`;
+    if (instruction.kind === 'FROM') {
+      finishStage();
+      stage = await startStage(
+        host,
+        instruction,
+        globalArgs,
+        stages,
+        options.fromFallback,
+        where,
+        notes,
+        escape,
+      );
+      stageName = instruction.stage;
+      record({ line, instruction: instruction.text, outcome: 'config' });
+      continue;
+    }
+    if (!stage) {
+      // only ARG may come before the first FROM (the parser made sure)
+      if (instruction.kind === 'ARG') {
+        const value = buildArgs[instruction.name] ?? expandOptional(instruction.value, globalArgs, escape);
+        if (value !== undefined) globalArgs[instruction.name] = value;
+      }
+      continue;
+    }
+    // an image's PATH is the default one unless it set its own (`ENV PATH=/x:$PATH` builds on it)
+    const vars = { PATH: DEFAULT_PATH, ...stage.args, ...stage.config.env };
+    const expand = (value: string): string => expandVariables(value, vars, escape);
     switch (instruction.kind) {
-      case 'ENV':
-      case 'USER': {
-        if (instruction.kind === 'ENV') Object.assign(config.env, instruction.values);
-        if (instruction.kind === 'USER') config.user = instruction.user;
-        key = hash(key, label);
-        record({ line, instruction: label, outcome: 'config' });
+      case 'ARG': {
+        const value =
+          buildArgs[instruction.name] ??
+          expandOptional(instruction.value, vars, escape) ??
+          globalArgs[instruction.name];
+        if (value !== undefined) stage.args[instruction.name] = value;
+        stage.key = hash(stage.key, 'ARG', instruction.name, value ?? null);
+        record({ line, instruction: instruction.text, outcome: 'config' });
         continue;
       }
-      case 'FROM':
-        throw new SandgymError('invalid_argument', `${file} line ${line}: only one FROM is supported`);
+      case 'ENV':
+      case 'LABEL': {
+        const pairs = keyValues(file, line, instruction.kind, expand(instruction.raw), escape);
+        for (const [key, value] of pairs) {
+          if (instruction.kind === 'ENV') stage.config.env[key] = value;
+          else stage.image.labels[key] = value;
+        }
+        if (instruction.kind === 'ENV') stage.key = hash(stage.key, 'ENV', pairs);
+        record({ line, instruction: instruction.text, outcome: 'config' });
+        continue;
+      }
+      case 'USER':
+        stage.config.user = expand(instruction.user).trim();
+        stage.key = hash(stage.key, 'USER', stage.config.user);
+        record({ line, instruction: instruction.text, outcome: 'config' });
+        continue;
+      case 'SHELL':
+        stage.shell = instruction.argv;
+        stage.image.shell = instruction.argv;
+        stage.key = hash(stage.key, 'SHELL', instruction.argv);
+        record({ line, instruction: instruction.text, outcome: 'config' });
+        continue;
+      case 'CMD':
+      case 'ENTRYPOINT': {
+        const argv = commandArgv(instruction.command, stage.shell);
+        if (instruction.kind === 'CMD') stage.image.cmd = argv;
+        else stage.image.entrypoint = argv;
+        record({ line, instruction: instruction.text, outcome: 'config' });
+        continue;
+      }
+      case 'EXPOSE':
+      case 'VOLUME': {
+        const values = instruction.raw.startsWith('[')
+          ? (JSON.parse(instruction.raw) as string[])
+          : splitWords(expand(instruction.raw), escape);
+        if (instruction.kind === 'EXPOSE') stage.image.exposedPorts.push(...values);
+        else stage.image.volumes.push(...values);
+        record({ line, instruction: instruction.text, outcome: 'config' });
+        continue;
+      }
+      case 'HEALTHCHECK':
+        stage.image.healthcheck = instruction.raw;
+        record({ line, instruction: instruction.text, outcome: 'config' });
+        continue;
+      case 'STOPSIGNAL':
+        stage.image.stopSignal = expand(instruction.raw);
+        record({ line, instruction: instruction.text, outcome: 'config' });
+        continue;
+      case 'ONBUILD':
+        stage.image.onbuild = [...(stage.image.onbuild ?? []), instruction.raw];
+        record({ line, instruction: instruction.text, outcome: 'config' });
+        continue;
+      case 'MAINTAINER':
+        stage.image.labels['maintainer'] = instruction.raw;
+        record({ line, instruction: instruction.text, outcome: 'config' });
+        continue;
       case 'WORKDIR':
       case 'RUN':
       case 'COPY':
       case 'ADD': {
         // WORKDIR makes its folder, as Docker does, so commands can start in it
-        if (instruction.kind === 'WORKDIR') config.workdir = posix.resolve(config.workdir, instruction.path);
-        const copies = instruction.kind === 'COPY' || instruction.kind === 'ADD' ? instruction : undefined;
-        const sources = copies
-          ? await Promise.all(copies.sources.map((s) => inContext(file, line, context, s)))
-          : [];
-        key = hash(key, label, config, copies ? await contentDigest(sources) : '');
-        const cached = await host.store.cachedStep(key);
-        const where = `${file} line ${line}`;
-        const layer =
-          cached ??
-          (instruction.kind === 'RUN'
-            ? await runStep(host, layers, config, instruction.argv, where)
-            : copies
-              ? await copyStep(host.store, copies, sources, config.workdir, where)
-              : await folderStep(host.store, config.workdir, where));
-        if (!cached) await host.store.cacheStep(key, layer);
-        layers.push(layer);
-        record({ line, instruction: label, outcome: cached ? 'cached' : 'built', layer });
-        break;
-      }
-      default: {
-        const unknown: never = instruction;
-        throw new SandgymError(
-          'invalid_argument',
-          `${file}: unexpected instruction ${JSON.stringify(unknown)}`,
+        if (instruction.kind === 'WORKDIR')
+          stage.config.workdir = posix.resolve(stage.config.workdir, expand(instruction.path));
+        const plan = await planStep(
+          host,
+          instruction,
+          stage,
+          stages,
+          context,
+          network,
+          { file, line },
+          expand,
         );
+        stage.key = hash(stage.key, instruction.text, stage.config, plan.key);
+        const cached = await host.store.cachedStep(stage.key);
+        const layer = cached ?? (await plan.build());
+        if (!cached) await host.store.cacheStep(stage.key, layer);
+        stage.layers.push(layer);
+        record({ line, instruction: instruction.text, outcome: cached ? 'cached' : 'built', layer });
+        continue;
       }
     }
   }
+  finishStage();
+  const target =
+    options.target === undefined ? finished[finished.length - 1] : stages.get(options.target.toLowerCase());
+  if (!target) {
+    throw new SandgymError(
+      'invalid_argument',
+      `${file}: no stage named "${options.target}" (stages: ${[...stages.keys()].filter((k) => !/^\d+$/.test(k)).join(', ') || 'unnamed'})`,
+    );
+  }
+  if (target.layers.length === 0)
+    throw new SandgymError(
+      'invalid_argument',
+      `${file}: the stage built is empty (FROM scratch and nothing added)`,
+    );
   const [name = '', version = 'latest'] = options.name.split(':');
   const environment = await host.store.putEnvironment({
     name,
     version,
-    layers,
-    config,
+    layers: target.layers,
+    config: target.config,
+    image: target.image,
     description: `built from ${file}`,
   });
   return { environment, steps, notes };
 }
 
-/**
- * A COPY/ADD source as a real path inside the build context. Symlinks are resolved first, the
- * context's own included, so neither `../` nor a link (to /etc/shadow, or a folder leading out)
- * takes anything from outside it; what a link inside points at inside is what gets copied.
- */
-async function inContext(file: string, line: number, context: string, source: string): Promise<string> {
-  const outside = (): never => {
-    throw new SandgymError(
-      'invalid_argument',
-      `${file} line ${line}: "${source}" is outside the build context ${context}: COPY and ADD take only files inside it (a symlink may not lead out)`,
-    );
-  };
-  const root = await realpath(context);
-  const lexical = resolve(root, source);
-  if (lexical !== root && !lexical.startsWith(root + sep)) outside();
-  const real = await realpath(lexical).catch((error: unknown) => {
-    throw new SandgymError(
-      'invalid_argument',
-      `${file} line ${line}: COPY/ADD source ${source} does not exist`,
-      {
-        cause: error,
-      },
-    );
+function expandOptional(
+  value: string | undefined,
+  vars: Record<string, string>,
+  escape: string,
+): string | undefined {
+  return value === undefined ? undefined : expandVariables(value, vars, escape);
+}
+
+/** A CMD/ENTRYPOINT/RUN command as argv: the exec form as written, the shell form under the shell. */
+function commandArgv(command: Command, shell: readonly string[]): string[] {
+  return command.form === 'exec' ? command.argv : [...shell, command.text];
+}
+
+/** A stage's start: FROM a stage, an environment in the store, scratch, or the fallback. */
+async function startStage(
+  host: BuildHost,
+  from: Extract<DockerInstruction, { kind: 'FROM' }>,
+  globalArgs: Record<string, string>,
+  stages: ReadonlyMap<string, Stage>,
+  fallback: string | undefined,
+  where: string,
+  notes: string[],
+  escape: string,
+): Promise<Stage> {
+  const image = expandVariables(from.image, globalArgs, escape);
+  if (from.platform !== undefined) {
+    const platform = expandVariables(from.platform, globalArgs, escape).toLowerCase();
+    if (!OWN_PLATFORMS.has(platform))
+      throw new SandgymError(
+        'invalid_argument',
+        `${where}: FROM --platform=${platform}: only linux/amd64 builds here`,
+      );
+  }
+  const fresh = (base: {
+    layers: string[];
+    config: Environment['config'];
+    image?: ImageMetadata | undefined;
+  }): Stage => ({
+    layers: [...base.layers],
+    config: { env: { ...base.config.env }, workdir: base.config.workdir, user: base.config.user },
+    image: copyMetadata(base.image),
+    args: {},
+    shell: base.image?.shell ?? DEFAULT_SHELL,
+    key: hash('FROM', base.layers, base.config),
   });
-  if (real !== root && !real.startsWith(root + sep)) outside();
-  return real;
+  if (image === 'scratch') return fresh({ layers: [], config: { env: {}, workdir: '/', user: 'root' } });
+  const earlier = stages.get(image.toLowerCase());
+  if (earlier) return fresh(earlier);
+  const ref = storeRef(image);
+  if (ref && host.store.hasEnvironment(ref)) return fresh(await host.store.getEnvironment(ref));
+  if (!fallback) {
+    const known = (await host.store.listEnvironments()).map((e) => `${e.name}:${e.version}`);
+    throw new SandgymError(
+      'not_found',
+      `${where}: FROM ${image}: no such image in the store (it has ${known.join(', ') || 'none'}); build or import it first`,
+    );
+  }
+  notes.push(`FROM ${image} is not in the store; built on ${fallback} instead`);
+  return fresh(await host.store.getEnvironment(fallback));
+}
+
+function copyMetadata(image: ImageMetadata | undefined): ImageMetadata {
+  return {
+    labels: { ...image?.labels },
+    exposedPorts: [...(image?.exposedPorts ?? [])],
+    volumes: [...(image?.volumes ?? [])],
+    ...(image?.cmd ? { cmd: [...image.cmd] } : {}),
+    ...(image?.entrypoint ? { entrypoint: [...image.entrypoint] } : {}),
+    ...(image?.healthcheck ? { healthcheck: image.healthcheck } : {}),
+    ...(image?.stopSignal ? { stopSignal: image.stopSignal } : {}),
+    ...(image?.shell ? { shell: [...image.shell] } : {}),
+  };
+}
+
+/** A step's cache key part (what it reads beyond the instruction) and how to build its layer. */
+interface StepPlan {
+  key: unknown;
+  build(): Promise<string>;
+}
+
+async function planStep(
+  host: BuildHost,
+  instruction: Extract<DockerInstruction, { kind: 'WORKDIR' | 'RUN' | 'COPY' | 'ADD' }>,
+  stage: Stage,
+  stages: ReadonlyMap<string, Stage>,
+  context: BuildContext,
+  network: string[],
+  at: { file: string; line: number },
+  expand: (value: string) => string,
+): Promise<StepPlan> {
+  const where = `${at.file} line ${at.line}`;
+  const layers = [...stage.layers];
+  const config = { env: { ...stage.config.env }, workdir: stage.config.workdir, user: stage.config.user };
+  switch (instruction.kind) {
+    case 'WORKDIR':
+      return { key: null, build: () => folderStep(host.store, config.workdir, where) };
+    case 'RUN': {
+      const argv = runArgv(instruction, stage.shell);
+      const env = { ...stage.args, ...config.env };
+      const rules = runNetwork(instruction.flags, network, where);
+      return {
+        key: { argv, env, rules },
+        build: () => runStep(host, layers, { ...config, env }, argv, rules, where),
+      };
+    }
+    case 'COPY':
+    case 'ADD':
+      return copyPlan(host, instruction, stage, stages, context, at, expand);
+  }
+}
+
+/**
+ * RUN's argv: the exec form; the shell form under SHELL; `RUN <<EOF` alone runs the document as
+ * the shell's script, and `RUN python3 <<EOF` gives it to the command on stdin, as the shell would
+ * (which also expands, or not, what an unquoted marker would). ARGs and ENV reach it as its
+ * environment, so the shell expands them, as in Docker.
+ */
+function runArgv(run: Extract<DockerInstruction, { kind: 'RUN' }>, shell: readonly string[]): string[] {
+  const [heredoc] = run.heredocs;
+  if (!heredoc) return commandArgv(run.command, shell);
+  const line = run.command.form === 'shell' ? run.command.text : '';
+  if (line.replace(/<<-?["']?[A-Za-z_][A-Za-z0-9_]*["']?/g, '').trim() === '')
+    return [...shell, heredoc.body];
+  const documents = run.heredocs.map((doc) => `${doc.body}${doc.name}\n`).join('');
+  return [...shell, `${line}\n${documents}`];
+}
+
+/** The network rules a RUN step gets: the build's, or none with `--network=none`. */
+function runNetwork(
+  flags: Extract<DockerInstruction, { kind: 'RUN' }>['flags'],
+  rules: string[],
+  where: string,
+): string[] {
+  for (const mount of typeof flags['mount'] === 'string' ? flags['mount'].split('\n') : []) {
+    const type = /(?:^|,)type=([a-z]+)/.exec(mount)?.[1] ?? 'bind';
+    // a cache or tmpfs mount only speeds a build up: the step runs the same without it
+    if (type !== 'cache' && type !== 'tmpfs')
+      throw new SandgymError(
+        'invalid_argument',
+        `${where}: RUN --mount=type=${type} is not supported (cache and tmpfs are)`,
+      );
+  }
+  const wanted = flags['network'];
+  if (wanted === undefined || wanted === 'default') return rules;
+  if (wanted === 'none') return [];
+  throw new SandgymError(
+    'invalid_argument',
+    `${where}: RUN --network=${String(wanted)} is not supported (default or none)`,
+  );
 }
 
 async function runStep(
@@ -218,16 +463,17 @@ async function runStep(
   layers: string[],
   config: Environment['config'],
   argv: string[],
+  network: string[],
   where: string,
 ): Promise<string> {
-  const sandbox = await host.createSandboxFromLayers(layers, config);
+  const sandbox = await host.createSandboxFromLayers(layers, config, { network });
   try {
     const result = await sandbox.exec(argv, { cwd: config.workdir, env: config.env, user: config.user });
     if (result.exitCode !== 0) {
       const tail = (result.stderr || result.stdout).trim().split('\n').slice(-5).join(' | ');
       throw new SandgymError(
         'failed_precondition',
-        `${where}: RUN failed with ${result.exitCode === null ? result.signal : `exit code ${result.exitCode}`}: ${tail}`,
+        `${where}: RUN failed with ${result.exitCode === null ? result.signal : `exit code ${result.exitCode}`}: ${tail}${network.length === 0 ? ' (the step had no network: give the build rules, e.g. --build-net mirror:debian)' : ''}`,
       );
     }
     return (
@@ -250,50 +496,224 @@ async function folderStep(store: ProjectStore, folder: string, where: string): P
   }
 }
 
-async function copyStep(
-  store: ProjectStore,
-  instruction: Extract<DockerInstruction, { kind: 'COPY' | 'ADD' }>,
-  sources: string[],
-  workdir: string,
-  where: string,
-): Promise<string> {
-  const root = await store.scratch('copy');
-  try {
-    const destination = posix.resolve(workdir, instruction.destination);
-    // As in Docker: a trailing slash, ".", or several sources mean "into this folder".
-    const intoFolder =
-      instruction.destination.endsWith('/') ||
-      /(^|\/)\.$/.test(instruction.destination) ||
-      sources.length > 1;
-    for (const source of sources) {
-      const info = await lstat(source).catch(() => {
-        throw new SandgymError('not_found', `${where}: ${instruction.kind} source ${source} does not exist`);
-      });
-      if (instruction.kind === 'ADD' && info.isFile() && isTarName(source)) {
-        const target = join(root, destination);
-        await mkdir(target, { recursive: true });
-        await extractTar(await openTar(source), source, target, 'apply');
-      } else if (info.isDirectory()) {
-        await cp(source, join(root, destination), {
-          recursive: true,
-          verbatimSymlinks: true,
-          preserveTimestamps: true,
-        });
-      } else {
-        const target = intoFolder
-          ? join(root, destination, source.split(sep).pop() ?? '')
-          : join(root, destination);
-        await mkdir(dirname(target), { recursive: true });
-        await cp(source, target, { verbatimSymlinks: true, preserveTimestamps: true });
-      }
-    }
-    return (
-      await store.addLayerFromDirectory(
-        root,
-        `${where}: ${instruction.kind} ${instruction.sources.join(' ')}`,
-      )
-    ).digest;
-  } finally {
-    await rm(root, { recursive: true, force: true });
+/** Where COPY/ADD take files from: the build context, another stage, or an image in the store. */
+type CopySource =
+  | { kind: 'context'; paths: string[] }
+  | { kind: 'layers'; layers: string[]; paths: string[] }
+  | { kind: 'heredocs'; documents: Heredoc[] };
+
+async function copyPlan(
+  host: BuildHost,
+  copy: Extract<DockerInstruction, { kind: 'COPY' | 'ADD' }>,
+  stage: Stage,
+  stages: ReadonlyMap<string, Stage>,
+  context: BuildContext,
+  at: { file: string; line: number },
+  expand: (value: string) => string,
+): Promise<StepPlan> {
+  const where = `${at.file} line ${at.line}`;
+  const flags = copy.flags;
+  const destination = posix.resolve(stage.config.workdir, expand(copy.destination));
+  const intoFolder =
+    copy.destination.endsWith('/') ||
+    /(^|\/)\.$/.test(copy.destination) ||
+    copy.sources.length > 1 ||
+    copy.heredocs.length > 1;
+  const chown = typeof flags['chown'] === 'string' ? expand(flags['chown']) : undefined;
+  const chmodFlag = typeof flags['chmod'] === 'string' ? expand(flags['chmod']) : undefined;
+  const mode = chmodFlag === undefined ? undefined : Number.parseInt(chmodFlag, 8);
+  if (chmodFlag !== undefined && (!/^[0-7]{3,4}$/.test(chmodFlag) || mode === undefined))
+    throw new SandgymError(
+      'invalid_argument',
+      `${where}: --chmod=${chmodFlag} must be an octal mode such as 0755`,
+    );
+  const ownerLayers = [...stage.layers];
+  let source: CopySource;
+  if (copy.heredocs.length) {
+    source = {
+      kind: 'heredocs',
+      documents: copy.heredocs.map((doc) => (doc.expands ? { ...doc, body: expand(doc.body) } : doc)),
+    };
+  } else if (typeof flags['from'] === 'string') {
+    const name = expand(flags['from']).toLowerCase();
+    const other =
+      stages.get(name) ??
+      (storeRef(name) && host.store.hasEnvironment(name) ? await host.store.getEnvironment(name) : undefined);
+    if (!other)
+      throw new SandgymError(
+        'invalid_argument',
+        `${where}: --from=${name} names no earlier stage and no image in the store`,
+      );
+    source = { kind: 'layers', layers: other.layers, paths: copy.sources.map(expand) };
+  } else {
+    if (copy.kind === 'ADD' && copy.sources.some((s) => /^[a-z]+:\/\//i.test(s)))
+      throw new SandgymError(
+        'invalid_argument',
+        `${where}: ADD from a URL is not supported; fetch it in a RUN step with the build's network`,
+      );
+    const paths = (
+      await Promise.all(copy.sources.map((s) => context.sources(at.file, at.line, expand(s))))
+    ).flat();
+    source = { kind: 'context', paths };
   }
+  const key = {
+    destination,
+    intoFolder,
+    chown: chown ?? null,
+    mode: mode ?? null,
+    source:
+      source.kind === 'context'
+        ? await context.digest(source.paths)
+        : source.kind === 'layers'
+          ? { layers: source.layers, paths: source.paths }
+          : source.documents,
+  };
+  return {
+    key,
+    build: async () => {
+      const root = await host.store.scratch('copy');
+      try {
+        const owner =
+          chown === undefined ? { uid: 0, gid: 0 } : await resolveOwner(host, ownerLayers, chown, where);
+        const target = join(root, destination);
+        const written =
+          source.kind === 'heredocs'
+            ? await writeHeredocs(source.documents, target, intoFolder)
+            : source.kind === 'layers'
+              ? await host.withLayerStack(source.layers, (stageRoot) =>
+                  copyPaths(
+                    source.paths.map((p) => join(stageRoot, posix.resolve('/', p))),
+                    target,
+                    intoFolder,
+                    copy.kind,
+                    undefined,
+                    where,
+                  ),
+                )
+              : await copyPaths(source.paths, target, intoFolder, copy.kind, context, where);
+        for (const path of written) await applyOwnership(path, owner, mode);
+        return (await host.store.addLayerFromDirectory(root, `${where}: ${copy.text}`)).digest;
+      } finally {
+        await rm(root, { recursive: true, force: true });
+      }
+    },
+  };
+}
+
+/** Writes COPY's here-documents: each a file named as its marker in the destination folder, or the destination itself. */
+async function writeHeredocs(documents: Heredoc[], target: string, intoFolder: boolean): Promise<string[]> {
+  const written: string[] = [];
+  for (const doc of documents) {
+    const path = intoFolder ? join(target, doc.name) : target;
+    await mkdir(dirname(path), { recursive: true });
+    await writeFile(path, doc.body);
+    written.push(path);
+  }
+  return written;
+}
+
+/** Whether a file is an archive ADD unpacks: a tar, or a gzip-compressed one (by its bytes, not its name). */
+async function isArchive(path: string): Promise<boolean> {
+  const head = Buffer.alloc(512);
+  const file = await open(path, 'r');
+  try {
+    const { bytesRead } = await file.read(head, 0, 512, 0);
+    if (bytesRead >= 2 && head[0] === 0x1f && head[1] === 0x8b) return true;
+    return bytesRead >= 262 && head.subarray(257, 262).toString() === 'ustar';
+  } finally {
+    await file.close();
+  }
+}
+
+/**
+ * Copies sources into `target`: a folder's contents (not the folder itself), a file as a file,
+ * an archive unpacked by ADD. Symlinks stay links. Returns every path it wrote, for ownership.
+ */
+async function copyPaths(
+  sources: readonly string[],
+  target: string,
+  intoFolder: boolean,
+  kind: 'COPY' | 'ADD',
+  context: BuildContext | undefined,
+  where: string,
+): Promise<string[]> {
+  const written: string[] = [];
+  for (const source of sources) {
+    const info = await lstat(source).catch(() => {
+      throw new SandgymError('invalid_argument', `${where}: ${kind} source ${source} does not exist`);
+    });
+    if (kind === 'ADD' && info.isFile() && (await isArchive(source))) {
+      await mkdir(target, { recursive: true });
+      await extractTar(await openTar(source), source, target, 'apply');
+      written.push(...(await tree(target)));
+    } else if (info.isDirectory()) {
+      await cp(source, target, {
+        recursive: true,
+        verbatimSymlinks: true,
+        preserveTimestamps: true,
+        ...(context ? { filter: (from: string) => context.keeps(from) } : {}),
+      });
+      written.push(...(await tree(target)));
+    } else {
+      const path = intoFolder ? join(target, basename(source)) : target;
+      await mkdir(dirname(path), { recursive: true });
+      await cp(source, path, { verbatimSymlinks: true, preserveTimestamps: true });
+      written.push(path);
+    }
+  }
+  return written;
+}
+
+/** Every path below a folder, the folder included. */
+async function tree(root: string): Promise<string[]> {
+  const paths = [root];
+  for (const entry of await readdir(root, { withFileTypes: true, recursive: true }))
+    paths.push(join(entry.parentPath, entry.name));
+  return paths;
+}
+
+async function applyOwnership(
+  path: string,
+  owner: { uid: number; gid: number },
+  mode: number | undefined,
+): Promise<void> {
+  await lchown(path, owner.uid, owner.gid);
+  if (mode !== undefined && !(await lstat(path)).isSymbolicLink()) await chmod(path, mode);
+}
+
+/** `--chown=user[:group]` as numbers, names looked up in the stage's own /etc/passwd and /etc/group. */
+async function resolveOwner(
+  host: BuildHost,
+  layers: string[],
+  spec: string,
+  where: string,
+): Promise<{ uid: number; gid: number }> {
+  const [user = '', group] = spec.split(':');
+  const numeric = (value: string | undefined): number | undefined =>
+    value !== undefined && /^\d+$/.test(value) ? Number(value) : undefined;
+  if (numeric(user) !== undefined && (group === undefined || numeric(group) !== undefined))
+    return { uid: numeric(user) ?? 0, gid: numeric(group) ?? numeric(user) ?? 0 };
+  return host.withLayerStack(layers, async (root) => {
+    const read = (name: string) => readFile(join(root, 'etc', name), 'utf8').catch(() => '');
+    const passwd = (await read('passwd')).split('\n').map((l) => l.split(':'));
+    const groups = (await read('group')).split('\n').map((l) => l.split(':'));
+    const entry = numeric(user) === undefined ? passwd.find((p) => p[0] === user) : undefined;
+    const uid = numeric(user) ?? (entry ? Number(entry[2]) : undefined);
+    if (uid === undefined)
+      throw new SandgymError(
+        'invalid_argument',
+        `${where}: --chown: no user "${user}" in the image's /etc/passwd`,
+      );
+    let gid = group === undefined ? (entry ? Number(entry[3]) : uid) : numeric(group);
+    if (gid === undefined) {
+      const found = groups.find((g) => g[0] === group);
+      if (!found)
+        throw new SandgymError(
+          'invalid_argument',
+          `${where}: --chown: no group "${group}" in the image's /etc/group`,
+        );
+      gid = Number(found[2]);
+    }
+    return { uid, gid };
+  });
 }
