@@ -3,14 +3,15 @@ import type { InterpreterFacts } from './python-probe.ts';
 
 /**
  * Paths the grader takes from the task's own layers, never from the agent's diff; an agent's
- * edit to any of them is a tamper signal. Beyond the tests, solution and reward path, this is
+ * edit to any of them is a tamper signal. Beyond the tests and reward path, this is
  * everything the verifier runs with: interpreters and libraries (a replaced /bin/bash or a
  * /usr/local/bin/python3 first on PATH would forge a pass), the dynamic loader's config, and git's
  * own configuration (hooks, filters and fsmonitor commands run code on a plain `git diff`).
  */
+// Not /solution: the solution itself never enters a sandbox but the oracle's, and some tasks ask
+// the agent to write its answer there, so what is under it is the agent's work.
 const PROTECTED = [
   'tests',
-  'solution',
   'logs/verifier',
   'bin',
   'sbin',

@@ -20,7 +20,7 @@ export { loadOjProblem } from './tasks/oj.ts';
 export { loadSweBenchFile } from './tasks/swebench.ts';
 export { scrubToBase } from './tasks/workspace.ts';
 export type { NetworkPolicy, OjCase, Task, TaskEnvironmentSource, TaskGrading } from './tasks/task.ts';
-export { NO_NETWORK, TaskError } from './tasks/task.ts';
+export { NO_NETWORK, TaskError, taskStorageStem } from './tasks/task.ts';
 export {
   GradingAnomaly,
   customVerifier,

@@ -8,7 +8,7 @@ import {
 import type { EnvCallOptions, Environment, ResetOptions, ResetResult, StepResult } from './environment.ts';
 import type { SandboxAction, SandboxObservation } from './sandbox-actions.ts';
 import { SandboxEnv } from './sandbox-env.ts';
-import { TaskError, type Task } from './tasks/task.ts';
+import { TaskError, taskStorageStem, type Task } from './tasks/task.ts';
 import { Deadline } from './deadline.ts';
 import { BASE_SCOPE, PROTECTED_PATHS, gradingScope, type GradingScope } from './grading-scope.ts';
 import { probeInterpreters, type InterpreterFacts } from './python-probe.ts';
@@ -36,7 +36,7 @@ const PROBE_CACHE_SIZE = 256;
 
 /** The name a task's Dockerfile build is stored under. */
 function taskEnvironmentName(task: Task): string {
-  return `task-${task.id.toLowerCase().replace(/[^a-z0-9._-]/g, '-')}:latest`;
+  return `${taskStorageStem('task', task)}:latest`;
 }
 
 /** What the agent is shown at reset: the instruction, and where it is. */
@@ -122,7 +122,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
     const platform = this.platform;
     if (!(platform instanceof LocalPlatform)) return (this.built = await this.prebuilt());
     if (source.kind === 'workspace')
-      return (this.built = await workspaceEnvironment(platform, this.task.id, source));
+      return (this.built = await workspaceEnvironment(platform, this.task, source));
     const result = await platform.buildFromDockerfile({
       file: source.dockerfile,
       context: source.context,
@@ -139,7 +139,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
     const source = this.task.environment;
     const ref =
       source.kind === 'workspace'
-        ? workspaceEnvironmentName(this.task.id, source)
+        ? workspaceEnvironmentName(this.task, source)
         : taskEnvironmentName(this.task);
     try {
       return await this.platform.getEnvironment(ref);
@@ -177,7 +177,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
     this.inner = SandboxEnv.create(this.platform, {
       sandbox: {
         environment,
-        resources: { cpu: this.task.resources.cpu, memoryMib: this.task.resources.memoryMib },
+        resources: { ...this.task.resources },
         env: this.task.env,
         network: this.task.network.setup,
       },
@@ -272,7 +272,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
     const environment = this.built;
     if (!agent || !environment || !this.inner)
       throw new SandgymError('failed_precondition', 'Nothing to checkpoint: call reset() first');
-    const name = `ckpt-${this.task.id.toLowerCase().replace(/[^a-z0-9._-]/g, '-')}`.slice(0, 64);
+    const name = taskStorageStem('ckpt', this.task);
     const version = `${this.inner.episode}-${++this.checkpoints}`.slice(0, 64);
     // the agent's own stack (the task's layers, or an earlier checkpoint's) plus its filtered diff
     const { present } = await this.platform.packDiff(agent, {
@@ -381,6 +381,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
       verdict = {
         reward: 0,
         details: {
+          reason: `the agent's changes broke grading: ${anomaly}`,
           anomaly,
           control: "the verifier runs soundly without the agent's changes, so they caused it",
         },
@@ -401,7 +402,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
     const grader = await this.platform.createSandbox({
       environment,
       ...(extraLayers.length ? { extraLayers } : {}),
-      resources: { cpu: this.task.resources.cpu, memoryMib: this.task.resources.memoryMib },
+      resources: { ...this.task.resources },
       network: this.task.network.verify,
     });
     try {

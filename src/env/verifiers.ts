@@ -128,8 +128,13 @@ export function rewardFileVerifier(testsDir: string, timeoutMs: number): Verifie
     await stageFolder(grader, testsDir, '/tests', deadline);
     await grader.exec(['rm', '-rf', '--', '/logs/verifier'], deadline.call());
     await grader.exec(['mkdir', '-p', '/logs/verifier'], deadline.call());
+    const env = task.verifierEnv ?? {};
     const runTests = (shell: string) =>
-      grader.exec([shell, '/tests/test.sh'], { ...deadline.call(timeoutMs), cwd: workdir });
+      grader.exec([shell, '/tests/test.sh'], {
+        ...deadline.call(timeoutMs),
+        cwd: workdir,
+        ...(Object.keys(env).length ? { env } : {}),
+      });
     let run = await runTests('bash');
     // an image without bash (busybox) runs the script with its sh
     if (run.exitCode === 127 && /cannot run bash/.test(run.stderr)) run = await runTests('sh');
@@ -148,12 +153,24 @@ export function rewardFileVerifier(testsDir: string, timeoutMs: number): Verifie
     return {
       reward,
       details: {
+        reason: `tests/test.sh (exit ${run.exitCode ?? run.signal}) wrote ${json ? `reward.json ${text.trim().slice(0, 200)}` : `reward.txt ${text.trim()}`}`,
         exitCode: run.exitCode,
-        output: `${run.stdout}${run.stderr}`.slice(-4000),
+        ...outputTails(run),
         rewardFile: true,
         ...(metrics ? { metrics } : {}),
       },
     };
+  };
+}
+
+/** How much of a verifier's output the report keeps, per stream: its end, where the verdict is. */
+const OUTPUT_TAIL_CHARS = 4000;
+
+/** The ends of a verifier run's stdout and stderr, for the report. */
+function outputTails(run: { stdout: string; stderr: string }): { stdoutTail: string; stderrTail: string } {
+  return {
+    stdoutTail: run.stdout.slice(-OUTPUT_TAIL_CHARS),
+    stderrTail: run.stderr.slice(-OUTPUT_TAIL_CHARS),
   };
 }
 
@@ -163,7 +180,14 @@ export function exitCodeVerifier(argv: string[], timeoutMs: number): Verifier {
     const run = await grader.exec(argv, { ...deadline.call(timeoutMs), cwd: workdir });
     if (run.timedOut)
       throw new GradingAnomaly('timeout', `The verifier command ran out of its ${timeoutMs} ms`);
-    return { reward: run.exitCode === 0 ? 1 : 0, details: { exitCode: run.exitCode } };
+    return {
+      reward: run.exitCode === 0 ? 1 : 0,
+      details: {
+        reason: `the verifier command exited ${run.exitCode ?? run.signal}`,
+        exitCode: run.exitCode,
+        ...outputTails(run),
+      },
+    };
   };
 }
 
@@ -186,7 +210,15 @@ export function ojVerifier(program: string, run: string[], cases: OjCase[], case
   return async ({ grader, workdir, platform, environment, task, deadline }) => {
     const source = await grader.readFile(program, deadline.call()).catch(() => undefined);
     if (!source)
-      return { reward: 0, details: { cases: cases.map(() => 'no_program'), passed: 0, total: cases.length } };
+      return {
+        reward: 0,
+        details: {
+          reason: `no program at ${program}`,
+          cases: cases.map(() => 'no_program'),
+          passed: 0,
+          total: cases.length,
+        },
+      };
     const judge = await platform.createSandbox({
       backend: 'fncall',
       environment,
@@ -216,7 +248,13 @@ export function ojVerifier(program: string, run: string[], cases: OjCase[], case
       const passed = statuses.filter((s) => s === 'accepted').length;
       return {
         reward: passed === cases.length ? 1 : 0,
-        details: { cases: statuses, passed, total: cases.length, judgedBy: 'fncall' },
+        details: {
+          reason: `${passed} of ${cases.length} cases accepted`,
+          cases: statuses,
+          passed,
+          total: cases.length,
+          judgedBy: 'fncall',
+        },
       };
     } finally {
       await judge.close();
@@ -403,9 +441,11 @@ export function sweBenchVerifier(
       return {
         reward: 0,
         details: {
+          reason: `the test runner did not finish (exit ${run.exitCode ?? run.signal})`,
           resolved: false,
           runner: `did not finish (exit ${run.exitCode ?? run.signal})`,
           restoredHarnessFiles: restored,
+          ...outputTails(run),
         },
       };
     }
@@ -413,14 +453,22 @@ export function sweBenchVerifier(
     const failToPass = Object.fromEntries(grading.failToPass.map((id) => [id, status(id)]));
     const passToPass = Object.fromEntries(grading.passToPass.map((id) => [id, status(id)]));
     const resolved = ids.every((id) => status(id) === 'passed');
+    const notPassed = ids.filter((id) => status(id) !== 'passed');
     return {
       reward: resolved ? 1 : 0,
       details: {
+        reason: resolved
+          ? `all ${ids.length} tests passed`
+          : `${notPassed.length} of ${ids.length} tests did not pass: ${notPassed
+              .slice(0, 5)
+              .map((id) => `${id} (${status(id)})`)
+              .join(', ')}${notPassed.length > 5 ? ', ...' : ''}`,
         resolved,
         failToPass,
         passToPass,
         ...(restored.length ? { restoredHarnessFiles: restored } : {}),
         ...(report.harnessTampered.length ? { harnessTampered: report.harnessTampered } : {}),
+        ...outputTails(run),
       },
     };
   };

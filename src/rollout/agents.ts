@@ -13,12 +13,15 @@ export interface AgentContext {
 /** A policy: given what it sees, the next action. */
 export type Agent = (observation: TaskObservation, context: AgentContext) => Promise<SandboxAction>;
 
-const ORACLE_DIR = '/tmp/sandgym-oracle';
+/** Where Harbor puts a task's solution folder for its oracle. */
+const SOLUTION_DIR = '/solution';
 
 /**
- * The oracle: for a Harbor task, copies the solution into a scratch folder of the sandbox, runs
- * solve.sh and removes the folder (so it leaves no trace in the diff); for an OJ problem, writes
- * the reference program. Then it submits.
+ * The oracle: for a Harbor task, copies the solution folder to /solution and runs solve.sh there
+ * as Harbor does, from the image's working directory (solutions write relative paths such as
+ * `answer.txt` and expect them in WORKDIR), through bash whether or not it is executable; for an
+ * OJ problem, writes the reference program; for SWE-bench, applies the gold patch. Then it
+ * submits.
  */
 export function oracleAgent(): Agent {
   let plan: SandboxAction[] | undefined;
@@ -40,15 +43,15 @@ export function oracleAgent(): Agent {
         for (const file of await filesUnder(oracle.dir)) {
           plan.push({
             type: 'write_file',
-            path: join(ORACLE_DIR, relative(oracle.dir, file)),
+            path: join(SOLUTION_DIR, relative(oracle.dir, file)),
             content: await readFile(file, 'utf8'),
           });
         }
         plan.push({
           type: 'exec',
-          command: `cd ${ORACLE_DIR} && if command -v bash >/dev/null; then bash solve.sh; else sh solve.sh; fi`,
+          command: `if command -v bash >/dev/null; then bash ${SOLUTION_DIR}/solve.sh; else sh ${SOLUTION_DIR}/solve.sh; fi`,
+          ...(oracle.env && Object.keys(oracle.env).length ? { env: oracle.env } : {}),
         });
-        plan.push({ type: 'exec', command: ['rm', '-rf', ORACLE_DIR] });
       }
     }
     return plan[stepIndex] ?? { type: 'submit' };

@@ -20,6 +20,8 @@ export interface EpisodeReport {
    * agent's changes caused, entries left out of its diff.
    */
   details?: Record<string, unknown>;
+  /** What building the task's environment said: steps taken from cache, base images, fallbacks. */
+  buildNotes?: string[];
   /** Set when the agent used up its time budget: the episode was graded as it stood then. */
   timeout?: { budgetMs: number };
 }

@@ -64,6 +64,7 @@ async function runEpisode(
   const takenOver = earlier ? await takeOver(platform, env, task, earlier) : undefined;
   let { observation, info } = takenOver ?? (await env.reset());
   const episodeId = String(info['episodeId']);
+  const buildNotes = Array.isArray(info['notes']) ? (info['notes'] as string[]) : [];
   const sandboxId = String(info['sandboxId']);
   if (!takenOver) await options.journal?.recordStart({ task: task.id, sandboxId, episodeId });
   let replayedSteps = 0;
@@ -82,6 +83,7 @@ async function runEpisode(
     tampered: grade?.tampered ?? [],
     ...(grade?.deniedEgress ? { deniedEgress: grade.deniedEgress } : {}),
     ...(grade?.details ? { details: grade.details } : {}),
+    ...(buildNotes.length ? { buildNotes } : {}),
     sandboxId,
     episodeId,
     ...(takenOver ? { replayedSteps } : {}),

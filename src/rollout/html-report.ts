@@ -27,6 +27,40 @@ function percentile(values: number[], q: number): number {
   return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1))] ?? 0;
 }
 
+/**
+ * Why an episode got its reward, as one cell: the verifier's reason, each metric of a reward.json,
+ * and, folded, the build notes and the end of the verifier's output.
+ */
+function whyOf(e: EpisodeReport): string {
+  const details = e.details ?? {};
+  const reason =
+    typeof details['reason'] === 'string'
+      ? details['reason']
+      : 'message' in e.outcome
+        ? e.outcome.message
+        : (e.error ?? '');
+  const metrics = details['metrics'] as Record<string, number> | undefined;
+  const folded: [string, string][] = [
+    ['build notes', (e.buildNotes ?? []).join('\n')],
+    ['verifier stdout (end)', typeof details['stdoutTail'] === 'string' ? details['stdoutTail'] : ''],
+    ['verifier stderr (end)', typeof details['stderrTail'] === 'string' ? details['stderrTail'] : ''],
+  ];
+  return (
+    escape(reason) +
+    (metrics
+      ? `<div class="metrics">${Object.entries(metrics)
+          .map(([name, value]) => `${escape(name)} = ${value}`)
+          .join(', ')}</div>`
+      : '') +
+    folded
+      .filter(([, text]) => text.trim())
+      .map(
+        ([title, text]) => `<details><summary>${escape(title)}</summary><pre>${escape(text)}</pre></details>`,
+      )
+      .join('')
+  );
+}
+
 /** The evaluation report: a summary, three charts and the per-task table, in one static HTML file. */
 export function renderHtmlReport(title: string, episodes: EpisodeReport[], steps: StepEvent[]): string {
   const scored = episodes.filter((e) => e.outcome.kind === 'ok');
@@ -49,7 +83,7 @@ export function renderHtmlReport(title: string, episodes: EpisodeReport[], steps
       (e) =>
         `<tr><td>${escape(e.task)}</td><td class="num">${e.reward}</td><td>${escape(e.outcome.kind)}${
           'reason' in e.outcome ? ` (${escape(e.outcome.reason)})` : ''
-        }</td><td class="num">${e.steps}</td><td class="num">${(e.durationMs / 1000).toFixed(1)} s</td><td>${escape(e.tampered.join(', '))}</td></tr>`,
+        }</td><td class="num">${e.steps}</td><td class="num">${(e.durationMs / 1000).toFixed(1)} s</td><td>${escape(e.tampered.join(', '))}</td><td>${whyOf(e)}</td></tr>`,
     )
     .join('\n');
   return `<!doctype html>
@@ -61,6 +95,7 @@ h1 { font-size: 1.4em; } .summary { margin: 1em 0 2em; font-size: 1.1em; }
 rect { fill: #4a7bd0; } .label, .value { font-size: 12px; fill: #1d2330; }
 table { border-collapse: collapse; margin-top: 2em; } th, td { padding: 4px 12px; border-bottom: 1px solid #dde; text-align: left; }
 .num { text-align: right; font-variant-numeric: tabular-nums; }
+pre { max-width: 60em; max-height: 20em; overflow: auto; background: #f4f5f8; padding: .5em; } .metrics { color: #4a5468; }
 </style></head><body>
 <h1>${escape(title)}</h1>
 <p class="summary">${resolved} of ${episodes.length} tasks resolved; ${episodes.length - scored.length} infrastructure or verifier outcomes (not rewards); ${steps.length} steps.</p>
@@ -69,7 +104,7 @@ ${barChart('Reward distribution (episodes)', bins)}
 ${barChart('Outcomes (episodes)', [...outcomes.entries()])}
 ${barChart('Latency per step (ms)', latency, ' ms')}
 </div>
-<table><thead><tr><th>task</th><th>reward</th><th>outcome</th><th>steps</th><th>time</th><th>tamper signals</th></tr></thead>
+<table><thead><tr><th>task</th><th>reward</th><th>outcome</th><th>steps</th><th>time</th><th>tamper signals</th><th>why</th></tr></thead>
 <tbody>
 ${rows}
 </tbody></table>

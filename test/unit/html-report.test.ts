@@ -37,4 +37,33 @@ describe('the evaluation report', () => {
     expect(html).toContain('exec p50');
     expect(html).toContain('/tests');
   });
+
+  it('shows why each episode got its reward: the reason, each metric, build notes and the verifier output', () => {
+    const html = renderHtmlReport(
+      'eval',
+      [
+        {
+          task: 'multi',
+          reward: 0.5,
+          outcome: { kind: 'ok' },
+          steps: 2,
+          durationMs: 10,
+          tampered: [],
+          buildNotes: ['step 2/3 RUN apt-get install -y jq: cached'],
+          details: {
+            reason: 'tests/test.sh (exit 0) wrote reward.json',
+            metrics: { accuracy: 1, style: 0 },
+            stdoutTail: 'PASSED test_a <ok>',
+            stderrTail: '',
+          },
+        },
+      ],
+      [],
+    );
+    expect(html).toContain('tests/test.sh (exit 0) wrote reward.json');
+    expect(html).toContain('accuracy = 1, style = 0');
+    expect(html).toContain('RUN apt-get install -y jq: cached');
+    expect(html).toContain('PASSED test_a &#60;ok&#62;');
+    expect(html).not.toContain('verifier stderr');
+  });
 });

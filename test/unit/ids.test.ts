@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { isSandboxId, newSandboxId, nodeOfSandboxId } from '../../src/common/index.ts';
+import { taskStorageStem } from '../../src/env/index.ts';
 
 describe('sandbox ids', () => {
   it('encode the owning node', () => {
@@ -16,5 +17,16 @@ describe('sandbox ids', () => {
   it('reject malformed ids and node names with a message naming them', () => {
     expect(() => nodeOfSandboxId('container-1')).toThrow(/"container-1" is not a sandbox id/);
     expect(() => newSandboxId('Bad Node')).toThrow(/Node id "Bad Node"/);
+  });
+});
+
+describe('task storage names', () => {
+  it('differ for tasks of one folder name in two suites, and for names differing in case', () => {
+    const a = taskStorageStem('task', { id: 'hello', source: '/suite-a/hello' });
+    const b = taskStorageStem('task', { id: 'hello', source: '/suite-b/hello' });
+    const c = taskStorageStem('task', { id: 'Hello', source: '/suite-a/Hello' });
+    expect(new Set([a, b, c]).size).toBe(3);
+    expect(a).toMatch(/^task-hello-[0-9a-f]{8}$/);
+    expect(taskStorageStem('task', { id: 'hello', source: '/suite-a/hello' })).toBe(a);
   });
 });

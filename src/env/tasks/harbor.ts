@@ -9,9 +9,12 @@ import { isSweBenchFile, loadSweBenchFile } from './swebench.ts';
 import { NO_NETWORK, type Task } from './task.ts';
 
 /** task.toml of a Harbor / Terminal-Bench 2 task; every section is optional. */
+const envTable = z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/), z.string()).default({});
+
 const taskTomlSchema = z.object({
-  verifier: z.object({ timeout_sec: z.number().positive().default(120) }).prefault({}),
+  verifier: z.object({ timeout_sec: z.number().positive().default(120), env: envTable }).prefault({}),
   agent: z.object({ timeout_sec: z.number().positive().default(600) }).prefault({}),
+  solution: z.object({ env: envTable }).prefault({}),
   environment: z
     .object({
       docker_image: z.string().optional(),
@@ -19,7 +22,7 @@ const taskTomlSchema = z.object({
       memory_mb: z.number().int().min(16).default(1024),
       storage_mb: z.number().int().positive().optional(),
       allow_internet: z.boolean().default(false),
-      env: z.record(z.string(), z.string()).default({}),
+      env: envTable,
     })
     .prefault({}),
 });
@@ -62,14 +65,21 @@ export async function loadHarborTask(path: string): Promise<Task> {
       context: join(dir, 'environment'),
     },
     grading: { kind: 'reward_file', testsDir: join(dir, 'tests') },
-    resources: { cpu: toml.environment.cpus, memoryMib: toml.environment.memory_mb },
+    resources: {
+      cpu: toml.environment.cpus,
+      memoryMib: toml.environment.memory_mb,
+      ...(toml.environment.storage_mb ? { diskMib: Math.max(16, toml.environment.storage_mb) } : {}),
+    },
     env: toml.environment.env,
+    verifierEnv: toml.verifier.env,
     agentTimeoutMs: toml.agent.timeout_sec * 1000,
     verifierTimeoutMs: toml.verifier.timeout_sec * 1000,
     // Harbor's one switch opens the internet to the agent; setup and grading stay closed
     network: toml.environment.allow_internet ? { ...NO_NETWORK, agent: ['internet'] } : NO_NETWORK,
     hiddenPaths: ['/tests', '/solution'],
-    oracle: existsSync(join(solution, 'solve.sh')) ? { kind: 'script', dir: solution } : undefined,
+    oracle: existsSync(join(solution, 'solve.sh'))
+      ? { kind: 'script', dir: solution, env: toml.solution.env }
+      : undefined,
   };
 }
 

@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { SandgymError, isSandgymError, messageOf } from '../../common/index.ts';
 
 /**
@@ -78,8 +79,11 @@ export interface Task {
   instruction: string;
   environment: TaskEnvironmentSource;
   grading: TaskGrading;
-  resources: { cpu: number; memoryMib: number };
+  /** What its sandboxes get; `diskMib` absent is the node's default. */
+  resources: { cpu: number; memoryMib: number; diskMib?: number };
   env: Record<string, string>;
+  /** Variables the verifier's tests run with (Harbor's `[verifier] env`), on top of `env`. */
+  verifierEnv?: Record<string, string>;
   agentTimeoutMs: number;
   verifierTimeoutMs: number;
   /** The range a verifier's reward must fall in (a reward outside it is a verifier anomaly); default [0, 1]. */
@@ -95,8 +99,23 @@ export interface Task {
   hiddenPaths: string[];
   /** What the oracle does: run a solution folder's solve.sh, or write a reference program. */
   oracle:
-    | { kind: 'script'; dir: string }
+    | { kind: 'script'; dir: string; env?: Record<string, string> }
     | { kind: 'program'; path: string; content: string }
     | { kind: 'patch'; repoPath: string; patch: string }
     | undefined;
+}
+
+/**
+ * A stored-name stem for what is built for one task (`task-hello-1a2b3c4d`): its id made a valid
+ * environment name, plus a hash of where it was loaded from. Folder names alone collide: two
+ * suites each with a `hello` task, or `Hello` and `hello` (names are lower case), would
+ * otherwise share one environment and one would run in the other's image.
+ */
+export function taskStorageStem(prefix: string, task: Pick<Task, 'id' | 'source'>): string {
+  const slug = task.id
+    .toLowerCase()
+    .replace(/[^a-z0-9._-]/g, '-')
+    .slice(0, 40);
+  const origin = createHash('sha256').update(task.source).digest('hex').slice(0, 8);
+  return `${prefix}-${slug}-${origin}`;
 }

@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { runProgram } from '../../backends/index.ts';
 import { SandgymError } from '../../common/index.ts';
 import { parseEnvironmentRef, type Environment, type LocalPlatform } from '../../platform/index.ts';
-import type { TaskEnvironmentSource } from './task.ts';
+import { taskStorageStem, type Task, type TaskEnvironmentSource } from './task.ts';
 
 type Workspace = Extract<TaskEnvironmentSource, { kind: 'workspace' }>;
 
@@ -79,8 +79,8 @@ async function auditObjects(dir: string, base: string): Promise<void> {
 }
 
 /** The name a task's workspace environment is stored under: it pins the repository's commit. */
-export function workspaceEnvironmentName(id: string, source: Workspace): string {
-  return `swe-${id.toLowerCase().replace(/[^a-z0-9._-]/g, '-')}:${source.baseCommit.slice(0, 12)}`;
+export function workspaceEnvironmentName(task: Pick<Task, 'id' | 'source'>, source: Workspace): string {
+  return `${taskStorageStem('swe', task)}:${source.baseCommit.slice(0, 12)}`;
 }
 
 /**
@@ -90,10 +90,10 @@ export function workspaceEnvironmentName(id: string, source: Workspace): string 
  */
 export async function workspaceEnvironment(
   platform: LocalPlatform,
-  id: string,
+  task: Pick<Task, 'id' | 'source'>,
   source: Workspace,
 ): Promise<Environment> {
-  const ref = workspaceEnvironmentName(id, source);
+  const ref = workspaceEnvironmentName(task, source);
   const name = parseEnvironmentRef(ref).name;
   if (platform.store.hasEnvironment(ref)) return platform.store.getEnvironment(ref);
   const base = await platform.store.getEnvironment(source.base);

@@ -1,0 +1,97 @@
+import { chmod, mkdir, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { loadTasks } from '../../src/env/index.ts';
+import { evaluate, nopAgent, oracleAgent } from '../../src/rollout/index.ts';
+import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
+
+/**
+ * A Harbor task shaped like published ones: a WORKDIR-relative solve.sh, a test.sh without its
+ * executable bit, variables from [verifier] env and [solution] env, an answer the task asks for
+ * under /solution, and a reward.json of several metrics.
+ */
+async function writeHarborTask(dir: string, marker: string): Promise<void> {
+  await mkdir(join(dir, 'environment'), { recursive: true });
+  await mkdir(join(dir, 'solution'), { recursive: true });
+  await mkdir(join(dir, 'tests'), { recursive: true });
+  await writeFile(
+    join(dir, 'task.toml'),
+    [
+      'version = "1.0"',
+      '[verifier]',
+      'timeout_sec = 60.0',
+      `env = { EXPECTED = "${marker}" }`,
+      '[solution]',
+      `env = { SOLVE_TOKEN = "${marker}" }`,
+      '[environment]',
+      'cpus = 1',
+      'memory_mb = 512',
+      'storage_mb = 2048',
+      '',
+    ].join('\n'),
+  );
+  await writeFile(
+    join(dir, 'instruction.md'),
+    'Copy seed.txt to answer.txt and write the token to /solution/answer.txt.\n',
+  );
+  await writeFile(
+    join(dir, 'environment', 'Dockerfile'),
+    `FROM debian:bookworm\nWORKDIR /app\nRUN echo ${marker} > seed.txt\n`,
+  );
+  await writeFile(
+    join(dir, 'solution', 'solve.sh'),
+    '#!/bin/bash\nset -e\ncp seed.txt answer.txt\necho "$SOLVE_TOKEN" > /solution/answer.txt\n',
+  );
+  const test = join(dir, 'tests', 'test.sh');
+  await writeFile(
+    test,
+    [
+      '#!/bin/bash',
+      'ok=0',
+      '[ "$(cat /app/answer.txt 2>/dev/null)" = "$EXPECTED" ] && [ "$(cat /solution/answer.txt 2>/dev/null)" = "$EXPECTED" ] && ok=1',
+      'echo "checked answer: $ok"',
+      'echo "{\\"reward\\": $ok, \\"style\\": 0.5}" > /logs/verifier/reward.json',
+      '',
+    ].join('\n'),
+  );
+  await chmod(test, 0o644); // published tasks often lose the bit; Harbor runs it through bash
+}
+
+describe('Harbor tasks as published', () => {
+  let env: TestPlatform;
+
+  beforeAll(async () => {
+    env = await createTestPlatform('harbor-format', { privateStore: true, seed: ['debian:bookworm'] });
+  });
+
+  afterAll(async () => {
+    await env?.[Symbol.asyncDispose]();
+  });
+
+  it('runs solve.sh from WORKDIR with its env, grades answers under /solution, and keeps every metric', async () => {
+    // two suites with a task of one name, a third differing only in case: never one environment
+    const dirs = [
+      join(env.dataDir, 'suite-a', 'hello'),
+      join(env.dataDir, 'suite-b', 'hello'),
+      join(env.dataDir, 'suite-a', 'Hello'),
+    ];
+    await Promise.all(dirs.map((dir, i) => writeHarborTask(dir, `marker-${i}`)));
+    const tasks = await loadTasks(dirs);
+    expect(tasks.map((t) => t.resources.diskMib)).toEqual([2048, 2048, 2048]);
+
+    const oracle = await evaluate(env.platform, tasks, oracleAgent, { concurrency: 1 });
+    for (const report of oracle) {
+      expect(report.outcome, report.error).toEqual({ kind: 'ok' });
+      expect(report.reward).toBe(1);
+      expect(report.details?.['metrics']).toEqual({ reward: 1, style: 0.5 });
+      expect(report.details?.['reason']).toMatch(/wrote reward\.json/);
+      expect(report.details?.['stdoutTail']).toContain('checked answer: 1');
+    }
+    const nop = await evaluate(env.platform, tasks, nopAgent, { concurrency: 1 });
+    expect(nop.map((r) => [r.outcome.kind, r.reward])).toEqual([
+      ['ok', 0],
+      ['ok', 0],
+      ['ok', 0],
+    ]);
+  });
+});
