@@ -72,13 +72,20 @@ export async function readNetworkRules(path: string | undefined): Promise<Networ
   return book;
 }
 
-/** The address sets `rules` name, in order, duplicates dropped. */
+/**
+ * The address sets `rules` name, in order, duplicates dropped. A name ending in `?` is optional:
+ * where the node does not define it, it adds nothing instead of failing (a Harbor task's
+ * `allow_internet = true` asks for `internet?`: it may have the internet, and needs none to run).
+ */
 export function resolveRules(rules: readonly string[], book: NetworkRuleBook): EgressTarget[] {
   const targets = new Map<string, EgressTarget>();
-  for (const rule of rules) {
+  for (const asked of rules) {
+    const optional = asked.endsWith('?');
+    const rule = optional ? asked.slice(0, -1) : asked;
     const [kind, ...rest] = rule.split(':');
     const self = kind === 'host' || kind === 'cidr' ? [rest.join(':')] : undefined;
     const addresses = self ?? book[rule];
+    if (!addresses && optional) continue;
     if (!addresses) {
       const known = Object.keys(book);
       throw new SandgymError(

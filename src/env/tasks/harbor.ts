@@ -74,8 +74,10 @@ export async function loadHarborTask(path: string): Promise<Task> {
     verifierEnv: toml.verifier.env,
     agentTimeoutMs: toml.agent.timeout_sec * 1000,
     verifierTimeoutMs: toml.verifier.timeout_sec * 1000,
-    // Harbor's one switch opens the internet to the agent; setup and grading stay closed
-    network: toml.environment.allow_internet ? { ...NO_NETWORK, agent: ['internet'] } : NO_NETWORK,
+    // Harbor's one switch opens the internet to the agent, where the node defines an `internet`
+    // rule (optional: a task that allows it must not fail on a node without it); setup and
+    // grading stay closed
+    network: toml.environment.allow_internet ? { ...NO_NETWORK, agent: ['internet?'] } : NO_NETWORK,
     hiddenPaths: ['/tests', '/solution'],
     oracle: existsSync(join(solution, 'solve.sh'))
       ? { kind: 'script', dir: solution, env: toml.solution.env }
