@@ -128,6 +128,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
       context: source.context,
       name: taskEnvironmentName(this.task),
       fromFallback: FALLBACK_BASE,
+      ...(this.task.buildTimeoutMs ? { timeoutMs: this.task.buildTimeoutMs } : {}),
     });
     this.built = result.environment;
     this.buildNotes = result.notes;

@@ -116,4 +116,14 @@ USER nobody
       env.platform.buildFromDockerfile({ file: await dockerfile('FROM nosuch:1\n'), name: 'x:1' }),
     ).rejects.toThrow(/line 1: FROM nosuch:1: no such image in the store/);
   });
+
+  it("stops a RUN step at the build's time limit and names its line", async () => {
+    await expect(
+      env.platform.buildFromDockerfile({
+        file: await dockerfile('FROM busybox:latest\nRUN echo one\nRUN sleep 600\n'),
+        name: 'x:1',
+        timeoutMs: 3000,
+      }),
+    ).rejects.toThrow(/Dockerfile line 3: RUN ran past the build's time limit of 3 s/);
+  });
 });

@@ -18,6 +18,7 @@ const taskTomlSchema = z.object({
   environment: z
     .object({
       docker_image: z.string().optional(),
+      build_timeout_sec: z.number().positive().default(600),
       cpus: z.number().positive().default(1),
       memory_mb: z.number().int().min(16).default(1024),
       storage_mb: z.number().int().positive().optional(),
@@ -74,6 +75,7 @@ export async function loadHarborTask(path: string): Promise<Task> {
     verifierEnv: toml.verifier.env,
     agentTimeoutMs: toml.agent.timeout_sec * 1000,
     verifierTimeoutMs: toml.verifier.timeout_sec * 1000,
+    buildTimeoutMs: toml.environment.build_timeout_sec * 1000,
     // Harbor's one switch opens the internet to the agent, where the node defines an `internet`
     // rule (optional: a task that allows it must not fail on a node without it); setup and
     // grading stay closed

@@ -86,6 +86,8 @@ export interface Task {
   verifierEnv?: Record<string, string>;
   agentTimeoutMs: number;
   verifierTimeoutMs: number;
+  /** How long building its environment may take (Harbor's `build_timeout_sec`); default no limit. */
+  buildTimeoutMs?: number;
   /** The range a verifier's reward must fall in (a reward outside it is a verifier anomaly); default [0, 1]. */
   rewardRange?: readonly [number, number];
   /** Named network rules per stage (empty: loopback only, the default). */

@@ -54,6 +54,11 @@ export interface DockerfileBuildOptions {
    * package mirrors (its rule book's `mirror:*` rules, and `dns`).
    */
   network?: readonly string[];
+  /**
+   * How long the whole build may take (Harbor's `build_timeout_sec`); each RUN step gets what is
+   * left, and one that runs past it fails the build naming its line. Default: no limit.
+   */
+  timeoutMs?: number;
 }
 
 /** How one instruction went. */
@@ -137,7 +142,12 @@ export async function buildFromDockerfile(
   const { instructions, escape } = parseDockerfile(text, file);
   const context = await BuildContext.open(options.context ?? dirname(file));
   const buildArgs = options.buildArgs ?? {};
-  const network = [...(options.network ?? host.defaultBuildNetwork)];
+  const run: RunSettings = {
+    network: [...(options.network ?? host.defaultBuildNetwork)],
+    ...(options.timeoutMs === undefined
+      ? {}
+      : { deadlineAt: Date.now() + options.timeoutMs, timeoutMs: options.timeoutMs }),
+  };
   const notes: string[] = [];
   const steps: BuildStep[] = [];
   const record = (step: BuildStep): void => {
@@ -261,16 +271,7 @@ export async function buildFromDockerfile(
         // WORKDIR makes its folder, as Docker does, so commands can start in it
         if (instruction.kind === 'WORKDIR')
           stage.config.workdir = posix.resolve(stage.config.workdir, expand(instruction.path));
-        const plan = await planStep(
-          host,
-          instruction,
-          stage,
-          stages,
-          context,
-          network,
-          { file, line },
-          expand,
-        );
+        const plan = await planStep(host, instruction, stage, stages, context, run, { file, line }, expand);
         stage.key = hash(stage.key, instruction.text, stage.config, plan.key);
         const cached = await host.store.cachedStep(stage.key);
         const layer = cached ?? (await plan.build());
@@ -387,13 +388,20 @@ interface StepPlan {
   build(): Promise<string>;
 }
 
+/** What RUN steps run with: the build's network rules and its deadline. */
+interface RunSettings {
+  network: string[];
+  deadlineAt?: number;
+  timeoutMs?: number;
+}
+
 async function planStep(
   host: BuildHost,
   instruction: Extract<DockerInstruction, { kind: 'WORKDIR' | 'RUN' | 'COPY' | 'ADD' }>,
   stage: Stage,
   stages: ReadonlyMap<string, Stage>,
   context: BuildContext,
-  network: string[],
+  run: RunSettings,
   at: { file: string; line: number },
   expand: (value: string) => string,
 ): Promise<StepPlan> {
@@ -406,10 +414,10 @@ async function planStep(
     case 'RUN': {
       const argv = runArgv(instruction, stage.shell);
       const env = { ...stage.args, ...config.env };
-      const rules = runNetwork(instruction.flags, network, where);
+      const rules = runNetwork(instruction.flags, run.network, where);
       return {
         key: { argv, env, rules },
-        build: () => runStep(host, layers, { ...config, env }, argv, rules, where),
+        build: () => runStep(host, layers, { ...config, env }, argv, { ...run, network: rules }, where),
       };
     }
     case 'COPY':
@@ -463,12 +471,23 @@ async function runStep(
   layers: string[],
   config: Environment['config'],
   argv: string[],
-  network: string[],
+  run: RunSettings,
   where: string,
 ): Promise<string> {
+  const network = run.network;
+  const left = run.deadlineAt === undefined ? undefined : run.deadlineAt - Date.now();
+  const limit = `the build's time limit of ${Math.round((run.timeoutMs ?? 0) / 1000)} s`;
+  if (left !== undefined && left <= 0)
+    throw new SandgymError('failed_precondition', `${where}: RUN not started: the build ran past ${limit}`);
   const sandbox = await host.createSandboxFromLayers(layers, config, { network });
   try {
-    const result = await sandbox.exec(argv, { cwd: config.workdir, env: config.env, user: config.user });
+    const result = await sandbox.exec(argv, {
+      cwd: config.workdir,
+      env: config.env,
+      user: config.user,
+      ...(left === undefined ? {} : { timeoutMs: left }),
+    });
+    if (result.timedOut) throw new SandgymError('failed_precondition', `${where}: RUN ran past ${limit}`);
     if (result.exitCode !== 0) {
       const tail = (result.stderr || result.stdout).trim().split('\n').slice(-5).join(' | ');
       throw new SandgymError(
