@@ -6,7 +6,7 @@ export { createMsgpackCodec } from './codec.ts';
 export type { Codec } from './codec.ts';
 export { createLogger, silentLogger } from './logger.ts';
 export type { Logger, LoggerOptions } from './logger.ts';
-export { parseAt, textWithoutNul } from './validation.ts';
+export { ENV_VAR_NAME, parseAt, textWithoutNul } from './validation.ts';
 export { writeFileAtomic } from './atomic-file.ts';
 export { settleAll } from './settle-all.ts';
 export { AsyncQueue } from './async-queue.ts';

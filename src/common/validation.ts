@@ -21,3 +21,6 @@ export function parseAt<T extends z.ZodType>(schema: T, value: unknown, where: s
 export function textWithoutNul(): z.ZodString {
   return z.string().regex(/^[^\0]*$/, 'must not contain a NUL byte');
 }
+
+/** An environment variable's name as shells and Docker take it: letters, digits and _, not first a digit. */
+export const ENV_VAR_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;

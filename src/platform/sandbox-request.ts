@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { textWithoutNul } from '../common/index.ts';
+import { ENV_VAR_NAME, textWithoutNul } from '../common/index.ts';
 import { DEFAULT_ENVIRONMENT } from './base-environments.ts';
 
 /** Below this the agent, the runtime's setup and a shell do not fit. */
@@ -43,10 +43,7 @@ export const sandboxRequestSchema = z.strictObject({
     .prefault({}),
   qos: z.enum(['latency', 'best_effort']).default('latency'),
   env: z
-    .record(
-      z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'env names are letters, digits and _'),
-      textWithoutNul(),
-    )
+    .record(z.string().regex(ENV_VAR_NAME, 'env names are letters, digits and _'), textWithoutNul())
     .default({}),
   workdir: textWithoutNul().startsWith('/', 'workdir must be absolute').optional(),
   labels: z

@@ -3,13 +3,15 @@ import { readFile, readdir, stat } from 'node:fs/promises';
 import { basename, join, resolve } from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 import { z } from 'zod';
-import { SandgymError, parseAt } from '../../common/index.ts';
+import { ENV_VAR_NAME, SandgymError, parseAt } from '../../common/index.ts';
 import { isOjProblem, loadOjProblem } from './oj.ts';
 import { isSweBenchFile, loadSweBenchFile } from './swebench.ts';
 import { NO_NETWORK, type Task } from './task.ts';
 
 /** task.toml of a Harbor / Terminal-Bench 2 task; every section is optional. */
-const envTable = z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/), z.string()).default({});
+const envTable = z
+  .record(z.string().regex(ENV_VAR_NAME, 'env names are letters, digits and _'), z.string())
+  .default({});
 
 const taskTomlSchema = z.object({
   verifier: z.object({ timeout_sec: z.number().positive().default(120), env: envTable }).prefault({}),

@@ -1,4 +1,4 @@
-import { SandgymError } from '../../common/index.ts';
+import { ENV_VAR_NAME, SandgymError } from '../../common/index.ts';
 
 /** A command as written: the JSON ("exec") form, or a line for the shell. */
 export type Command = { form: 'exec'; argv: string[] } | { form: 'shell'; text: string };
@@ -259,7 +259,7 @@ function instruction(
     case 'ARG': {
       const eq = rest.indexOf('=');
       const name = (eq < 0 ? rest : rest.slice(0, eq)).trim();
-      if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) fail(file, line, `"${name}" is not a valid ARG name`);
+      if (!ENV_VAR_NAME.test(name)) fail(file, line, `"${name}" is not a valid ARG name`);
       const value = eq < 0 ? undefined : (splitWords(rest.slice(eq + 1), escape)[0] ?? '');
       return { line, text, kind: 'ARG', name, ...(value === undefined ? {} : { value }) };
     }
@@ -375,7 +375,7 @@ export function keyValues(
       .trim()
       .slice(text.trim().indexOf(first) + first.length)
       .trim();
-    if (kind === 'ENV' && !/^[A-Za-z_][A-Za-z0-9_]*$/.test(first))
+    if (kind === 'ENV' && !ENV_VAR_NAME.test(first))
       fail(file, line, `"${first}" is not a valid environment variable name`);
     return [[first, splitWords(value, escape).join(' ')]];
   }
@@ -383,7 +383,7 @@ export function keyValues(
     const eq = word.indexOf('=');
     if (eq <= 0) fail(file, line, `${kind} needs KEY=value pairs, got "${word}"`);
     const key = word.slice(0, eq);
-    if (kind === 'ENV' && !/^[A-Za-z_][A-Za-z0-9_]*$/.test(key))
+    if (kind === 'ENV' && !ENV_VAR_NAME.test(key))
       fail(file, line, `"${key}" is not a valid environment variable name`);
     return [key, word.slice(eq + 1)];
   });
