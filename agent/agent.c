@@ -267,8 +267,9 @@ static void handle_procs(request *req) {
 }
 
 /* A VM restored from a snapshot (or one of its forks) carries the snapshot's clock and the random
- * state of its kernel: the host sends the time and fresh entropy, credited to the pool, so no two
- * forks draw the same random numbers and none lives in the past. */
+ * state of its kernel: the host sends the time and fresh entropy, credited to the pool and the
+ * generator reseeded from it, so no two forks draw the same random numbers and none lives in the
+ * past. */
 static void handle_restored(request *req) {
   if (req->data.type != MP_BIN || req->data.len < 32 || req->data.len > 512 || !req->time_ms)
     return send_error(req->id, "bad_request", "restored needs timeMs and 32-512 bytes of entropy in data");
@@ -282,6 +283,9 @@ static void handle_restored(request *req) {
   int fd = open("/dev/urandom", O_WRONLY | O_CLOEXEC);
   if (fd < 0) return send_errno(req->id, errno, "cannot open /dev/urandom");
   int rc = ioctl(fd, RNDADDENTROPY, &seed);
+  /* Credited entropy only reaches the generator at its next scheduled reseed (up to a minute
+   * away), so until then every fork would still draw the snapshot's stream: reseed it now. */
+  if (rc == 0) rc = ioctl(fd, RNDRESEEDCRNG);
   int err = errno;
   close(fd);
   if (rc < 0) return send_errno(req->id, err, "cannot reseed the kernel's random pool");
