@@ -36,4 +36,4 @@ if [ "$(readlink "$bin" 2>/dev/null)" != "$PWD/dist/src/cli/main.js" ]; then
   echo "prepare: linked $bin" >&2
 fi
 
-node dist/src/cli/main.js setup
+node dist/src/cli/main.js setup "$@"

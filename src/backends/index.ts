@@ -47,7 +47,7 @@ export type { ErofsBuildOptions } from './host/erofs.ts';
 export { buildBusyboxRootfs, buildDebianRootfs } from './host/base-rootfs.ts';
 export type { DebianRootfsOptions } from './host/base-rootfs.ts';
 export { runProgram } from './host/run-program.ts';
-export { BENCHMARK_PROGRAMS, installPrograms, prepareHost } from './host/host-setup.ts';
+export { BENCHMARK_PROGRAMS, TEST_PROGRAMS, installPrograms, prepareHost } from './host/host-setup.ts';
 export type { HostReport } from './host/host-setup.ts';
 export { agentBinaryPath, hostProgram, packageRoot } from './host/paths.ts';
 export { prepareDataFolder } from './host/data-folder.ts';

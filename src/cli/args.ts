@@ -1,4 +1,5 @@
 import { parseArgs, type ParseArgsConfig } from 'node:util';
+import { imageSourcesFromEnv, type ImageSources } from '../platform/index.ts';
 import { UsageError } from './exit-codes.ts';
 
 type Options = NonNullable<ParseArgsConfig['options']>;
@@ -52,4 +53,29 @@ export function text(parsed: ParsedCommandArgs, name: string): string | undefine
 export function texts(parsed: ParsedCommandArgs, name: string): string[] {
   const value = parsed.values[name];
   return Array.isArray(value) ? value : typeof value === 'string' ? [value] : [];
+}
+
+/** Options of the commands that build task environments: where FROM images come from. */
+export const IMAGE_SOURCE_OPTIONS = {
+  'fallback-base': { type: 'string' },
+  'registry-auth': { type: 'string' },
+  'insecure-registry': { type: 'string', multiple: true },
+} as const satisfies Options;
+
+/**
+ * The platform's image sources: the environment's ($SANDGYM_FALLBACK_BASE and the like), with
+ * `--fallback-base ENV`, `--registry-auth FILE` and `--insecure-registry HOST` over them.
+ */
+export function imageSources(parsed: ParsedCommandArgs): ImageSources {
+  const fromEnv = imageSourcesFromEnv();
+  const fallbackBase = text(parsed, 'fallback-base') ?? fromEnv.fallbackBase;
+  const authFile = text(parsed, 'registry-auth') ?? fromEnv.registry?.authFile;
+  const insecure = [...(fromEnv.registry?.insecureRegistries ?? []), ...texts(parsed, 'insecure-registry')];
+  return {
+    registry: {
+      ...(authFile ? { authFile } : {}),
+      ...(insecure.length ? { insecureRegistries: insecure } : {}),
+    },
+    ...(fallbackBase ? { fallbackBase } : {}),
+  };
 }

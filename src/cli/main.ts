@@ -20,14 +20,21 @@ const USAGE = `usage: sandgym COMMAND [ARGS]
                                           as an EROFS layer, and optionally an environment
   layer build --from-sandbox ID --name NAME:VERSION
                                           pack_diff: a live sandbox's changes over its own stack
-  layer build --dockerfile F [--context C] --name NAME:VERSION
-                                          FROM/RUN/COPY/ADD/ENV/WORKDIR/USER, RUN in our own containers, cached
+  layer build --dockerfile F [--context C] --name NAME:VERSION [--build-arg K=V] [--target STAGE]
+       [--build-net RULE|none] [--fallback-base ENV] [--registry-auth FILE] [--insecure-registry HOST]
+                                          the Dockerfile reference, RUN in our own containers reaching the
+                                          node's package mirrors, FROM from the store or pulled, cached
+  layer pull IMAGE [--registry-auth FILE] [--insecure-registry HOST] [--json]
+                                          an image from its OCI registry into the store, by digest
   layer ls [--json]                       stored layers
   layer gc [--min-age-minutes N] [--json] unused mounts, node copies and unreferenced layers (default age 60)
   env ls [--json] | env show NAME:VERSION environments: layer stacks plus config
   eval TASK... [--agent oracle|nop|MODULE.js] [--concurrency N] [--max-steps N] [--json OUT] [--report OUT.html]
-                                          run Harbor tasks, grade each in a fresh sandbox
-  check TASK... [--json]                  the agentic env checker: oracle passes, nop fails, no leaks,
+       [--fallback-base ENV] [--registry-auth FILE] [--insecure-registry HOST]
+                                          run Harbor, Terminal-Bench or SWE-bench tasks, grade each in a
+                                          fresh sandbox
+  check TASK... [--json] [--fallback-base ENV]
+                                          the agentic env checker: oracle passes, nop fails, no leaks,
                                           deterministic reset, replay matches, clean close
   ps [--json]                             live sandboxes on this node
   kill ID ...                             destroy sandboxes, whichever process owns them

@@ -15,9 +15,6 @@ import { probeInterpreters, type InterpreterFacts } from './python-probe.ts';
 import { defaultVerifier, runVerifiers, type Verifier, type VerifierResult } from './verifiers.ts';
 import { workspaceEnvironment, workspaceEnvironmentName } from './tasks/workspace.ts';
 
-/** Where a task's environment starts when its Dockerfile names an image we do not have. */
-const FALLBACK_BASE = 'debian:bookworm';
-
 /** How long a task's setup script may run. */
 const SETUP_SCRIPT_TIMEOUT_MS = 10 * 60_000;
 
@@ -127,7 +124,6 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
       file: source.dockerfile,
       context: source.context,
       name: taskEnvironmentName(this.task),
-      fromFallback: FALLBACK_BASE,
       ...(this.task.buildTimeoutMs ? { timeoutMs: this.task.buildTimeoutMs } : {}),
     });
     this.built = result.environment;

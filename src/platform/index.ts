@@ -6,7 +6,8 @@ export {
   defaultProject,
   defaultStoreDir,
 } from './local-platform.ts';
-export type { LocalPlatformOptions } from './local-platform.ts';
+export type { ImageSources, LocalPlatformOptions } from './local-platform.ts';
+export { imageSourcesFromEnv } from './local-platform.ts';
 export { RemotePlatform, parseGrpcUrl } from './remote-platform.ts';
 export type { ConnectOptions } from './remote-platform.ts';
 export { NodeAgent } from './node-agent.ts';
@@ -39,6 +40,10 @@ export type {
 } from './layer-build/dockerfile-build.ts';
 export { buildLayerFromOci } from './layer-build/from-oci.ts';
 export type { OciBuildResult } from './layer-build/from-oci.ts';
+export { pullImage } from './layer-build/from-registry.ts';
+export type { PulledImage, RegistryOptions } from './layer-build/from-registry.ts';
+export { parseImageReference } from './layer-build/image-reference.ts';
+export type { ImageReference } from './layer-build/image-reference.ts';
 export { TrajectoryLog } from './trajectory-log.ts';
 export type { TrajectoryRecord } from './trajectory-log.ts';
 export { ExactlyOnceSteps, localStepLog, lookupStep } from './exactly-once.ts';

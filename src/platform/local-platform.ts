@@ -60,6 +60,7 @@ import {
   type DockerfileBuildOptions,
   type DockerfileBuildResult,
 } from './layer-build/dockerfile-build.ts';
+import type { RegistryOptions } from './layer-build/from-registry.ts';
 
 /** The VM backends' kinds (see VmBackend). */
 const VM_KINDS = ['microvm', 'vm'] as const;
@@ -115,6 +116,34 @@ export interface LocalPlatformOptions {
    * stays out of every layer gc's reach while nothing references it yet. Default 10 minutes.
    */
   freshLayerHoldMs?: number;
+  /**
+   * How Dockerfile builds find FROM images the store lacks (registry credentials, plain-HTTP
+   * registries) and the base to build on instead when one cannot be had. Default: from
+   * $SANDGYM_REGISTRY_AUTH_FILE, $SANDGYM_INSECURE_REGISTRIES (comma-separated hosts) and
+   * $SANDGYM_FALLBACK_BASE; without a fallback, such a FROM fails the build.
+   */
+  images?: ImageSources;
+}
+
+/** Where FROM images come from when the store lacks them. */
+export interface ImageSources {
+  registry?: RegistryOptions;
+  /** The environment to build on when a FROM image is neither stored nor pullable; reported. */
+  fallbackBase?: string;
+}
+
+/** {@link ImageSources} from the environment variables that {@link LocalPlatformOptions.images} names. */
+export function imageSourcesFromEnv(env: NodeJS.ProcessEnv = process.env): ImageSources {
+  const authFile = env['SANDGYM_REGISTRY_AUTH_FILE'];
+  const insecure = (env['SANDGYM_INSECURE_REGISTRIES'] ?? '').split(',').filter(Boolean);
+  const fallbackBase = env['SANDGYM_FALLBACK_BASE'];
+  return {
+    registry: {
+      ...(authFile ? { authFile } : {}),
+      ...(insecure.length ? { insecureRegistries: insecure } : {}),
+    },
+    ...(fallbackBase ? { fallbackBase } : {}),
+  };
 }
 
 /**
@@ -160,6 +189,8 @@ export class LocalPlatform implements PlatformClient {
     readonly nodeId = 'local',
     private readonly trajectoryCapBytes = DEFAULT_TRAJECTORY_CAP_BYTES,
     freshLayerHoldMs?: number,
+    /** Where builds find FROM images the store lacks, and the fallback base if one was asked for. */
+    private readonly images: ImageSources = {},
   ) {
     this.lifetimes = setInterval(() => void this.reclaimExpired(), LIFETIME_SWEEP_MS);
     this.lifetimes.unref();
@@ -385,8 +416,14 @@ export class LocalPlatform implements PlatformClient {
     return this.container.ruleNames().filter((name) => name.startsWith('mirror:') || name === 'dns');
   }
 
+  /** Builds with the platform's registry settings and fallback base unless the build names its own. */
   buildFromDockerfile(options: DockerfileBuildOptions): Promise<DockerfileBuildResult> {
-    return buildFromDockerfile(this, options);
+    const { registry, fallbackBase } = this.images;
+    return buildFromDockerfile(this, {
+      ...(registry ? { registry } : {}),
+      ...(fallbackBase ? { fromFallback: fallbackBase } : {}),
+      ...options,
+    });
   }
 
   async listSandboxes(): Promise<SandboxRecord[]> {
@@ -597,6 +634,7 @@ export const Platform = {
       options.nodeId,
       options.trajectoryCapBytes,
       options.freshLayerHoldMs,
+      options.images ?? imageSourcesFromEnv(),
     );
     return late.platform;
   },

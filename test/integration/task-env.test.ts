@@ -83,7 +83,7 @@ describe('Harbor tasks, fresh-box grading and evaluation', () => {
     await using task = TaskEnv.create(env.platform, await loadHarborTask(join(EXAMPLES, 'hello-file')));
     const reset = await task.reset();
     expect(reset.info['notes']).toEqual([
-      'FROM ubuntu:22.04 is not in the store; built on debian:bookworm instead',
+      "FROM debian:bookworm-slim: the store's debian:bookworm, the same Debian release",
     ]);
     const root = (await task.sandbox!.listDir('/')).map((e) => e.name);
     expect(root).not.toContain('tests');

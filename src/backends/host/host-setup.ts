@@ -29,11 +29,18 @@ const REQUIRED_PROGRAMS: Record<string, string> = {
   setfattr: 'attr',
   tar: 'tar',
   git: 'git',
+  // FROM images pulled from OCI registries
+  skopeo: 'skopeo',
   // a swap file for hibernation (sandgym setup --swap-mib)
   mkswap: 'util-linux',
   swapon: 'mount',
   swapoff: 'mount',
   dd: 'coreutils',
+};
+
+/** What only the test suite needs: a real OCI registry on loopback for image pulls. */
+export const TEST_PROGRAMS: Record<string, string> = {
+  'docker-registry': 'docker-registry',
 };
 
 /** What only the benchmarks need: baseline timing, and the shaped network store of `layers`. */

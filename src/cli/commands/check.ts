@@ -1,16 +1,16 @@
 import { TaskEnv, loadTasks } from '../../env/index.ts';
 import { openPlatform } from './cluster.ts';
 import { checkTask } from '../../rollout/index.ts';
-import { parseCommandArgs } from '../args.ts';
+import { IMAGE_SOURCE_OPTIONS, imageSources, parseCommandArgs } from '../args.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
 
-/** `sandgym check TASK... [--json]`: the agentic environment checker. */
+/** `sandgym check TASK... [--json] [--fallback-base ENV]`: the agentic environment checker. */
 export async function checkCommand(args: string[]): Promise<number> {
-  const parsed = parseCommandArgs('check', args, { json: { type: 'boolean' } });
+  const parsed = parseCommandArgs('check', args, { json: { type: 'boolean' }, ...IMAGE_SOURCE_OPTIONS });
   if (parsed.positionals.length === 0)
     throw new UsageError('sandgym check: give task folders, e.g. sandgym check examples/tasks');
   const tasks = await loadTasks(parsed.positionals);
-  await using platform = await openPlatform();
+  await using platform = await openPlatform({ images: imageSources(parsed) });
   const all: Record<string, Awaited<ReturnType<typeof checkTask>>> = {};
   for (const task of tasks) {
     // a task that cannot run as written (its environment does not build) is bad input: exit 2

@@ -11,7 +11,7 @@ import {
   type EvalProgress,
   type StepEvent,
 } from '../../rollout/index.ts';
-import { parseCommandArgs, positiveInt, text } from '../args.ts';
+import { IMAGE_SOURCE_OPTIONS, imageSources, parseCommandArgs, positiveInt, text } from '../args.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
 
 function progressLine(p: EvalProgress): string {
@@ -27,6 +27,7 @@ export async function evalCommand(args: string[]): Promise<number> {
     json: { type: 'string' },
     report: { type: 'string' },
     'max-steps': { type: 'string' },
+    ...IMAGE_SOURCE_OPTIONS,
   });
   if (parsed.positionals.length === 0)
     throw new UsageError('sandgym eval: give task folders, e.g. sandgym eval examples/tasks');
@@ -49,7 +50,7 @@ export async function evalCommand(args: string[]): Promise<number> {
     );
   // durable: if this eval is killed, its running sandboxes live on for the next one to take over
   // (on a cluster, they live on their nodes anyway)
-  await using platform = await openPlatform({ durable: true });
+  await using platform = await openPlatform({ durable: true, images: imageSources(parsed) });
   const adopted = platform instanceof LocalPlatform ? await platform.adoptSandboxes() : [];
   const takenOver = tasks.filter((t) => journal.startedEpisode(t.id)).length;
   if (adopted.length > 0 || takenOver > 0) {

@@ -6,6 +6,8 @@ import {
   defaultProject,
   type ProjectStore,
   buildLayerFromOci,
+  parseImageReference,
+  pullImage,
   buildLayerFromTar,
   defaultDataDir,
   defaultStoreDir,
@@ -13,7 +15,14 @@ import {
   type Environment,
   type LayerManifest,
 } from '../../platform/index.ts';
-import { parseCommandArgs, text, texts, type ParsedCommandArgs } from '../args.ts';
+import {
+  IMAGE_SOURCE_OPTIONS,
+  imageSources,
+  parseCommandArgs,
+  text,
+  texts,
+  type ParsedCommandArgs,
+} from '../args.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
 
 /** The whole store: what `layer ls` shows the node's admin. */
@@ -36,9 +45,31 @@ export async function layerCommand(args: string[]): Promise<number> {
   if (sub === 'ls') return layerList(rest);
   if (sub === 'build') return layerBuild(rest);
   if (sub === 'gc') return layerGc(rest);
+  if (sub === 'pull') return layerPull(rest);
   throw new UsageError(
-    'sandgym layer: use "layer ls", "layer gc [--min-age-minutes N] [--all-projects]" or "layer build (--from-dir D | --from-tar T | --from-oci A | --dockerfile F [--build-arg K=V] [--target STAGE] [--build-net RULE|none] | --from-sandbox ID) [--name NAME:VERSION] [--base ENV]"',
+    'sandgym layer: use "layer ls", "layer pull IMAGE", "layer gc [--min-age-minutes N] [--all-projects]" or "layer build (--from-dir D | --from-tar T | --from-oci A | --dockerfile F [--build-arg K=V] [--target STAGE] [--build-net RULE|none] [--fallback-base ENV] [--registry-auth FILE] [--insecure-registry HOST] | --from-sandbox ID) [--name NAME:VERSION] [--base ENV]"',
   );
+}
+
+/** `sandgym layer pull IMAGE`: an image from its registry into the store, one environment per digest. */
+async function layerPull(args: string[]): Promise<number> {
+  const parsed = parseCommandArgs('layer pull', args, { json: { type: 'boolean' }, ...IMAGE_SOURCE_OPTIONS });
+  const [image, ...extra] = parsed.positionals;
+  if (!image || extra.length)
+    throw new UsageError(
+      'sandgym layer pull: give one image, e.g. sandgym layer pull 127.0.0.1:5000/team/tool:1',
+    );
+  const { registry } = imageSources(parsed);
+  const pulled = await pullImage(await openStore(), parseImageReference(image), registry);
+  const ref = `${pulled.environment.name}:${pulled.environment.version}`;
+  if (parsed.values['json']) console.log(JSON.stringify({ ...pulled, ref }));
+  else {
+    console.log(ref);
+    console.error(
+      `sandgym: ${image} is ${pulled.digest}${pulled.cached ? ', already in the store' : ', pulled'}`,
+    );
+  }
+  return EXIT.ok;
 }
 
 async function layerGc(args: string[]): Promise<number> {
@@ -88,6 +119,7 @@ async function layerBuild(args: string[]): Promise<number> {
     base: { type: 'string' },
     'build-arg': { type: 'string', multiple: true },
     'build-net': { type: 'string', multiple: true },
+    ...IMAGE_SOURCE_OPTIONS,
     target: { type: 'string' },
     json: { type: 'boolean' },
   });
@@ -176,7 +208,7 @@ async function dockerfileBuild(file: string, parsed: ParsedCommandArgs): Promise
     buildArgs[pair.slice(0, eq)] = pair.slice(eq + 1);
   }
   const network = texts(parsed, 'build-net');
-  await using platform = await Platform.local();
+  await using platform = await Platform.local({ images: imageSources(parsed) });
   const result = await platform.buildFromDockerfile({
     file,
     name,
@@ -188,6 +220,7 @@ async function dockerfileBuild(file: string, parsed: ParsedCommandArgs): Promise
     onStep: (step) =>
       console.error(`sandgym: line ${step.line} ${step.outcome.padEnd(6)} ${step.instruction}`),
   });
+  for (const note of result.notes) console.error(`sandgym: ${note}`);
   if (parsed.values['json']) console.log(JSON.stringify(result));
   else console.error(`sandgym: environment ${name} (${result.environment.layers.length} layers)`);
   return EXIT.ok;

@@ -8,21 +8,28 @@ import {
   ensureSwapFile,
   ensureVmImage,
   prepareHost,
+  installPrograms,
+  TEST_PROGRAMS,
 } from '../../backends/index.ts';
 import { consoleLogger } from '../console-logger.ts';
 import { LayerStore, defaultDataDir, defaultStoreDir, ensureBaseEnvironments } from '../../platform/index.ts';
 import { parseCommandArgs, positiveInt, text } from '../args.ts';
 import { EXIT } from '../exit-codes.ts';
 
-/** `sandgym setup [--swap-mib N [--swap-file PATH]]`: Debian packages, kernel checks, base layers, swap. Idempotent. */
+/**
+ * `sandgym setup [--swap-mib N [--swap-file PATH]] [--for-tests]`: Debian packages, kernel checks,
+ * base layers, swap; with `--for-tests`, also what the test suite runs beside sandgym. Idempotent.
+ */
 export async function setupCommand(args: string[]): Promise<number> {
   const parsed = parseCommandArgs('setup', args, {
     json: { type: 'boolean' },
     'swap-mib': { type: 'string' },
     'swap-file': { type: 'string' },
+    'for-tests': { type: 'boolean' },
   });
   const logger = consoleLogger();
   const host = await prepareHost(logger);
+  if (parsed.values['for-tests']) await installPrograms(TEST_PROGRAMS, logger);
   const { values } = parsed;
   const swapMib = positiveInt('swap-mib', text(parsed, 'swap-mib'));
   // a swap file lets hibernated sandboxes give up their anonymous memory, not just page cache

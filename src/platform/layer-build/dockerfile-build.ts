@@ -4,7 +4,10 @@ import { basename, dirname, join, posix, resolve } from 'node:path';
 import { SandgymError } from '../../common/index.ts';
 import type { Environment, ImageMetadata, ProjectStore } from '../layer-store.ts';
 import type { Sandbox } from '../platform-client.ts';
+import { standInFor } from '../base-environments.ts';
 import { BuildContext } from './build-context.ts';
+import { pullImage, type RegistryOptions } from './from-registry.ts';
+import { parseImageReference, type ImageReference } from './image-reference.ts';
 import {
   expandVariables,
   keyValues,
@@ -45,6 +48,8 @@ export interface DockerfileBuildOptions {
    * `FROM ubuntu:22.04`, say). Without it such a FROM is an error.
    */
   fromFallback?: string;
+  /** How FROM pulls images the store lacks: credentials, plain-HTTP registries. */
+  registry?: RegistryOptions;
   /** `--build-arg NAME=value`: values for the Dockerfile's ARGs. */
   buildArgs?: Readonly<Record<string, string>>;
   /** The stage to build (its `AS` name); default the last. */
@@ -113,15 +118,6 @@ function hash(...parts: unknown[]): string {
   return createHash('sha256').update(JSON.stringify(parts)).digest('hex');
 }
 
-/** An image reference as a store environment name: `ubuntu:22.04`; a registry or digest part is kept out. */
-function storeRef(image: string): string | undefined {
-  const withoutDigest = image.split('@')[0] ?? '';
-  const ref = /^[a-z0-9][a-z0-9._-]*(:[A-Za-z0-9][A-Za-z0-9._-]*)?$/.test(withoutDigest)
-    ? withoutDigest
-    : undefined;
-  return ref;
-}
-
 /**
  * Builds an environment from a Dockerfile without a Docker engine: RUN steps run in our own
  * container backend (reaching the build's network rules) and each step's writable layer becomes
@@ -172,16 +168,7 @@ export async function buildFromDockerfile(
     const where = `${file} line ${line}`;
     if (instruction.kind === 'FROM') {
       finishStage();
-      stage = await startStage(
-        host,
-        instruction,
-        globalArgs,
-        stages,
-        options.fromFallback,
-        where,
-        notes,
-        escape,
-      );
+      stage = await startStage(host, instruction, { globalArgs, stages, options, where, notes, escape });
       stageName = instruction.stage;
       record({ line, instruction: instruction.text, outcome: 'config' });
       continue;
@@ -271,7 +258,19 @@ export async function buildFromDockerfile(
         // WORKDIR makes its folder, as Docker does, so commands can start in it
         if (instruction.kind === 'WORKDIR')
           stage.config.workdir = posix.resolve(stage.config.workdir, expand(instruction.path));
-        const plan = await planStep(host, instruction, stage, stages, context, run, { file, line }, expand);
+        const sources: CopySources = {
+          stages,
+          // COPY --from an image: from the store or its registry; a fallback makes no sense here
+          image: (name, at) =>
+            resolveBaseImage(
+              host.store,
+              name,
+              options.registry ? { registry: options.registry } : {},
+              at,
+              notes,
+            ),
+        };
+        const plan = await planStep(host, instruction, stage, sources, context, run, { file, line }, expand);
         stage.key = hash(stage.key, instruction.text, stage.config, plan.key);
         const cached = await host.store.cachedStep(stage.key);
         const layer = cached ?? (await plan.build());
@@ -321,16 +320,24 @@ function commandArgv(command: Command, shell: readonly string[]): string[] {
   return command.form === 'exec' ? command.argv : [...shell, command.text];
 }
 
-/** A stage's start: FROM a stage, an environment in the store, scratch, or the fallback. */
+/** What a stage's start needs from the build around it. */
+interface StageStart {
+  globalArgs: Record<string, string>;
+  stages: ReadonlyMap<string, Stage>;
+  options: DockerfileBuildOptions;
+  where: string;
+  notes: string[];
+  escape: string;
+}
+
+/**
+ * A stage's start: FROM an earlier stage, scratch, an environment in the store, an image pulled
+ * from its registry, or (only when the build asked for one) the fallback base.
+ */
 async function startStage(
   host: BuildHost,
   from: Extract<DockerInstruction, { kind: 'FROM' }>,
-  globalArgs: Record<string, string>,
-  stages: ReadonlyMap<string, Stage>,
-  fallback: string | undefined,
-  where: string,
-  notes: string[],
-  escape: string,
+  { globalArgs, stages, options, where, notes, escape }: StageStart,
 ): Promise<Stage> {
   const image = expandVariables(from.image, globalArgs, escape);
   if (from.platform !== undefined) {
@@ -356,17 +363,58 @@ async function startStage(
   if (image === 'scratch') return fresh({ layers: [], config: { env: {}, workdir: '/', user: 'root' } });
   const earlier = stages.get(image.toLowerCase());
   if (earlier) return fresh(earlier);
-  const ref = storeRef(image);
-  if (ref && host.store.hasEnvironment(ref)) return fresh(await host.store.getEnvironment(ref));
-  if (!fallback) {
-    const known = (await host.store.listEnvironments()).map((e) => `${e.name}:${e.version}`);
+  return fresh(await resolveBaseImage(host.store, image, options, where, notes));
+}
+
+/** FROM's image: the store, then its registry, then the fallback the build asked for, else an error. */
+async function resolveBaseImage(
+  store: ProjectStore,
+  image: string,
+  options: Pick<DockerfileBuildOptions, 'registry' | 'fromFallback'>,
+  where: string,
+  notes: string[],
+): Promise<Environment> {
+  let ref: ImageReference;
+  try {
+    ref = parseImageReference(image);
+  } catch (error) {
+    throw new SandgymError('invalid_argument', `${where}: FROM ${image}: ${(error as Error).message}`);
+  }
+  const stored = storedBaseImage(store, ref);
+  if (stored) {
+    if (stored !== ref.familiar) notes.push(`FROM ${image}: the store's ${stored}, the same Debian release`);
+    return store.getEnvironment(stored);
+  }
+  let pullFailure: unknown;
+  try {
+    const pulled = await pullImage(store, ref, options.registry);
+    notes.push(
+      `FROM ${image}: ${pulled.digest} ${pulled.cached ? 'already pulled' : `pulled from ${ref.registry}`}`,
+    );
+    return pulled.environment;
+  } catch (error) {
+    pullFailure = error;
+  }
+  const why = pullFailure instanceof Error ? pullFailure.message : String(pullFailure);
+  if (!options.fromFallback) {
     throw new SandgymError(
       'not_found',
-      `${where}: FROM ${image}: no such image in the store (it has ${known.join(', ') || 'none'}); build or import it first`,
+      `${where}: FROM ${image}: not in the store and not pulled (${why}). Build or import it into the store, make its registry reachable, or name a fallback base to build on instead (--fallback-base ENV)`,
+      { cause: pullFailure },
     );
   }
-  notes.push(`FROM ${image} is not in the store; built on ${fallback} instead`);
-  return fresh(await host.store.getEnvironment(fallback));
+  notes.push(
+    `FROM ${image}: not in the store and not pulled (${why}); built on ${options.fromFallback} instead, as asked`,
+  );
+  return store.getEnvironment(options.fromFallback);
+}
+
+/** The store environment a reference names, directly or by a Debian tag the store's image is. */
+function storedBaseImage(store: ProjectStore, ref: ImageReference): string | undefined {
+  if (ref.digest || ref.registry !== 'docker.io') return undefined;
+  if (store.hasEnvironment(ref.familiar)) return ref.familiar;
+  const alias = standInFor(ref.familiar);
+  return alias && store.hasEnvironment(alias) ? alias : undefined;
 }
 
 function copyMetadata(image: ImageMetadata | undefined): ImageMetadata {
@@ -395,11 +443,17 @@ interface RunSettings {
   timeoutMs?: number;
 }
 
+/** What COPY --from may name: an earlier stage, or an image. */
+interface CopySources {
+  stages: ReadonlyMap<string, Stage>;
+  image: (name: string, where: string) => Promise<Environment>;
+}
+
 async function planStep(
   host: BuildHost,
   instruction: Extract<DockerInstruction, { kind: 'WORKDIR' | 'RUN' | 'COPY' | 'ADD' }>,
   stage: Stage,
-  stages: ReadonlyMap<string, Stage>,
+  sources: CopySources,
   context: BuildContext,
   run: RunSettings,
   at: { file: string; line: number },
@@ -422,7 +476,7 @@ async function planStep(
     }
     case 'COPY':
     case 'ADD':
-      return copyPlan(host, instruction, stage, stages, context, at, expand);
+      return copyPlan(host, instruction, stage, sources, context, at, expand);
   }
 }
 
@@ -525,7 +579,7 @@ async function copyPlan(
   host: BuildHost,
   copy: Extract<DockerInstruction, { kind: 'COPY' | 'ADD' }>,
   stage: Stage,
-  stages: ReadonlyMap<string, Stage>,
+  sources: CopySources,
   context: BuildContext,
   at: { file: string; line: number },
   expand: (value: string) => string,
@@ -555,14 +609,7 @@ async function copyPlan(
     };
   } else if (typeof flags['from'] === 'string') {
     const name = expand(flags['from']).toLowerCase();
-    const other =
-      stages.get(name) ??
-      (storeRef(name) && host.store.hasEnvironment(name) ? await host.store.getEnvironment(name) : undefined);
-    if (!other)
-      throw new SandgymError(
-        'invalid_argument',
-        `${where}: --from=${name} names no earlier stage and no image in the store`,
-      );
+    const other = sources.stages.get(name) ?? (await sources.image(name, `${where}: --from`));
     source = { kind: 'layers', layers: other.layers, paths: copy.sources.map(expand) };
   } else {
     if (copy.kind === 'ADD' && copy.sources.some((s) => /^[a-z]+:\/\//i.test(s)))
