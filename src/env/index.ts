@@ -15,11 +15,21 @@ export type { GradingScope } from './grading-scope.ts';
 export { Deadline } from './deadline.ts';
 export type { Grade, TaskCheckpoint, TaskEnvOptions, TaskObservation } from './task-env.ts';
 export { filesUnder, stageFolder } from './stage-folder.ts';
-export { loadHarborTask, loadTasks } from './tasks/harbor.ts';
+export { loadHarborTask } from './tasks/harbor.ts';
+export { loadTasks } from './tasks/load-tasks.ts';
+export { loadTerminalBenchTask } from './tasks/terminal-bench.ts';
+export { parsePytestSummary } from './pytest-summary.ts';
 export { loadOjProblem } from './tasks/oj.ts';
 export { loadSweBenchFile } from './tasks/swebench.ts';
 export { scrubToBase } from './tasks/workspace.ts';
-export type { NetworkPolicy, OjCase, Task, TaskEnvironmentSource, TaskGrading } from './tasks/task.ts';
+export type {
+  NetworkPolicy,
+  OjCase,
+  Task,
+  TaskEnvironmentSource,
+  TaskGrading,
+  TaskService,
+} from './tasks/task.ts';
 export { NO_NETWORK, TaskError, taskStorageStem } from './tasks/task.ts';
 export {
   GradingAnomaly,

@@ -19,8 +19,9 @@ const SOLUTION_DIR = '/solution';
 /**
  * The oracle: for a Harbor task, copies the solution folder to /solution and runs solve.sh there
  * as Harbor does, from the image's working directory (solutions write relative paths such as
- * `answer.txt` and expect them in WORKDIR), through bash whether or not it is executable; for an
- * OJ problem, writes the reference program; for SWE-bench, applies the gold patch. Then it
+ * `answer.txt` and expect them in WORKDIR), through bash whether or not it is executable; for a
+ * Terminal-Bench task, writes its solution script to /oracle and runs it with bash, also from
+ * WORKDIR; for an OJ problem, writes the reference program; for SWE-bench, applies the gold patch. Then it
  * submits.
  */
 export function oracleAgent(): Agent {
@@ -52,6 +53,10 @@ export function oracleAgent(): Agent {
           command: `if command -v bash >/dev/null; then bash ${SOLUTION_DIR}/solve.sh; else sh ${SOLUTION_DIR}/solve.sh; fi`,
           ...(oracle.env && Object.keys(oracle.env).length ? { env: oracle.env } : {}),
         });
+      }
+      if (oracle?.kind === 'shell') {
+        plan.push({ type: 'write_file', path: oracle.path, content: oracle.script });
+        plan.push({ type: 'exec', command: ['bash', oracle.path] });
       }
     }
     return plan[stepIndex] ?? { type: 'submit' };

@@ -1,11 +1,9 @@
-import { lookup } from 'node:dns/promises';
-import { readFileSync } from 'node:fs';
 import { mkdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { gzipSync } from 'node:zlib';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { expectCode } from '../support/errors.ts';
-import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
+import { createTestPlatform, debianMirrorRules, type TestPlatform } from '../support/platform.ts';
 import { tarArchive } from '../support/tar-writer.ts';
 
 /** The whole reference that published task images use, built in our own containers. */
@@ -170,13 +168,8 @@ ENTRYPOINT ["/app/bin/run.sh"]
   });
 
   it('runs RUN steps with the network of the build rules, and says so when a step had none', async () => {
-    const mirror = (await lookup('deb.debian.org', { family: 4 })).address;
-    const resolver = /^nameserver\s+(\d+\.\d+\.\d+\.\d+)/m.exec(
-      readFileSync('/etc/resolv.conf', 'utf8'),
-    )?.[1];
-    if (!resolver) throw new Error('no IPv4 nameserver in /etc/resolv.conf');
     await using networked = await createTestPlatform('dockerfile-network', {
-      networkRules: { 'mirror:debian': [`${mirror}:80`], dns: [`${resolver}:53`] },
+      networkRules: await debianMirrorRules(),
     });
     const file = await dockerfile(
       'Dockerfile.apt',

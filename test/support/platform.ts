@@ -1,4 +1,6 @@
 import { randomBytes } from 'node:crypto';
+import { lookup } from 'node:dns/promises';
+import { readFileSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { NetworkRuleBook, SandboxSpec, WarmPoolPolicy } from '../../src/backends/index.ts';
@@ -91,4 +93,15 @@ export async function busyboxSpecFactory(): Promise<() => SandboxSpec> {
     labels: {},
     network: [],
   });
+}
+
+/**
+ * A rule book that lets builds reach Debian's package mirror: every address deb.debian.org has,
+ * and the host's DNS resolver (apt inside the sandbox resolves the name itself).
+ */
+export async function debianMirrorRules(): Promise<NetworkRuleBook> {
+  const mirrors = await lookup('deb.debian.org', { family: 4, all: true });
+  const resolver = /^nameserver\s+(\d+\.\d+\.\d+\.\d+)/m.exec(readFileSync('/etc/resolv.conf', 'utf8'))?.[1];
+  if (!resolver) throw new Error('no IPv4 nameserver in /etc/resolv.conf');
+  return { 'mirror:debian': mirrors.map((m) => `${m.address}:80`), dns: [`${resolver}:53`] };
 }

@@ -1,11 +1,9 @@
 import { existsSync } from 'node:fs';
-import { readFile, readdir, stat } from 'node:fs/promises';
+import { readFile } from 'node:fs/promises';
 import { basename, join, resolve } from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 import { z } from 'zod';
 import { ENV_VAR_NAME, SandgymError, parseAt } from '../../common/index.ts';
-import { isOjProblem, loadOjProblem } from './oj.ts';
-import { isSweBenchFile, loadSweBenchFile } from './swebench.ts';
 import { NO_NETWORK, type Task } from './task.ts';
 
 /** task.toml of a Harbor / Terminal-Bench 2 task; every section is optional. */
@@ -87,40 +85,4 @@ export async function loadHarborTask(path: string): Promise<Task> {
       ? { kind: 'script', dir: solution, env: toml.solution.env }
       : undefined,
   };
-}
-
-/** Tasks named on the command line: a Harbor task folder, an OJ problem, a SWE-bench jsonl, or a folder of them. */
-export async function loadTasks(paths: string[]): Promise<Task[]> {
-  const tasks: Task[] = [];
-  for (const path of paths) {
-    if (!existsSync(path)) throw new SandgymError('not_found', `No task at ${path}`);
-    if (isHarborTask(path)) {
-      tasks.push(await loadHarborTask(path));
-      continue;
-    }
-    if (isOjProblem(path)) {
-      tasks.push(await loadOjProblem(path));
-      continue;
-    }
-    if (isSweBenchFile(path)) {
-      tasks.push(...(await loadSweBenchFile(path)));
-      continue;
-    }
-    if (!(await stat(path)).isDirectory())
-      throw new SandgymError('invalid_argument', `${path} is neither a task folder nor a folder of tasks`);
-    const children = (await readdir(path)).sort().map((name) => join(path, name));
-    const found = children.filter(
-      (child) => isHarborTask(child) || isOjProblem(child) || isSweBenchFile(child),
-    );
-    if (found.length === 0)
-      throw new SandgymError(
-        'invalid_argument',
-        `${path} holds no task (no task.toml in it or its subfolders)`,
-      );
-    for (const child of found) {
-      if (isSweBenchFile(child)) tasks.push(...(await loadSweBenchFile(child)));
-      else tasks.push(isOjProblem(child) ? await loadOjProblem(child) : await loadHarborTask(child));
-    }
-  }
-  return tasks;
 }

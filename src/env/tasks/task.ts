@@ -54,10 +54,29 @@ export interface OjCase {
   stdout: string;
 }
 
+/**
+ * A service a task runs beside its sandbox (a docker-compose service other than the task's own):
+ * started with the sandbox as one group on a private network, reachable there by `name`.
+ */
+export interface TaskService {
+  name: string;
+  /** Its own Dockerfile, or an image (from the store or its registry). */
+  source: { kind: 'dockerfile'; dockerfile: string; context: string } | { kind: 'image'; ref: string };
+  /** What it runs: compose's `command` and `entrypoint`, else the image's CMD and ENTRYPOINT. */
+  command?: string[];
+  entrypoint?: string[];
+  env: Record<string, string>;
+}
+
 /** How a task is graded, by its format. */
 export type TaskGrading =
   /** Harbor: tests/test.sh writes /logs/verifier/reward.txt or reward.json. */
   | { kind: 'reward_file'; testsDir: string }
+  /**
+   * Terminal-Bench: tests/ and run-tests.sh staged at /tests, `bash /tests/run-tests.sh` run, its
+   * output read by a test-log parser; reward 1 when tests were found and every one passed.
+   */
+  | { kind: 'test_log'; testsDir: string | undefined; runTests: string; parser: 'pytest' }
   /** OJ: the agent's program at `program` runs once per case; normalised stdout must match. */
   | { kind: 'oj'; program: string; run: string[]; cases: OjCase[]; caseTimeoutMs: number }
   /** SWE-bench: test files reset to the base commit, the test patch applied, every listed test must pass. */
@@ -73,11 +92,13 @@ export type TaskGrading =
 /** A task, whatever format it came in: what the agent is told, where it runs, how it is graded. */
 export interface Task {
   id: string;
-  format: 'harbor' | 'oj' | 'swebench';
+  format: 'harbor' | 'terminal-bench' | 'oj' | 'swebench';
   /** The file or folder it was loaded from. */
   source: string;
   instruction: string;
   environment: TaskEnvironmentSource;
+  /** Services that run beside the task's sandbox (docker-compose), none when absent. */
+  services?: TaskService[];
   grading: TaskGrading;
   /** What its sandboxes get; `diskMib` absent is the node's default. */
   resources: { cpu: number; memoryMib: number; diskMib?: number };
@@ -102,6 +123,8 @@ export interface Task {
   /** What the oracle does: run a solution folder's solve.sh, or write a reference program. */
   oracle:
     | { kind: 'script'; dir: string; env?: Record<string, string> }
+    /** A script written to `path` and run with bash (Terminal-Bench's solution.sh or solution.yaml). */
+    | { kind: 'shell'; path: string; script: string }
     | { kind: 'program'; path: string; content: string }
     | { kind: 'patch'; repoPath: string; patch: string }
     | undefined;

@@ -1,0 +1,115 @@
+import { existsSync } from 'node:fs';
+import { readFile } from 'node:fs/promises';
+import { basename, join, resolve } from 'node:path';
+import { parse as parseYaml } from 'yaml';
+import { z } from 'zod';
+import { SandgymError, parseAt } from '../../common/index.ts';
+import { composeServices } from './compose.ts';
+import { NO_NETWORK, type Task } from './task.ts';
+
+/**
+ * task.yaml of a Terminal-Bench 1 task. The instruction is `instruction`, or in older tasks the
+ * `base` entry of `descriptions`; timeouts default as the harness has them.
+ */
+const taskYamlSchema = z
+  .object({
+    instruction: z.string().min(1).optional(),
+    descriptions: z.array(z.object({ key: z.string(), description: z.string() })).optional(),
+    parser_name: z
+      .enum(['pytest'], { message: 'the pytest parser is the one Terminal-Bench tasks use' })
+      .default('pytest'),
+    max_agent_timeout_sec: z.number().positive().default(360),
+    max_test_timeout_sec: z.number().positive().default(60),
+    run_tests_in_same_shell: z.boolean().default(false),
+  })
+  .passthrough();
+
+/** Where the harness puts the tests (and run-tests.sh), and what $TEST_DIR says. */
+export const TERMINAL_BENCH_TEST_DIR = '/tests';
+/** Where the oracle's solution script goes. */
+const ORACLE_SCRIPT = '/oracle/solution.sh';
+
+/** A solution.yaml: commands the oracle types, in order. */
+const solutionYamlSchema = z.array(
+  z
+    .object({
+      command: z.string(),
+      min_timeout_sec: z.number().nonnegative().optional(),
+      block: z.boolean().optional(),
+      append_enter: z.boolean().optional(),
+    })
+    .passthrough(),
+);
+
+/** True when the folder looks like one Terminal-Bench 1 task (task.yaml beside a Dockerfile). */
+export function isTerminalBenchTask(dir: string): boolean {
+  return existsSync(join(dir, 'task.yaml')) && existsSync(join(dir, 'Dockerfile'));
+}
+
+async function readYaml(path: string): Promise<unknown> {
+  try {
+    return parseYaml(await readFile(path, 'utf8'));
+  } catch (error) {
+    const why = (error as Error).message.split('\n')[0];
+    throw new SandgymError('invalid_argument', `${path} is not valid YAML: ${why}`, { cause: error });
+  }
+}
+
+/**
+ * The oracle's script: solution.sh as it is, or solution.yaml's commands one after another in
+ * one shell, as the harness types them into one terminal (so a `cd` carries over).
+ */
+async function oracleScript(dir: string): Promise<string | undefined> {
+  if (existsSync(join(dir, 'solution.sh'))) return readFile(join(dir, 'solution.sh'), 'utf8');
+  const yamlPath = join(dir, 'solution.yaml');
+  if (!existsSync(yamlPath)) return undefined;
+  const commands = parseAt(solutionYamlSchema, await readYaml(yamlPath), yamlPath);
+  return `${commands.map((c) => c.command).join('\n')}\n`;
+}
+
+/**
+ * Loads one Terminal-Bench 1 task folder. Its Dockerfile (context: the folder) is the agent's
+ * environment; tests/ and run-tests.sh go to /tests in the grader only, where `bash
+ * /tests/run-tests.sh` runs from the image's WORKDIR with TEST_DIR=/tests, and its output is read
+ * by the pytest parser: reward 1 when the short test summary lists tests and every one passed.
+ * Every error names the file and the field to fix.
+ */
+export async function loadTerminalBenchTask(path: string): Promise<Task> {
+  const dir = resolve(path);
+  const yamlPath = join(dir, 'task.yaml');
+  const yaml = parseAt(taskYamlSchema, await readYaml(yamlPath), yamlPath);
+  const instruction = yaml.instruction ?? yaml.descriptions?.find((d) => d.key === 'base')?.description;
+  if (!instruction)
+    throw new SandgymError(
+      'invalid_argument',
+      `${yamlPath}: give the task's instruction (an "instruction" field, or a "descriptions" entry with key "base")`,
+    );
+  if (!existsSync(join(dir, 'run-tests.sh')))
+    throw new SandgymError(
+      'invalid_argument',
+      `Task ${dir} has no run-tests.sh: a Terminal-Bench task needs task.yaml, Dockerfile and run-tests.sh`,
+    );
+  const services = await composeServices(dir);
+  const script = await oracleScript(dir);
+  return {
+    id: basename(dir),
+    format: 'terminal-bench',
+    source: dir,
+    instruction,
+    environment: { kind: 'dockerfile', dockerfile: join(dir, 'Dockerfile'), context: dir },
+    ...(services.length ? { services } : {}),
+    grading: {
+      kind: 'test_log',
+      testsDir: existsSync(join(dir, 'tests')) ? join(dir, 'tests') : undefined,
+      runTests: join(dir, 'run-tests.sh'),
+      parser: yaml.parser_name,
+    },
+    resources: { cpu: 1, memoryMib: 2048 },
+    env: { TEST_DIR: TERMINAL_BENCH_TEST_DIR },
+    agentTimeoutMs: yaml.max_agent_timeout_sec * 1000,
+    verifierTimeoutMs: yaml.max_test_timeout_sec * 1000,
+    network: NO_NETWORK,
+    hiddenPaths: [TERMINAL_BENCH_TEST_DIR, '/oracle'],
+    oracle: script === undefined ? undefined : { kind: 'shell', path: ORACLE_SCRIPT, script },
+  };
+}

@@ -1,0 +1,85 @@
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { loadTasks, parsePytestSummary } from '../../src/env/index.ts';
+import { evaluate, nopAgent, oracleAgent } from '../../src/rollout/index.ts';
+import { createTestPlatform, debianMirrorRules, type TestPlatform } from '../support/platform.ts';
+
+const FIXTURES = join(import.meta.dirname, '..', 'fixtures', 'tasks', 'terminal-bench');
+
+/** Terminal-Bench 1 task folders as published, graded as that harness grades them. */
+describe('Terminal-Bench tasks', () => {
+  let env: TestPlatform;
+
+  beforeAll(async () => {
+    // the apt-based fixture's Dockerfile reaches the Debian mirror while it builds
+    env = await createTestPlatform('terminal-bench', {
+      privateStore: true,
+      seed: ['debian:bookworm'],
+      networkRules: await debianMirrorRules(),
+    });
+  });
+
+  afterAll(async () => {
+    await env?.[Symbol.asyncDispose]();
+  });
+
+  it('loads task.yaml as the harness reads it: instruction or descriptions, its timeouts, its oracle', async () => {
+    const [apt, count, legacy, yaml] = await loadTasks([FIXTURES]);
+    expect(count).toMatchObject({
+      id: 'count-lines',
+      format: 'terminal-bench',
+      agentTimeoutMs: 120_000,
+      verifierTimeoutMs: 60_000,
+      env: { TEST_DIR: '/tests' },
+      oracle: { kind: 'shell', path: '/oracle/solution.sh' },
+    });
+    // docker-compose.yaml names only the task's own container: no services beside it
+    expect(count?.services).toBeUndefined();
+    expect(legacy?.instruction).toMatch(/^Write a Python module/);
+    expect(legacy).toMatchObject({ agentTimeoutMs: 200_000, verifierTimeoutMs: 30_000 });
+    expect(apt?.agentTimeoutMs).toBe(300_000);
+    // solution.yaml's commands run in one shell, so a cd carries over
+    expect(yaml?.oracle).toMatchObject({
+      script: 'mkdir -p /srv/site\ncd /srv/site\necho ready > index.html\n',
+    });
+  });
+
+  it('passes every oracle and fails every nop, reading pytest as the harness does', async () => {
+    const tasks = await loadTasks([FIXTURES]);
+    const oracle = await evaluate(env.platform, tasks, oracleAgent, { concurrency: 2 });
+    expect(oracle.map((r) => [r.task, r.reward, r.outcome.kind])).toEqual(tasks.map((t) => [t.id, 1, 'ok']));
+    const yaml = oracle.find((r) => r.task === 'yaml-steps');
+    // skipped and expected-to-fail tests count as passed, as the harness counts them
+    expect(yaml?.details?.['tests']).toMatchObject({ test_index_says_ready: 'PASSED', test_robots: 'XFAIL' });
+    const nop = await evaluate(env.platform, tasks, nopAgent, { concurrency: 2 });
+    expect(nop.map((r) => [r.task, r.reward, r.outcome.kind])).toEqual(tasks.map((t) => [t.id, 0, 'ok']));
+    expect(String(nop.find((r) => r.task === 'count-lines')?.details?.['reason'])).toMatch(
+      /2 of 2 tests did not pass: test_file_exists FAILED/,
+    );
+  });
+});
+
+describe('the pytest summary parser', () => {
+  it('takes outcomes after the summary header only, and needs one', () => {
+    const output = [
+      'PASSED tests/test_a.py::not_in_summary',
+      '=========================== short test summary info ============================',
+      'PASSED tests/test_a.py::test_one',
+      'FAILED tests/test_a.py::test_two - AssertionError: assert 1 == 2',
+      'ERROR tests/test_b.py::test_setup - ValueError',
+      'XPASS tests/test_a.py::test_lucky - flaky',
+      'XFAIL tests/test_a.py::test_known - not yet',
+      'SKIPPED [1] tests/test_a.py:9: later',
+      '==================== 1 failed, 1 passed in 0.12s ====================',
+    ].join('\n');
+    expect(parsePytestSummary(output)?.map((r) => [r.test, r.outcome, r.passed])).toEqual([
+      ['test_one', 'PASSED', true],
+      ['test_two', 'FAILED', false],
+      ['test_setup', 'ERROR', false],
+      ['test_lucky', 'XPASS', false],
+      ['test_known', 'XFAIL', true],
+      ['[1] tests/test_a.py:9: later', 'SKIPPED', true],
+    ]);
+    expect(parsePytestSummary('collected 0 items\n')).toBeUndefined();
+  });
+});
