@@ -47,14 +47,14 @@ function argv(command: z.infer<typeof commandSchema> | undefined): string[] | un
 
 function environment(value: z.infer<typeof serviceSchema>['environment']): Record<string, string> {
   if (!value) return {};
-  const pairs = Array.isArray(value)
-    ? value.map((entry) => {
+  const pairs: [string, string][] = Array.isArray(value)
+    ? value.map((entry): [string, string] => {
         const eq = entry.indexOf('=');
         return eq < 0 ? [entry, ''] : [entry.slice(0, eq), entry.slice(eq + 1)];
       })
-    : Object.entries(value).map(([k, v]) => [k, v === null ? '' : String(v)]);
+    : Object.entries(value).map(([k, v]): [string, string] => [k, v === null ? '' : String(v)]);
   // ${VAR} values name the harness's own variables, which mean nothing here: left out
-  return Object.fromEntries(pairs.filter(([, v]) => !/\$\{?[A-Za-z_]/.test(v ?? '')));
+  return Object.fromEntries(pairs.filter(([, v]) => !/\$\{?[A-Za-z_]/.test(v)));
 }
 
 /**
