@@ -14,6 +14,7 @@ import { BASE_SCOPE, PROTECTED_PATHS, gradingScope, type GradingScope } from './
 import { probeInterpreters, type InterpreterFacts } from './python-probe.ts';
 import { defaultVerifier, runVerifiers, type Verifier, type VerifierResult } from './verifiers.ts';
 import { workspaceEnvironment, workspaceEnvironmentName } from './tasks/workspace.ts';
+import { TaskServices } from './task-services.ts';
 
 /** How long a task's setup script may run. */
 const SETUP_SCRIPT_TIMEOUT_MS = 10 * 60_000;
@@ -87,6 +88,8 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
   /** Tamper signals carried over from checkpoints. */
   private earlierTampering: string[] = [];
   private checkpoints = 0;
+  /** The task's docker-compose services of this episode, if it has any. */
+  private services: TaskServices | undefined;
   /** What grading takes from the agent's diff: known once a clean sandbox was probed. */
   private scope: GradingScope = BASE_SCOPE;
 
@@ -171,6 +174,12 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
     if (this.isClosed)
       throw new SandgymError('failed_precondition', 'Cannot reset: the environment is closed');
     await this.inner?.close();
+    // each episode gets its services fresh, as a new compose project would
+    await this.services?.close();
+    this.services = undefined;
+    const serviceNotes: string[] = [];
+    this.services = await TaskServices.start(this.platform, this.task, serviceNotes);
+    this.buildNotes.push(...serviceNotes.filter((note) => !this.buildNotes.includes(note)));
     this.inner = SandboxEnv.create(this.platform, {
       sandbox: {
         environment,
@@ -182,6 +191,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
     });
     const reset = await this.inner.reset(options);
     const sandbox = this.inner.current!;
+    await this.services?.join(sandbox, this.mainServiceName());
     // before anything runs in it, the sandbox shows what a clean one of its environment holds
     this.scope = gradingScope(await this.facts(sandbox), this.workdir(), this.taskExclusions());
     await sandbox.exec(['mkdir', '-p', '/logs/agent', '/logs/artifacts']);
@@ -203,6 +213,11 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
       if (probed.size > PROBE_CACHE_SIZE) probed.delete(probed.keys().next().value ?? key);
     }
     return facts;
+  }
+
+  /** What the task's own sandbox is called on its services' network, as its compose file names it. */
+  private mainServiceName(): string {
+    return this.task.format === 'terminal-bench' ? 'client' : 'main';
   }
 
   private workdir(): string {
@@ -403,6 +418,8 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
       network: this.task.network.verify,
     });
     try {
+      // the tests reach the services the agent worked with, by the same names
+      await this.services?.join(grader, this.mainServiceName());
       return await runVerifiers([...(this.options.verifiers ?? []), defaultVerifier(this.task)], {
         task: this.task,
         grader,
@@ -428,6 +445,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
     if (this.isClosed) return;
     this.isClosed = true;
     await this.inner?.close();
+    await this.services?.close();
   }
 
   [Symbol.asyncDispose](): Promise<void> {

@@ -6,7 +6,7 @@ export {
   defaultProject,
   defaultStoreDir,
 } from './local-platform.ts';
-export type { ImageSources, LocalPlatformOptions } from './local-platform.ts';
+export type { ImageSources, LocalPlatformOptions, SandboxGroupNetwork } from './local-platform.ts';
 export { imageSourcesFromEnv } from './local-platform.ts';
 export { RemotePlatform, parseGrpcUrl } from './remote-platform.ts';
 export type { ConnectOptions } from './remote-platform.ts';

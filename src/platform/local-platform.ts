@@ -3,6 +3,7 @@ import { rm } from 'node:fs/promises';
 import { resolve, join } from 'node:path';
 import {
   ContainerBackend,
+  GroupNetwork,
   FnCallBackend,
   VmBackend,
   packageRoot,
@@ -57,6 +58,7 @@ import {
 } from './sandbox-request.ts';
 import {
   buildFromDockerfile,
+  resolveImage,
   type DockerfileBuildOptions,
   type DockerfileBuildResult,
 } from './layer-build/dockerfile-build.ts';
@@ -123,6 +125,13 @@ export interface LocalPlatformOptions {
    * $SANDGYM_FALLBACK_BASE; without a fallback, such a FROM fails the build.
    */
   images?: ImageSources;
+}
+
+/** A private network a group of sandboxes shares (see {@link LocalPlatform.createGroupNetwork}). */
+export interface SandboxGroupNetwork {
+  /** Puts a live sandbox on the group; returns its address there. */
+  join(sandbox: Sandbox): Promise<string>;
+  close(): Promise<void>;
 }
 
 /** Where FROM images come from when the store lacks them. */
@@ -416,6 +425,15 @@ export class LocalPlatform implements PlatformClient {
     return this.container.ruleNames().filter((name) => name.startsWith('mirror:') || name === 'dns');
   }
 
+  /** An image by reference, from the store or its registry (or the fallback base), as FROM finds it. */
+  resolveImage(image: string): Promise<{ environment: Environment; notes: string[] }> {
+    const { registry, fallbackBase } = this.images;
+    return resolveImage(this.store, image, {
+      ...(registry ? { registry } : {}),
+      ...(fallbackBase ? { fromFallback: fallbackBase } : {}),
+    });
+  }
+
   /** Builds with the platform's registry settings and fallback base unless the build names its own. */
   buildFromDockerfile(options: DockerfileBuildOptions): Promise<DockerfileBuildResult> {
     const { registry, fallbackBase } = this.images;
@@ -445,6 +463,26 @@ export class LocalPlatform implements PlatformClient {
   async killSandbox(id: string): Promise<void> {
     for (const backend of await this.vmBackendsInUse()) if (await backend.holds(id)) return backend.kill(id);
     return this.fncall.has(id) ? this.fncall.kill(id) : this.container.kill(id);
+  }
+
+  /**
+   * A private network for a group of this platform's container sandboxes (a task and its
+   * docker-compose services): members reach each other on it and nothing else through it.
+   * Close it when the group ends; a crashed owner's is removed by {@link gc}.
+   */
+  async createGroupNetwork(): Promise<SandboxGroupNetwork> {
+    const group = await GroupNetwork.create();
+    return {
+      join: (sandbox) => {
+        if (sandbox.backend !== 'container')
+          throw new SandgymError(
+            'unsupported',
+            `Only container sandboxes join a group network, not ${sandbox.backend}`,
+          );
+        return this.container.joinGroup(sandbox.id, group);
+      },
+      close: () => group.close(),
+    };
   }
 
   async gc(): Promise<GcReport> {

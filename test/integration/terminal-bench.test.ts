@@ -1,3 +1,4 @@
+import { execFileSync } from 'node:child_process';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadTasks, parsePytestSummary } from '../../src/env/index.ts';
@@ -24,7 +25,7 @@ describe('Terminal-Bench tasks', () => {
   });
 
   it('loads task.yaml as the harness reads it: instruction or descriptions, its timeouts, its oracle', async () => {
-    const [apt, count, legacy, yaml] = await loadTasks([FIXTURES]);
+    const [apt, compose, count, legacy, yaml] = await loadTasks([FIXTURES]);
     expect(count).toMatchObject({
       id: 'count-lines',
       format: 'terminal-bench',
@@ -35,6 +36,18 @@ describe('Terminal-Bench tasks', () => {
     });
     // docker-compose.yaml names only the task's own container: no services beside it
     expect(count?.services).toBeUndefined();
+    // a service with its own build context; the harness's ${...} variables are left out
+    expect(compose?.services).toEqual([
+      {
+        name: 'cache',
+        source: {
+          kind: 'dockerfile',
+          dockerfile: join(FIXTURES, 'compose-redis', 'cache', 'Dockerfile'),
+          context: join(FIXTURES, 'compose-redis', 'cache'),
+        },
+        env: { CACHE_ROLE: 'primary' },
+      },
+    ]);
     expect(legacy?.instruction).toMatch(/^Write a Python module/);
     expect(legacy).toMatchObject({ agentTimeoutMs: 200_000, verifierTimeoutMs: 30_000 });
     expect(apt?.agentTimeoutMs).toBe(300_000);
@@ -56,6 +69,10 @@ describe('Terminal-Bench tasks', () => {
     expect(String(nop.find((r) => r.task === 'count-lines')?.details?.['reason'])).toMatch(
       /2 of 2 tests did not pass: test_file_exists FAILED/,
     );
+    // the redis service went with its episode: no service sandbox and no group network left
+    const services = (await env.platform.listSandboxes()).filter((s) => s.labels?.['service']);
+    expect(services).toEqual([]);
+    expect(execFileSync('ip', ['-o', 'link', 'show', 'type', 'bridge']).toString()).not.toMatch(/ sgg\d+:/);
   });
 });
 

@@ -40,7 +40,7 @@ function findLeaks(): string[] {
   try {
     for (const line of execFileSync('ip', ['-o', 'link'], { encoding: 'utf8' }).split('\n')) {
       const name = line.split(': ')[1]?.split('@')[0];
-      if (name && /^(sgbr|sgv|sgp|sgtu)\d/.test(name)) leaks.push(`link: ${name}`);
+      if (name && /^(sgbr|sgv|sgp|sgtu|sgg)\d/.test(name)) leaks.push(`link: ${name}`);
     }
     for (const table of execFileSync('nft', ['list', 'tables'], { encoding: 'utf8' }).split('\n')) {
       if (/ sandgym\d+$/.test(table)) leaks.push(`nftables: ${table}`);

@@ -47,6 +47,7 @@ import { raisePtyLimit } from '../host/pty-room.ts';
 import { hostCanGrantSysResource } from '../host/capabilities.ts';
 import { checkRuleBook, resolveRules, type NetworkRuleBook } from '../host/network-rules.ts';
 import { NodeNetwork, removeStaleNetwork, type NetworkAttachment } from '../host/node-network.ts';
+import { removeStaleGroups, type GroupNetwork } from '../host/group-network.ts';
 import { ScratchVolume, type ScratchSlot, type VolumeRoom } from '../host/scratch-volume.ts';
 import { runProgram } from '../host/run-program.ts';
 import { AgentChannel } from '../internal/agent-channel.ts';
@@ -503,6 +504,21 @@ export class ContainerBackend implements Backend {
     const attachment = await this.egress.get(slot)?.catch(() => undefined);
     if (!attachment || !this.network) return 0;
     return (await this.network).denied(attachment);
+  }
+
+  /**
+   * Puts a live sandbox of this process on a group network (a task with its docker-compose
+   * services); returns its address there.
+   */
+  async joinGroup(sandboxId: string, group: GroupNetwork): Promise<string> {
+    const sandbox = [...this.live].find((s) => s.id === sandboxId);
+    const shell = sandbox && this.containers.get(sandbox.slot);
+    if (!shell)
+      throw new SandgymError(
+        'not_found',
+        `No live container sandbox ${sandboxId} in this process to join a group`,
+      );
+    return group.join(shell.agentPid ?? (await soleOrFirstProcess(shell)));
   }
 
   /** Takes a container off the node network: back to loopback only. */
@@ -992,6 +1008,8 @@ export class ContainerBackend implements Backend {
     }
     await this.removeOrphanRuntimeState(mine);
     await this.removeStackViews();
+    // group networks (a task's services) whose owner died without closing them
+    await removeStaleGroups();
     if (mine.size === 0) await removeIdleParents(this.layout, this.scope);
     report.mounts = await this.mounts.unmountIdle();
     return report;

@@ -366,6 +366,20 @@ async function startStage(
   return fresh(await resolveBaseImage(host.store, image, options, where, notes));
 }
 
+/**
+ * An image by reference, as FROM finds it (the store, then its registry, then the fallback if one
+ * is given); `notes` say which it was.
+ */
+export async function resolveImage(
+  store: ProjectStore,
+  image: string,
+  options: Pick<DockerfileBuildOptions, 'registry' | 'fromFallback'>,
+): Promise<{ environment: Environment; notes: string[] }> {
+  const notes: string[] = [];
+  const environment = await resolveBaseImage(store, image, options, `image ${image}`, notes);
+  return { environment, notes };
+}
+
 /** FROM's image: the store, then its registry, then the fallback the build asked for, else an error. */
 async function resolveBaseImage(
   store: ProjectStore,

@@ -1,0 +1,159 @@
+import { mkdir, readFile, readdir, rm, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { z } from 'zod';
+import { SandgymError } from '../../common/index.ts';
+import { isAlive, processIdentity } from './processes.ts';
+import { runProgram } from './run-program.ts';
+
+/** Groups per host: one /24 each of 198.18.0.0/15. */
+const GROUPS = 512;
+/** Members per group: hosts of a /24 less network and broadcast. */
+const MEMBERS = 254;
+const CLAIMS_DIR = '/run/sandgym/groups';
+/** The interface a member sees its group on (its node-network veth, if any, is eth0). */
+const MEMBER_INTERFACE = 'grp0';
+
+/**
+ * 198.18.0.0/15 is set aside for benchmarking (RFC 2544) and routed nowhere, so a group's
+ * addresses never hide a real destination a sandbox's rules could allow.
+ */
+function memberAddress(group: number, member: number): string {
+  const n = 0xc6120000 + group * 256 + member;
+  return [24, 16, 8, 0].map((shift) => (n >>> shift) & 255).join('.');
+}
+
+const claimSchema = z.object({ owner: z.object({ pid: z.number(), startTime: z.number() }) });
+
+/**
+ * A private network for a group of sandboxes (a task and its docker-compose services): a bridge
+ * with no address on the host, so its members reach each other and nothing else through it (the
+ * host neither routes nor answers there), one veth per member. Members keep their own
+ * namespaces; each gets an address of the group's /24 on `grp0`. The claim (an atomic mkdir
+ * under /run/sandgym/groups) records its owner, so what a crashed owner left is removed.
+ */
+export class GroupNetwork {
+  private readonly members = new Map<number, string>();
+  private closed = false;
+
+  private constructor(readonly index: number) {}
+
+  get bridge(): string {
+    return `sgg${this.index}`;
+  }
+
+  static async create(): Promise<GroupNetwork> {
+    await mkdir(CLAIMS_DIR, { recursive: true });
+    await removeStaleGroups();
+    for (let index = 0; index < GROUPS; index++) {
+      const claim = join(CLAIMS_DIR, String(index));
+      try {
+        await mkdir(claim);
+      } catch {
+        continue;
+      }
+      const group = new GroupNetwork(index);
+      try {
+        await writeFile(
+          join(claim, 'owner.json'),
+          JSON.stringify({ owner: await processIdentity(process.pid) }),
+        );
+        await runProgram('sh', [
+          '-c',
+          'ip link del "$1" 2>/dev/null; ip link add "$1" type bridge && ip link set "$1" up',
+          'sh',
+          group.bridge,
+        ]);
+      } catch (error) {
+        await group.close().catch(() => undefined);
+        throw error;
+      }
+      return group;
+    }
+    throw new SandgymError(
+      'resource_exhausted',
+      `All ${GROUPS} sandbox group networks of this host are in use`,
+      {
+        retryable: true,
+      },
+    );
+  }
+
+  /** Puts the network namespace of `pid` on the group; returns the address it has there. */
+  async join(pid: number): Promise<string> {
+    if (this.closed) throw new SandgymError('failed_precondition', 'The group network is closed');
+    const member = [...Array(MEMBERS).keys()].map((i) => i + 1).find((i) => !this.members.has(i));
+    if (member === undefined)
+      throw new SandgymError('resource_exhausted', `A group holds at most ${MEMBERS} sandboxes`);
+    const address = memberAddress(this.index, member);
+    this.members.set(member, address);
+    const host = `sgg${this.index}v${member}`;
+    try {
+      await runProgram('sh', [
+        '-c',
+        [
+          'ip link add "$1" type veth peer name "$2"',
+          'ip link set "$2" netns "$3"',
+          'ip link set "$1" master "$4"',
+          'ip link set "$1" up',
+          // inside: no IPv6, one address on the group's /24 (its route comes with it)
+          `nsenter --net=/proc/"$3"/ns/net sh -c 'ip link set "$1" name ${MEMBER_INTERFACE} && echo 1 > /proc/sys/net/ipv6/conf/${MEMBER_INTERFACE}/disable_ipv6 && ip addr add "$2" dev ${MEMBER_INTERFACE} && ip link set ${MEMBER_INTERFACE} up && ip link set lo up' sh "$2" "$5/24"`,
+        ].join(' && '),
+        'sh',
+        host,
+        `sggp${this.index}v${member}`,
+        String(pid),
+        this.bridge,
+        address,
+      ]);
+    } catch (error) {
+      this.members.delete(member);
+      await runProgram('sh', ['-c', 'ip link del "$1" 2>/dev/null || true', 'sh', host]);
+      throw error;
+    }
+    return address;
+  }
+
+  /** Removes the bridge, every member's veth and the claim. Idempotent. */
+  async close(): Promise<void> {
+    this.closed = true;
+    await removeGroup(this.index);
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.close();
+  }
+}
+
+async function removeGroup(index: number): Promise<void> {
+  await runProgram('sh', [
+    '-c',
+    `for l in $(ip -o link show master "$1" 2>/dev/null | awk -F'[:@ ]+' '{print $2}'); do ip link del "$l"; done; ip link del "$1" 2>/dev/null; true`,
+    'sh',
+    `sgg${index}`,
+  ]);
+  await rm(join(CLAIMS_DIR, String(index)), { recursive: true, force: true });
+}
+
+/** Removes the group networks whose owner died without closing them. */
+export async function removeStaleGroups(): Promise<string[]> {
+  const removed: string[] = [];
+  for (const name of await readdir(CLAIMS_DIR).catch(() => [] as string[])) {
+    const index = Number(name);
+    if (!Number.isInteger(index)) continue;
+    const claim = await readFile(join(CLAIMS_DIR, name, 'owner.json'), 'utf8')
+      .then((text) => claimSchema.parse(JSON.parse(text)))
+      .catch(() => undefined);
+    // a claim without its owner file is one being made right now, unless its bridge never came
+    if (claim ? await isAlive(claim.owner) : await bridgeExists(index)) continue;
+    await removeGroup(index);
+    removed.push(`sgg${index}`);
+  }
+  return removed;
+}
+
+function bridgeExists(index: number): Promise<boolean> {
+  return runProgram('ip', ['link', 'show', `sgg${index}`]).then(
+    () => true,
+    () => false,
+  );
+}
