@@ -51,6 +51,8 @@ export interface SandboxEnvOptions {
   sandbox?: SandboxRequest;
   /** Absolute paths whose changes each step reports in `info.signals.protectedChanges`. */
   protectedPaths?: readonly string[];
+  /** Who `exec` actions run as ("name", "uid", "name:group"); default root. */
+  user?: string;
 }
 
 /**
@@ -214,6 +216,7 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
           const env = { ...action.env, ...session?.env };
           const r = await sandbox.exec(argv, {
             ...call,
+            ...(this.options.user ? { user: this.options.user } : {}),
             ...(action.cwd && !session ? { cwd: action.cwd } : {}),
             ...(Object.keys(env).length ? { env } : {}),
             ...commandTimeout(action.timeoutMs, options.commandTimeoutCapMs),

@@ -123,6 +123,11 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
     if (!(platform instanceof LocalPlatform)) return (this.built = await this.prebuilt());
     if (source.kind === 'workspace')
       return (this.built = await workspaceEnvironment(platform, this.task, source));
+    if (source.kind === 'image') {
+      const resolved = await platform.resolveImage(source.ref);
+      this.buildNotes = resolved.notes;
+      return (this.built = resolved.environment);
+    }
     const result = await platform.buildFromDockerfile({
       file: source.dockerfile,
       context: source.context,
@@ -140,7 +145,9 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
     const ref =
       source.kind === 'workspace'
         ? workspaceEnvironmentName(this.task, source)
-        : taskEnvironmentName(this.task);
+        : source.kind === 'image'
+          ? source.ref
+          : taskEnvironmentName(this.task);
     try {
       return await this.platform.getEnvironment(ref);
     } catch (error) {
@@ -188,6 +195,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
         network: this.task.network.setup,
       },
       protectedPaths: PROTECTED_PATHS,
+      ...this.userOf(this.task.agentUser),
     });
     const reset = await this.inner.reset(options);
     const sandbox = this.inner.current!;
@@ -195,6 +203,9 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
     // before anything runs in it, the sandbox shows what a clean one of its environment holds
     this.scope = gradingScope(await this.facts(sandbox), this.workdir(), this.taskExclusions());
     await sandbox.exec(['mkdir', '-p', '/logs/agent', '/logs/artifacts']);
+    const agentUser = this.userOf(this.task.agentUser).user;
+    // the agent's own log folders are its to write, as Harbor mounts them for it
+    if (agentUser) await sandbox.exec(['chown', '-R', agentUser, '/logs/agent', '/logs/artifacts']);
     if (this.task.setupScript !== undefined) await this.runSetupScript(sandbox, this.task.setupScript);
     // the stage boundary: the same sandbox, the agent stage's rules
     await sandbox.setNetwork(this.task.network.agent);
@@ -213,6 +224,12 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
       if (probed.size > PROBE_CACHE_SIZE) probed.delete(probed.keys().next().value ?? key);
     }
     return facts;
+  }
+
+  /** Who runs as `taskUser` when the task names one, else the image's USER; root is the default. */
+  private userOf(taskUser: string | undefined): { user?: string } {
+    const user = taskUser ?? this.built?.config.user;
+    return user && user !== 'root' && user !== '0' ? { user } : {};
   }
 
   /** What the task's own sandbox is called on its services' network, as its compose file names it. */
@@ -426,6 +443,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
         workdir: this.workdir(),
         platform: this.platform,
         environment,
+        ...this.userOf(this.task.verifierUser),
         deadline: Deadline.after(
           this.task.verifierTimeoutMs + GRADING_OVERHEAD_MS,
           `Grading task ${this.task.id}`,

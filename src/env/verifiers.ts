@@ -19,6 +19,27 @@ export interface VerifyContext {
   environment: string;
   /** What is left of the grading's time: every call in the grader takes its timeout from it. */
   deadline: Deadline;
+  /**
+   * The user the task's tests run as (its verifier user, else its image's USER); absent: root.
+   * The grader's own steps (staging, reading the reward) run as root.
+   */
+  user?: string;
+}
+
+/** Exec options that run a command as the tests' user; /logs/verifier is theirs to write. */
+async function asTestUser(
+  grader: Sandbox,
+  user: string | undefined,
+  deadline: Deadline,
+): Promise<{ user?: string }> {
+  if (!user) return {};
+  const chown = await grader.exec(['chown', '-R', user, '/logs/verifier'], deadline.call());
+  if (chown.exitCode !== 0)
+    throw new SandgymError(
+      'invalid_argument',
+      `The tests are to run as "${user}", which the image does not know: ${chown.stderr.trim()}`,
+    );
+  return { user };
 }
 
 /**
@@ -127,14 +148,16 @@ export const DEFAULT_REWARD_RANGE: readonly [number, number] = [0, 1];
  * reward.json over the agent channel. Every step takes its time from the grading's deadline.
  */
 export function rewardFileVerifier(testsDir: string, timeoutMs: number): Verifier {
-  return async ({ grader, workdir, deadline, task }) => {
+  return async ({ grader, workdir, deadline, task, user }) => {
     await stageFolder(grader, testsDir, '/tests', deadline);
     await grader.exec(['rm', '-rf', '--', '/logs/verifier'], deadline.call());
     await grader.exec(['mkdir', '-p', '/logs/verifier'], deadline.call());
     const env = task.verifierEnv ?? {};
+    const runAs = await asTestUser(grader, user, deadline);
     const runTests = (shell: string) =>
       grader.exec([shell, '/tests/test.sh'], {
         ...deadline.call(timeoutMs),
+        ...runAs,
         cwd: workdir,
         ...(Object.keys(env).length ? { env } : {}),
       });
@@ -180,11 +203,14 @@ export function testLogVerifier(
   grading: Extract<TaskGrading, { kind: 'test_log' }>,
   timeoutMs: number,
 ): Verifier {
-  return async ({ grader, workdir, deadline, task }) => {
+  return async ({ grader, workdir, deadline, task, user }) => {
     if (grading.testsDir) await stageFolder(grader, grading.testsDir, TESTS_DIR, deadline);
+    await grader.exec(['mkdir', '-p', '/logs/verifier'], deadline.call());
+    const runAs = await asTestUser(grader, user, deadline);
     await grader.writeFile(`${TESTS_DIR}/run-tests.sh`, await readFile(grading.runTests), deadline.call());
     const run = await grader.exec(['bash', `${TESTS_DIR}/run-tests.sh`], {
       ...deadline.call(timeoutMs),
+      ...runAs,
       cwd: workdir,
       env: { ...task.env, ...task.verifierEnv, TEST_DIR: TESTS_DIR },
       outputCapBytes: TEST_LOG_CAP_BYTES,

@@ -57,6 +57,8 @@ async function writeHarborTask(dir: string, marker: string): Promise<void> {
   await chmod(test, 0o644); // published tasks often lose the bit; Harbor runs it through bash
 }
 
+const FIXTURES = join(import.meta.dirname, '..', 'fixtures', 'tasks', 'harbor');
+
 describe('Harbor tasks as published', () => {
   let env: TestPlatform;
 
@@ -93,5 +95,24 @@ describe('Harbor tasks as published', () => {
       ['ok', 0],
       ['ok', 0],
     ]);
+  });
+
+  it('honours image and task users, docker_image and a compose service, as published', async () => {
+    const tasks = await loadTasks([FIXTURES]);
+    expect(tasks.map((t) => t.id)).toEqual(['compose-main', 'image-user', 'prebuilt-image', 'verifier-root']);
+    expect(tasks.find((t) => t.id === 'verifier-root')).toMatchObject({
+      agentUser: 'worker',
+      verifierUser: 'root',
+    });
+    expect(tasks.find((t) => t.id === 'prebuilt-image')?.environment).toEqual({
+      kind: 'image',
+      ref: 'debian:bookworm',
+    });
+    const oracle = await evaluate(env.platform, tasks, oracleAgent, { concurrency: 2 });
+    expect(oracle.map((r) => [r.task, r.reward, r.outcome.kind, r.error])).toEqual(
+      tasks.map((t) => [t.id, 1, 'ok', undefined]),
+    );
+    const nop = await evaluate(env.platform, tasks, nopAgent, { concurrency: 2 });
+    expect(nop.map((r) => [r.task, r.reward, r.outcome.kind])).toEqual(tasks.map((t) => [t.id, 0, 'ok']));
   });
 });

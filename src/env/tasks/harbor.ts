@@ -4,6 +4,7 @@ import { basename, join, resolve } from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 import { z } from 'zod';
 import { ENV_VAR_NAME, SandgymError, parseAt } from '../../common/index.ts';
+import { composeServices } from './compose.ts';
 import { NO_NETWORK, type Task } from './task.ts';
 
 /** task.toml of a Harbor / Terminal-Bench 2 task; every section is optional. */
@@ -12,8 +13,16 @@ const envTable = z
   .default({});
 
 const taskTomlSchema = z.object({
-  verifier: z.object({ timeout_sec: z.number().positive().default(120), env: envTable }).prefault({}),
-  agent: z.object({ timeout_sec: z.number().positive().default(600) }).prefault({}),
+  verifier: z
+    .object({
+      timeout_sec: z.number().positive().default(120),
+      env: envTable,
+      user: z.string().min(1).optional(),
+    })
+    .prefault({}),
+  agent: z
+    .object({ timeout_sec: z.number().positive().default(600), user: z.string().min(1).optional() })
+    .prefault({}),
   solution: z.object({ env: envTable }).prefault({}),
   environment: z
     .object({
@@ -45,7 +54,9 @@ export async function loadHarborTask(path: string): Promise<Task> {
     throw new SandgymError('invalid_argument', `${tomlPath} is not valid TOML: ${why}`, { cause: error });
   }
   const toml = parseAt(taskTomlSchema, raw, tomlPath);
-  const required = ['instruction.md', 'environment/Dockerfile', 'tests/test.sh'];
+  const image = toml.environment.docker_image;
+  // a prebuilt image stands in for the Dockerfile
+  const required = ['instruction.md', ...(image ? [] : ['environment/Dockerfile']), 'tests/test.sh'];
   for (const file of required) {
     if (!existsSync(join(dir, file))) {
       throw new SandgymError(
@@ -55,16 +66,20 @@ export async function loadHarborTask(path: string): Promise<Task> {
     }
   }
   const solution = join(dir, 'solution');
+  const services = await composeServices(join(dir, 'environment'));
   return {
     id: basename(dir),
     format: 'harbor',
     source: dir,
     instruction: await readFile(join(dir, 'instruction.md'), 'utf8'),
-    environment: {
-      kind: 'dockerfile',
-      dockerfile: join(dir, 'environment/Dockerfile'),
-      context: join(dir, 'environment'),
-    },
+    environment: image
+      ? { kind: 'image', ref: image }
+      : {
+          kind: 'dockerfile',
+          dockerfile: join(dir, 'environment/Dockerfile'),
+          context: join(dir, 'environment'),
+        },
+    ...(services.length ? { services } : {}),
     grading: { kind: 'reward_file', testsDir: join(dir, 'tests') },
     resources: {
       cpu: toml.environment.cpus,
@@ -73,6 +88,8 @@ export async function loadHarborTask(path: string): Promise<Task> {
     },
     env: toml.environment.env,
     verifierEnv: toml.verifier.env,
+    ...(toml.agent.user ? { agentUser: toml.agent.user } : {}),
+    ...(toml.verifier.user ? { verifierUser: toml.verifier.user } : {}),
     agentTimeoutMs: toml.agent.timeout_sec * 1000,
     verifierTimeoutMs: toml.verifier.timeout_sec * 1000,
     buildTimeoutMs: toml.environment.build_timeout_sec * 1000,

@@ -33,6 +33,8 @@ export class TaskError extends SandgymError {
 export type TaskEnvironmentSource =
   | { kind: 'dockerfile'; dockerfile: string; context: string }
   | { kind: 'stored'; ref: string }
+  /** A prebuilt image (Harbor's `docker_image`): from the store or its registry. */
+  | { kind: 'image'; ref: string }
   | { kind: 'workspace'; base: string; repo: string; baseCommit: string; path: string };
 
 /**
@@ -105,6 +107,10 @@ export interface Task {
   env: Record<string, string>;
   /** Variables the verifier's tests run with (Harbor's `[verifier] env`), on top of `env`. */
   verifierEnv?: Record<string, string>;
+  /** Who the agent's commands run as (Harbor's `[agent] user`); default the image's USER. */
+  agentUser?: string;
+  /** Who the tests run as (Harbor's `[verifier] user`); default the image's USER. */
+  verifierUser?: string;
   agentTimeoutMs: number;
   verifierTimeoutMs: number;
   /** How long building its environment may take (Harbor's `build_timeout_sec`); default no limit. */

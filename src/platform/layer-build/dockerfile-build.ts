@@ -1,5 +1,17 @@
 import { createHash } from 'node:crypto';
-import { chmod, cp, lchown, lstat, mkdir, open, readFile, readdir, rm, writeFile } from 'node:fs/promises';
+import {
+  chmod,
+  cp,
+  lchown,
+  lstat,
+  mkdir,
+  open,
+  readFile,
+  readdir,
+  rm,
+  utimes,
+  writeFile,
+} from 'node:fs/promises';
 import { basename, dirname, join, posix, resolve } from 'node:path';
 import { SandgymError } from '../../common/index.ts';
 import type { Environment, ImageMetadata, ProjectStore } from '../layer-store.ts';
@@ -478,7 +490,11 @@ async function planStep(
   const config = { env: { ...stage.config.env }, workdir: stage.config.workdir, user: stage.config.user };
   switch (instruction.kind) {
     case 'WORKDIR':
-      return { key: null, build: () => folderStep(host.store, config.workdir, where) };
+      // the key names the recipe: layers of the older one (a root-owned mkdir) are not reused
+      return {
+        key: { folder: 'keeps-existing' },
+        build: () => folderStep(host, layers, config.workdir, where),
+      };
     case 'RUN': {
       const argv = runArgv(instruction, stage.shell);
       const env = { ...stage.args, ...config.env };
@@ -573,11 +589,37 @@ async function runStep(
   }
 }
 
-async function folderStep(store: ProjectStore, folder: string, where: string): Promise<string> {
-  const root = await store.scratch('workdir');
+/**
+ * WORKDIR's folder as a layer. A folder the stack has already keeps its owner, mode and times
+ * (an upper layer's folder hides the lower one's, so a plain mkdir would hand a user's home to
+ * root); only missing ones are made new.
+ */
+async function folderStep(host: BuildHost, layers: string[], folder: string, where: string): Promise<string> {
+  const parts = folder.split('/').filter(Boolean);
+  const paths = parts.map((_, i) => `/${parts.slice(0, i + 1).join('/')}`);
+  const existing = layers.length
+    ? await host.withLayerStack(layers, (stack) =>
+        Promise.all(
+          paths.map((path) =>
+            lstat(join(stack, path)).then(
+              (st) => (st.isDirectory() ? st : undefined),
+              () => undefined,
+            ),
+          ),
+        ),
+      )
+    : [];
+  const root = await host.store.scratch('workdir');
   try {
     await mkdir(join(root, folder), { recursive: true });
-    return (await store.addLayerFromDirectory(root, `${where}: WORKDIR ${folder}`)).digest;
+    for (const [i, path] of paths.entries()) {
+      const st = existing[i];
+      if (!st) continue;
+      await lchown(join(root, path), st.uid, st.gid);
+      await chmod(join(root, path), st.mode & 0o7777);
+      await utimes(join(root, path), st.atime, st.mtime);
+    }
+    return (await host.store.addLayerFromDirectory(root, `${where}: WORKDIR ${folder}`)).digest;
   } finally {
     await rm(root, { recursive: true, force: true });
   }
@@ -623,7 +665,15 @@ async function copyPlan(
     };
   } else if (typeof flags['from'] === 'string') {
     const name = expand(flags['from']).toLowerCase();
-    const other = sources.stages.get(name) ?? (await sources.image(name, `${where}: --from`));
+    const other =
+      sources.stages.get(name) ??
+      (await sources.image(name, `${where}: --from`).catch((error: unknown) => {
+        throw new SandgymError(
+          'invalid_argument',
+          `${where}: --from=${name} names no earlier stage, and no image could be had: ${(error as Error).message}`,
+          { cause: error },
+        );
+      }));
     source = { kind: 'layers', layers: other.layers, paths: copy.sources.map(expand) };
   } else {
     if (copy.kind === 'ADD' && copy.sources.some((s) => /^[a-z]+:\/\//i.test(s)))
