@@ -5,6 +5,8 @@ import type { PlatformClient, Sandbox } from '../platform/index.ts';
 import type { Deadline } from './deadline.ts';
 import type { OjCase, Task, TaskGrading } from './tasks/task.ts';
 import { parsePytestSummary } from './pytest-summary.ts';
+import { parseDjangoLog, parseSympyLog } from './repo-test-logs.ts';
+import type { RepoTestRunner } from './tasks/swebench-repos.ts';
 import { stageFolder } from './stage-folder.ts';
 import { TERMINAL_BENCH_TEST_DIR as TESTS_DIR } from './tasks/terminal-bench.ts';
 
@@ -505,10 +507,16 @@ export function sweBenchVerifier(
         'failed_precondition',
         `The test patch does not apply: ${applied.stderr.trim()}`,
       );
+    const ids = [...grading.failToPass, ...grading.passToPass];
+    if (grading.runner) {
+      const run = await runRepoTests(grader, grading, grading.runner, deadline, timeoutMs);
+      const parse = grading.runner.parser === 'django' ? parseDjangoLog : parseSympyLog;
+      const logged = parse(`${run.stdout}\n${run.stderr}`);
+      return sweBenchVerdict(grading, (id) => logged.get(id) ?? 'missing', restored, [], run);
+    }
     await grader.writeFile('/sandgym-runner/run_tests.py', SWEBENCH_RUNNER, deadline.call());
     await grader.exec(['rm', '-rf', '--', '/logs/verifier'], deadline.call());
     await grader.exec(['mkdir', '-p', '/logs/verifier'], deadline.call());
-    const ids = [...grading.failToPass, ...grading.passToPass];
     const run = await grader.exec(
       ['python3', '-I', '/sandgym-runner/run_tests.py', repo, '/logs/verifier/report.json', ...ids],
       { ...deadline.call(timeoutMs), cwd: repo },
@@ -528,28 +536,81 @@ export function sweBenchVerifier(
         },
       };
     }
-    const status = (id: string): string => report.statuses[id] ?? 'missing';
-    const failToPass = Object.fromEntries(grading.failToPass.map((id) => [id, status(id)]));
-    const passToPass = Object.fromEntries(grading.passToPass.map((id) => [id, status(id)]));
-    const resolved = ids.every((id) => status(id) === 'passed');
-    const notPassed = ids.filter((id) => status(id) !== 'passed');
-    return {
-      reward: resolved ? 1 : 0,
-      details: {
-        reason: resolved
-          ? `all ${ids.length} tests passed`
-          : `${notPassed.length} of ${ids.length} tests did not pass: ${notPassed
-              .slice(0, 5)
-              .map((id) => `${id} (${status(id)})`)
-              .join(', ')}${notPassed.length > 5 ? ', ...' : ''}`,
-        resolved,
-        failToPass,
-        passToPass,
-        ...(restored.length ? { restoredHarnessFiles: restored } : {}),
-        ...(report.harnessTampered.length ? { harnessTampered: report.harnessTampered } : {}),
-        ...outputTails(run),
-      },
-    };
+    return sweBenchVerdict(
+      grading,
+      (id) => report.statuses[id] ?? 'missing',
+      restored,
+      report.harnessTampered,
+      run,
+    );
+  };
+}
+
+/** Test files of the patch as the repository's runner takes them: Django labels, or the paths. */
+function runnerTargets(runner: RepoTestRunner, testPatch: string): string[] {
+  const files = patchedFiles(testPatch).filter((f) => f.endsWith('.py'));
+  if (runner.targets === 'files') return files;
+  // tests/admin_views/tests.py is the label admin_views.tests
+  return files
+    .filter((f) => f.startsWith('tests/'))
+    .map((f) => f.slice('tests/'.length, -'.py'.length).replaceAll('/', '.'));
+}
+
+/**
+ * Runs a repository's own test runner on the test patch's files, its own files first put back
+ * as they were at the base commit (an agent's edit to the runner would judge its own work).
+ */
+async function runRepoTests(
+  grader: Sandbox,
+  grading: Extract<TaskGrading, { kind: 'swebench' }>,
+  runner: RepoTestRunner,
+  deadline: Deadline,
+  timeoutMs: number,
+): Promise<Awaited<ReturnType<Sandbox['exec']>>> {
+  const git = gitIn(grader, grading.repoPath, deadline);
+  for (const file of runner.harness) {
+    if ((await git('cat-file', '-e', `${grading.baseCommit}:${file}`)).exitCode === 0)
+      await git('checkout', '-q', grading.baseCommit, '--', file);
+  }
+  const targets = runnerTargets(runner, grading.testPatch).map((t) => `'${t.replaceAll("'", "'\\''")}'`);
+  const run = await grader.exec(['bash', '-c', runner.command.replace('{tests}', targets.join(' '))], {
+    ...deadline.call(timeoutMs),
+    cwd: grading.repoPath,
+    outputCapBytes: 16 << 20,
+  });
+  if (run.timedOut) throw new GradingAnomaly('timeout', `The tests ran out of their ${timeoutMs} ms`);
+  return run;
+}
+
+/** SWE-bench's verdict: resolved only when every FAIL_TO_PASS and PASS_TO_PASS test passed. */
+function sweBenchVerdict(
+  grading: Extract<TaskGrading, { kind: 'swebench' }>,
+  status: (id: string) => string,
+  restored: string[],
+  harnessTampered: string[],
+  run: { stdout: string; stderr: string },
+): VerifierResult {
+  const ids = [...grading.failToPass, ...grading.passToPass];
+  const failToPass = Object.fromEntries(grading.failToPass.map((id) => [id, status(id)]));
+  const passToPass = Object.fromEntries(grading.passToPass.map((id) => [id, status(id)]));
+  const resolved = ids.every((id) => status(id) === 'passed');
+  const notPassed = ids.filter((id) => status(id) !== 'passed');
+  return {
+    reward: resolved ? 1 : 0,
+    details: {
+      reason: resolved
+        ? `all ${ids.length} tests passed`
+        : `${notPassed.length} of ${ids.length} tests did not pass: ${notPassed
+            .slice(0, 5)
+            .map((id) => `${id} (${status(id)})`)
+            .join(', ')}${notPassed.length > 5 ? ', ...' : ''}`,
+      resolved,
+      failToPass,
+      passToPass,
+      ...(restored.length ? { restoredHarnessFiles: restored } : {}),
+      ...(harnessTampered.length ? { harnessTampered } : {}),
+      ...outputTails(run),
+    },
   };
 }
 

@@ -2,6 +2,7 @@ import { readFile } from 'node:fs/promises';
 import { dirname, resolve } from 'node:path';
 import { z } from 'zod';
 import { SandgymError, parseAt } from '../../common/index.ts';
+import { REPO_RECIPES, repoSourcesFromEnv, resolveRepository, type RepoSources } from './swebench-repos.ts';
 import { NO_NETWORK, type Task } from './task.ts';
 
 /** FAIL_TO_PASS / PASS_TO_PASS: a JSON array, or a string holding one (both occur in the wild). */
@@ -39,10 +40,16 @@ export function isSweBenchFile(path: string): boolean {
 const TESTBED = '/testbed';
 
 /**
- * Loads SWE-bench rows (jsonl). `repo` names a local git repository or bundle, relative to the
- * file: nothing is fetched. Errors name the file, the line and the field.
+ * Loads SWE-bench rows (jsonl). `repo` is a local git repository or bundle relative to the file,
+ * or `owner/name` as published rows have it, found in a mirror folder or at a URL (see
+ * {@link resolveRepository}). A repository with a known recipe gets its packages and install
+ * over the checkout, and its own test runner where its ids need one. Errors name the file, the
+ * line and the field.
  */
-export async function loadSweBenchFile(path: string): Promise<Task[]> {
+export async function loadSweBenchFile(
+  path: string,
+  sources: RepoSources = repoSourcesFromEnv(),
+): Promise<Task[]> {
   const lines = (await readFile(path, 'utf8')).split('\n');
   const tasks: Task[] = [];
   for (const [index, line] of lines.entries()) {
@@ -56,7 +63,9 @@ export async function loadSweBenchFile(path: string): Promise<Task[]> {
         `${path} line ${index + 1} is not valid JSON: ${(error as Error).message}`,
       );
     }
-    const row = parseAt(sweBenchRowSchema, raw, `${path} line ${index + 1}`);
+    const where = `${path} line ${index + 1}`;
+    const row = parseAt(sweBenchRowSchema, raw, where);
+    const recipe = REPO_RECIPES[row.repo];
     tasks.push({
       id: row.instance_id,
       format: 'swebench',
@@ -65,9 +74,12 @@ export async function loadSweBenchFile(path: string): Promise<Task[]> {
       environment: {
         kind: 'workspace',
         base: 'debian:bookworm',
-        repo: resolve(dirname(path), row.repo),
+        repo: resolveRepository(row.repo, dirname(resolve(path)), sources, where),
         baseCommit: row.base_commit,
         path: TESTBED,
+        ...(recipe
+          ? { setup: { apt: recipe.apt, ...(recipe.install ? { install: recipe.install } : {}) } }
+          : {}),
       },
       grading: {
         kind: 'swebench',
@@ -76,6 +88,7 @@ export async function loadSweBenchFile(path: string): Promise<Task[]> {
         testPatch: row.test_patch,
         failToPass: row.FAIL_TO_PASS,
         passToPass: row.PASS_TO_PASS,
+        ...(recipe?.runner ? { runner: recipe.runner } : {}),
       },
       resources: { cpu: 1, memoryMib: 1024 },
       env: {},

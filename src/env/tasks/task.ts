@@ -1,5 +1,6 @@
 import { createHash } from 'node:crypto';
 import { SandgymError, isSandgymError, messageOf } from '../../common/index.ts';
+import type { RepoTestRunner } from './swebench-repos.ts';
 
 /**
  * A task that cannot run as written: its Dockerfile does not parse or a step of it fails, a file
@@ -35,7 +36,15 @@ export type TaskEnvironmentSource =
   | { kind: 'stored'; ref: string }
   /** A prebuilt image (Harbor's `docker_image`): from the store or its registry. */
   | { kind: 'image'; ref: string }
-  | { kind: 'workspace'; base: string; repo: string; baseCommit: string; path: string };
+  | {
+      kind: 'workspace';
+      base: string;
+      repo: string;
+      baseCommit: string;
+      path: string;
+      /** What the repository needs installed over the checkout (SWE-bench's per-repository recipe). */
+      setup?: { apt: string[]; install?: string };
+    };
 
 /**
  * A task's network, stage by stage: names of rules (`mirror:debian`, `pypi`, `internet`, ...)
@@ -89,6 +98,8 @@ export type TaskGrading =
       testPatch: string;
       failToPass: string[];
       passToPass: string[];
+      /** The repository's own test runner, where its test ids are neither unittest nor pytest names. */
+      runner?: RepoTestRunner;
     };
 
 /** A task, whatever format it came in: what the agent is told, where it runs, how it is graded. */

@@ -1,5 +1,5 @@
 import { existsSync } from 'node:fs';
-import { rename, rm } from 'node:fs/promises';
+import { rename, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { runProgram } from '../../backends/index.ts';
 import { SandgymError } from '../../common/index.ts';
@@ -85,8 +85,9 @@ export function workspaceEnvironmentName(task: Pick<Task, 'id' | 'source'>, sour
 
 /**
  * The environment of a task with a git workspace: its base environment plus one layer holding
- * the repository at the base commit, scrubbed. Built once and kept under a name that pins the
- * repository and commit.
+ * the repository at the base commit, scrubbed, and then what its recipe installs (packages from
+ * the node's mirror, an install that fetches nothing), built like a Dockerfile so each step is
+ * cached. Built once and kept under a name that pins the repository and commit.
  */
 export async function workspaceEnvironment(
   platform: LocalPlatform,
@@ -94,8 +95,43 @@ export async function workspaceEnvironment(
   source: Workspace,
 ): Promise<Environment> {
   const ref = workspaceEnvironmentName(task, source);
-  const name = parseEnvironmentRef(ref).name;
   if (platform.store.hasEnvironment(ref)) return platform.store.getEnvironment(ref);
+  if (!source.setup) return checkoutEnvironment(platform, source, ref);
+  const checkout = await checkoutEnvironment(platform, source, `${ref}-checkout`);
+  return installOver(platform, `${checkout.name}:${checkout.version}`, source.setup, ref);
+}
+
+/** A generated Dockerfile over the checkout: the recipe's packages, then its install in the repository. */
+async function installOver(
+  platform: LocalPlatform,
+  checkout: string,
+  setup: NonNullable<Workspace['setup']>,
+  ref: string,
+): Promise<Environment> {
+  const context = await platform.store.scratch('recipe');
+  try {
+    const lines = [`FROM ${checkout}`];
+    if (setup.apt.length)
+      lines.push(
+        `RUN apt-get update && apt-get install -y --no-install-recommends ${setup.apt.join(' ')} && rm -rf /var/lib/apt/lists/*`,
+      );
+    if (setup.install) lines.push(`RUN ${setup.install}`);
+    await writeFile(join(context, 'Dockerfile'), `${lines.join('\n')}\n`);
+    return (await platform.buildFromDockerfile({ file: join(context, 'Dockerfile'), context, name: ref }))
+      .environment;
+  } finally {
+    await rm(context, { recursive: true, force: true });
+  }
+}
+
+/** The base environment plus the scrubbed checkout, stored as `ref`. */
+async function checkoutEnvironment(
+  platform: LocalPlatform,
+  source: Workspace,
+  ref: string,
+): Promise<Environment> {
+  if (platform.store.hasEnvironment(ref)) return platform.store.getEnvironment(ref);
+  const { name, version } = parseEnvironmentRef(ref);
   const base = await platform.store.getEnvironment(source.base);
   const scratch = await platform.store.scratch('workspace');
   try {
@@ -121,7 +157,7 @@ export async function workspaceEnvironment(
     );
     return await platform.store.putEnvironment({
       name,
-      version: source.baseCommit.slice(0, 12),
+      version,
       layers: [...base.layers, layer.digest],
       config: { ...base.config, workdir: source.path },
       description: `${source.base} + ${source.repo} at ${source.baseCommit}, history scrubbed`,
