@@ -11,6 +11,7 @@ import { benchDensity } from './density.ts';
 import { benchFnCall } from './fncall.ts';
 import { benchHibernate } from './hibernate.ts';
 import { benchVm } from './vm.ts';
+import { benchTasks } from './tasks.ts';
 import type { BenchOptions, BenchReport } from './report.ts';
 
 /** Every benchmark by name, in the order `sandgym bench` runs them. */
@@ -28,6 +29,7 @@ export const BENCHMARKS: Record<string, (options: BenchOptions) => Promise<Bench
   fncall: benchFnCall,
   hibernate: benchHibernate,
   vm: benchVm,
+  tasks: benchTasks,
 };
 
 export type { BenchReport, BenchOptions, Metric } from './report.ts';

@@ -60,6 +60,6 @@ export { hostAvailableMib } from './host/memory.ts';
 export { activeSwapAreas, ensureSwapFile, removeSwapFile } from './host/swap.ts';
 export type { SwapArea } from './host/swap.ts';
 export { detectCriu } from './host/criu.ts';
-export { readNetworkRules } from './host/network-rules.ts';
+export { defaultRuleBook, hostDebianMirrorRules, readNetworkRules } from './host/network-rules.ts';
 export type { NetworkRuleBook } from './host/network-rules.ts';
 export type { CriuSupport } from './host/criu.ts';

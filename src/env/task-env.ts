@@ -432,6 +432,8 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
       environment,
       ...(extraLayers.length ? { extraLayers } : {}),
       resources: { ...this.task.resources },
+      // the task's variables are the container's, so its tests see them as the agent did
+      env: this.task.env,
       network: this.task.network.verify,
     });
     try {

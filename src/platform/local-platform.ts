@@ -11,7 +11,7 @@ import {
   isAlive,
   processIdentity,
   type ProcessIdentity,
-  readNetworkRules,
+  defaultRuleBook,
   type NetworkRuleBook,
   type CallOptions,
   type GcReport,
@@ -100,7 +100,8 @@ export interface LocalPlatformOptions {
   warmPool?: WarmPoolPolicy;
   /**
    * The node's named network rules (`{"mirror:debian": ["10.1.2.3:80"]}`) that sandboxes'
-   * policies name. Default: the JSON file $SANDGYM_NET_RULES names, else none.
+   * policies name. Default: the JSON file $SANDGYM_NET_RULES names, else the host's package
+   * mirrors (`mirror:debian`, `mirror:npm`, `dns`; see defaultRuleBook), which builds reach.
    */
   networkRules?: NetworkRuleBook;
   /**
@@ -645,7 +646,7 @@ export const Platform = {
       ...(options.verifyLayers ? { verifyLayers: options.verifyLayers } : {}),
       ...(options.durable ? { durable: true } : {}),
       ...(options.warmPool ? { warmPool: options.warmPool } : {}),
-      networkRules: options.networkRules ?? (await readNetworkRules(process.env['SANDGYM_NET_RULES'])),
+      networkRules: options.networkRules ?? (await defaultRuleBook()),
     });
     // the run manager is opened first and reaches the platform once it exists
     const late: { platform?: LocalPlatform } = {};

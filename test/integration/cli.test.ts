@@ -1,5 +1,5 @@
 import { spawn, spawnSync } from 'node:child_process';
-import { existsSync, readdirSync } from 'node:fs';
+import { existsSync, readFileSync, readdirSync } from 'node:fs';
 import { cp, mkdir, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -56,6 +56,27 @@ describe('the sandgym command line', () => {
         expect(run.stderr, what).toMatch(/Dockerfile line 2/);
       }
     }
+  });
+
+  it('evaluates a multi-metric task with each metric kept, and builds FROM an unknown image only on a fallback asked for', async () => {
+    const out = join(env.dataDir, 'multi-metric.json');
+    const run = sandgym('eval', resolve('test/fixtures/tasks/harbor/multi-metric'), '--json', out);
+    expect(run.status, run.stderr).toBe(0);
+    expect(run.stderr).toMatch(/multi-metric: reward 1 \(correctness 1, style 1\)/);
+    const summary = JSON.parse(readFileSync(out, 'utf8')) as { meanMetrics: Record<string, number> };
+    expect(summary.meanMetrics).toEqual({ correctness: 1, style: 1 });
+
+    const dir = join(env.dataDir, 'tasks', 'from-ubuntu');
+    await cp(resolve('examples/tasks/hello-file'), dir, { recursive: true });
+    await writeFile(join(dir, 'environment', 'Dockerfile'), 'FROM ubuntu:22.04\nWORKDIR /app\n');
+    const refused = sandgym('eval', dir, '--agent', 'oracle');
+    expect(refused.status).toBe(2);
+    expect(refused.stderr).toMatch(/FROM ubuntu:22.04: not in the store and not pulled .*--fallback-base/);
+    const fallback = sandgym('eval', dir, '--agent', 'oracle', '--fallback-base', 'debian:bookworm');
+    expect(fallback.status, fallback.stderr).toBe(0);
+    expect(fallback.stderr).toMatch(
+      /from-ubuntu: FROM ubuntu:22.04: not in the store .*built on debian:bookworm instead, as asked/,
+    );
   });
 
   it('refuses a data folder on a kernel filesystem or a read-only mount at once, naming the setting', async () => {

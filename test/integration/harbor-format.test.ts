@@ -99,7 +99,20 @@ describe('Harbor tasks as published', () => {
 
   it('honours image and task users, docker_image and a compose service, as published', async () => {
     const tasks = await loadTasks([FIXTURES]);
-    expect(tasks.map((t) => t.id)).toEqual(['compose-main', 'image-user', 'prebuilt-image', 'verifier-root']);
+    expect(tasks.map((t) => t.id)).toEqual([
+      'compose-main',
+      'env-and-storage',
+      'image-user',
+      'multi-metric',
+      'prebuilt-image',
+      'tests-with-data',
+      'verifier-root',
+    ]);
+    expect(tasks.find((t) => t.id === 'env-and-storage')?.resources).toEqual({
+      cpu: 1,
+      memoryMib: 512,
+      diskMib: 1024,
+    });
     expect(tasks.find((t) => t.id === 'verifier-root')).toMatchObject({
       agentUser: 'worker',
       verifierUser: 'root',
@@ -112,6 +125,11 @@ describe('Harbor tasks as published', () => {
     expect(oracle.map((r) => [r.task, r.reward, r.outcome.kind, r.error])).toEqual(
       tasks.map((t) => [t.id, 1, 'ok', undefined]),
     );
+    // reward.json's metrics are kept each, besides their mean as the reward
+    expect(oracle.find((r) => r.task === 'multi-metric')?.details?.['metrics']).toEqual({
+      correctness: 1,
+      style: 1,
+    });
     const nop = await evaluate(env.platform, tasks, nopAgent, { concurrency: 2 });
     expect(nop.map((r) => [r.task, r.reward, r.outcome.kind])).toEqual(tasks.map((t) => [t.id, 0, 'ok']));
   });

@@ -25,7 +25,18 @@ describe('Terminal-Bench tasks', () => {
   });
 
   it('loads task.yaml as the harness reads it: instruction or descriptions, its timeouts, its oracle', async () => {
-    const [apt, compose, count, legacy, yaml] = await loadTasks([FIXTURES]);
+    const tasks = await loadTasks([FIXTURES]);
+    expect(tasks.map((t) => t.id)).toEqual([
+      'apt-jq',
+      'compose-redis',
+      'count-lines',
+      'dockerignore-copy',
+      'heredoc-config',
+      'legacy-descriptions',
+      'multi-stage',
+      'yaml-steps',
+    ]);
+    const [apt, compose, count, , , legacy, , yaml] = tasks;
     expect(count).toMatchObject({
       id: 'count-lines',
       format: 'terminal-bench',

@@ -1,9 +1,12 @@
 import { randomBytes } from 'node:crypto';
-import { lookup } from 'node:dns/promises';
-import { readFileSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
-import type { NetworkRuleBook, SandboxSpec, WarmPoolPolicy } from '../../src/backends/index.ts';
+import {
+  hostDebianMirrorRules,
+  type NetworkRuleBook,
+  type SandboxSpec,
+  type WarmPoolPolicy,
+} from '../../src/backends/index.ts';
 import { newSandboxId } from '../../src/common/index.ts';
 import {
   LayerStore,
@@ -95,13 +98,7 @@ export async function busyboxSpecFactory(): Promise<() => SandboxSpec> {
   });
 }
 
-/**
- * A rule book that lets builds reach Debian's package mirror: every address deb.debian.org has,
- * and the host's DNS resolver (apt inside the sandbox resolves the name itself).
- */
-export async function debianMirrorRules(): Promise<NetworkRuleBook> {
-  const mirrors = await lookup('deb.debian.org', { family: 4, all: true });
-  const resolver = /^nameserver\s+(\d+\.\d+\.\d+\.\d+)/m.exec(readFileSync('/etc/resolv.conf', 'utf8'))?.[1];
-  if (!resolver) throw new Error('no IPv4 nameserver in /etc/resolv.conf');
-  return { 'mirror:debian': mirrors.map((m) => `${m.address}:80`), dns: [`${resolver}:53`] };
+/** A rule book that lets builds reach Debian's package mirror (see hostDebianMirrorRules). */
+export function debianMirrorRules(): Promise<NetworkRuleBook> {
+  return hostDebianMirrorRules();
 }

@@ -1,3 +1,4 @@
+import { lookup } from 'node:dns/promises';
 import { readFile } from 'node:fs/promises';
 import { isIPv4 } from 'node:net';
 import { z } from 'zod';
@@ -70,6 +71,59 @@ export async function readNetworkRules(path: string | undefined): Promise<Networ
   const book = parseAt(ruleBookFile, parsed, `network rules file ${path}`);
   checkRuleBook(book);
   return book;
+}
+
+/**
+ * Rules for reaching a Debian mirror from this host as it is configured now: `mirror:debian`
+ * (every IPv4 address the mirror's host name has, on the mirror URL's port) and `dns` (the host's
+ * first IPv4 resolver, port 53: apt in a sandbox resolves the name itself).
+ */
+export async function hostDebianMirrorRules(
+  mirror = process.env['SANDGYM_DEBIAN_MIRROR'] ?? 'http://deb.debian.org/debian',
+): Promise<NetworkRuleBook> {
+  const url = new URL(mirror);
+  const addresses = await lookup(url.hostname, { family: 4, all: true });
+  const resolver = /^nameserver\s+(\d+\.\d+\.\d+\.\d+)/m.exec(
+    await readFile('/etc/resolv.conf', 'utf8'),
+  )?.[1];
+  if (!resolver)
+    throw new SandgymError('failed_precondition', 'No IPv4 nameserver in /etc/resolv.conf for the dns rule');
+  const port = url.port || (url.protocol === 'https:' ? '443' : '80');
+  return { 'mirror:debian': addresses.map((a) => `${a.address}:${port}`), dns: [`${resolver}:53`] };
+}
+
+/**
+ * The rule book of a node given none: the host's package mirrors, so Dockerfile builds reach
+ * Debian's packages (and npm's registry) as they would on a developer's machine, and nothing
+ * else. Sandboxes reach none of it unless their policy names a rule. A mirror that cannot be
+ * resolved now is left out rather than failing the node.
+ */
+export async function defaultRuleBook(env: NodeJS.ProcessEnv = process.env): Promise<NetworkRuleBook> {
+  if (env['SANDGYM_NET_RULES']) return readNetworkRules(env['SANDGYM_NET_RULES']);
+  // a resolver that does not answer must not hold up the node: mirrors it cannot name go without
+  const [debian, npm] = await Promise.all([
+    withinDeadline(hostDebianMirrorRules(), MIRROR_LOOKUP_MS),
+    withinDeadline(
+      lookup('registry.npmjs.org', { family: 4, all: true }).then((addresses) => ({
+        'mirror:npm': addresses.map((a) => `${a.address}:443`),
+      })),
+      MIRROR_LOOKUP_MS,
+    ),
+  ]);
+  return debian ? { ...debian, ...npm } : {};
+}
+
+/** How long the default rule book waits for the mirrors' names. */
+const MIRROR_LOOKUP_MS = 3000;
+
+/** The promise's value, or undefined when it fails or takes longer than `ms`. */
+function withinDeadline<T>(promise: Promise<T>, ms: number): Promise<T | undefined> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<undefined>((resolve) => {
+    timer = setTimeout(() => resolve(undefined), ms);
+    timer.unref();
+  });
+  return Promise.race([promise.catch(() => undefined), late]).finally(() => clearTimeout(timer));
 }
 
 /**

@@ -2,7 +2,7 @@ import { readFile } from 'node:fs/promises';
 import { hostname } from 'node:os';
 import { z } from 'zod';
 import { parseAt } from '../../common/index.ts';
-import { readNetworkRules } from '../../backends/index.ts';
+import { defaultRuleBook, readNetworkRules } from '../../backends/index.ts';
 import {
   Controller,
   NodeAgent,
@@ -117,7 +117,9 @@ export async function nodeCommand(args: string[]): Promise<number> {
     durable: true,
     warmPool,
     ...(storeDir ? { storeDir } : {}),
-    networkRules: await readNetworkRules(text(parsed, 'net-rules') ?? process.env['SANDGYM_NET_RULES']),
+    networkRules: text(parsed, 'net-rules')
+      ? await readNetworkRules(text(parsed, 'net-rules'))
+      : await defaultRuleBook(),
   });
   const node = await NodeAgent.start(platform, {
     listen,

@@ -14,6 +14,27 @@ import {
 import { IMAGE_SOURCE_OPTIONS, imageSources, parseCommandArgs, positiveInt, text } from '../args.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
 
+/** The named metrics of a reward.json, when the verifier kept them. */
+function metricsOf(details: Record<string, unknown> | undefined): Record<string, number> | undefined {
+  const metrics = details?.['metrics'];
+  if (!metrics || typeof metrics !== 'object') return undefined;
+  const numbers = Object.entries(metrics).filter(
+    (entry): entry is [string, number] => typeof entry[1] === 'number',
+  );
+  return numbers.length ? Object.fromEntries(numbers) : undefined;
+}
+
+/** Each metric's mean over the episodes that report it: a multi-metric suite is not one average. */
+function meanMetrics(all: (Record<string, number> | undefined)[]): Record<string, number> {
+  const sums = new Map<string, { sum: number; n: number }>();
+  for (const metrics of all)
+    for (const [name, value] of Object.entries(metrics ?? {})) {
+      const s = sums.get(name) ?? { sum: 0, n: 0 };
+      sums.set(name, { sum: s.sum + value, n: s.n + 1 });
+    }
+  return Object.fromEntries([...sums].map(([name, { sum, n }]) => [name, sum / n]));
+}
+
 function progressLine(p: EvalProgress): string {
   const eta = p.etaMs === undefined ? '' : `, ETA ${Math.ceil(p.etaMs / 1000)}s`;
   return `sandgym eval: ${p.done}/${p.total} done, ${p.running} running, ${p.failed} failed${eta}`;
@@ -74,9 +95,18 @@ export async function evalCommand(args: string[]): Promise<number> {
         : ` [${r.outcome.kind}${'reason' in r.outcome ? `: ${r.outcome.reason}` : ''}]${r.outcome.kind === 'task_error' ? ` ${r.outcome.message}` : ''}`;
     const tamper = r.tampered.length ? ` tampered: ${r.tampered.join(', ')}` : '';
     const egress = r.deniedEgress ? ` denied egress: ${r.deniedEgress}` : '';
+    const metrics = metricsOf(r.details);
+    const perMetric = metrics
+      ? ` (${Object.entries(metrics)
+          .map(([name, value]) => `${name} ${value}`)
+          .join(', ')})`
+      : '';
+    const why = r.reward < 1 && typeof r.details?.['reason'] === 'string' ? `: ${r.details['reason']}` : '';
     process.stderr.write(
-      `${interactive ? '\r' : ''}${r.task}: reward ${r.reward}${outcome}${tamper}${egress} (${r.steps} steps, ${(r.durationMs / 1000).toFixed(1)}s)\n`,
+      `${interactive ? '\r' : ''}${r.task}: reward ${r.reward}${perMetric}${outcome}${tamper}${egress} (${r.steps} steps, ${(r.durationMs / 1000).toFixed(1)}s)${why}\n`,
     );
+    // how its environment was had: a FROM mapped, pulled or built on a fallback base
+    for (const note of r.buildNotes ?? []) process.stderr.write(`  ${r.task}: ${note}\n`);
   });
   const reports = await runner.run(tasks);
   // the run completed: nothing is left to resume
@@ -89,6 +119,7 @@ export async function evalCommand(args: string[]): Promise<number> {
       .length,
     taskErrors: reports.filter((r) => r.outcome.kind === 'task_error').length,
     meanReward: reports.reduce((sum, r) => sum + r.reward, 0) / Math.max(1, reports.length),
+    meanMetrics: meanMetrics(reports.map((r) => metricsOf(r.details))),
     episodes: reports,
   };
   const out = text(parsed, 'json');
