@@ -97,14 +97,19 @@ describe('Harbor tasks as published', () => {
     ]);
   });
 
-  it('honours image and task users, docker_image and a compose service, as published', async () => {
+  it('passes a dozen published-shape folders: users, docker_image, a compose service, apt, metrics', async () => {
     const tasks = await loadTasks([FIXTURES]);
     expect(tasks.map((t) => t.id)).toEqual([
+      'apt-pretty-json',
+      'args-and-metadata',
       'compose-main',
+      'copy-ownership',
       'env-and-storage',
       'image-user',
       'multi-metric',
       'prebuilt-image',
+      'pytest-reward',
+      'solution-helpers',
       'tests-with-data',
       'verifier-root',
     ]);

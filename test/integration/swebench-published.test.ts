@@ -2,7 +2,7 @@ import { execFileSync } from 'node:child_process';
 import { chmod, mkdir, writeFile } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { loadSweBenchFile } from '../../src/env/index.ts';
+import { loadSweBenchFile, loadTasks } from '../../src/env/index.ts';
 import { evaluate, nopAgent, oracleAgent, scriptedAgent } from '../../src/rollout/index.ts';
 import { expectCode } from '../support/errors.ts';
 import { createTestPlatform, debianMirrorRules, type TestPlatform } from '../support/platform.ts';
@@ -217,6 +217,23 @@ describe('SWE-bench rows as published', () => {
     ]);
     const [report] = await evaluate(env.platform, [django!], () => forged, { concurrency: 1 });
     expect([report?.reward, report?.outcome.kind]).toEqual([0, 'ok']);
+  });
+
+  it('grades a dozen fixture rows of one published-shape repository: every oracle passes, every nop fails', async () => {
+    // owner/name found in the rows' own repos/ folder (a git bundle); ids of every pytest and unittest shape
+    const tasks = await loadTasks([join(import.meta.dirname, '..', 'fixtures', 'tasks', 'swebench')]);
+    expect(tasks).toHaveLength(12);
+    const oracle = await evaluate(env.platform, tasks, oracleAgent, { concurrency: 2 });
+    expect(oracle.map((r) => [r.task, r.reward, r.outcome.kind, r.error])).toEqual(
+      tasks.map((t) => [t.id, 1, 'ok', undefined]),
+    );
+    const nop = await evaluate(env.platform, tasks, nopAgent, { concurrency: 2 });
+    expect(nop.map((r) => [r.task, r.reward, r.outcome.kind])).toEqual(tasks.map((t) => [t.id, 0, 'ok']));
+    // a parametrised pytest id fails on its own, not as its whole function
+    expect(nop[1]?.details?.['failToPass']).toEqual({
+      'tests/test_title_case.py::test_words[a b-A B]': 'failed',
+      'tests/test_title_case.py::test_words[hello world-Hello World]': 'failed',
+    });
   });
 
   it('says where it looked for a repository no mirror has', async () => {

@@ -28,15 +28,26 @@ describe('Terminal-Bench tasks', () => {
     const tasks = await loadTasks([FIXTURES]);
     expect(tasks.map((t) => t.id)).toEqual([
       'apt-jq',
+      'apt-jq-csv',
       'compose-redis',
       'count-lines',
       'dockerignore-copy',
+      'env-paths',
       'heredoc-config',
       'legacy-descriptions',
       'multi-stage',
+      'nonroot-user',
+      'tar-add',
       'yaml-steps',
     ]);
-    const [apt, compose, count, , , legacy, , yaml] = tasks;
+    const byId = (id: string) => tasks.find((t) => t.id === id);
+    const [apt, compose, count, legacy, yaml] = [
+      'apt-jq',
+      'compose-redis',
+      'count-lines',
+      'legacy-descriptions',
+      'yaml-steps',
+    ].map(byId);
     expect(count).toMatchObject({
       id: 'count-lines',
       format: 'terminal-bench',
