@@ -30,7 +30,7 @@ export type {
   TaskGrading,
   TaskService,
 } from './tasks/task.ts';
-export { NO_NETWORK, TaskError, taskStorageStem } from './tasks/task.ts';
+export { NO_NETWORK, PUBLIC_NETWORK, TaskError, taskStorageStem } from './tasks/task.ts';
 export {
   GradingAnomaly,
   customVerifier,

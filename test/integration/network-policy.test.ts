@@ -1,6 +1,6 @@
 import { execFileSync } from 'node:child_process';
 import { createServer, type Server } from 'node:net';
-import { readFileSync } from 'node:fs';
+import { readFileSync, readdirSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TaskEnv, loadHarborTask, type Verifier } from '../../src/env/index.ts';
@@ -45,7 +45,8 @@ describe('network policy', () => {
   afterAll(async () => {
     hostListener?.close();
     // this platform's own subnet: other test files' platforms (a build with network) may hold theirs
-    const { subnet } = JSON.parse(readFileSync(join(env.dataDir, 'network.json'), 'utf8')) as {
+    const [record] = readdirSync(join(env.dataDir, 'networks'));
+    const { subnet } = JSON.parse(readFileSync(join(env.dataDir, 'networks', record!), 'utf8')) as {
       subnet: number;
     };
     await env?.[Symbol.asyncDispose]();

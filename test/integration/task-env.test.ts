@@ -6,6 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
   TaskEnv,
   loadHarborTask,
+  PUBLIC_NETWORK,
   loadTasks,
   type SandboxAction,
   type Verifier,
@@ -273,13 +274,20 @@ describe('Harbor tasks, fresh-box grading and evaluation', () => {
 
   it('carries a per-stage network policy and refuses a rule this node does not define', async () => {
     const online = await taskCopy('online', (d) =>
-      writeFile(join(d, 'task.toml'), '[environment]\nallow_internet = true\n'),
+      writeFile(
+        join(d, 'task.toml'),
+        '[environment]\nallow_internet = true\n[verifier]\nnetwork_mode = "no-network"\n',
+      ),
     );
     const task = await loadHarborTask(online);
-    expect(task.network).toEqual({ setup: [], agent: ['internet?'], verify: [] });
+    expect(task.network).toEqual({ setup: [...PUBLIC_NETWORK], agent: [...PUBLIC_NETWORK], verify: [] });
     expect(task.hiddenPaths).toEqual(['/tests', '/solution']);
-    // Harbor's allow_internet asks for the internet where there is one: this node has none, and
-    // the task runs with loopback only rather than failing
+    const closed = await taskCopy('offline', (d) =>
+      writeFile(join(d, 'task.toml'), '[environment]\nnetwork_mode = "no-network"\n'),
+    );
+    expect((await loadHarborTask(closed)).network).toEqual({ setup: [], agent: [], verify: [] });
+    // public asks for the internet where there is one: this node has none (only its mirrors), and
+    // the task runs with what there is rather than failing
     const [report] = await evaluate(env.platform, [task], oracleAgent, { concurrency: 1 });
     expect(report).toMatchObject({ reward: 1, outcome: { kind: 'ok' } });
     // a rule the task needs, not merely allows, is refused by name

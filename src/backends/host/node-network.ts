@@ -1,4 +1,5 @@
-import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { randomBytes } from 'node:crypto';
+import { mkdir, readFile, readdir, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { SandgymError } from '../../common/index.ts';
@@ -59,21 +60,16 @@ export class NodeNetwork {
   }
 
   /**
-   * Claims a subnet for the node of `dataDir` (the one it had, if its predecessor left it) and
-   * builds the bridge and table afresh.
+   * Claims a subnet for this process on the node of `dataDir` (the one a dead predecessor had,
+   * if it left one) and builds the bridge and table afresh. Processes sharing a data dir (two
+   * evals at once) each have their own: networks/<pid>-<random>.json records whose is which.
    */
   static async open(dataDir: string): Promise<NodeNetwork> {
-    const stateFile = join(dataDir, 'network.json');
-    const previous = await readState(stateFile);
-    if (previous?.owner && (await isAlive(previous.owner))) {
-      throw new SandgymError(
-        'failed_precondition',
-        `Process ${previous.owner.pid} already runs the sandbox network of data dir ${dataDir}: give sandboxes with egress one process per data dir (use another --data-dir)`,
-      );
-    }
-    if (previous) await removeNetwork(previous.subnet);
-    const subnet = await claimSubnet(previous?.subnet);
+    const previous = await removeStaleNetworks(dataDir);
+    const subnet = await claimSubnet(previous[0]);
+    const stateFile = join(dataDir, NETWORKS_DIR, `${process.pid}-${randomBytes(4).toString('hex')}.json`);
     const network = new NodeNetwork(subnet, stateFile);
+    await mkdir(join(dataDir, NETWORKS_DIR), { recursive: true });
     await writeFile(stateFile, JSON.stringify({ subnet, owner: await processIdentity(process.pid) }));
     try {
       await network.build();
@@ -226,13 +222,33 @@ function nft(script: string): Promise<string> {
   return runProgram('nft', ['-f', '-'], { input: script });
 }
 
-/** Removes the network a dead process of `dataDir` left in the kernel, if any; a live one's stays. */
+/** Where each process of a data dir records the subnet it claimed. */
+const NETWORKS_DIR = 'networks';
+
+/** Removes the networks dead processes of `dataDir` left in the kernel; live ones' stay. */
 export async function removeStaleNetwork(dataDir: string): Promise<void> {
-  const stateFile = join(dataDir, 'network.json');
-  const state = await readState(stateFile);
-  if (!state || (state.owner && (await isAlive(state.owner)))) return;
-  await removeNetwork(state.subnet);
-  await rm(stateFile, { force: true });
+  await removeStaleNetworks(dataDir);
+}
+
+/** Removes the networks of dead processes of `dataDir`; returns the subnets they had. */
+async function removeStaleNetworks(dataDir: string): Promise<number[]> {
+  const dir = join(dataDir, NETWORKS_DIR);
+  // network.json: where a single process per data dir kept its record before
+  const files = [
+    join(dataDir, 'network.json'),
+    ...(await readdir(dir).catch(() => [] as string[])).map((name) => join(dir, name)),
+  ];
+  const subnets: number[] = [];
+  for (const file of files) {
+    const state = await readState(file);
+    if (state?.owner && (await isAlive(state.owner))) continue;
+    if (state) {
+      await removeNetwork(state.subnet);
+      subnets.push(state.subnet);
+    }
+    await rm(file, { force: true });
+  }
+  return subnets;
 }
 
 const networkState = z.object({

@@ -5,12 +5,24 @@ import { parse as parseToml } from 'smol-toml';
 import { z } from 'zod';
 import { ENV_VAR_NAME, SandgymError, parseAt } from '../../common/index.ts';
 import { composeServices } from './compose.ts';
-import { NO_NETWORK, type Task } from './task.ts';
+import { PUBLIC_NETWORK, type NetworkPolicy, type Task } from './task.ts';
 
 /** task.toml of a Harbor / Terminal-Bench 2 task; every section is optional. */
 const envTable = z
   .record(z.string().regex(ENV_VAR_NAME, 'env names are letters, digits and _'), z.string())
   .default({});
+
+/** Harbor's network modes; `allowlist` gets the node's mirrors, the only hosts it can name here. */
+const networkMode = z.enum(['public', 'no-network', 'allowlist']).optional();
+
+/** The rules of a Harbor network mode on this node. */
+function rulesOf(mode: 'public' | 'no-network' | 'allowlist'): string[] {
+  return mode === 'no-network'
+    ? []
+    : mode === 'public'
+      ? [...PUBLIC_NETWORK]
+      : ['mirror:debian?', 'mirror:npm?', 'dns?'];
+}
 
 const taskTomlSchema = z.object({
   verifier: z
@@ -18,10 +30,15 @@ const taskTomlSchema = z.object({
       timeout_sec: z.number().positive().default(120),
       env: envTable,
       user: z.string().min(1).optional(),
+      network_mode: networkMode,
     })
     .prefault({}),
   agent: z
-    .object({ timeout_sec: z.number().positive().default(600), user: z.string().min(1).optional() })
+    .object({
+      timeout_sec: z.number().positive().default(600),
+      user: z.string().min(1).optional(),
+      network_mode: networkMode,
+    })
     .prefault({}),
   solution: z.object({ env: envTable }).prefault({}),
   environment: z
@@ -31,11 +48,29 @@ const taskTomlSchema = z.object({
       cpus: z.number().positive().default(1),
       memory_mb: z.number().int().min(16).default(1024),
       storage_mb: z.number().int().positive().optional(),
-      allow_internet: z.boolean().default(false),
+      // the older switch; network_mode is the newer one, and wins where both are given
+      allow_internet: z.boolean().optional(),
+      network_mode: networkMode,
       env: envTable,
     })
     .prefault({}),
 });
+
+/**
+ * A Harbor task's network as Harbor gives it: the environment's mode (`network_mode`, or the
+ * older `allow_internet`; public when neither says), which `[agent]` and `[verifier]` may each
+ * override. Public is what Harbor's containers have by default; here it is the node's internet
+ * and package mirrors where it has them (see PUBLIC_NETWORK).
+ */
+function harborNetwork(toml: z.infer<typeof taskTomlSchema>): NetworkPolicy {
+  const base =
+    toml.environment.network_mode ?? (toml.environment.allow_internet === false ? 'no-network' : 'public');
+  return {
+    setup: rulesOf(base),
+    agent: rulesOf(toml.agent.network_mode ?? base),
+    verify: rulesOf(toml.verifier.network_mode ?? base),
+  };
+}
 
 /** True when the folder looks like one Harbor task (it has a task.toml). */
 export function isHarborTask(dir: string): boolean {
@@ -93,10 +128,7 @@ export async function loadHarborTask(path: string): Promise<Task> {
     agentTimeoutMs: toml.agent.timeout_sec * 1000,
     verifierTimeoutMs: toml.verifier.timeout_sec * 1000,
     buildTimeoutMs: toml.environment.build_timeout_sec * 1000,
-    // Harbor's one switch opens the internet to the agent, where the node defines an `internet`
-    // rule (optional: a task that allows it must not fail on a node without it); setup and
-    // grading stay closed
-    network: toml.environment.allow_internet ? { ...NO_NETWORK, agent: ['internet?'] } : NO_NETWORK,
+    network: harborNetwork(toml),
     hiddenPaths: ['/tests', '/solution'],
     oracle: existsSync(join(solution, 'solve.sh'))
       ? { kind: 'script', dir: solution, env: toml.solution.env }

@@ -59,6 +59,13 @@ export interface NetworkPolicy {
 /** Loopback only, in every stage: the default. */
 export const NO_NETWORK: NetworkPolicy = { setup: [], agent: [], verify: [] };
 
+/**
+ * What a harness's "public" network is on a node: the internet where the node defines an
+ * `internet` rule, and its package mirrors and DNS where it has them. Each rule is optional, so
+ * a node without them runs the task with less rather than refusing it.
+ */
+export const PUBLIC_NETWORK: readonly string[] = ['internet?', 'mirror:debian?', 'mirror:npm?', 'dns?'];
+
 /** One OJ test case: the input and the expected output. */
 export interface OjCase {
   stdin: string;

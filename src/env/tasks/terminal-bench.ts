@@ -5,7 +5,7 @@ import { parse as parseYaml } from 'yaml';
 import { z } from 'zod';
 import { SandgymError, parseAt } from '../../common/index.ts';
 import { composeServices } from './compose.ts';
-import { NO_NETWORK, type Task } from './task.ts';
+import { PUBLIC_NETWORK, type Task } from './task.ts';
 
 /**
  * task.yaml of a Terminal-Bench 1 task. The instruction is `instruction`, or in older tasks the
@@ -108,7 +108,8 @@ export async function loadTerminalBenchTask(path: string): Promise<Task> {
     env: { TEST_DIR: TERMINAL_BENCH_TEST_DIR },
     agentTimeoutMs: yaml.max_agent_timeout_sec * 1000,
     verifierTimeoutMs: yaml.max_test_timeout_sec * 1000,
-    network: NO_NETWORK,
+    // the harness's containers are on Docker's default network: public
+    network: { setup: [...PUBLIC_NETWORK], agent: [...PUBLIC_NETWORK], verify: [...PUBLIC_NETWORK] },
     hiddenPaths: [TERMINAL_BENCH_TEST_DIR, '/oracle'],
     oracle: script === undefined ? undefined : { kind: 'shell', path: ORACLE_SCRIPT, script },
   };
