@@ -382,12 +382,25 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
    */
   async grade(): Promise<Grade> {
     const agent = this.inner?.current;
+    try {
+      return await this.gradeOnce();
+    } finally {
+      // an episode graded midway goes on with its services
+      if (agent && this.services && !this.isClosed)
+        await this.services.join(agent, this.mainServiceName()).catch(() => undefined);
+    }
+  }
+
+  private async gradeOnce(): Promise<Grade> {
+    const agent = this.inner?.current;
     const environment = this.built;
     if (!agent || !environment)
       throw new SandgymError('failed_precondition', 'Nothing to grade: call reset() first');
     // no name: a layer for this grading only, which layer gc reclaims later
     const { layer, present, dropped } = await this.platform.packDiff(agent, this.diffOptions());
     const { deniedEgress } = await agent.stats();
+    // while it is graded, the agent's sandbox is off its services' network (see TaskServices.leave)
+    await this.services?.leave(agent);
     const tampered = [...new Set([...this.earlierTampering, ...present.map((path) => `/${path}`)])];
     const clean = this.base ?? `${environment.name}:${environment.version}`;
     const withDiff = await this.judge(clean, [layer.digest]).then(

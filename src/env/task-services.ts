@@ -59,6 +59,9 @@ async function listeningPorts(sandbox: Sandbox): Promise<Set<number>> {
  * the agent left in the services. Closing ends the services and the network together.
  */
 export class TaskServices {
+  /** Where the task's own sandboxes (the agent's, graders) sit on the group, by sandbox id. */
+  private readonly joined = new Map<string, string>();
+
   private constructor(
     private readonly network: SandboxGroupNetwork,
     private readonly running: RunningService[],
@@ -116,19 +119,39 @@ export class TaskServices {
 
   /** Puts a sandbox of the task (the agent's, a grader) on the group, known there as `name`. */
   async join(sandbox: Sandbox, name: string): Promise<void> {
-    await this.network.join(sandbox);
+    this.joined.set(sandbox.id, await this.network.join(sandbox));
     await this.writeHosts(sandbox, name);
   }
 
-  /** The group's names in the sandbox's /etc/hosts, after what its image had there. */
+  /**
+   * Takes a task sandbox off the group: the agent's while it is graded, so nothing it left
+   * running (a fake service on its own address, a writer racing the tests) reaches the services
+   * or the grader.
+   */
+  async leave(sandbox: Sandbox): Promise<void> {
+    const address = this.joined.get(sandbox.id);
+    if (!address) return;
+    this.joined.delete(sandbox.id);
+    await this.network.leave(address);
+  }
+
+  /**
+   * The group's names in the sandbox's /etc/hosts, after what it had there. Any other line that
+   * names a member goes: an agent that pointed `db` at an address of its own in the hosts file
+   * its diff carries into the grader must not steer the tests there.
+   */
   private async writeHosts(sandbox: Sandbox, self: string): Promise<void> {
+    const names = new Set([self, ...this.running.map((m) => m.name)]);
     const base = await sandbox.readFile('/etc/hosts').then(
       (b) => b.toString(),
       () => '127.0.0.1 localhost\n',
     );
     const kept = base
       .split('\n')
-      .filter((line) => !line.includes('# sandgym group'))
+      .filter((line) => {
+        const hosts = line.replace(/#.*/, '').trim().split(/\s+/).slice(1);
+        return !hosts.some((host) => names.has(host));
+      })
       .join('\n')
       .replace(/\n*$/, '\n');
     const entries = [

@@ -132,6 +132,8 @@ export interface LocalPlatformOptions {
 export interface SandboxGroupNetwork {
   /** Puts a live sandbox on the group; returns its address there. */
   join(sandbox: Sandbox): Promise<string>;
+  /** Takes the member at `address` off the group. */
+  leave(address: string): Promise<void>;
   close(): Promise<void>;
 }
 
@@ -482,6 +484,7 @@ export class LocalPlatform implements PlatformClient {
           );
         return this.container.joinGroup(sandbox.id, group);
       },
+      leave: (address) => group.leave(address),
       close: () => group.close(),
     };
   }

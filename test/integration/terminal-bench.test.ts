@@ -1,8 +1,8 @@
-import { execFileSync } from 'node:child_process';
+import { readFileSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadTasks, parsePytestSummary } from '../../src/env/index.ts';
-import { evaluate, nopAgent, oracleAgent } from '../../src/rollout/index.ts';
+import { evaluate, nopAgent, oracleAgent, scriptedAgent } from '../../src/rollout/index.ts';
 import { createTestPlatform, debianMirrorRules, type TestPlatform } from '../support/platform.ts';
 
 const FIXTURES = join(import.meta.dirname, '..', 'fixtures', 'tasks', 'terminal-bench');
@@ -94,7 +94,61 @@ describe('Terminal-Bench tasks', () => {
     // the redis service went with its episode: no service sandbox and no group network left
     const services = (await env.platform.listSandboxes()).filter((s) => s.labels?.['service']);
     expect(services).toEqual([]);
-    expect(execFileSync('ip', ['-o', 'link', 'show', 'type', 'bridge']).toString()).not.toMatch(/ sgg\d+:/);
+    // no group network of this process is left (other test files may hold theirs right now)
+    const ownerOf = (claim: string): string => {
+      try {
+        return readFileSync(join('/run/sandgym/groups', claim, 'owner.json'), 'utf8');
+      } catch {
+        return ''; // a claim another process is making right now
+      }
+    };
+    const claims = readdirSync('/run/sandgym/groups').filter((claim) =>
+      ownerOf(claim).includes(`"pid":${process.pid},`),
+    );
+    expect(claims).toEqual([]);
+  });
+});
+
+/** A redis stand-in that answers what the compose-redis tests ask, and nothing real. */
+const FAKE_REDIS = `import socket, threading
+def serve(conn):
+    data = conn.recv(4096)
+    while data:
+        if b'LRANGE' in data:
+            conn.sendall(b'*3\\r\\n$1\\r\\n1\\r\\n$1\\r\\n2\\r\\n$1\\r\\n3\\r\\n')
+        else:
+            conn.sendall(b'$5\\r\\nhello\\r\\n')
+        data = conn.recv(4096)
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(('0.0.0.0', 6379))
+server.listen()
+while True:
+    threading.Thread(target=serve, args=(server.accept()[0],)).start()
+`;
+
+describe('Terminal-Bench services under attack', () => {
+  it('keeps an agent that points the service name at a fake of its own from passing', async () => {
+    await using env = await createTestPlatform('terminal-bench-attack', {
+      privateStore: true,
+      seed: ['debian:bookworm'],
+    });
+    const [task] = await loadTasks([join(FIXTURES, 'compose-redis')]);
+    // leave a fake redis running on its own group address, and name it "cache" in /etc/hosts
+    const cheat = scriptedAgent([
+      { type: 'write_file', path: '/tmp/fake.py', content: FAKE_REDIS },
+      { type: 'exec', command: 'nohup python3 /tmp/fake.py >/dev/null 2>&1 &' },
+      {
+        type: 'exec',
+        command:
+          'me=$(python3 -c "import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect((\'cache\', 6379)); print(s.getsockname()[0])") && ' +
+          '{ echo "$me cache"; cat /etc/hosts; } > /tmp/hosts && cat /tmp/hosts > /etc/hosts && ' +
+          // the fake answers as redis would
+          'redis-cli -h $me GET greeting',
+      },
+    ]);
+    const [report] = await evaluate(env.platform, [task!], () => cheat, { concurrency: 1 });
+    expect([report?.reward, report?.outcome.kind]).toEqual([0, 'ok']);
   });
 });
 

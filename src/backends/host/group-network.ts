@@ -32,7 +32,9 @@ const claimSchema = z.object({ owner: z.object({ pid: z.number(), startTime: z.n
  * under /run/sandgym/groups) records its owner, so what a crashed owner left is removed.
  */
 export class GroupNetwork {
+  /** Member number → its address; and address → its host-side veth, for leaving. */
   private readonly members = new Map<number, string>();
+  private readonly veths = new Map<string, string>();
   private closed = false;
 
   private constructor(readonly index: number) {}
@@ -110,7 +112,17 @@ export class GroupNetwork {
       await runProgram('sh', ['-c', 'ip link del "$1" 2>/dev/null || true', 'sh', host]);
       throw error;
     }
+    this.veths.set(address, host);
     return address;
+  }
+
+  /** Takes the member at `address` off the group (its veth goes); its number is free again. */
+  async leave(address: string): Promise<void> {
+    const host = this.veths.get(address);
+    if (!host) return;
+    await runProgram('sh', ['-c', 'ip link del "$1" 2>/dev/null || true', 'sh', host]);
+    this.veths.delete(address);
+    for (const [member, a] of this.members) if (a === address) this.members.delete(member);
   }
 
   /** Removes the bridge, every member's veth and the claim. Idempotent. */

@@ -1,10 +1,9 @@
 import { existsSync } from 'node:fs';
-import { readFile } from 'node:fs/promises';
 import { join, resolve, sep } from 'node:path';
-import { parse as parseYaml } from 'yaml';
 import { z } from 'zod';
 import { SandgymError, parseAt } from '../../common/index.ts';
 import type { TaskService } from './task.ts';
+import { readTaskFile } from './task-file.ts';
 
 /** The service that is the task's own sandbox: Terminal-Bench calls it `client`, Harbor `main`. */
 const MAIN_SERVICES = new Set(['client', 'main']);
@@ -67,14 +66,7 @@ function environment(value: z.infer<typeof serviceSchema>['environment']): Recor
 export async function composeServices(dir: string): Promise<TaskService[]> {
   const file = COMPOSE_FILES.map((name) => join(dir, name)).find((path) => existsSync(path));
   if (!file) return [];
-  let raw: unknown;
-  try {
-    raw = parseYaml(await readFile(file, 'utf8'));
-  } catch (error) {
-    const why = (error as Error).message.split('\n')[0];
-    throw new SandgymError('invalid_argument', `${file} is not valid YAML: ${why}`, { cause: error });
-  }
-  const compose = parseAt(composeSchema, raw, file);
+  const compose = parseAt(composeSchema, await readTaskFile(file, 'YAML'), file);
   const services: TaskService[] = [];
   for (const [name, service] of Object.entries(compose.services)) {
     if (MAIN_SERVICES.has(name)) continue;

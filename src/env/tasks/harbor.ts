@@ -1,10 +1,10 @@
 import { existsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { basename, join, resolve } from 'node:path';
-import { parse as parseToml } from 'smol-toml';
 import { z } from 'zod';
 import { ENV_VAR_NAME, SandgymError, parseAt } from '../../common/index.ts';
 import { composeServices } from './compose.ts';
+import { readTaskFile } from './task-file.ts';
 import { PUBLIC_NETWORK, type NetworkPolicy, type Task } from './task.ts';
 
 /** task.toml of a Harbor / Terminal-Bench 2 task; every section is optional. */
@@ -81,14 +81,7 @@ export function isHarborTask(dir: string): boolean {
 export async function loadHarborTask(path: string): Promise<Task> {
   const dir = resolve(path);
   const tomlPath = join(dir, 'task.toml');
-  let raw: unknown;
-  try {
-    raw = parseToml(await readFile(tomlPath, 'utf8'));
-  } catch (error) {
-    const why = (error as Error).message.split('\n')[0];
-    throw new SandgymError('invalid_argument', `${tomlPath} is not valid TOML: ${why}`, { cause: error });
-  }
-  const toml = parseAt(taskTomlSchema, raw, tomlPath);
+  const toml = parseAt(taskTomlSchema, await readTaskFile(tomlPath, 'TOML'), tomlPath);
   const image = toml.environment.docker_image;
   // a prebuilt image stands in for the Dockerfile
   const required = ['instruction.md', ...(image ? [] : ['environment/Dockerfile']), 'tests/test.sh'];

@@ -1,10 +1,10 @@
 import { existsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { basename, join, resolve } from 'node:path';
-import { parse as parseYaml } from 'yaml';
 import { z } from 'zod';
 import { SandgymError, parseAt } from '../../common/index.ts';
 import { composeServices } from './compose.ts';
+import { readTaskFile } from './task-file.ts';
 import { PUBLIC_NETWORK, type Task } from './task.ts';
 
 /**
@@ -46,15 +46,6 @@ export function isTerminalBenchTask(dir: string): boolean {
   return existsSync(join(dir, 'task.yaml')) && existsSync(join(dir, 'Dockerfile'));
 }
 
-async function readYaml(path: string): Promise<unknown> {
-  try {
-    return parseYaml(await readFile(path, 'utf8'));
-  } catch (error) {
-    const why = (error as Error).message.split('\n')[0];
-    throw new SandgymError('invalid_argument', `${path} is not valid YAML: ${why}`, { cause: error });
-  }
-}
-
 /**
  * The oracle's script: solution.sh as it is, or solution.yaml's commands one after another in
  * one shell, as the harness types them into one terminal (so a `cd` carries over).
@@ -63,7 +54,7 @@ async function oracleScript(dir: string): Promise<string | undefined> {
   if (existsSync(join(dir, 'solution.sh'))) return readFile(join(dir, 'solution.sh'), 'utf8');
   const yamlPath = join(dir, 'solution.yaml');
   if (!existsSync(yamlPath)) return undefined;
-  const commands = parseAt(solutionYamlSchema, await readYaml(yamlPath), yamlPath);
+  const commands = parseAt(solutionYamlSchema, await readTaskFile(yamlPath, 'YAML'), yamlPath);
   return `${commands.map((c) => c.command).join('\n')}\n`;
 }
 
@@ -77,7 +68,7 @@ async function oracleScript(dir: string): Promise<string | undefined> {
 export async function loadTerminalBenchTask(path: string): Promise<Task> {
   const dir = resolve(path);
   const yamlPath = join(dir, 'task.yaml');
-  const yaml = parseAt(taskYamlSchema, await readYaml(yamlPath), yamlPath);
+  const yaml = parseAt(taskYamlSchema, await readTaskFile(yamlPath, 'YAML'), yamlPath);
   const instruction = yaml.instruction ?? yaml.descriptions?.find((d) => d.key === 'base')?.description;
   if (!instruction)
     throw new SandgymError(
