@@ -465,6 +465,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
         ),
       });
     } finally {
+      await this.services?.leave(grader).catch(() => undefined);
       await grader.close();
     }
   }
