@@ -35,11 +35,13 @@ function baseEnvironments(): BaseEnvironment[] {
 
 /**
  * The base environment that stands in for a Docker Hub tag of the same release: `debian:12`,
- * `debian:bookworm-slim`, `debian:12.8-slim` are Debian 12 as the store's `debian:bookworm` is
+ * `debian:bookworm-slim`, `debian:12.8-slim`, `debian:bookworm-20240513-slim` are Debian 12 as the store's `debian:bookworm` is
  * (which has a few packages more). Any other tag has none.
  */
 export function standInFor(familiar: string): string | undefined {
-  return /^debian:(bookworm|12(\.\d+)?)(-slim)?(-\d{8})?$/.test(familiar) ? 'debian:bookworm' : undefined;
+  return /^debian:(bookworm|12(\.\d+)?)(-\d{8})?(-slim)?(-\d{8})?$/.test(familiar)
+    ? 'debian:bookworm'
+    : undefined;
 }
 
 /** The environment `sandgym run` uses when none is named. */

@@ -29,7 +29,7 @@ export type {
 } from './platform-client.ts';
 export { LayerStore, ProjectStore, parseEnvironmentRef } from './layer-store.ts';
 export type { Environment, EnvironmentInput, LayerManifest } from './layer-store.ts';
-export { ensureBaseEnvironments, DEFAULT_ENVIRONMENT } from './base-environments.ts';
+export { ensureBaseEnvironments, DEFAULT_ENVIRONMENT, standInFor } from './base-environments.ts';
 export { MIN_MEMORY_MIB } from './sandbox-request.ts';
 export type { SandboxRequest, ResolvedSandboxRequest } from './sandbox-request.ts';
 export { buildLayerFromTar } from './layer-build/from-archive.ts';
