@@ -31,7 +31,8 @@ export interface EvaluateOptions {
 /**
  * Takes over an episode an interrupted run started, if its sandbox is still alive on this node
  * (a durable platform adopted it): the agent starts over, and its steps replay from the
- * trajectory log until they pass its tail. Undefined when there is nothing to take over.
+ * trajectory log until they pass its tail. Undefined when there is nothing to take over, or
+ * when the task's services (which went with the interrupted run) would be missing.
  */
 async function takeOver(
   platform: PlatformClient,
@@ -41,6 +42,11 @@ async function takeOver(
 ): Promise<ResetResult<TaskObservation> | undefined> {
   const sandbox = await platform.attachSandbox(earlier.sandboxId).catch(() => undefined);
   if (!sandbox) return undefined;
+  if (task.services?.length) {
+    // its services and their network went with the run that started them: the episode starts over
+    await sandbox.close();
+    return undefined;
+  }
   const records = await (await platform.stepLog(sandbox.id)).records();
   const used = records
     .filter((record) => record.episodeId === earlier.episodeId)

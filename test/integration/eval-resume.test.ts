@@ -1,5 +1,5 @@
 import { spawn, spawnSync } from 'node:child_process';
-import { readFile, readdir } from 'node:fs/promises';
+import { cp, readFile, readdir, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { packageRoot } from '../../src/backends/index.ts';
@@ -71,6 +71,53 @@ describe('sandgym eval, killed and run again', () => {
     } finally {
       await log.close();
     }
+    expect(spawnSync('node', [CLI, 'ps', '--json'], { env, encoding: 'utf8' }).stdout).toBe(
+      '{"sandboxes":[]}\n',
+    );
+  });
+
+  it('starts over an episode whose task has services, which went with the killed eval', async () => {
+    await using test = await createTestPlatform('eval-resume-services', {
+      privateStore: true,
+      seed: ['debian:bookworm'],
+    });
+    // the hello task with a web service beside it
+    const task = join(test.dataDir, 'hello-with-web');
+    await cp(TASK, task, { recursive: true });
+    await cp(
+      resolve('test/fixtures/tasks/harbor/compose-main/environment/web'),
+      join(task, 'environment', 'web'),
+      {
+        recursive: true,
+      },
+    );
+    await writeFile(
+      join(task, 'environment', 'docker-compose.yaml'),
+      'services:\n  main:\n    build: .\n  web:\n    build:\n      context: ./web\n',
+    );
+    const env = { ...process.env, SANDGYM_DATA_DIR: test.dataDir };
+    const out = join(test.dataDir, 'report.json');
+    const args = [CLI, 'eval', task, '--agent', AGENT, '--json', out];
+    const first = spawn('node', args, { env, stdio: 'ignore' });
+    const exited = new Promise((done) => first.once('exit', done));
+    try {
+      const deadline = Date.now() + 120_000;
+      while ((await loggedRecords(test.dataDir)) < 3) {
+        if (Date.now() > deadline || first.exitCode !== null)
+          throw new Error('the first eval never got going');
+        await new Promise((done) => setTimeout(done, 50));
+      }
+    } finally {
+      first.kill('SIGKILL');
+      await exited;
+    }
+    const second = spawnSync('node', args, { env, encoding: 'utf8', timeout: 180_000 });
+    expect(second.status, second.stderr).toBe(0);
+    const report = JSON.parse(await readFile(out, 'utf8')) as {
+      episodes: { reward: number; replayedSteps?: number }[];
+    };
+    // a fresh episode with its services, not a take-over that would grade without them
+    expect(report.episodes.map((e) => [e.reward, e.replayedSteps ?? 0])).toEqual([[1, 0]]);
     expect(spawnSync('node', [CLI, 'ps', '--json'], { env, encoding: 'utf8' }).stdout).toBe(
       '{"sandboxes":[]}\n',
     );
