@@ -26,6 +26,27 @@ async function loggedRecords(dataDir: string): Promise<number> {
   return total;
 }
 
+/** Runs `node args` until `records` steps are in its data dir's logs, then kills it hard. */
+async function runUntilLogged(
+  args: string[],
+  env: NodeJS.ProcessEnv,
+  dataDir: string,
+  records: number,
+): Promise<void> {
+  const first = spawn('node', args, { env, stdio: 'ignore' });
+  const exited = new Promise((done) => first.once('exit', done));
+  try {
+    const deadline = Date.now() + 120_000;
+    while ((await loggedRecords(dataDir)) < records) {
+      if (Date.now() > deadline || first.exitCode !== null) throw new Error('the first eval never got going');
+      await new Promise((done) => setTimeout(done, 50));
+    }
+  } finally {
+    first.kill('SIGKILL');
+    await exited;
+  }
+}
+
 describe('sandgym eval, killed and run again', () => {
   it('takes over the running episode of a killed eval and fast-forwards it from its log, each step once', async () => {
     await using test = await createTestPlatform('eval-resume', {
@@ -35,20 +56,8 @@ describe('sandgym eval, killed and run again', () => {
     const env = { ...process.env, SANDGYM_DATA_DIR: test.dataDir };
     const out = join(test.dataDir, 'report.json');
     const args = [CLI, 'eval', TASK, '--agent', AGENT, '--json', out];
-    const first = spawn('node', args, { env, stdio: 'ignore' });
-    const exited = new Promise((done) => first.once('exit', done));
-    try {
-      // kill it during a pause step: three steps logged, the counted ones all done
-      const deadline = Date.now() + 120_000;
-      while ((await loggedRecords(test.dataDir)) < 3) {
-        if (Date.now() > deadline || first.exitCode !== null)
-          throw new Error('the first eval never got going');
-        await new Promise((done) => setTimeout(done, 50));
-      }
-    } finally {
-      first.kill('SIGKILL');
-      await exited;
-    }
+    // kill it during a pause step: three steps logged, the counted ones all done
+    await runUntilLogged(args, env, test.dataDir, 3);
     const second = spawnSync('node', args, { env, encoding: 'utf8', timeout: 180_000 });
     expect(second.status, second.stderr).toBe(0);
     expect(second.stderr).toMatch(/1 running episodes fast-forward from their logs/);
@@ -98,19 +107,7 @@ describe('sandgym eval, killed and run again', () => {
     const env = { ...process.env, SANDGYM_DATA_DIR: test.dataDir };
     const out = join(test.dataDir, 'report.json');
     const args = [CLI, 'eval', task, '--agent', AGENT, '--json', out];
-    const first = spawn('node', args, { env, stdio: 'ignore' });
-    const exited = new Promise((done) => first.once('exit', done));
-    try {
-      const deadline = Date.now() + 120_000;
-      while ((await loggedRecords(test.dataDir)) < 3) {
-        if (Date.now() > deadline || first.exitCode !== null)
-          throw new Error('the first eval never got going');
-        await new Promise((done) => setTimeout(done, 50));
-      }
-    } finally {
-      first.kill('SIGKILL');
-      await exited;
-    }
+    await runUntilLogged(args, env, test.dataDir, 3);
     const second = spawnSync('node', args, { env, encoding: 'utf8', timeout: 180_000 });
     expect(second.status, second.stderr).toBe(0);
     const report = JSON.parse(await readFile(out, 'utf8')) as {

@@ -1,6 +1,7 @@
 import { readFileSync } from 'node:fs';
 import { readdir, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { spawnSync } from 'node:child_process';
+import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
 import { TestRegistry, writeOciLayout } from '../support/registry.ts';
@@ -83,6 +84,25 @@ describe('FROM pulls from an OCI registry', () => {
     // the blobs are kept by digest, the image once per manifest digest
     const blobs = await readdir(join(env.platform.store.root, 'cache', 'oci-blobs', 'sha256'));
     expect(blobs.length).toBeGreaterThanOrEqual(3);
+    // by hand, from the command line: the same digest, already in the store
+    const pull = spawnSync(
+      'node',
+      [
+        resolve('dist/src/cli/main.js'),
+        'layer',
+        'pull',
+        `${registry.host}/team/tool:1`,
+        '--registry-auth',
+        authFile,
+      ],
+      {
+        env: { ...process.env, SANDGYM_DATA_DIR: env.dataDir, SANDGYM_STORE: env.platform.store.root },
+        encoding: 'utf8',
+      },
+    );
+    expect(pull.status, pull.stderr).toBe(0);
+    expect(pull.stdout.trim()).toBe(`127.0.0.1-${registry.host.split(':')[1]}-team-tool:${digest.slice(7)}`);
+    expect(pull.stderr).toContain('already in the store');
     const again = await env.platform.buildFromDockerfile({
       file,
       name: 'pulled:two',
