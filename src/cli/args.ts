@@ -67,15 +67,9 @@ export const IMAGE_SOURCE_OPTIONS = {
  * `--fallback-base ENV`, `--registry-auth FILE` and `--insecure-registry HOST` over them.
  */
 export function imageSources(parsed: ParsedCommandArgs): ImageSources {
-  const fromEnv = imageSourcesFromEnv();
-  const fallbackBase = text(parsed, 'fallback-base') ?? fromEnv.fallbackBase;
-  const authFile = text(parsed, 'registry-auth') ?? fromEnv.registry?.authFile;
-  const insecure = [...(fromEnv.registry?.insecureRegistries ?? []), ...texts(parsed, 'insecure-registry')];
-  return {
-    registry: {
-      ...(authFile ? { authFile } : {}),
-      ...(insecure.length ? { insecureRegistries: insecure } : {}),
-    },
-    ...(fallbackBase ? { fallbackBase } : {}),
-  };
+  return imageSourcesFromEnv({
+    authFile: text(parsed, 'registry-auth'),
+    insecureRegistries: texts(parsed, 'insecure-registry'),
+    fallbackBase: text(parsed, 'fallback-base'),
+  });
 }

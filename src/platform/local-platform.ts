@@ -145,10 +145,21 @@ export interface ImageSources {
 }
 
 /** {@link ImageSources} from the environment variables that {@link LocalPlatformOptions.images} names. */
-export function imageSourcesFromEnv(env: NodeJS.ProcessEnv = process.env): ImageSources {
-  const authFile = env['SANDGYM_REGISTRY_AUTH_FILE'];
-  const insecure = (env['SANDGYM_INSECURE_REGISTRIES'] ?? '').split(',').filter(Boolean);
-  const fallbackBase = env['SANDGYM_FALLBACK_BASE'];
+export function imageSourcesFromEnv(
+  /** Settings given on a command line: they win over the variables, insecure hosts add to them. */
+  given: {
+    authFile?: string | undefined;
+    insecureRegistries?: string[];
+    fallbackBase?: string | undefined;
+  } = {},
+  env: NodeJS.ProcessEnv = process.env,
+): ImageSources {
+  const authFile = given.authFile ?? env['SANDGYM_REGISTRY_AUTH_FILE'];
+  const insecure = [
+    ...(env['SANDGYM_INSECURE_REGISTRIES'] ?? '').split(',').filter(Boolean),
+    ...(given.insecureRegistries ?? []),
+  ];
+  const fallbackBase = given.fallbackBase ?? env['SANDGYM_FALLBACK_BASE'];
   return {
     registry: {
       ...(authFile ? { authFile } : {}),

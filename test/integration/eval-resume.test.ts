@@ -1,4 +1,4 @@
-import { spawn, spawnSync } from 'node:child_process';
+import { spawn, spawnSync, type SpawnSyncReturns } from 'node:child_process';
 import { cp, readFile, readdir, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { describe, expect, it } from 'vitest';
@@ -26,18 +26,26 @@ async function loggedRecords(dataDir: string): Promise<number> {
   return total;
 }
 
-/** Runs `node args` until `records` steps are in its data dir's logs, then kills it hard. */
-async function runUntilLogged(
-  args: string[],
-  env: NodeJS.ProcessEnv,
-  dataDir: string,
-  records: number,
-): Promise<void> {
+/** What an eval that was killed and run again printed and reported. */
+interface Rerun {
+  second: SpawnSyncReturns<string>;
+  episodes: { reward: number; replayedSteps?: number; sandboxId: string; episodeId: string }[];
+  env: NodeJS.ProcessEnv;
+}
+
+/**
+ * Runs `sandgym eval TASK` with the slow agent in `dataDir` until three steps are logged (the
+ * counted ones done, a pause step running), kills it hard, and runs the same eval again.
+ */
+async function killThenRerun(task: string, dataDir: string): Promise<Rerun> {
+  const env = { ...process.env, SANDGYM_DATA_DIR: dataDir };
+  const out = join(dataDir, 'report.json');
+  const args = [CLI, 'eval', task, '--agent', AGENT, '--json', out];
   const first = spawn('node', args, { env, stdio: 'ignore' });
   const exited = new Promise((done) => first.once('exit', done));
   try {
     const deadline = Date.now() + 120_000;
-    while ((await loggedRecords(dataDir)) < records) {
+    while ((await loggedRecords(dataDir)) < 3) {
       if (Date.now() > deadline || first.exitCode !== null) throw new Error('the first eval never got going');
       await new Promise((done) => setTimeout(done, 50));
     }
@@ -45,6 +53,10 @@ async function runUntilLogged(
     first.kill('SIGKILL');
     await exited;
   }
+  const second = spawnSync('node', args, { env, encoding: 'utf8', timeout: 180_000 });
+  expect(second.status, second.stderr).toBe(0);
+  const report = JSON.parse(await readFile(out, 'utf8')) as { episodes: Rerun['episodes'] };
+  return { second, episodes: report.episodes, env };
 }
 
 describe('sandgym eval, killed and run again', () => {
@@ -53,18 +65,9 @@ describe('sandgym eval, killed and run again', () => {
       privateStore: true,
       seed: ['debian:bookworm'],
     });
-    const env = { ...process.env, SANDGYM_DATA_DIR: test.dataDir };
-    const out = join(test.dataDir, 'report.json');
-    const args = [CLI, 'eval', TASK, '--agent', AGENT, '--json', out];
-    // kill it during a pause step: three steps logged, the counted ones all done
-    await runUntilLogged(args, env, test.dataDir, 3);
-    const second = spawnSync('node', args, { env, encoding: 'utf8', timeout: 180_000 });
-    expect(second.status, second.stderr).toBe(0);
+    const { second, episodes, env } = await killThenRerun(TASK, test.dataDir);
     expect(second.stderr).toMatch(/1 running episodes fast-forward from their logs/);
-    const report = JSON.parse(await readFile(out, 'utf8')) as {
-      episodes: { reward: number; replayedSteps?: number; sandboxId: string; episodeId: string }[];
-    };
-    const [episode] = report.episodes;
+    const [episode] = episodes;
     expect(episode?.reward).toBe(1);
     expect(episode?.replayedSteps).toBeGreaterThanOrEqual(3);
     // the step that counted the lines saw one per counted step: none ran twice
@@ -104,17 +107,9 @@ describe('sandgym eval, killed and run again', () => {
       join(task, 'environment', 'docker-compose.yaml'),
       'services:\n  main:\n    build: .\n  web:\n    build:\n      context: ./web\n',
     );
-    const env = { ...process.env, SANDGYM_DATA_DIR: test.dataDir };
-    const out = join(test.dataDir, 'report.json');
-    const args = [CLI, 'eval', task, '--agent', AGENT, '--json', out];
-    await runUntilLogged(args, env, test.dataDir, 3);
-    const second = spawnSync('node', args, { env, encoding: 'utf8', timeout: 180_000 });
-    expect(second.status, second.stderr).toBe(0);
-    const report = JSON.parse(await readFile(out, 'utf8')) as {
-      episodes: { reward: number; replayedSteps?: number }[];
-    };
+    const { episodes, env } = await killThenRerun(task, test.dataDir);
     // a fresh episode with its services, not a take-over that would grade without them
-    expect(report.episodes.map((e) => [e.reward, e.replayedSteps ?? 0])).toEqual([[1, 0]]);
+    expect(episodes.map((e) => [e.reward, e.replayedSteps ?? 0])).toEqual([[1, 0]]);
     expect(spawnSync('node', [CLI, 'ps', '--json'], { env, encoding: 'utf8' }).stdout).toBe(
       '{"sandboxes":[]}\n',
     );
