@@ -19,5 +19,5 @@ export default tseslint.config(
     files: ['src/cli/**', 'examples/**', 'benchmarks/**', 'scripts/**', 'test/**'],
     rules: { 'no-console': 'off' },
   },
-  { files: ['eslint.config.js'], ...tseslint.configs.disableTypeChecked },
+  { files: ['eslint.config.js', '**/*.mjs'], ...tseslint.configs.disableTypeChecked },
 );

@@ -3,73 +3,85 @@ import { rm } from 'node:fs/promises';
 import { SandboxEnv, type SandboxAction } from '../src/env/index.ts';
 import { Platform, defaultDataDir, defaultStoreDir, type PlatformClient } from '../src/platform/index.ts';
 import { startBenchNode } from './node-process.ts';
-import { quantile, type BenchOptions, type BenchReport, hostInfo } from './report.ts';
+import { pythonStepTimes } from './python-client.ts';
+import { compared, quantile, type BenchOptions, type BenchReport, hostInfo } from './report.ts';
 
 const STEPS = 300;
 const WARMUP = 20;
 const ACTION: SandboxAction = { type: 'exec', command: ['true'] };
 
-async function stepTimes(platform: PlatformClient): Promise<number[]> {
-  await using env = SandboxEnv.create(platform, { sandbox: { environment: 'busybox:latest' } });
-  await env.reset();
+/** Times `call` STEPS times after a warm-up. */
+async function timed(call: () => Promise<unknown>): Promise<number[]> {
   const times: number[] = [];
   for (let i = 0; i < STEPS + WARMUP; i++) {
     const started = performance.now();
-    await env.step(ACTION);
+    await call();
     if (i >= WARMUP) times.push(performance.now() - started);
   }
   return times;
 }
 
+interface Side {
+  exec: number[];
+  step: number[];
+  /** A call that does nearly nothing where the sandbox runs (Describe): the transport's floor. */
+  floor: number[];
+}
+
+/** Bare execs of `true`, then env steps of the same command, then the floor, on one platform. */
+async function measure(platform: PlatformClient): Promise<Side> {
+  const sandbox = await platform.createSandbox({ environment: 'busybox:latest' });
+  try {
+    const exec = await timed(() => sandbox.exec(['true']));
+    const floor = await timed(() => platform.attachSandbox(sandbox.id));
+    await using env = SandboxEnv.create(platform, { sandbox: { environment: 'busybox:latest' } });
+    await env.reset();
+    const step = await timed(() => env.step(ACTION));
+    return { exec, step, floor };
+  } finally {
+    await sandbox.close();
+  }
+}
+
 /**
- * remote-step: an env step (an exec, logged exactly once) through gRPC to a node agent in its own
- * process, against the same step on the embedded platform. The goal is at most +1 ms at p50.
+ * remote-step: an env step of `true` (one call: run, audited and logged exactly once where the
+ * sandbox runs) against the bare exec under it, on the embedded platform and through gRPC to a
+ * node agent in its own process, and the same steps from the Python client. Goals: a step at most
+ * 1.5x the exec and 3 ms at p50; remote at most local plus one round trip; Python at most the
+ * TypeScript client plus 0.5 ms.
  */
 export async function benchRemoteStep(options: BenchOptions): Promise<BenchReport> {
   const base = defaultDataDir();
   const dataDir = resolve(base, `bench-remote-step-${process.pid}`);
   const local = await Platform.local({ dataDir, storeDir: defaultStoreDir(base) });
-  let localTimes: number[];
+  let embedded: Side;
   try {
-    options.progress(`remote-step: ${STEPS} steps on the embedded platform`);
-    localTimes = await stepTimes(local);
+    options.progress(`remote-step: ${STEPS} execs and steps on the embedded platform`);
+    embedded = await measure(local);
   } finally {
     await local.close();
     await rm(dataDir, { recursive: true, force: true });
   }
   await using node = await startBenchNode();
-  const remote = await Platform.connect(node.url, { token: node.token });
-  let remoteTimes: number[];
-  const roundTrips: number[] = [];
+  const client = await Platform.connect(node.url, { token: node.token });
+  let remote: Side;
   try {
-    options.progress(`remote-step: ${STEPS} steps through gRPC to a node agent`);
-    remoteTimes = await stepTimes(remote);
-    // the floor under every call: one round trip that does nearly nothing on the node (a step
-    // lookup in an empty episode). A new step costs two of them: the command, then its log record.
-    const sandbox = await remote.createSandbox({ environment: 'busybox:latest' });
-    const log = await remote.stepLog(sandbox.id);
-    for (let i = 0; i < STEPS + WARMUP; i++) {
-      const started = performance.now();
-      await log.lookup({ episodeId: 'floor', stepIndex: 0, action: {} });
-      if (i >= WARMUP) roundTrips.push(performance.now() - started);
-    }
-    await sandbox.close();
+    options.progress(`remote-step: ${STEPS} execs and steps through gRPC to a node agent`);
+    remote = await measure(client);
   } finally {
-    await remote.close();
+    await client.close();
   }
-  const round = (n: number): number => Math.round(n * 1000) / 1000;
-  const metrics: BenchReport['metrics'] = {};
-  for (const q of [0.5, 0.99]) {
-    const value = quantile(remoteTimes, q);
-    const baseline = quantile(localTimes, q);
-    metrics[`step_p${q * 100}_ms_remote_vs_local`] = {
-      value: round(value),
-      unit: 'ms',
-      baseline: round(baseline),
-      ratio: round(value / baseline),
-    };
-    metrics[`step_p${q * 100}_added_ms`] = { value: round(value - baseline), unit: 'ms' };
-  }
-  metrics['rpc_round_trip_p50_ms'] = { value: round(quantile(roundTrips, 0.5)), unit: 'ms' };
+  options.progress(`remote-step: ${STEPS} steps from the Python client`);
+  const python = await pythonStepTimes(node.url, node.token, STEPS, WARMUP);
+  const p50 = (samples: number[]): number => quantile(samples, 0.5);
+  const metrics: BenchReport['metrics'] = {
+    local_step_p50_vs_exec: compared(p50(embedded.step), p50(embedded.exec)),
+    local_step_p99_vs_exec: compared(quantile(embedded.step, 0.99), quantile(embedded.exec, 0.99)),
+    remote_step_p50_vs_exec: compared(p50(remote.step), p50(remote.exec)),
+    remote_step_p50_vs_local: compared(p50(remote.step), p50(embedded.step)),
+    // what going remote adds to a step, against one round trip that does nearly nothing
+    remote_step_added_p50_vs_round_trip: compared(p50(remote.step) - p50(embedded.step), p50(remote.floor)),
+  };
+  if (python) metrics['python_step_p50_vs_typescript'] = compared(p50(python), p50(remote.step));
   return { bench: 'remote-step', host: hostInfo(), metrics };
 }

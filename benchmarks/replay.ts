@@ -27,7 +27,7 @@ export async function benchReplay(options: BenchOptions): Promise<BenchReport> {
     started = performance.now();
     for (let i = 0; i < STEPS; i++) {
       const step = await attached.step(ACTION);
-      if (step.info['replayed'] !== true) throw new Error(`step ${i} ran again instead of replaying`);
+      if (step.info.replayed !== true) throw new Error(`step ${i} ran again instead of replaying`);
     }
     const replayMs = performance.now() - started;
     return {

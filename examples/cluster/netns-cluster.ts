@@ -56,8 +56,8 @@ export interface NodeProcess {
   address: string;
   dataDir: string;
   child: ChildProcess;
-  /** Starts it again on the same data dir and address (after a crash). */
-  restart(): Promise<void>;
+  /** Starts it again on the same data dir and address (after a crash or stop), with `extraEnv` added. */
+  restart(extraEnv?: Record<string, string>): Promise<void>;
   /** SIGTERM, and wait for it to exit. */
   stop(): Promise<void>;
 }
@@ -86,6 +86,8 @@ export interface NodePlacement {
   token: string;
   /** More `sandgym node` flags (`--max-sandboxes 4`). */
   args?: string[];
+  /** More environment variables for its first start only (a test's SANDGYM_FAULT_POINTS). */
+  firstStartEnv?: Record<string, string>;
 }
 
 /** Starts `sandgym node` in a namespace (joining only its network, not a new mount namespace). */
@@ -93,10 +95,10 @@ export async function startNode(
   host: HostInNamespace,
   nodeId: string,
   port: number,
-  { dataDir, storeDir, token, args = [] }: NodePlacement,
+  { dataDir, storeDir, token, args = [], firstStartEnv = {} }: NodePlacement,
 ): Promise<NodeProcess> {
   const address = `${host.address}:${port}`;
-  const launch = async (): Promise<ChildProcess> => {
+  const launch = async (extraEnv: Record<string, string> = {}): Promise<ChildProcess> => {
     const child = spawn(
       'nsenter',
       [
@@ -114,7 +116,10 @@ export async function startNode(
         nodeId,
         ...args,
       ],
-      { env: { ...process.env, SANDGYM_NODE_TOKEN: token }, stdio: ['ignore', 'pipe', 'pipe'] },
+      {
+        env: { ...process.env, ...extraEnv, SANDGYM_NODE_TOKEN: token },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      },
     );
     await waitForStartLine(child, `node ${nodeId}`);
     return child;
@@ -123,9 +128,9 @@ export async function startNode(
     nodeId,
     address,
     dataDir,
-    child: await launch(),
-    async restart() {
-      node.child = await launch();
+    child: await launch(firstStartEnv),
+    async restart(extraEnv?: Record<string, string>) {
+      node.child = await launch(extraEnv);
     },
     async stop() {
       const child = node.child;

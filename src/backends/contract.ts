@@ -165,6 +165,12 @@ export interface SandboxStats {
   pidsLimitHits: number;
 }
 
+/** The part of {@link SandboxStats} that each step's audit compares. */
+export type StepCounters = Pick<
+  SandboxStats,
+  'deniedEgress' | 'oomKills' | 'pidsLimitHits' | 'diskBytes' | 'pids'
+>;
+
 /** Options for {@link BackendSandbox.writeFile}. */
 export interface WriteFileOptions extends CallOptions {
   mode?: number;
@@ -212,6 +218,12 @@ export interface BackendSandbox extends AsyncDisposable {
   /** Thaws a paused or hibernated sandbox. */
   resume(options?: CallOptions): Promise<void>;
   stats(options?: CallOptions): Promise<SandboxStats>;
+  /**
+   * What a step's signals count from, and nothing more, as cheaply as the backend can (no thread
+   * pool, no call into the sandbox). Backends without a cheaper path leave it out; the step's
+   * audit then reads {@link stats}.
+   */
+  stepCounters?(): Promise<StepCounters>;
   /**
    * Replaces what the sandbox may reach with the addresses `rules` name (the node's rule book:
    * `mirror:debian`, `host:IP[:PORT]`, `cidr:A.B.C.D/N[:PORT]`), without restarting it; empty is

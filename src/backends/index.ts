@@ -36,6 +36,7 @@ export type {
   SandboxSpec,
   SandboxState,
   SandboxStats,
+  StepCounters,
   WriteFileOptions,
   WrittenPathsOptions,
 } from './contract.ts';

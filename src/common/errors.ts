@@ -16,6 +16,8 @@ export type SandgymErrorCode =
   | 'agent_crash'
   | 'admission_rejected'
   | 'divergence'
+  /** A step started on a node that died before it was recorded: it may or may not have taken effect. */
+  | 'step_in_doubt'
   | 'unauthenticated'
   | 'node_lost'
   | 'platform_error';

@@ -12,3 +12,5 @@ export { settleAll } from './settle-all.ts';
 export { AsyncQueue } from './async-queue.ts';
 export { definedFields } from './defined-fields.ts';
 export type { DefinedFields } from './defined-fields.ts';
+export { faultPoint } from './fault-points.ts';
+export { abortable } from './abortable.ts';

@@ -1,15 +1,6 @@
-import type { FailureReason } from '../common/index.ts';
+import type { StepAudit, StepOutcome } from '../platform/index.ts';
 
-/**
- * How a step went for the platform: fine; an infrastructure failure; a verifier at fault; or a
- * task that cannot run as written (its environment does not build, its setup fails), which its
- * author must fix. The last three are never a reward of 0: rollouts mask or retry them.
- */
-export type StepOutcome =
-  | { kind: 'ok' }
-  | { kind: 'infra_failure'; reason: FailureReason; message: string }
-  | { kind: 'verifier_error'; message: string }
-  | { kind: 'task_error'; message: string };
+export type { StepOutcome };
 
 /** Cancellation for a call. */
 export interface EnvCallOptions {
@@ -27,26 +18,64 @@ export interface ResetOptions extends EnvCallOptions {
   options?: Record<string, unknown>;
 }
 
+/** What every reset says besides its observation. */
+export interface ResetInfo {
+  episodeId: string;
+  /** The sandbox the episode runs in. */
+  sandboxId: string;
+  seed?: number | null;
+  /** The episode was taken over from a client that is gone (its steps replay from the log). */
+  attached?: boolean;
+}
+
+/** What every step says besides its observation, reward and outcome. */
+export interface StepInfo {
+  episodeId: string;
+  /** The step's index in its episode; -1 for a VectorEnv step that only reset (see `resetInfo`). */
+  stepIndex: number;
+  /** The step had run before (a retry, or another client): this is its recorded result. */
+  replayed: boolean;
+  /** The audit of the step (absent when the platform failed it, or it did not run). */
+  signals?: StepAudit;
+  /** When the step started on the platform, and how long it took there, in ms. */
+  startedAt?: string;
+  durationMs?: number;
+  /** Set by {@link withStepLimit} on the step that hit the limit. */
+  truncatedBy?: 'step_limit';
+  /** Set by a VectorEnv that started the next episode in this step. */
+  autoreset?: boolean;
+  /** With `autoreset` in `same_step` mode: the ended episode's last observation and info. */
+  finalObservation?: unknown;
+  finalInfo?: StepInfo;
+  /** With `autoreset` in `next_step` mode: the reset's info. */
+  resetInfo?: ResetInfo;
+}
+
 /** What reset returns, as in Gymnasium. */
-export interface ResetResult<Observation> {
+export interface ResetResult<Observation, Info extends ResetInfo = ResetInfo> {
   observation: Observation;
-  info: Record<string, unknown>;
+  info: Info;
 }
 
 /** What step returns, as in Gymnasium, plus a typed outcome. */
-export interface StepResult<Observation> {
+export interface StepResult<Observation, Info extends StepInfo = StepInfo> {
   observation: Observation;
   reward: number;
   terminated: boolean;
   truncated: boolean;
-  info: Record<string, unknown>;
+  info: Info;
   outcome: StepOutcome;
 }
 
 /** The gym contract every sandgym environment keeps. */
-export interface Environment<Action, Observation> extends AsyncDisposable {
-  reset(options?: ResetOptions): Promise<ResetResult<Observation>>;
-  step(action: Action, options?: EnvCallOptions): Promise<StepResult<Observation>>;
+export interface Environment<
+  Action,
+  Observation,
+  RInfo extends ResetInfo = ResetInfo,
+  SInfo extends StepInfo = StepInfo,
+> extends AsyncDisposable {
+  reset(options?: ResetOptions): Promise<ResetResult<Observation, RInfo>>;
+  step(action: Action, options?: EnvCallOptions): Promise<StepResult<Observation, SInfo>>;
   /** Idempotent; destroys what the environment created. */
   close(): Promise<void>;
 }

@@ -1,9 +1,9 @@
 /** The gym layer: the Environment contract and environments over sandboxes. */
 export { SandboxEnv } from './sandbox-env.ts';
-export type { LimitHit, StepSignals } from './step-signals.ts';
-export type { CheckpointRef, SandboxEnvOptions } from './sandbox-env.ts';
-export { sandboxActionSchema } from './sandbox-actions.ts';
-export type { SandboxAction, SandboxObservation } from './sandbox-actions.ts';
+export type { LimitHit, StepAudit, StepSignals } from '../platform/index.ts';
+export type { CheckpointRef, RestoredInfo, SandboxEnvOptions } from './sandbox-env.ts';
+export { sandboxActionSchema } from '../platform/index.ts';
+export type { SandboxAction, SandboxObservation } from '../platform/index.ts';
 export { withStepLimit } from './wrappers.ts';
 export { VectorEnv } from './vector-env.ts';
 export { comparableObservation, replayTrajectory } from './replay.ts';
@@ -13,7 +13,14 @@ export { TaskEnv } from './task-env.ts';
 export { PROTECTED_PATHS, gradingScope } from './grading-scope.ts';
 export type { GradingScope } from './grading-scope.ts';
 export { Deadline } from './deadline.ts';
-export type { Grade, TaskCheckpoint, TaskEnvOptions, TaskObservation } from './task-env.ts';
+export type {
+  Grade,
+  TaskCheckpoint,
+  TaskEnvOptions,
+  TaskObservation,
+  TaskResetInfo,
+  TaskStepInfo,
+} from './task-env.ts';
 export { filesUnder, stageFolder } from './stage-folder.ts';
 export { loadHarborTask } from './tasks/harbor.ts';
 export { loadTasks } from './tasks/load-tasks.ts';
@@ -47,8 +54,10 @@ export type { Verifier, VerifierResult, VerifyContext } from './verifiers.ts';
 export type {
   EnvCallOptions,
   Environment,
+  ResetInfo,
   ResetOptions,
   ResetResult,
+  StepInfo,
   StepOutcome,
   StepResult,
 } from './environment.ts';

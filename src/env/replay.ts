@@ -1,7 +1,7 @@
 import type { PlatformClient, TrajectoryRecord } from '../platform/index.ts';
-import type { SandboxObservation } from './sandbox-actions.ts';
+import type { SandboxObservation } from '../platform/index.ts';
 import { SandboxEnv } from './sandbox-env.ts';
-import { sandboxActionSchema } from './sandbox-actions.ts';
+import { sandboxActionSchema } from '../platform/index.ts';
 import type { StepResult } from './environment.ts';
 
 /** What {@link replayTrajectory} found. */

@@ -1,12 +1,20 @@
 import { SandgymError, isSandgymError, messageOf, type FailureReason } from '../common/index.ts';
 import {
-  LocalPlatform,
+  hostPlatformOf,
   type Environment as LayerEnvironment,
   type PlatformClient,
   type Sandbox,
 } from '../platform/index.ts';
-import type { EnvCallOptions, Environment, ResetOptions, ResetResult, StepResult } from './environment.ts';
-import type { SandboxAction, SandboxObservation } from './sandbox-actions.ts';
+import type {
+  EnvCallOptions,
+  Environment,
+  ResetInfo,
+  ResetOptions,
+  ResetResult,
+  StepInfo,
+  StepResult,
+} from './environment.ts';
+import type { SandboxAction, SandboxObservation } from '../platform/index.ts';
 import { SandboxEnv } from './sandbox-env.ts';
 import { TaskError, taskStorageStem, type Task } from './tasks/task.ts';
 import { Deadline } from './deadline.ts';
@@ -77,7 +85,26 @@ export interface TaskEnvOptions {
  * fresh sandbox: the task's layers plus the agent's diff, protected paths restored, tests staged
  * there only, the reward file created empty just before the run and read over the agent channel.
  */
-export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
+/** What a task's reset says besides the sandbox's. */
+export interface TaskResetInfo extends ResetInfo {
+  task: string;
+  agentTimeoutMs: number;
+  /** The network rules of the agent's stage. */
+  network: { stage: 'agent'; rules: readonly string[] };
+  /** What building or resolving the task's environment noted (stand-ins, skipped services). */
+  notes: string[];
+  /** Set by {@link TaskEnv.restore}. */
+  restoredFrom?: TaskCheckpoint;
+}
+
+/** What a task's step says besides the sandbox's: the grade, once the episode ended. */
+export interface TaskStepInfo extends StepInfo {
+  grade?: Grade;
+  /** Set when the agent's time ran out before this step. */
+  timeout?: { budgetMs: number };
+}
+
+export class TaskEnv implements Environment<SandboxAction, TaskObservation, TaskResetInfo, TaskStepInfo> {
   private inner: SandboxEnv | undefined;
   private built: LayerEnvironment | undefined;
   private buildNotes: string[] = [];
@@ -119,8 +146,8 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
   private async build(): Promise<LayerEnvironment> {
     const source = this.task.environment;
     if (source.kind === 'stored') return (this.built = await this.platform.getEnvironment(source.ref));
-    const platform = this.platform;
-    if (!(platform instanceof LocalPlatform)) return (this.built = await this.prebuilt());
+    const platform = hostPlatformOf(this.platform);
+    if (!platform) return (this.built = await this.prebuilt());
     if (source.kind === 'workspace')
       return (this.built = await workspaceEnvironment(platform, this.task, source));
     if (source.kind === 'image') {
@@ -165,7 +192,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
     return this.inner?.current;
   }
 
-  async reset(options: ResetOptions = {}): Promise<ResetResult<TaskObservation>> {
+  async reset(options: ResetOptions = {}): Promise<ResetResult<TaskObservation, TaskResetInfo>> {
     const environment = await this.prepare();
     this.base = undefined;
     this.earlierTampering = [];
@@ -177,7 +204,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
     environment: string,
     budgetMs: number,
     options: ResetOptions,
-  ): Promise<ResetResult<TaskObservation>> {
+  ): Promise<ResetResult<TaskObservation, TaskResetInfo>> {
     if (this.isClosed)
       throw new SandgymError('failed_precondition', 'Cannot reset: the environment is closed');
     await this.inner?.close();
@@ -257,7 +284,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
     );
   }
 
-  private opening(sandbox: Sandbox, info: Record<string, unknown>): ResetResult<TaskObservation> {
+  private opening(sandbox: Sandbox, info: ResetInfo): ResetResult<TaskObservation, TaskResetInfo> {
     return {
       observation: { type: 'task', instruction: this.task.instruction, sandboxId: sandbox.id },
       info: {
@@ -279,7 +306,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
     sandbox: Sandbox,
     episodeId: string,
     budgetLeftMs: number,
-  ): Promise<ResetResult<TaskObservation>> {
+  ): Promise<ResetResult<TaskObservation, TaskResetInfo>> {
     if (this.isClosed)
       throw new SandgymError('failed_precondition', 'Cannot attach: the environment is closed');
     await this.prepare();
@@ -321,7 +348,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
   }
 
   /** Starts a new sandbox from a checkpoint; the episode goes on from there as a new branch. */
-  async restore(checkpoint: TaskCheckpoint): Promise<ResetResult<TaskObservation>> {
+  async restore(checkpoint: TaskCheckpoint): Promise<ResetResult<TaskObservation, TaskResetInfo>> {
     await this.prepare();
     const restored = await this.start(checkpoint.environment, checkpoint.budgetLeftMs, {
       options: { episodeId: `${checkpoint.episodeId}@${checkpoint.environment}` },
@@ -331,19 +358,23 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation> {
     return { ...restored, info: { ...restored.info, restoredFrom: checkpoint } };
   }
 
-  async step(action: SandboxAction, options: EnvCallOptions = {}): Promise<StepResult<TaskObservation>> {
+  async step(
+    action: SandboxAction,
+    options: EnvCallOptions = {},
+  ): Promise<StepResult<TaskObservation, TaskStepInfo>> {
     const inner = this.inner;
     if (!inner) throw new SandgymError('failed_precondition', 'Call reset() before step()');
     const left = this.deadline - Date.now();
     const outOfTime = left <= 0;
 
-    const result: StepResult<TaskObservation> = outOfTime
+    const result: StepResult<TaskObservation, TaskStepInfo> = outOfTime
       ? {
           observation: { type: 'submitted' },
           reward: 0,
           terminated: false,
           truncated: true,
-          info: {},
+          // nothing ran: the index stays for whoever goes on
+          info: { episodeId: inner.episode, stepIndex: inner.nextStepIndex, replayed: false },
           outcome: { kind: 'ok' },
         }
       : await inner.step(action, { ...options, commandTimeoutCapMs: left });

@@ -1,6 +1,7 @@
 import { SandgymError, messageOf } from '../common/index.ts';
 import {
-  LocalPlatform,
+  hostPlatformOf,
+  type HostPlatform,
   type Environment,
   type PlatformClient,
   type Sandbox,
@@ -75,17 +76,18 @@ export class TaskServices {
   ): Promise<TaskServices | undefined> {
     const services = task.services ?? [];
     if (services.length === 0) return undefined;
-    if (!(platform instanceof LocalPlatform))
+    const host = hostPlatformOf(platform);
+    if (!host)
       throw new SandgymError(
         'unsupported',
         `Task ${task.id} runs services beside its sandbox (${services.map((s) => s.name).join(', ')}), which so far only the embedded platform does`,
       );
-    const network = await platform.createGroupNetwork();
+    const network = await host.createGroupNetwork();
     const group = new TaskServices(network, []);
     try {
       const started: { service: TaskService; environment: Environment }[] = [];
       for (const service of services) {
-        const environment = await serviceEnvironment(platform, task, service, notes);
+        const environment = await serviceEnvironment(host, task, service, notes);
         const sandbox = await platform.createSandbox({
           environment: `${environment.name}:${environment.version}`,
           env: service.env,
@@ -170,7 +172,7 @@ export class TaskServices {
 
 /** A service's environment: its Dockerfile built (cached step by step), or its image resolved. */
 async function serviceEnvironment(
-  platform: LocalPlatform,
+  platform: HostPlatform,
   task: Task,
   service: TaskService,
   notes: string[],

@@ -1,5 +1,12 @@
 import { SandgymError, settleAll } from '../common/index.ts';
-import type { EnvCallOptions, Environment, ResetOptions, StepResult } from './environment.ts';
+import type {
+  EnvCallOptions,
+  Environment,
+  ResetInfo,
+  ResetOptions,
+  StepInfo,
+  StepResult,
+} from './environment.ts';
 
 /**
  * When a sub-environment whose episode ended starts the next one, as in Gymnasium:
@@ -22,7 +29,7 @@ export interface VectorStepResult<Observation> {
   rewards: number[];
   terminated: boolean[];
   truncated: boolean[];
-  infos: Record<string, unknown>[];
+  infos: StepInfo[];
   outcomes: StepResult<Observation>['outcome'][];
 }
 
@@ -53,7 +60,7 @@ export class VectorEnv<Action, Observation> implements AsyncDisposable {
   /** Resets every sub-environment, or (with `options.mask`) only those whose mask entry is true. */
   async reset(
     options: ResetOptions = {},
-  ): Promise<{ observations: (Observation | undefined)[]; infos: Record<string, unknown>[] }> {
+  ): Promise<{ observations: (Observation | undefined)[]; infos: (ResetInfo | undefined)[] }> {
     const mask = options.options?.['mask'] as boolean[] | undefined;
     const results = await Promise.all(
       this.envs.map(async (env, i) => {
@@ -62,7 +69,7 @@ export class VectorEnv<Action, Observation> implements AsyncDisposable {
         return env.reset({ ...options, ...(options.seed === undefined ? {} : { seed: options.seed + i }) });
       }),
     );
-    return { observations: results.map((r) => r?.observation), infos: results.map((r) => r?.info ?? {}) };
+    return { observations: results.map((r) => r?.observation), infos: results.map((r) => r?.info) };
   }
 
   async step(actions: Action[], options: EnvCallOptions = {}): Promise<VectorStepResult<Observation>> {
@@ -106,7 +113,13 @@ export class VectorEnv<Action, Observation> implements AsyncDisposable {
         reward: 0,
         terminated: false,
         truncated: false,
-        info: { ...reset.info, autoreset: true },
+        info: {
+          episodeId: reset.info.episodeId,
+          stepIndex: -1,
+          replayed: false,
+          autoreset: true,
+          resetInfo: reset.info,
+        },
         outcome: { kind: 'ok' },
       };
     }

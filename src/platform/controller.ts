@@ -134,8 +134,7 @@ export class Controller {
         return done;
       },
       PackDiff: (request, call) => route(request.sandboxId).call('PackDiff', request, as(call)),
-      StepLookup: (request, call) => route(request.sandboxId).call('StepLookup', request, as(call)),
-      StepAppend: (request, call) => route(request.sandboxId).call('StepAppend', request, as(call)),
+      Step: (request, call) => route(request.sandboxId).call('Step', request, as(call)),
       Trajectory: (request, call) => route(request.sandboxId).call('Trajectory', request, as(call)),
       List: async (_request, call) => ({
         sandboxes: (await this.fanOut((node) => node.call('List', {}, as(call)))).flatMap((r) => r.sandboxes),

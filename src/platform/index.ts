@@ -6,7 +6,9 @@ export {
   defaultProject,
   defaultStoreDir,
 } from './local-platform.ts';
-export type { ImageSources, LocalPlatformOptions, SandboxGroupNetwork } from './local-platform.ts';
+export type { ImageSources, LocalPlatformOptions } from './local-platform.ts';
+export { hostPlatformOf } from './host-platform.ts';
+export type { HostPlatform, SandboxGroupNetwork } from './host-platform.ts';
 export { imageSourcesFromEnv } from './local-platform.ts';
 export { RemotePlatform, parseGrpcUrl } from './remote-platform.ts';
 export type { ConnectOptions } from './remote-platform.ts';
@@ -46,5 +48,16 @@ export { parseImageReference } from './layer-build/image-reference.ts';
 export type { ImageReference } from './layer-build/image-reference.ts';
 export { TrajectoryLog } from './trajectory-log.ts';
 export type { TrajectoryRecord } from './trajectory-log.ts';
-export { ExactlyOnceSteps, localStepLog, lookupStep } from './exactly-once.ts';
-export type { StepLog, StepLookup, StepRequest } from './exactly-once.ts';
+export { localStepLog, lookupStep } from './exactly-once.ts';
+export type { StepKey, StepLog, StepLookup } from './exactly-once.ts';
+export { sandboxActionSchema } from './steps/actions.ts';
+export type { SandboxAction, SandboxObservation } from './steps/actions.ts';
+export type { LimitHit, StepSignals } from './steps/step-signals.ts';
+export type {
+  StepAudit,
+  StepOptions,
+  StepOutcome,
+  StepRecordResult,
+  StepReply,
+  StepRequest,
+} from './steps/step-types.ts';

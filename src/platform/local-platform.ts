@@ -25,6 +25,7 @@ import {
 } from '../backends/index.ts';
 import {
   SandgymError,
+  abortable,
   createMsgpackCodec,
   definedFields,
   newSandboxId,
@@ -34,6 +35,9 @@ import {
   type Logger,
 } from '../common/index.ts';
 import { DEFAULT_TRAJECTORY_CAP_BYTES, TrajectoryLog } from './trajectory-log.ts';
+import { SandboxSteps } from './steps/sandbox-steps.ts';
+import type { HostPlatform, SandboxGroupNetwork } from './host-platform.ts';
+import type { StepReply, StepRequest } from './steps/step-types.ts';
 import { forkSandbox } from './fork.ts';
 import { DEFAULT_PROJECT, PROJECT_LABEL, RUN_LABEL, RunManager, type Run, type RunOptions } from './runs.ts';
 import { localRun, runOptionsSchema } from './run-handles.ts';
@@ -46,7 +50,6 @@ import type {
   LayerGcReport,
   PackDiffOptions,
   PackDiffResult,
-  PlatformClient,
   Sandbox,
   SandboxGroup,
 } from './platform-client.ts';
@@ -129,14 +132,6 @@ export interface LocalPlatformOptions {
 }
 
 /** A private network a group of sandboxes shares (see {@link LocalPlatform.createGroupNetwork}). */
-export interface SandboxGroupNetwork {
-  /** Puts a live sandbox on the group; returns its address there. */
-  join(sandbox: Sandbox): Promise<string>;
-  /** Takes the member at `address` off the group. */
-  leave(address: string): Promise<void>;
-  close(): Promise<void>;
-}
-
 /** Where FROM images come from when the store lacks them. */
 export interface ImageSources {
   registry?: RegistryOptions;
@@ -188,10 +183,12 @@ export function defaultStoreDir(dataDir: string): string {
 }
 
 /** The embedded platform: every component in this process, no servers. */
-export class LocalPlatform implements PlatformClient {
+export class LocalPlatform implements HostPlatform {
   private isClosed = false;
   private readonly codec = createMsgpackCodec();
   private readonly trajectories = new Map<string, Promise<TrajectoryLog>>();
+  /** The step runner of each sandbox that took a step through this platform. */
+  private readonly stepRunners = new Map<string, Promise<SandboxSteps>>();
 
   /** The store as this platform's own project sees it (see {@link storeFor}). */
   readonly store: ProjectStore;
@@ -308,6 +305,7 @@ export class LocalPlatform implements PlatformClient {
   async dropTrajectory(sandboxId: string): Promise<void> {
     const log = this.trajectories.get(sandboxId);
     this.trajectories.delete(sandboxId);
+    this.stepRunners.delete(sandboxId);
     await (await log?.catch(() => undefined))?.close();
     await rm(join(this.dataDir, 'trajectories', `${sandboxId}.log`), { force: true });
   }
@@ -602,6 +600,19 @@ export class LocalPlatform implements PlatformClient {
 
   async stepLog(sandboxId: string): Promise<StepLog> {
     return localStepLog(await this.trajectory(sandboxId));
+  }
+
+  /**
+   * One step of an episode in a sandbox of this node, exactly once (see SandboxSteps): run,
+   * audited and recorded here, in one call. The caller's signal stops its wait, not the step.
+   */
+  async step(sandbox: Sandbox, request: StepRequest, options: CallOptions = {}): Promise<StepReply> {
+    let steps = this.stepRunners.get(sandbox.id);
+    if (!steps) {
+      steps = this.trajectory(sandbox.id).then((log) => new SandboxSteps(sandbox, log));
+      this.stepRunners.set(sandbox.id, steps);
+    }
+    return abortable((await steps).step(request), options.signal, 'The step');
   }
 
   fork(sandbox: Sandbox, count: number, options: CallOptions = {}): Promise<SandboxGroup> {

@@ -3,6 +3,7 @@ import { SandgymError, definedFields, type Logger } from '../common/index.ts';
 import type { BackendSandbox, ExecOptions, LoadMode } from '../backends/index.ts';
 import type { LocalPlatform } from './local-platform.ts';
 import type { SandboxRequest } from './sandbox-request.ts';
+import type { StepRequest } from './steps/step-types.ts';
 import { PROJECT_LABEL } from './runs.ts';
 import { MemoryAdmission } from './memory-admission.ts';
 import { sandboxRequestSchema } from './sandbox-request.ts';
@@ -232,12 +233,10 @@ export class NodeAgent {
         environments: await this.platform.storeFor(call.principal.project).listEnvironments(),
       }),
       GetEnvironment: ({ ref }, call) => this.platform.storeFor(call.principal.project).getEnvironment(ref),
-      StepLookup: async ({ sandboxId, episodeId, stepIndex, action }, call) =>
-        (await this.stepLogOf(sandboxId, call)).lookup({ episodeId, stepIndex, action }),
-      StepAppend: async ({ sandboxId, record }, call) => {
-        // the exactly-once rule is enforced here too: a client may skip lookups for its own episodes
-        return (await this.stepLogOf(sandboxId, call)).append(record);
-      },
+      Step: ({ sandboxId, ...request }, call) =>
+        this.platform.step(this.sandboxOf(sandboxId, call), definedFields(request) as StepRequest, {
+          signal: call.signal,
+        }),
       Trajectory: async ({ sandboxId }, call) => ({
         records: [...(await (await this.stepLogOf(sandboxId, call)).records())],
       }),

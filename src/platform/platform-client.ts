@@ -8,6 +8,7 @@ import type {
 import type { Environment, LayerManifest } from './layer-store.ts';
 import type { SandboxRequest } from './sandbox-request.ts';
 import type { StepLog } from './exactly-once.ts';
+import type { StepReply, StepRequest } from './steps/step-types.ts';
 import type { Run, RunOptions } from './runs.ts';
 
 /** A live sandbox, whichever backend runs it. */
@@ -43,10 +44,17 @@ export interface PlatformClient extends AsyncDisposable {
    */
   packDiff(sandbox: Sandbox | string, options: PackDiffOptions): Promise<PackDiffResult>;
   /**
-   * The step log of a sandbox, kept where the sandbox runs, for exactly-once steps and replay.
-   * A sandbox of another project is `not_found`.
+   * The step log of a sandbox, kept where the sandbox runs: every recorded step, for audits,
+   * replays and reports. A sandbox of another project is `not_found`.
    */
   stepLog(sandboxId: string, options?: CallOptions): Promise<StepLog>;
+  /**
+   * One step of an episode, in one round trip: where the sandbox runs, the step is looked up in
+   * its log, run, audited and recorded before the answer. A step already recorded answers with its
+   * record; one still running is waited for; one that started on a node process that died is
+   * `step_in_doubt`. A cancelled call stops waiting; the step still ends and is recorded.
+   */
+  step(sandbox: Sandbox, request: StepRequest, options?: CallOptions): Promise<StepReply>;
   /**
    * Starts a run (or rejoins one of the same name): sandboxes created with `run: name` belong to
    * it, its lease pauses them when the trainer stops renewing, and its phases steer them.

@@ -29,7 +29,8 @@ import type {
   WrittenPathsOptions,
 } from '../backends/index.ts';
 import type { Environment } from './layer-store.ts';
-import type { StepLog, StepLookup, StepRequest } from './exactly-once.ts';
+import type { StepLog } from './exactly-once.ts';
+import type { StepReply, StepRequest } from './steps/step-types.ts';
 import type { TrajectoryRecord } from './trajectory-log.ts';
 import type {
   LayerGcOptions,
@@ -119,6 +120,14 @@ export class RemotePlatform implements PlatformClient {
     return new RemotePlatform(client, runs);
   }
 
+  /**
+   * Resolves once the server is reachable (after a restart, say, when the channel may be backing
+   * off between reconnects); fails, retryably, after `timeoutMs`.
+   */
+  ready(timeoutMs = 10_000): Promise<void> {
+    return this.client.waitForReady(timeoutMs);
+  }
+
   async createSandbox(request: SandboxRequest = {}, options: CallOptions = {}): Promise<Sandbox> {
     if (this.isClosed) throw new SandgymError('failed_precondition', 'The platform client is closed');
     // validate here too, so a bad request fails the same way as on the embedded platform
@@ -176,16 +185,29 @@ export class RemotePlatform implements PlatformClient {
   }
 
   stepLog(sandboxId: string, options: CallOptions = {}): Promise<StepLog> {
-    const call = callOptionsOf(options);
     const client = this.client;
     return Promise.resolve({
-      lookup: (request: StepRequest): Promise<StepLookup> =>
-        client.call('StepLookup', { sandboxId, ...request }, call),
-      append: (record: TrajectoryRecord): Promise<{ capped: boolean }> =>
-        client.call('StepAppend', { sandboxId, record }, call),
       records: async (): Promise<readonly TrajectoryRecord[]> =>
-        (await client.call('Trajectory', { sandboxId }, call)).records,
+        (await client.call('Trajectory', { sandboxId }, callOptionsOf(options))).records,
     });
+  }
+
+  async step(sandbox: Sandbox, request: StepRequest, options: CallOptions = {}): Promise<StepReply> {
+    const reply = await this.client.call(
+      'Step',
+      {
+        sandboxId: sandbox.id,
+        episodeId: request.episodeId,
+        stepIndex: request.stepIndex,
+        action: request.action,
+        ...(request.options ? { options: definedFields(request.options) } : {}),
+      },
+      // an answer lost with its connection leaves the step where the node left it: the caller
+      // asks again once the node is back (see SandboxEnv.step)
+      { ...callOptionsOf(options), unreachable: 'node_lost' },
+    );
+    // the node checked the action and built the result from its own types
+    return reply as StepReply;
   }
 
   async startRun(options: RunOptions, call: CallOptions = {}): Promise<Run> {

@@ -1,4 +1,5 @@
 import { createHash } from 'node:crypto';
+import { writeSync } from 'node:fs';
 import { mkdir, open, readFile, truncate, type FileHandle } from 'node:fs/promises';
 import { dirname } from 'node:path';
 import type { Codec } from '../common/index.ts';
@@ -11,6 +12,25 @@ export interface TrajectoryRecord {
   result: unknown;
   startedAt: string;
   durationMs: number;
+}
+
+/**
+ * That a step started: written before its action runs, so a node that dies while the action runs
+ * finds, on restart, a step that may or may not have taken effect (`step_in_doubt`), never a gap
+ * that a retry would fill by running the action again.
+ */
+export interface StepIntent {
+  intent: true;
+  episodeId: string;
+  stepIndex: number;
+  action: unknown;
+  startedAt: string;
+}
+
+type Frame = TrajectoryRecord | StepIntent;
+
+function isIntent(frame: Frame): frame is StepIntent {
+  return (frame as Partial<StepIntent>).intent === true;
 }
 
 const HEADER_BYTES = 8;
@@ -50,20 +70,32 @@ function checksum(body: Buffer): number {
 export class TrajectoryLog {
   /** Records by episode, in step order: a step's record sits at its index. */
   private readonly byEpisode = new Map<string, TrajectoryRecord[]>();
+  /** Every record, in order. */
+  private readonly loaded: TrajectoryRecord[] = [];
+  /** Steps that started and have no record yet, by `episode:index`. */
+  private readonly intents = new Map<string, StepIntent>();
 
   private constructor(
     readonly path: string,
     private readonly codec: Codec,
     private readonly file: FileHandle,
-    private readonly loaded: TrajectoryRecord[],
+    frames: Frame[],
     /** Bytes in the file. */
     private size: number,
     private readonly capBytes: number,
   ) {
-    for (const record of loaded) this.index(record);
+    for (const frame of frames) this.index(frame);
   }
 
-  private index(record: TrajectoryRecord): void {
+  private index(frame: Frame): void {
+    const key = `${frame.episodeId}:${frame.stepIndex}`;
+    if (isIntent(frame)) {
+      this.intents.set(key, frame);
+      return;
+    }
+    this.intents.delete(key);
+    const record = frame;
+    this.loaded.push(record);
     let episode = this.byEpisode.get(record.episodeId);
     if (!episode) this.byEpisode.set(record.episodeId, (episode = []));
     episode.push(record);
@@ -77,7 +109,7 @@ export class TrajectoryLog {
   ): Promise<TrajectoryLog> {
     await mkdir(dirname(path), { recursive: true });
     const bytes = await readFile(path).catch(() => Buffer.alloc(0));
-    const records: TrajectoryRecord[] = [];
+    const frames: Frame[] = [];
     let offset = 0;
     while (offset + HEADER_BYTES <= bytes.length) {
       const length = bytes.readUInt32BE(offset);
@@ -85,12 +117,12 @@ export class TrajectoryLog {
       if (end > bytes.length) break;
       const body = bytes.subarray(offset + HEADER_BYTES, end);
       if (checksum(body) !== bytes.readUInt32BE(offset + 4)) break;
-      records.push(codec.decode(body) as TrajectoryRecord);
+      frames.push(codec.decode(body) as Frame);
       offset = end;
     }
     if (offset < bytes.length) await truncate(path, offset);
     // tenants' commands and outputs: the node's root alone reads them
-    return new TrajectoryLog(path, codec, await open(path, 'a', 0o600), records, offset, capBytes);
+    return new TrajectoryLog(path, codec, await open(path, 'a', 0o600), frames, offset, capBytes);
   }
 
   /** Every record, in order. */
@@ -110,15 +142,41 @@ export class TrajectoryLog {
       record = shrunk(given, this.capBytes) as TrajectoryRecord;
       body = this.codec.encode(record);
     }
+    this.writeFrame(body);
+    await this.file.datasync();
+    this.index(record);
+    return { capped };
+  }
+
+  /**
+   * Records that a step starts. Not synced on its own: it reaches the disk with the step's record
+   * (one sync per step). A node process that dies leaves it in the page cache, where the restarted
+   * node reads it; a host that dies takes its sandboxes with it, so nothing is left to doubt.
+   */
+  recordIntent(intent: Omit<StepIntent, 'intent'>): void {
+    const frame: StepIntent = { intent: true, ...intent };
+    this.intents.set(`${intent.episodeId}:${intent.stepIndex}`, frame);
+    this.writeFrame(this.codec.encode(frame));
+  }
+
+  /** The step that started at this index and has no record: it ran, or not, in a process now gone. */
+  intent(episodeId: string, stepIndex: number): StepIntent | undefined {
+    return this.intents.get(`${episodeId}:${stepIndex}`);
+  }
+
+  /**
+   * Appends a frame to the file (not synced). Written synchronously: a copy into the page cache
+   * takes microseconds, where a thread-pool write costs a round trip through another thread on
+   * every step; only the sync, which waits for the disk, goes to the pool.
+   */
+  private writeFrame(body: Buffer): void {
     const header = Buffer.alloc(HEADER_BYTES);
     header.writeUInt32BE(body.length, 0);
     header.writeUInt32BE(checksum(body), 4);
-    await this.file.write(Buffer.concat([header, body]));
-    await this.file.datasync();
-    this.size += HEADER_BYTES + body.length;
-    this.loaded.push(record);
-    this.index(record);
-    return { capped };
+    const frame = Buffer.concat([header, body]);
+    for (let written = 0; written < frame.length;)
+      written += writeSync(this.file.fd, frame, written, frame.length - written);
+    this.size += frame.length;
   }
 
   /** The records of one episode, in step order (steps are appended in order from 0). */

@@ -1,6 +1,6 @@
 import { TaskEnv, comparableObservation, type SandboxAction, type Task } from '../env/index.ts';
 import type { PlatformClient } from '../platform/index.ts';
-import { nopAgent, oracleAgent, type Agent } from './agents.ts';
+import { decisionOf, nopAgent, oracleAgent, type Agent } from './agents.ts';
 
 /** One check of the agentic environment checker. */
 export interface CheckResult {
@@ -19,10 +19,13 @@ interface Episode {
 }
 
 async function play(env: TaskEnv, task: Task, agent: Agent, seed = 0): Promise<Episode> {
-  let { observation } = await env.reset({ seed });
+  const opened = await env.reset({ seed });
+  let observation = opened.observation;
   const episode: Episode = { reward: 0, actions: [], observations: [] };
   for (let stepIndex = 0; stepIndex < 50; stepIndex++) {
-    const action = await agent(observation, { task, stepIndex });
+    const { action } = decisionOf(
+      await agent(observation, { task, episodeId: opened.info.episodeId, stepIndex }),
+    );
     const step = await env.step(action);
     episode.actions.push(action);
     episode.observations.push(comparableObservation(step.observation));

@@ -1,4 +1,4 @@
-import type { StepOutcome } from '../env/index.ts';
+import type { SandboxAction, StepAudit, StepOutcome, TaskObservation } from '../env/index.ts';
 
 /** One task's evaluation. */
 export interface EpisodeReport {
@@ -23,7 +23,9 @@ export interface EpisodeReport {
   /** What building the task's environment said: steps taken from cache, base images, fallbacks. */
   buildNotes?: string[];
   /** Set when the agent used up its time budget: the episode was graded as it stood then. */
-  timeout?: { budgetMs: number };
+  timeout?: { budgetMs: number; /** Every step of the episode, in order. */ trajectory?: StepEvent[] };
+  /** Every step of the episode, in order. */
+  trajectory?: StepEvent[];
 }
 
 /** Progress of a batch: what a progress bar shows. */
@@ -35,16 +37,35 @@ export interface EvalProgress {
   etaMs: number | undefined;
 }
 
-/** One step of a rollout, as `steps$` emits it. */
+/** What a model spent on one step's decision, as its endpoint reported it. */
+export interface TokenUsage {
+  promptTokens: number;
+  completionTokens: number;
+}
+
+/** One step of a rollout, as `steps$` emits it and an episode's `trajectory` keeps it. */
 export interface StepEvent {
   task: string;
   episodeId: string;
   stepIndex: number;
-  /** The action's type: exec, write_file, submit... */
-  action: string;
+  action: SandboxAction;
+  observation: TaskObservation;
   reward: number;
-  outcome: StepOutcome['kind'];
+  outcome: StepOutcome;
+  /** The step's audit on the platform: denied egress, protected paths touched, limits hit. */
+  signals?: StepAudit;
+  /** Answered from the trajectory log (a taken-over episode), not run again. */
+  replayed: boolean;
+  /** When the step started on the platform. */
+  startedAt?: string;
+  /** The whole step as the rollout saw it (round trip included), in ms. */
   durationMs: number;
+  /** The step on the platform alone, in ms. */
+  platformMs?: number;
+  /** What the agent's model spent to choose this action (LLM agents). */
+  usage?: TokenUsage;
+  /** What the agent said besides its action (an LLM's message), if anything. */
+  agentMessage?: string;
 }
 
 /** A sandbox state change, as `lifecycle$` emits it. */

@@ -4,13 +4,15 @@ import {
   TaskError,
   type Grade,
   type ResetResult,
+  type TaskResetInfo,
+  type TaskStepInfo,
   type StepOutcome,
   type StepResult,
   type Task,
   type TaskObservation,
 } from '../env/index.ts';
 import type { PlatformClient } from '../platform/index.ts';
-import type { Agent } from './agents.ts';
+import { decisionOf, type Agent } from './agents.ts';
 import type { EvalJournal, StartedEpisode } from './eval-journal.ts';
 import type { EpisodeReport, EvalProgress, LifecycleEvent, StepEvent } from './episode-report.ts';
 
@@ -39,7 +41,7 @@ async function takeOver(
   env: TaskEnv,
   task: Task,
   earlier: StartedEpisode,
-): Promise<ResetResult<TaskObservation> | undefined> {
+): Promise<ResetResult<TaskObservation, TaskResetInfo> | undefined> {
   const sandbox = await platform.attachSandbox(earlier.sandboxId).catch(() => undefined);
   if (!sandbox) return undefined;
   if (task.services?.length) {
@@ -68,10 +70,11 @@ async function runEpisode(
   const started = performance.now();
   await using env = TaskEnv.create(platform, task);
   const takenOver = earlier ? await takeOver(platform, env, task, earlier) : undefined;
-  let { observation, info } = takenOver ?? (await env.reset());
-  const episodeId = String(info['episodeId']);
-  const buildNotes = Array.isArray(info['notes']) ? (info['notes'] as string[]) : [];
-  const sandboxId = String(info['sandboxId']);
+  const opened = takenOver ?? (await env.reset());
+  let observation = opened.observation;
+  const { episodeId, sandboxId, notes: buildNotes } = opened.info;
+  let timeout: { budgetMs: number } | undefined;
+  const trajectory: StepEvent[] = [];
   if (!takenOver) await options.journal?.recordStart({ task: task.id, sandboxId, episodeId });
   let replayedSteps = 0;
   options.onLifecycle?.({ task: task.id, sandboxId, state: 'running' });
@@ -94,33 +97,44 @@ async function runEpisode(
     episodeId,
     ...(takenOver ? { replayedSteps } : {}),
     // the agent ran out its time budget: scored as it stands, never masked as infrastructure
-    ...(info['timeout'] ? { timeout: info['timeout'] as { budgetMs: number } } : {}),
+    ...(timeout ? { timeout } : {}),
+    trajectory,
   });
   try {
     for (let stepIndex = 0; stepIndex < maxSteps; stepIndex++) {
-      const action = await agent(observation, { task, stepIndex });
+      const decision = decisionOf(await agent(observation, { task, episodeId, stepIndex }));
       const stepStarted = performance.now();
-      let result: StepResult<TaskObservation>;
+      let result: StepResult<TaskObservation, TaskStepInfo>;
       try {
-        result = await env.step(action);
+        result = await env.step(decision.action);
       } catch (error) {
         if (takenOver && isSandgymError(error, 'divergence')) throw new TakeOverDiverged(messageOf(error));
         throw error;
       }
-      if (result.info['replayed'] === true) replayedSteps++;
-      options.onStep?.({
+      const { info } = result;
+      if (info.replayed) replayedSteps++;
+      const event: StepEvent = {
         task: task.id,
         episodeId,
         stepIndex,
-        action: action.type,
+        action: decision.action,
+        observation: result.observation,
         reward: result.reward,
-        outcome: result.outcome.kind,
+        outcome: result.outcome,
+        ...(info.signals ? { signals: info.signals } : {}),
+        replayed: info.replayed,
+        ...(info.startedAt ? { startedAt: info.startedAt } : {}),
         durationMs: performance.now() - stepStarted,
-      });
+        ...(info.durationMs === undefined ? {} : { platformMs: info.durationMs }),
+        ...(decision.usage ? { usage: decision.usage } : {}),
+        ...(decision.message ? { agentMessage: decision.message } : {}),
+      };
+      trajectory.push(event);
+      options.onStep?.(event);
       observation = result.observation;
-      ({ info } = result);
+      timeout = info.timeout;
       if (result.outcome.kind !== 'ok' || result.terminated || result.truncated) {
-        return report(stepIndex + 1, result.reward, result.outcome, info['grade'] as Grade | undefined);
+        return report(stepIndex + 1, result.reward, result.outcome, info.grade);
       }
     }
     // ran out of steps: grade what is there, as a truncation

@@ -73,7 +73,7 @@ export function renderHtmlReport(title: string, episodes: EpisodeReport[], steps
   const outcomes = new Map<string, number>();
   for (const e of episodes) outcomes.set(e.outcome.kind, (outcomes.get(e.outcome.kind) ?? 0) + 1);
   const byAction = new Map<string, number[]>();
-  for (const s of steps) byAction.set(s.action, [...(byAction.get(s.action) ?? []), s.durationMs]);
+  for (const s of steps) byAction.set(s.action.type, [...(byAction.get(s.action.type) ?? []), s.durationMs]);
   const latency: [string, number][] = [...byAction.entries()].flatMap(([action, times]) => [
     [`${action} p50`, percentile(times, 0.5)] as [string, number],
     [`${action} p95`, percentile(times, 0.95)] as [string, number],

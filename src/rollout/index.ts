@@ -1,9 +1,9 @@
 /** Rollouts and batch evaluation over task environments. */
-export { BUILT_IN_AGENTS, nopAgent, oracleAgent, resolveAgent, scriptedAgent } from './agents.ts';
-export type { Agent, AgentContext } from './agents.ts';
+export { BUILT_IN_AGENTS, decisionOf, nopAgent, oracleAgent, resolveAgent, scriptedAgent } from './agents.ts';
+export type { Agent, AgentContext, AgentDecision } from './agents.ts';
 export { evaluate } from './evaluate.ts';
 export type { EvaluateOptions } from './evaluate.ts';
-export type { EpisodeReport, EvalProgress, LifecycleEvent, StepEvent } from './episode-report.ts';
+export type { EpisodeReport, EvalProgress, LifecycleEvent, StepEvent, TokenUsage } from './episode-report.ts';
 export { RolloutRunner } from './rollout-runner.ts';
 export type { RewardEvent } from './rollout-runner.ts';
 export { checkTask } from './check-task.ts';

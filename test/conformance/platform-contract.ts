@@ -117,13 +117,13 @@ export function describePlatformContract(target: PlatformTarget): void {
         // a second client (a restarted trainer) attaches and replays step 0 from the node's log
         const again = await SandboxEnv.attach(opened.platform, live, 'contract');
         const replayed = await again.step(step);
-        expect(replayed.info['replayed']).toBe(true);
+        expect(replayed.info.replayed).toBe(true);
         expect(replayed.observation).toEqual(first.observation);
         expect((await live.readFile('/tmp/steps')).toString().trim().split('\n')).toHaveLength(1);
         // a client that asks for something else at a logged index gets a typed divergence
         const stray = await SandboxEnv.attach(opened.platform, live, 'contract');
         await expectCode(stray.step({ type: 'exec', command: 'echo other' }), 'divergence');
-        const records = await (await opened.platform.stepLog(reset.info['sandboxId'] as string)).records();
+        const records = await (await opened.platform.stepLog(reset.info.sandboxId)).records();
         expect(records.filter((r) => r.episodeId === 'contract')).toHaveLength(1);
       } finally {
         await env.close();

@@ -158,7 +158,7 @@ describe('grading integrity', () => {
         command: ['python3', '-c', 'import json, email.mime.text, xml.dom.minidom, pytest'],
       });
       expect(step.observation).toMatchObject({ type: 'exec', exitCode: 0 });
-      expect(step.info['signals']).toMatchObject({ protectedChanges: [] });
+      expect(step.info.signals).toMatchObject({ protectedChanges: [] });
       // the standard library's caches were valid: nothing was rewritten under /usr/lib
       const written = await gym.current!.writtenPaths(['/usr/lib']);
       expect(written).toEqual([]);

@@ -132,7 +132,7 @@ describe('hostile suite', () => {
       const observation = step.observation;
       if (observation.type !== 'exec')
         throw new Error(`expected an exec observation, got ${observation.type}`);
-      const signals = step.info['signals'] as StepSignals;
+      const signals = step.info.signals as StepSignals;
       expect(signals, JSON.stringify(step.info)).toHaveProperty('limitsHit');
       const result: AttackResult = { ...observation, signals };
       await attack.contained(result, {

@@ -147,7 +147,7 @@ describe('network policy', () => {
     };
     await using taskEnv = TaskEnv.create(env.platform, task, { verifiers: [probe] });
     const reset = await taskEnv.reset();
-    expect(reset.info['network']).toEqual({ stage: 'agent', rules: [] });
+    expect(reset.info.network).toEqual({ stage: 'agent', rules: [] });
     const sandbox = taskEnv.sandbox!;
     expect((await sandbox.readFile('/root/from-setup')).toString()).toBe('port 8080\n');
     const step = await taskEnv.step({

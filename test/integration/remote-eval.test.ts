@@ -65,7 +65,7 @@ describe('task environments and evaluation over the cluster client', () => {
     await task.restore(checkpoint);
     const submitted = await task.step({ type: 'submit' });
     expect(submitted.reward).toBe(1);
-    expect((submitted.info['grade'] as { tampered: string[] }).tampered).toEqual(['/tests']);
+    expect((submitted.info.grade as { tampered: string[] }).tampered).toEqual(['/tests']);
   });
 
   it('says what to do when a cluster client meets a task whose environment was never built', async () => {

@@ -38,7 +38,13 @@ describe('rollout streams', () => {
     for (const task of ['fix-sum', 'hello-file']) {
       const mine = all.filter((s) => s.task === task);
       expect(mine.map((s) => s.stepIndex)).toEqual([0, 1, 2]);
-      expect(mine.map((s) => s.action)).toEqual(['write_file', 'exec', 'submit']);
+      expect(mine.map((s) => s.action.type)).toEqual(['write_file', 'exec', 'submit']);
+      // each step carries what a trainer needs: what was done, what came back, its audit and timing
+      const [write, exec] = mine;
+      expect(write?.observation.type).toBe('written');
+      expect(exec?.signals).toMatchObject({ deniedEgress: 0, limitsHit: [] });
+      expect(exec?.platformMs).toBeGreaterThan(0);
+      expect(reports.find((r) => r.task === task)?.trajectory?.map((s) => s.stepIndex)).toEqual([0, 1, 2]);
       expect(mine.at(-1)?.reward).toBe(1);
     }
     const states = await lifecycle;

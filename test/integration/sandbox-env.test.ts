@@ -95,11 +95,11 @@ describe('SandboxEnv and exactly-once steps', () => {
       const second = await SandboxEnv.attach(env.platform, sandbox, first.episode);
       for (let i = 0; i < 5; i++) {
         const again = await second.step(STAMP);
-        expect(again.info['replayed']).toBe(true);
+        expect(again.info.replayed).toBe(true);
         expect(again.observation).toMatchObject({ stdout: `${i + 1}\n` });
       }
       const fresh = await second.step(STAMP);
-      expect(fresh.info['replayed']).toBe(false);
+      expect(fresh.info.replayed).toBe(false);
       const lines = await sandbox.exec(['wc', '-l', '/tmp/stamps']);
       expect(lines.stdout.trim().split(/\s+/)[0]).toBe('6');
       const third = await SandboxEnv.attach(env.platform, sandbox, first.episode);
@@ -144,11 +144,11 @@ describe('SandboxEnv and exactly-once steps', () => {
     await gym.step({ type: 'exec', command: 'rm /work/kept.txt && echo later > /work/lost.txt' });
     const first = gym.current!;
     const restored = await gym.restore(ref);
-    expect(restored.info['restoredFrom']).toEqual(ref);
+    expect(restored.info.restoredFrom).toEqual(ref);
     expect(first.state).toBe('stopped');
     const seen = await gym.step({ type: 'exec', command: 'cat /work/kept.txt; ls /work' });
     expect(seen.observation).toMatchObject({ stdout: 'before the checkpointkept.txt\n' });
-    expect(seen.info['stepIndex']).toBe(0);
+    expect(seen.info.stepIndex).toBe(0);
   });
 
   it('replays a logged episode in a fresh sandbox and finds where it stops matching', async () => {
@@ -174,6 +174,6 @@ describe('SandboxEnv and exactly-once steps', () => {
     expect((await gym.step({ type: 'exec', command: ['true'] })).truncated).toBe(false);
     const last = await gym.step({ type: 'exec', command: ['true'] });
     expect(last.truncated).toBe(true);
-    expect(last.info['truncatedBy']).toBe('step_limit');
+    expect(last.info.truncatedBy).toBe('step_limit');
   });
 });

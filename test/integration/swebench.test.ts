@@ -3,7 +3,7 @@ import { mkdir, readFile, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TaskEnv, loadSweBenchFile, type Task } from '../../src/env/index.ts';
-import { evaluate, oracleAgent, scriptedAgent } from '../../src/rollout/index.ts';
+import { decisionOf, evaluate, oracleAgent, scriptedAgent } from '../../src/rollout/index.ts';
 import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
 
 const ROWS = resolve('examples/tasks/calc.swebench.jsonl');
@@ -56,10 +56,13 @@ describe('SWE-bench tasks', () => {
       { type: 'write_file', path: '/testbed/unittest.py', content: 'raise SystemExit(0)\n' },
     ]);
     await using taskEnv = TaskEnv.create(env.platform, task);
-    await taskEnv.reset();
-    const step = (i: number): ReturnType<ReturnType<typeof scriptedAgent>> =>
-      cheat({ type: 'submitted' }, { task, stepIndex: i });
-    for (let i = 0; i < 3; i++) await taskEnv.step(await step(i));
+    const { info } = await taskEnv.reset();
+    for (let i = 0; i < 3; i++) {
+      const { action } = decisionOf(
+        await cheat({ type: 'submitted' }, { task, episodeId: info.episodeId, stepIndex: i }),
+      );
+      await taskEnv.step(action);
+    }
     const grade = await taskEnv.grade();
     expect(grade.reward).toBe(0);
     expect(grade.details).toMatchObject({

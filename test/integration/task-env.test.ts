@@ -83,7 +83,7 @@ describe('Harbor tasks, fresh-box grading and evaluation', () => {
   it('keeps tests and solutions out of the agent sandbox and says how it mapped FROM', async () => {
     await using task = TaskEnv.create(env.platform, await loadHarborTask(join(EXAMPLES, 'hello-file')));
     const reset = await task.reset();
-    expect(reset.info['notes']).toEqual([
+    expect(reset.info.notes).toEqual([
       "FROM debian:bookworm-slim: the store's debian:bookworm, the same Debian release",
     ]);
     const root = (await task.sandbox!.listDir('/')).map((e) => e.name);
@@ -104,13 +104,13 @@ describe('Harbor tasks, fresh-box grading and evaluation', () => {
     // go on down a wrong branch, then come back
     await task.step({ type: 'exec', command: 'rm /app/hello.txt' });
     const restored = await task.restore(checkpoint);
-    expect(restored.info['restoredFrom']).toEqual(checkpoint);
+    expect(restored.info.restoredFrom).toEqual(checkpoint);
     const sandbox = task.sandbox!;
     expect((await sandbox.readFile('/app/hello.txt')).toString()).toBe('hello sandgym\n');
     expect((await sandbox.exec(['sh', '-c', 'test -e /usr/bin/forged-tool; echo $?'])).stdout).toBe('1\n');
     const submitted = await task.step({ type: 'submit' });
     expect(submitted.reward).toBe(1);
-    expect((submitted.info['grade'] as { tampered: string[] }).tampered).toEqual(['/usr/bin']);
+    expect((submitted.info.grade as { tampered: string[] }).tampered).toEqual(['/usr/bin']);
   });
 
   it('gives a cheating agent no reward and raises its tamper signals', async () => {

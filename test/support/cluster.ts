@@ -18,11 +18,13 @@ export function startNode(
   nodeId: string,
   port: number,
   args: string[] = [],
+  firstStartEnv: Record<string, string> = {},
 ): Promise<NodeProcess> {
   return startNodeIn(host, nodeId, port, {
     dataDir: join(TEST_DATA_ROOT, `cluster-${nodeId}-${randomBytes(3).toString('hex')}`),
     storeDir: STORE_DIR,
     token: NODE_TOKEN,
     args,
+    firstStartEnv,
   });
 }

@@ -80,7 +80,7 @@ describe('a cluster of three node agents in their own network namespaces, behind
       const sandboxIds: string[] = [];
       for (const [i, env] of envs.entries()) {
         const reset = await env.reset({ options: { episodeId: `episode-${i}` } });
-        sandboxIds.push(reset.info['sandboxId'] as string);
+        sandboxIds.push(reset.info.sandboxId);
       }
       const usedNodes = new Set(sandboxIds.map(nodeOfSandboxId));
       expect(usedNodes.size, `placement spread ${sandboxIds.join(' ')}`).toBeGreaterThanOrEqual(2);
@@ -136,7 +136,7 @@ describe('a cluster of three node agents in their own network namespaces, behind
       );
       for (let step = 0; step < STEPS; step++) {
         const replay = await again.step(STEP);
-        expect(replay.info['replayed']).toBe(true);
+        expect(replay.info.replayed).toBe(true);
       }
       expect((await envs[0]!.current!.readFile('/tmp/steps')).toString().trim().split('\n')).toHaveLength(
         STEPS,

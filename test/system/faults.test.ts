@@ -124,7 +124,7 @@ describe('load and faults', () => {
     await gym.reset();
     const fill = await gym.step({ type: 'exec', command: 'dd if=/dev/zero of=/root/fill bs=1M count=64' });
     expect(fill.observation).toMatchObject({ type: 'exec', exitCode: 1 });
-    expect((fill.info['signals'] as StepSignals).limitsHit).toContain('disk');
+    expect((fill.info.signals as StepSignals).limitsHit).toContain('disk');
     const write = await gym.step({
       type: 'write_file',
       path: '/root/notes.txt',
@@ -149,7 +149,7 @@ describe('load and faults', () => {
     const loud = { type: 'exec' as const, command: 'head -c 30000 /dev/zero | tr "\\0" x' };
     const steps = [];
     for (let i = 0; i < 4; i++) steps.push(await gym.step(loud));
-    const limits = steps.map((s) => (s.info['signals'] as StepSignals).limitsHit);
+    const limits = steps.map((s) => (s.info.signals as StepSignals).limitsHit);
     expect(limits.slice(0, 2)).toEqual([[], []]);
     expect(limits.slice(2)).toEqual([['log'], ['log']]);
     // the caller got every output whole; the log kept the head of the capped ones

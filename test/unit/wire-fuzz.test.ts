@@ -31,7 +31,7 @@ const VALID: Record<string, unknown> = {
   Exec: { sandboxId: 'sg-n1-abcdefghijkl', argv: ['sh', '-c', 'echo hi'], timeoutMs: 1000 },
   ReadFile: { sandboxId: 'sg-n1-abcdefghijkl', path: '/etc/hosts' },
   WriteFile: { sandboxId: 'sg-n1-abcdefghijkl', path: '/tmp/x', data: Buffer.from('hi'), mode: 0o644 },
-  StepLookup: { sandboxId: 'sg-n1-abcdefghijkl', episodeId: 'e', stepIndex: 0, action: { type: 'submit' } },
+  Step: { sandboxId: 'sg-n1-abcdefghijkl', episodeId: 'e', stepIndex: 0, action: { type: 'submit' } },
 };
 
 describe('wire decoders under fuzz', () => {

@@ -551,9 +551,11 @@ export class ContainerBackend implements Backend {
       cgroup: shell.cgroup,
       upperDir: join(this.pathsOf(shell.slot).dir, 'rw', 'upper'),
       diskUsage: () => this.scratch.usage(shell.scratch),
+      diskUsedNow: () => this.scratch.usedNow(shell.scratch),
       network: {
         set: (rules) => this.setNetwork(shell, rules),
         denied: () => this.deniedByRules(shell.slot),
+        attached: () => this.egress.has(shell.slot),
       },
       destroy: (s) => this.destroy(s),
       privateCopy: (upperDir) => this.privateCopy(shell.slot, upperDir),

@@ -4,13 +4,14 @@ import type {
   HibernateReport,
   SandboxSpec,
   SandboxStats,
+  StepCounters,
   WritableLayerOptions,
   WrittenPathsOptions,
 } from '../contract.ts';
 import { NOTHING_FILTERED, consumeFiltered, type PrivateCopy } from './private-copy.ts';
 import type { FilterReport } from '../host/diff-filter.ts';
 import type { SandboxCgroup, UsageBaseline } from '../host/cgroups.ts';
-import { deniedEgressOf } from '../host/egress.ts';
+import { deniedEgressNow, deniedEgressOf } from '../host/egress.ts';
 import type { ScratchUsage } from '../host/scratch-volume.ts';
 import { activeSwapAreas, stillActive, type SwapArea } from '../host/swap.ts';
 import { writtenUnder } from '../host/written-paths.ts';
@@ -36,10 +37,14 @@ export interface ContainerSandboxParts {
   upperDir: string;
   /** What it has written and may write, from its slot's quota group. */
   diskUsage: () => Promise<ScratchUsage | undefined>;
+  /** What it has written, in bytes, read synchronously; undefined if unknown. */
+  diskUsedNow: () => number | undefined;
   /** Its network: rules replaced, and the connections they refused. */
   network: {
     set(rules: readonly string[]): Promise<void>;
     denied(): Promise<number>;
+    /** Whether it is on the node network (so its rules keep a counter). */
+    attached(): boolean;
   };
   /** Tears the sandbox down; called once, by close(). */
   destroy(sandbox: ContainerSandbox): Promise<void>;
@@ -192,6 +197,21 @@ export class ContainerSandbox extends AgentSandbox {
       ...usage,
       deniedEgress: (deniedEgress ?? 0) + deniedByRules,
       diskBytes: disk?.usedBytes ?? 0,
+    };
+  }
+
+  async stepCounters(): Promise<StepCounters> {
+    const counted = this.parts.cgroup.stepCounters();
+    const baseline = this.parts.baseline;
+    // the rules' own counter is only there for a sandbox on the node network
+    const deniedByRules = this.parts.network.attached() ? await this.parts.network.denied() : 0;
+    const inNamespace = counted.anyPid === undefined ? undefined : deniedEgressNow(counted.anyPid);
+    return {
+      pids: counted.pids,
+      oomKills: counted.oomKills - (baseline?.oomKills ?? 0),
+      pidsLimitHits: counted.pidsLimitHits - (baseline?.pidsLimitHits ?? 0),
+      deniedEgress: (inNamespace ?? 0) + deniedByRules,
+      diskBytes: this.parts.diskUsedNow() ?? 0,
     };
   }
 

@@ -1,3 +1,4 @@
+import { readFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 
 /** A named counter from /proc/<pid>/net/snmp ("Ip:" header line, then a values line). */
@@ -19,9 +20,29 @@ export async function deniedEgressOf(pid: number): Promise<number | undefined> {
       readFile(`/proc/${pid}/net/snmp`, 'utf8'),
       readFile(`/proc/${pid}/net/snmp6`, 'utf8').catch(() => ''),
     ]);
-    const v6Line = v6.split('\n').find((line) => line.startsWith('Ip6OutNoRoutes'));
-    return snmpCounter(v4, 'Ip', 'OutNoRoutes') + Number(v6Line?.split(/\s+/)[1] ?? 0);
+    return noRoutes(v4, v6);
   } catch {
     return undefined;
   }
+}
+
+/** {@link deniedEgressOf}, read synchronously (two small proc files, for a step's signals). */
+export function deniedEgressNow(pid: number): number | undefined {
+  try {
+    const v4 = readFileSync(`/proc/${pid}/net/snmp`, 'utf8');
+    let v6 = '';
+    try {
+      v6 = readFileSync(`/proc/${pid}/net/snmp6`, 'utf8');
+    } catch {
+      // no IPv6 in the namespace
+    }
+    return noRoutes(v4, v6);
+  } catch {
+    return undefined;
+  }
+}
+
+function noRoutes(v4: string, v6: string): number {
+  const v6Line = v6.split('\n').find((line) => line.startsWith('Ip6OutNoRoutes'));
+  return snmpCounter(v4, 'Ip', 'OutNoRoutes') + Number(v6Line?.split(/\s+/)[1] ?? 0);
 }

@@ -1,4 +1,4 @@
-import { existsSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { mkdir, open, readdir, readFile, stat, statfs } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -78,6 +78,19 @@ export class ScratchVolume {
   /** Changes a slot's cap (a pooled shell taking a tenant). */
   async setLimit(name: string, limitBytes: number): Promise<void> {
     await this.createSlot(name, limitBytes);
+  }
+
+  /** What a slot holds now, in bytes, read synchronously (see {@link usage}); undefined if unknown. */
+  usedNow(slot: ScratchSlot): number | undefined {
+    const dir = join(this.sysfsQgroups, `0_${slot.subvolumeId}`);
+    try {
+      return (
+        Number(readFileSync(join(dir, 'referenced'), 'utf8')) +
+        Number(readFileSync(join(dir, 'rsv_data'), 'utf8'))
+      );
+    } catch {
+      return undefined;
+    }
   }
 
   /**

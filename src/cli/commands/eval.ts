@@ -1,7 +1,7 @@
 import { writeFileAtomic } from '../../common/index.ts';
 import { loadTasks } from '../../env/index.ts';
 import { join } from 'node:path';
-import { LocalPlatform, defaultDataDir } from '../../platform/index.ts';
+import { defaultDataDir, hostPlatformOf } from '../../platform/index.ts';
 import { openPlatform } from './cluster.ts';
 import {
   EvalJournal,
@@ -72,7 +72,7 @@ export async function evalCommand(args: string[]): Promise<number> {
   // durable: if this eval is killed, its running sandboxes live on for the next one to take over
   // (on a cluster, they live on their nodes anyway)
   await using platform = await openPlatform({ durable: true, images: imageSources(parsed) });
-  const adopted = platform instanceof LocalPlatform ? await platform.adoptSandboxes() : [];
+  const adopted = (await hostPlatformOf(platform)?.adoptSandboxes()) ?? [];
   const takenOver = tasks.filter((t) => journal.startedEpisode(t.id)).length;
   if (adopted.length > 0 || takenOver > 0) {
     console.error(

@@ -3,7 +3,7 @@ import { rename, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { runProgram } from '../../backends/index.ts';
 import { SandgymError } from '../../common/index.ts';
-import { parseEnvironmentRef, type Environment, type LocalPlatform } from '../../platform/index.ts';
+import { parseEnvironmentRef, type Environment, type HostPlatform } from '../../platform/index.ts';
 import { taskStorageStem, type Task, type TaskEnvironmentSource } from './task.ts';
 
 type Workspace = Extract<TaskEnvironmentSource, { kind: 'workspace' }>;
@@ -90,7 +90,7 @@ export function workspaceEnvironmentName(task: Pick<Task, 'id' | 'source'>, sour
  * cached. Built once and kept under a name that pins the repository and commit.
  */
 export async function workspaceEnvironment(
-  platform: LocalPlatform,
+  platform: HostPlatform,
   task: Pick<Task, 'id' | 'source'>,
   source: Workspace,
 ): Promise<Environment> {
@@ -103,7 +103,7 @@ export async function workspaceEnvironment(
 
 /** A generated Dockerfile over the checkout: the recipe's packages, then its install in the repository. */
 async function installOver(
-  platform: LocalPlatform,
+  platform: HostPlatform,
   checkout: string,
   setup: NonNullable<Workspace['setup']>,
   ref: string,
@@ -126,7 +126,7 @@ async function installOver(
 
 /** The base environment plus the scrubbed checkout, stored as `ref`. */
 async function checkoutEnvironment(
-  platform: LocalPlatform,
+  platform: HostPlatform,
   source: Workspace,
   ref: string,
 ): Promise<Environment> {

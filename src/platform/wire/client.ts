@@ -25,6 +25,8 @@ export interface WireClientOptions {
 /** Call options, plus metadata for this call only. */
 export interface WireCallOptions extends CallOptions {
   metadata?: Record<string, string>;
+  /** What an unreachable server means for this call, over the client's own setting. */
+  unreachable?: SandgymErrorCode;
 }
 
 const identity = (bytes: Buffer): Buffer => bytes;
@@ -73,7 +75,7 @@ export class WireClient<S extends ServiceDef> {
         out.grpc,
         (error: ServiceError | null, response?: Buffer) => {
           cancel.release();
-          if (error) return reject(this.failure(error));
+          if (error) return reject(this.failure(error, options.unreachable));
           try {
             resolve(out.decode(response ?? Buffer.alloc(0)));
           } catch (decodeError) {
@@ -173,8 +175,8 @@ export class WireClient<S extends ServiceDef> {
     return options.timeoutMs === undefined ? {} : { deadline: Date.now() + options.timeoutMs };
   }
 
-  private failure(error: ServiceError): SandgymError {
-    return fromStatus(error, this.options.unreachable);
+  private failure(error: ServiceError, unreachable = this.options.unreachable): SandgymError {
+    return fromStatus(error, unreachable);
   }
 }
 

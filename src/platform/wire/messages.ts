@@ -19,9 +19,6 @@ export const sandboxIdField = z
 export const empty = z.strictObject({});
 export const sandboxRef = z.strictObject({ sandboxId: sandboxIdField });
 
-/** `capped`: the node's cap on the sandbox's trajectory log cut the record's long strings. */
-export const stepAppendResult = z.object({ capped: z.boolean().default(false) });
-
 export const setNetworkRequest = z.strictObject({ sandboxId: sandboxIdField, rules: networkRulesSchema });
 
 export const createRequest = z.strictObject({
@@ -244,17 +241,6 @@ export const layerGcReport = z.object({
   freedBytes: count,
 });
 
-const stepRequestFields = {
-  sandboxId: sandboxIdField,
-  episodeId: z.string().min(1).max(256),
-  stepIndex: count,
-};
-/** Actions are opaque here (the env layer validates them); they are compared, never interpreted. */
-export const stepLookupRequest = z.strictObject({ ...stepRequestFields, action: z.unknown() });
-export const stepLookup = z.discriminatedUnion('logged', [
-  z.object({ logged: z.literal(true), result: z.unknown() }),
-  z.object({ logged: z.literal(false) }),
-]);
 const trajectoryRecord = z.object({
   episodeId: z.string(),
   stepIndex: count,
@@ -263,9 +249,37 @@ const trajectoryRecord = z.object({
   startedAt: z.string(),
   durationMs: z.number().nonnegative(),
 });
-export const stepAppendRequest = z.strictObject({
+
+/**
+ * One step. The action is checked where it runs (the node's action schema); options are how it
+ * runs, not what it is, so a retry with other options still matches its record.
+ */
+export const stepRequest = z.strictObject({
   sandboxId: sandboxIdField,
-  record: trajectoryRecord.strict(),
+  episodeId: z.string().min(1).max(256),
+  stepIndex: count,
+  action: z.unknown(),
+  options: z
+    .strictObject({
+      user: textWithoutNul().max(64).optional(),
+      protectedPaths: z.array(absolutePath).max(256).optional(),
+      commandTimeoutCapMs: z.number().int().positive().optional(),
+    })
+    .optional(),
+});
+export const stepReply = z.object({
+  result: z.object({
+    observation: z.record(z.string(), z.unknown()),
+    reward: z.number(),
+    terminated: z.boolean(),
+    truncated: z.boolean(),
+    outcome: z.record(z.string(), z.unknown()),
+    info: z.record(z.string(), z.unknown()),
+  }),
+  replayed: z.boolean(),
+  logCapped: z.boolean().default(false),
+  startedAt: z.string(),
+  durationMs: z.number().nonnegative(),
 });
 export const trajectory = z.object({ records: z.array(trajectoryRecord) });
 

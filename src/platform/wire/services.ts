@@ -75,17 +75,11 @@ export const SANDBOXES = {
       response: m.environmentMessage,
       summary: 'one environment, name:version',
     }),
-    StepLookup: unary({
-      request: m.stepLookupRequest,
-      response: m.stepLookup,
+    Step: unary({
+      request: m.stepRequest,
+      response: m.stepReply,
       maxRequestBytes: MAX_FILE_MESSAGE,
-      summary: 'exactly-once steps: the logged result of a step, or that it is next',
-    }),
-    StepAppend: unary({
-      request: m.stepAppendRequest,
-      response: m.stepAppendResult,
-      maxRequestBytes: MAX_FILE_MESSAGE,
-      summary: "log a step's result durably before the client returns it",
+      summary: 'one env step, exactly once: run, audited and recorded on the node before the answer',
     }),
     Trajectory: unary({
       request: m.sandboxRef,

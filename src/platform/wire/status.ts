@@ -20,6 +20,7 @@ export const STATUS_OF_CODE: Record<SandgymErrorCode, Status> = {
   timeout: Status.DEADLINE_EXCEEDED,
   cancelled: Status.CANCELLED,
   divergence: Status.ABORTED,
+  step_in_doubt: Status.DATA_LOSS,
   node_lost: Status.UNAVAILABLE,
   agent_crash: Status.INTERNAL,
   platform_error: Status.INTERNAL,
@@ -38,6 +39,7 @@ const CODE_OF_STATUS: Partial<Record<Status, SandgymErrorCode>> = {
   [Status.DEADLINE_EXCEEDED]: 'timeout',
   [Status.CANCELLED]: 'cancelled',
   [Status.ABORTED]: 'divergence',
+  [Status.DATA_LOSS]: 'step_in_doubt',
 };
 
 export const CODE_KEY = 'sandgym-code';

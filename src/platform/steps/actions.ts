@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { textWithoutNul } from '../common/index.ts';
+import { textWithoutNul } from '../../common/index.ts';
 
 const absolutePath = textWithoutNul().startsWith('/', 'paths are absolute');
 

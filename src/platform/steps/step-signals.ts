@@ -1,13 +1,13 @@
-import { messageOf } from '../common/index.ts';
-import type { Sandbox } from '../platform/index.ts';
-import type { SandboxObservation } from './sandbox-actions.ts';
+import { messageOf } from '../../common/index.ts';
+import type { BackendSandbox, StepCounters } from '../../backends/index.ts';
+import type { SandboxObservation } from './actions.ts';
 
 /** A limit a step ran into (`log`: the sandbox's trajectory log is past its cap, see TrajectoryLog). */
 export type LimitHit = 'pids' | 'memory' | 'output' | 'disk' | 'log';
 
 /**
  * What one step did that a trainer should know about, beyond its observation: the audit
- * signals every step carries in `info.signals` and in the trajectory log.
+ * signals every step carries in its info and in the trajectory log.
  */
 export interface StepSignals {
   /** Connections its network rules refused during the step. */
@@ -32,14 +32,15 @@ const DISK_FULL_SLACK_BYTES = 1 << 20;
 
 /**
  * Measures a sandbox around steps: counters and protected paths before the first step, then
- * after each, reporting what changed. Measuring is cheap (cgroup and quota files, an lstat per
- * protected path) and never fails a step: a sandbox that cannot be measured gets an error note.
+ * after each, reporting what changed. Measuring is cheap (a few counters the backend reads without
+ * leaving the event loop, see BackendSandbox.stepCounters, and an lstat per protected path) and
+ * never fails a step: a sandbox that cannot be measured gets an error note.
  */
 export class StepAuditor {
   private mark: Mark | undefined;
 
   constructor(
-    readonly sandbox: Sandbox,
+    readonly sandbox: BackendSandbox,
     private readonly protectedPaths: readonly string[],
   ) {}
 
@@ -77,19 +78,11 @@ export class StepAuditor {
   }
 
   private async measure(): Promise<{ mark: Mark; diskBytes: number; pids: number }> {
-    const [stats, written] = await Promise.all([
-      this.sandbox.stats(),
+    const [counters, written] = await Promise.all([
+      this.sandbox.stepCounters ? this.sandbox.stepCounters() : this.sandbox.stats(),
       this.protectedPaths.length > 0 ? this.sandbox.writtenPaths(this.protectedPaths) : [],
     ]);
-    return {
-      mark: {
-        deniedEgress: stats.deniedEgress,
-        oomKills: stats.oomKills,
-        pidsLimitHits: stats.pidsLimitHits,
-        written: new Set(written),
-      },
-      diskBytes: stats.diskBytes,
-      pids: stats.pids,
-    };
+    const { deniedEgress, oomKills, pidsLimitHits, diskBytes, pids }: StepCounters = counters;
+    return { mark: { deniedEgress, oomKills, pidsLimitHits, written: new Set(written) }, diskBytes, pids };
   }
 }

@@ -1,0 +1,114 @@
+import { SandgymError, faultPoint, parseAt } from '../../common/index.ts';
+import type { BackendSandbox } from '../../backends/index.ts';
+import { lookupStep, sameValue } from '../exactly-once.ts';
+import type { TrajectoryLog } from '../trajectory-log.ts';
+import { sandboxActionSchema } from './actions.ts';
+import { runAction } from './run-action.ts';
+import { StepAuditor } from './step-signals.ts';
+import type { StepRecordResult, StepReply, StepRequest } from './step-types.ts';
+
+interface Running {
+  action: unknown;
+  reply: Promise<StepReply>;
+}
+
+/**
+ * The steps of one sandbox, run where the sandbox runs, exactly once. A step is looked up in the
+ * trajectory log; one not there records its intent, runs, is audited, and is recorded (synced)
+ * before it answers. So:
+ * - a step already recorded answers with its record, whoever asks and however often;
+ * - a step still running is waited for, not run again (a retry, or a client that re-attached);
+ * - a step whose intent is recorded but not its result ran in a node process that died: it is
+ *   `step_in_doubt`, never silently run a second time.
+ * A step runs to its end once started, even if the client that asked goes away: its command's
+ * own time limit bounds it, and its record is there for whoever asks next.
+ */
+export class SandboxSteps {
+  private readonly running = new Map<string, Running>();
+  private auditor: StepAuditor | undefined;
+  private auditedPaths = '';
+
+  constructor(
+    readonly sandbox: BackendSandbox,
+    private readonly log: TrajectoryLog,
+  ) {}
+
+  /** Synchronous up to the step's registration, so a concurrent retry always finds it running. */
+  async step(request: StepRequest): Promise<StepReply> {
+    const action = parseAt(sandboxActionSchema, request.action, 'action');
+    const key = `${request.episodeId}:${request.stepIndex}`;
+    const running = this.running.get(key);
+    if (running) {
+      if (!sameValue(running.action, action)) {
+        throw new SandgymError(
+          'divergence',
+          `Step ${request.stepIndex} of episode ${request.episodeId} is running another action: ${JSON.stringify(running.action)}`,
+        );
+      }
+      return { ...(await running.reply), replayed: true };
+    }
+    const found = lookupStep(this.log, { ...request, action });
+    if (found.kind === 'logged') {
+      const { record } = found;
+      return {
+        result: record.result as StepRecordResult,
+        replayed: true,
+        logCapped: false,
+        startedAt: record.startedAt,
+        durationMs: record.durationMs,
+      };
+    }
+    if (found.kind === 'started') {
+      throw new SandgymError(
+        'step_in_doubt',
+        `Step ${request.stepIndex} of episode ${request.episodeId} started at ${found.intent.startedAt} on a node process that stopped before recording its result: it may or may not have taken effect in sandbox ${this.sandbox.id}. Check the sandbox's state and go on with a new episode, or restore a checkpoint`,
+      );
+    }
+    const reply = this.runNew({ ...request, action }, key);
+    this.running.set(key, { action, reply });
+    return reply;
+  }
+
+  private async runNew(request: StepRequest, key: string): Promise<StepReply> {
+    try {
+      const { episodeId, stepIndex, action } = request;
+      const startedAt = new Date().toISOString();
+      const started = performance.now();
+      faultPoint('step.before-intent');
+      this.log.recordIntent({ episodeId, stepIndex, action, startedAt });
+      faultPoint('step.after-intent');
+      const result = await this.runAudited(request);
+      faultPoint('step.after-action');
+      const durationMs = performance.now() - started;
+      const { capped } = await this.log.append({
+        episodeId,
+        stepIndex,
+        action,
+        result,
+        startedAt,
+        durationMs,
+      });
+      faultPoint('step.after-record');
+      return { result, replayed: false, logCapped: capped, startedAt, durationMs };
+    } finally {
+      this.running.delete(key);
+    }
+  }
+
+  private async runAudited(request: StepRequest): Promise<StepRecordResult> {
+    const options = request.options ?? {};
+    const protectedPaths = options.protectedPaths ?? [];
+    // the audit counts from the step before, as long as it watches the same paths
+    const paths = protectedPaths.join('\0');
+    if (!this.auditor || this.auditedPaths !== paths) {
+      this.auditor = new StepAuditor(this.sandbox, protectedPaths);
+      this.auditedPaths = paths;
+    }
+    const auditor = this.auditor;
+    await auditor.beforeStep();
+    const result = await runAction(this.sandbox, request.action, options);
+    if (result.outcome.kind === 'infra_failure') return result;
+    const signals = await auditor.afterStep(result.observation);
+    return { ...result, info: { signals } };
+  }
+}
