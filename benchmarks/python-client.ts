@@ -1,6 +1,9 @@
 import { join } from 'node:path';
 import { packageRoot, runProgram } from '../src/backends/index.ts';
 
+/** Debian's interpreter, where python3-grpcio and python3-msgpack install (not a pyenv's on PATH). */
+const PYTHON = '/usr/bin/python3';
+
 /**
  * Env steps of `true` from the Python client (python/examples/bench_steps.py) against a node, in
  * ms; undefined, with the reason on stderr, when python3 lacks grpcio or msgpack.
@@ -14,7 +17,7 @@ export async function pythonStepTimes(
   const python = join(packageRoot(), 'python');
   try {
     const output = await runProgram(
-      'python3',
+      PYTHON,
       [join(python, 'examples', 'bench_steps.py'), url, String(steps), String(warmup)],
       { env: { ...process.env, PYTHONPATH: python, SANDGYM_TOKEN: token } },
     );

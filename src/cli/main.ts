@@ -45,6 +45,7 @@ const USAGE = `usage: sandgym COMMAND [ARGS]
   node --listen ADDR [--data-dir D] [--store S] [--node-id ID] [--max-sandboxes N] [--memory-mib N]
        [--overcommit X] [--free-floor-mib N] [--warm-pool N] [--warm-pool-best-effort N]
        [--net-rules FILE]   (JSON: {"mirror:debian": ["IP[/N][:PORT]", ...]}; or $SANDGYM_NET_RULES)
+       [--task-root DIR]    (tasks the Envs service may serve, by path under DIR)
                                           a node agent (cluster mode); token in $SANDGYM_NODE_TOKEN
                                           or --node-token-file
   controller --listen ADDR --nodes ADDR,... --grants FILE [--poll-ms N] [--queue-timeout-ms N]

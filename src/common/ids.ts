@@ -8,6 +8,11 @@ const ALPHABET = 'abcdefghijklmnopqrstuvwxyz0123456789';
 
 /** A new sandbox id that names its owning node, so any replica can route a call for it. */
 export function newSandboxId(nodeId: string): string {
+  return nodeScopedId('sg', nodeId);
+}
+
+/** `<prefix>-<node>-<12 random chars of a-z0-9>`: an id that names the node that holds it. */
+export function nodeScopedId(prefix: string, nodeId: string): string {
   if (!NODE_ID.test(nodeId)) {
     throw new SandgymError(
       'invalid_argument',
@@ -17,7 +22,7 @@ export function newSandboxId(nodeId: string): string {
   const bytes = randomBytes(12);
   let suffix = '';
   for (const byte of bytes) suffix += ALPHABET[byte % ALPHABET.length];
-  return `sg-${nodeId}-${suffix}`;
+  return `${prefix}-${nodeId}-${suffix}`;
 }
 
 /** True for a well-formed sandbox id. */

@@ -61,3 +61,5 @@ export type {
   StepOutcome,
   StepResult,
 } from './environment.ts';
+export { envService } from './env-service.ts';
+export type { EnvServiceOptions } from './env-service.ts';

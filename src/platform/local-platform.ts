@@ -62,6 +62,7 @@ import {
 import {
   buildFromDockerfile,
   resolveImage,
+  type BuildHost,
   type DockerfileBuildOptions,
   type DockerfileBuildResult,
 } from './layer-build/dockerfile-build.ts';
@@ -439,21 +440,33 @@ export class LocalPlatform implements HostPlatform {
 
   /** An image by reference, from the store or its registry (or the fallback base), as FROM finds it. */
   resolveImage(image: string): Promise<{ environment: Environment; notes: string[] }> {
-    const { registry, fallbackBase } = this.images;
-    return resolveImage(this.store, image, {
-      ...(registry ? { registry } : {}),
-      ...(fallbackBase ? { fromFallback: fallbackBase } : {}),
-    });
+    return this.resolveImageFor(this.project, image);
+  }
+
+  /** {@link resolveImage} into `project`'s view of the store. */
+  resolveImageFor(project: string, image: string): Promise<{ environment: Environment; notes: string[] }> {
+    return resolveImage(this.storeFor(project), image, this.imageSettings());
   }
 
   /** Builds with the platform's registry settings and fallback base unless the build names its own. */
   buildFromDockerfile(options: DockerfileBuildOptions): Promise<DockerfileBuildResult> {
+    return buildFromDockerfile(this, { ...this.imageSettings(), ...options });
+  }
+
+  /** {@link buildFromDockerfile} into `project`'s view of the store (its step cache and environments). */
+  buildFromDockerfileFor(project: string, options: DockerfileBuildOptions): Promise<DockerfileBuildResult> {
+    const host: BuildHost = {
+      store: this.storeFor(project),
+      createSandboxFromLayers: (layers, config, more) => this.createSandboxFromLayers(layers, config, more),
+      withLayerStack: (layers, consume) => this.withLayerStack(layers, consume),
+      defaultBuildNetwork: this.defaultBuildNetwork,
+    };
+    return buildFromDockerfile(host, { ...this.imageSettings(), ...options });
+  }
+
+  private imageSettings(): Pick<DockerfileBuildOptions, 'registry' | 'fromFallback'> {
     const { registry, fallbackBase } = this.images;
-    return buildFromDockerfile(this, {
-      ...(registry ? { registry } : {}),
-      ...(fallbackBase ? { fromFallback: fallbackBase } : {}),
-      ...options,
-    });
+    return { ...(registry ? { registry } : {}), ...(fallbackBase ? { fromFallback: fallbackBase } : {}) };
   }
 
   async listSandboxes(): Promise<SandboxRecord[]> {

@@ -18,8 +18,10 @@ import {
   type CallContext,
   type ExecRequest,
   type NodeStatus,
+  type Registration,
   type SandboxInfo,
 } from './wire/index.ts';
+import { NodeProjectClient } from './node-project-client.ts';
 
 /** Options for {@link NodeAgent.start}. */
 export interface NodeAgentOptions {
@@ -37,6 +39,14 @@ export interface NodeAgentOptions {
   freeFloorMib?: number;
   logger: Logger;
   loadMode?: LoadMode;
+  /** More services to serve beside the node's own (the Envs service, from the env layer). */
+  services?: (agent: NodeAgent) => ServedService[];
+}
+
+/** A service a node serves for a layer above it, closed when the node closes. */
+export interface ServedService {
+  registration: Registration;
+  close(): Promise<void>;
 }
 
 interface Owned {
@@ -59,6 +69,7 @@ export class NodeAgent {
   private creates = 0;
   private closed = false;
   private readonly measuring: NodeJS.Timeout;
+  private readonly served: ServedService[] = [];
 
   private constructor(
     readonly nodeId: string,
@@ -113,7 +124,15 @@ export class NodeAgent {
     }
     agent.server = await WireServer.listen(
       options.listen,
-      [agent.sandboxService(), agent.runService(), agent.nodeService()],
+      [
+        agent.sandboxService(),
+        agent.runService(),
+        agent.nodeService(),
+        ...(options.services?.(agent) ?? []).map((served) => {
+          agent.served.push(served);
+          return served.registration;
+        }),
+      ],
       {
         authenticate: tokenAuthenticator({ [options.token]: 'default' }, { trustProjectHeader: true }),
         logger: agent.logger,
@@ -171,7 +190,8 @@ export class NodeAgent {
 
   private sandboxService() {
     return register(SANDBOXES, {
-      Create: async ({ request }, call) => info(await this.create(request, call)),
+      Create: async ({ request }, call) =>
+        info(await this.create(call.principal.project, request, { signal: call.signal })),
       Describe: ({ sandboxId }, call) => Promise.resolve(info(this.sandboxOf(sandboxId, call))),
       Exec: (request, call) => this.exec(request, call),
       ExecCollected: (request, call) => {
@@ -247,7 +267,11 @@ export class NodeAgent {
     });
   }
 
-  private async create(request: SandboxRequest, call: CallContext): Promise<BackendSandbox> {
+  private async create(
+    project: string,
+    request: SandboxRequest,
+    options: { signal?: AbortSignal },
+  ): Promise<BackendSandbox> {
     if (this.closed)
       throw new SandgymError('admission_rejected', `Node ${this.nodeId} is shutting down`, {
         retryable: true,
@@ -268,10 +292,8 @@ export class NodeAgent {
     this.memory.admit(pendingKey, memoryMib);
     this.pending++;
     try {
-      const sandbox = await this.platform.createSandboxFor(call.principal.project, request, {
-        signal: call.signal,
-      });
-      this.owned.set(sandbox.id, { sandbox, project: call.principal.project });
+      const sandbox = await this.platform.createSandboxFor(project, request, definedFields(options));
+      this.owned.set(sandbox.id, { sandbox, project });
       this.memory.admit(sandbox.id, memoryMib);
       return sandbox;
     } finally {
@@ -282,11 +304,32 @@ export class NodeAgent {
 
   /** A sandbox of the caller's project; another project's is as missing as one that never was. */
   private sandboxOf(id: string, call: CallContext): BackendSandbox {
+    return this.projectSandbox(call.principal.project, id);
+  }
+
+  private projectSandbox(project: string, id: string): BackendSandbox {
     const found = this.owned.get(id);
-    if (found?.project !== call.principal.project) {
+    if (found?.project !== project) {
       throw new SandgymError('not_found', `No sandbox ${id} on node ${this.nodeId}`);
     }
     return found.sandbox;
+  }
+
+  /**
+   * A project's client of this node in this process: what the node serves that project over the
+   * wire, for services that run on the node (served environments). Closing it destroys the
+   * sandboxes it created.
+   */
+  clientFor(project: string): NodeProjectClient {
+    return new NodeProjectClient(
+      {
+        platform: this.platform,
+        create: (owner, request, options) => this.create(owner, request, options),
+        sandboxOf: (owner, id) => this.projectSandbox(owner, id),
+        destroy: (owner, id) => this.destroy(id, owner),
+      },
+      project,
+    );
   }
 
   private async stepLogOf(id: string, call: CallContext) {
@@ -325,6 +368,7 @@ export class NodeAgent {
     this.closed = true;
     clearInterval(this.measuring);
     await this.server?.close();
+    for (const served of this.served) await served.close().catch(() => undefined);
     this.owned.clear();
     await this.platform.close();
   }

@@ -56,7 +56,7 @@ async function takeOver(
   return env.attach(sandbox, earlier.episodeId, Math.max(0, task.agentTimeoutMs - used));
 }
 
-/** Thrown when a taken-over episode's agent does not repeat its logged actions. */
+/** Thrown when a taken-over episode cannot go on: its agent chose otherwise, or a step is in doubt. */
 class TakeOverDiverged extends Error {}
 
 async function runEpisode(
@@ -108,7 +108,10 @@ async function runEpisode(
       try {
         result = await env.step(decision.action);
       } catch (error) {
-        if (takenOver && isSandgymError(error, 'divergence')) throw new TakeOverDiverged(messageOf(error));
+        // the agent chose differently this time, or the interrupted run died in the middle of a
+        // step (which may or may not have taken effect): the episode cannot go on from its log
+        if (takenOver && isSandgymError(error, 'divergence', 'step_in_doubt'))
+          throw new TakeOverDiverged(messageOf(error));
         throw error;
       }
       const { info } = result;
@@ -192,7 +195,7 @@ export async function evaluate(
             options,
             options.journal?.startedEpisode(task.id),
           ).catch((error: unknown) => {
-            // the agent chose differently this time: its logged steps cannot be replayed, so start over
+            // the taken-over episode cannot go on from its log: it starts over in a fresh sandbox
             if (error instanceof TakeOverDiverged)
               return runEpisode(platform, task, makeAgent(), maxSteps, options, undefined);
             throw error;

@@ -5,25 +5,32 @@ import { describe, expect, it } from 'vitest';
 import { packageRoot } from '../../src/backends/index.ts';
 import { createMsgpackCodec } from '../../src/common/index.ts';
 import { TrajectoryLog } from '../../src/platform/index.ts';
-import { COUNTED_STEPS } from '../../examples/agents/slow-hello.ts';
+import { COUNTED_STEPS, SLOW_STEP } from '../../examples/agents/slow-hello.ts';
 import { createTestPlatform } from '../support/platform.ts';
 
 const CLI = join(packageRoot(), 'dist', 'src', 'cli', 'main.js');
 const AGENT = join(packageRoot(), 'dist', 'examples', 'agents', 'slow-hello.js');
 const TASK = resolve('examples/tasks/hello-file');
 
-/** Whole records in a trajectory log that another process is writing: read, never opened for append. */
-async function loggedRecords(dataDir: string): Promise<number> {
-  let total = 0;
+/**
+ * Frames of the trajectory logs that another process is writing: step records, and the intents
+ * of steps that started. Read, never opened for append.
+ */
+async function loggedFrames(dataDir: string): Promise<{ records: number; intents: number }> {
+  const codec = createMsgpackCodec();
+  const counts = { records: 0, intents: 0 };
   for (const name of await readdir(join(dataDir, 'trajectories')).catch(() => [] as string[])) {
     const bytes = await readFile(join(dataDir, 'trajectories', name));
-    for (let offset = 0; offset + 8 <= bytes.length; total++) {
+    for (let offset = 0; offset + 8 <= bytes.length;) {
       const end = offset + 8 + bytes.readUInt32BE(offset);
       if (end > bytes.length) break;
+      const frame = codec.decode(bytes.subarray(offset + 8, end)) as { intent?: boolean };
+      if (frame.intent) counts.intents++;
+      else counts.records++;
       offset = end;
     }
   }
-  return total;
+  return counts;
 }
 
 /** What an eval that was killed and run again printed and reported. */
@@ -34,10 +41,14 @@ interface Rerun {
 }
 
 /**
- * Runs `sandgym eval TASK` with the slow agent in `dataDir` until three steps are logged (the
- * counted ones done, a pause step running), kills it hard, and runs the same eval again.
+ * Runs `sandgym eval TASK` with the slow agent in `dataDir` until `killWhen` holds for its logs,
+ * kills it hard, and runs the same eval again.
  */
-async function killThenRerun(task: string, dataDir: string): Promise<Rerun> {
+async function killThenRerun(
+  task: string,
+  dataDir: string,
+  killWhen: (frames: { records: number; intents: number }) => boolean,
+): Promise<Rerun> {
   const env = { ...process.env, SANDGYM_DATA_DIR: dataDir };
   const out = join(dataDir, 'report.json');
   const args = [CLI, 'eval', task, '--agent', AGENT, '--json', out];
@@ -45,7 +56,7 @@ async function killThenRerun(task: string, dataDir: string): Promise<Rerun> {
   const exited = new Promise((done) => first.once('exit', done));
   try {
     const deadline = Date.now() + 120_000;
-    while ((await loggedRecords(dataDir)) < 3) {
+    while (!killWhen(await loggedFrames(dataDir))) {
       if (Date.now() > deadline || first.exitCode !== null) throw new Error('the first eval never got going');
       await new Promise((done) => setTimeout(done, 50));
     }
@@ -65,7 +76,12 @@ describe('sandgym eval, killed and run again', () => {
       privateStore: true,
       seed: ['debian:bookworm'],
     });
-    const { second, episodes, env } = await killThenRerun(TASK, test.dataDir);
+    // killed while the agent thinks between its counted steps: no step is running
+    const { second, episodes, env } = await killThenRerun(
+      TASK,
+      test.dataDir,
+      ({ records }) => records >= COUNTED_STEPS,
+    );
     expect(second.stderr).toMatch(/1 running episodes fast-forward from their logs/);
     const [episode] = episodes;
     expect(episode?.reward).toBe(1);
@@ -76,7 +92,7 @@ describe('sandgym eval, killed and run again', () => {
       createMsgpackCodec(),
     );
     try {
-      const counting = log.episode(episode!.episodeId)[COUNTED_STEPS * 2];
+      const counting = log.episode(episode!.episodeId)[SLOW_STEP + 1];
       expect((counting?.result as { observation: { stdout: string } }).observation.stdout).toBe(
         `${COUNTED_STEPS}\n`,
       );
@@ -107,9 +123,44 @@ describe('sandgym eval, killed and run again', () => {
       join(task, 'environment', 'docker-compose.yaml'),
       'services:\n  main:\n    build: .\n  web:\n    build:\n      context: ./web\n',
     );
-    const { episodes, env } = await killThenRerun(task, test.dataDir);
+    const { episodes, env } = await killThenRerun(
+      task,
+      test.dataDir,
+      ({ records }) => records >= COUNTED_STEPS,
+    );
     // a fresh episode with its services, not a take-over that would grade without them
     expect(episodes.map((e) => [e.reward, e.replayedSteps ?? 0])).toEqual([[1, 0]]);
+    expect(spawnSync('node', [CLI, 'ps', '--json'], { env, encoding: 'utf8' }).stdout).toBe(
+      '{"sandboxes":[]}\n',
+    );
+  });
+
+  it('starts over an episode whose step was cut by the kill: that step is in doubt, never run again', async () => {
+    await using test = await createTestPlatform('eval-resume-in-doubt', {
+      privateStore: true,
+      seed: ['debian:bookworm'],
+    });
+    // killed while the slow step's command runs: it started, and has no record
+    const { episodes, env } = await killThenRerun(
+      TASK,
+      test.dataDir,
+      ({ records, intents }) => records === SLOW_STEP && intents === SLOW_STEP + 1,
+    );
+    const [episode] = episodes;
+    expect([episode?.reward, episode?.replayedSteps ?? 0]).toEqual([1, 0]);
+    // the fresh episode counted its own steps from nothing
+    const log = await TrajectoryLog.open(
+      join(test.dataDir, 'trajectories', `${episode!.sandboxId}.log`),
+      createMsgpackCodec(),
+    );
+    try {
+      const counting = log.episode(episode!.episodeId)[SLOW_STEP + 1];
+      expect((counting?.result as { observation: { stdout: string } }).observation.stdout).toBe(
+        `${COUNTED_STEPS}\n`,
+      );
+    } finally {
+      await log.close();
+    }
     expect(spawnSync('node', [CLI, 'ps', '--json'], { env, encoding: 'utf8' }).stdout).toBe(
       '{"sandboxes":[]}\n',
     );

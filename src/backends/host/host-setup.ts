@@ -38,9 +38,14 @@ const REQUIRED_PROGRAMS: Record<string, string> = {
   dd: 'coreutils',
 };
 
-/** What only the test suite needs: a real OCI registry on loopback for image pulls. */
+/**
+ * What only the test suite needs: a real OCI registry on loopback for image pulls, and Debian's
+ * Python with the gRPC and msgpack modules the Python client imports (its tests and benchmark).
+ */
 export const TEST_PROGRAMS: Record<string, string> = {
   'docker-registry': 'docker-registry',
+  '/usr/lib/python3/dist-packages/grpc/__init__.py': 'python3-grpcio',
+  '/usr/lib/python3/dist-packages/msgpack/__init__.py': 'python3-msgpack',
 };
 
 /** What only the benchmarks need: baseline timing, and the shaped network store of `layers`. */
@@ -51,7 +56,9 @@ export const BENCHMARK_PROGRAMS: Record<string, string> = {
   tc: 'iproute2',
 };
 
+/** A program on the usual paths; an absolute path (a module's file) is looked for as it is. */
 function hasProgram(name: string): boolean {
+  if (name.startsWith('/')) return existsSync(name);
   return ['/usr/local/bin', '/usr/bin', '/bin', '/usr/sbin', '/sbin'].some((dir) =>
     existsSync(`${dir}/${name}`),
   );

@@ -3,6 +3,7 @@ import { hostname } from 'node:os';
 import { z } from 'zod';
 import { parseAt } from '../../common/index.ts';
 import { defaultRuleBook, readNetworkRules } from '../../backends/index.ts';
+import { envService } from '../../env/index.ts';
 import {
   Controller,
   NodeAgent,
@@ -89,6 +90,7 @@ export async function nodeCommand(args: string[]): Promise<number> {
     'warm-pool': { type: 'string' },
     'warm-pool-best-effort': { type: 'string' },
     'net-rules': { type: 'string' },
+    'task-root': { type: 'string' },
   });
   const listen = text(parsed, 'listen');
   if (!listen) throw new UsageError('sandgym node: give --listen HOST:PORT (port 0 picks a free one)');
@@ -129,6 +131,13 @@ export async function nodeCommand(args: string[]): Promise<number> {
     ...(memoryCapacityMib ? { memoryCapacityMib } : {}),
     ...(overcommit ? { overcommit } : {}),
     ...(freeFloorMib ? { freeFloorMib } : {}),
+    // gym environments served to clients in any language (the Envs service)
+    services: (agent) => {
+      const taskRoot = text(parsed, 'task-root');
+      return [
+        envService((project) => agent.clientFor(project), { nodeId, ...(taskRoot ? { taskRoot } : {}) }),
+      ];
+    },
   }).catch(async (error: unknown) => {
     await platform.close();
     throw error;

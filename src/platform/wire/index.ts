@@ -4,7 +4,9 @@ export type { Authenticate, CallContext, Handlers, Principal, Registration } fro
 export { WireClient } from './client.ts';
 export type { WireCallOptions, WireClientOptions } from './client.ts';
 export { checkTokenStrength, tokenAuthenticator, PROJECT_KEY, DEFAULT_PROJECT } from './auth.ts';
-export { SANDBOXES, NODE, RUNS } from './services.ts';
+export { ENVS, SANDBOXES, NODE, RUNS } from './services.ts';
+export { envSpec } from './env-messages.ts';
+export type { EnvSpec } from './env-messages.ts';
 export type { SandboxInfo, NodeStatus, ExecEvent, ExecRequest } from './messages.ts';
 export { decodeMessage, encodeMessage } from './decode.ts';
 export { methodPath } from './service.ts';

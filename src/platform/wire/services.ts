@@ -1,3 +1,4 @@
+import * as e from './env-messages.ts';
 import * as m from './messages.ts';
 import { serverStream, unary, type ServiceDef } from './service.ts';
 
@@ -126,5 +127,42 @@ export const NODE = {
   name: 'sandgym.v1.Node',
   methods: {
     Status: unary({ request: m.empty, response: m.nodeStatus, summary: 'load, capacity and health' }),
+  },
+} satisfies ServiceDef;
+
+/**
+ * Envs: gym environments served by a node agent. A client makes one (over a fresh sandbox per
+ * episode, or a task's, graded on the node), then resets and steps it in one call each.
+ */
+export const ENVS = {
+  name: 'sandgym.v1.Envs',
+  methods: {
+    Make: unary({
+      request: e.makeEnvRequest,
+      response: e.envHandle,
+      summary: 'make an env (no sandbox yet)',
+    }),
+    Reset: unary({
+      request: e.envResetRequest,
+      response: e.envResetReply,
+      summary: 'start an episode in a fresh sandbox',
+    }),
+    Step: unary({
+      request: e.envStepRequest,
+      response: e.envStepReply,
+      maxRequestBytes: MAX_FILE_MESSAGE,
+      summary: 'one step, exactly once; a task env grades on submit',
+    }),
+    Checkpoint: unary({
+      request: e.envRef,
+      response: e.envCheckpointReply,
+      summary: "save the episode's state as an environment",
+    }),
+    Restore: unary({
+      request: e.envRestoreRequest,
+      response: e.envResetReply,
+      summary: 'go on from a checkpoint in a new sandbox',
+    }),
+    Close: unary({ request: e.envRef, response: m.empty, summary: 'destroy the env and its sandbox' }),
   },
 } satisfies ServiceDef;

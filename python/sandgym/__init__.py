@@ -1,0 +1,10 @@
+"""sandgym for Python: sandboxes and gym environments on a sandgym node or cluster.
+
+Needs only Debian's python3-grpcio and python3-msgpack. See python/README.md.
+"""
+
+from .env import SandgymEnv, VectorEnv
+from .errors import SandgymError
+from .platform import DirEntry, ExecResult, Platform, Sandbox
+
+__all__ = ["DirEntry", "ExecResult", "Platform", "Sandbox", "SandgymEnv", "SandgymError", "VectorEnv"]

@@ -1,0 +1,154 @@
+"""Gymnasium-shaped environments served by a sandgym node (the Envs service of docs/wire.md)."""
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from .errors import SandgymError
+
+# how long a step waits for a node that went away to come back before giving up
+_RECONNECT_S = 30.0
+
+
+class SandgymEnv:
+    """One environment on the platform, as in Gymnasium: `reset` -> (observation, info), `step`
+    -> (observation, reward, terminated, truncated, info), `close`. Actions and observations are
+    maps (docs/wire.md, "Steps, exactly once"): {"type": "exec", "command": "ls"}, {"type":
+    "write_file", "path": ..., "content": ...}, {"type": "read_file", "path": ...}, {"type":
+    "list_dir", "path": ...}, {"type": "submit"}.
+
+    `spec` is {"kind": "sandbox", "sandbox": SandboxRequest} for an env over a fresh sandbox per
+    episode, or {"kind": "task", "path": ..., "task": ...} for a task on the node, graded there on
+    submit. Each step is one call, run exactly once: a step whose answer was lost (the connection
+    dropped) is asked again with the same index once the node is back, and answers with what it did.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, platform, spec):
+        self._wire = platform._wire
+        self.spec = spec
+        self.env_id = None
+        self._next = 0
+
+    def _ensure(self):
+        if self.env_id is None:
+            self.env_id = self._wire.call("Envs", "Make", {"spec": self.spec})["envId"]
+
+    def reset(self, seed=None, options=None):
+        """Starts an episode in a fresh sandbox. `options` may name it: {"episodeId": "..."}."""
+        self._ensure()
+        request = {"envId": self.env_id}
+        if seed is not None:
+            request["seed"] = int(seed)
+        if options:
+            request["options"] = dict(options)
+        reply = self._wire.call("Envs", "Reset", request)
+        self._next = 0
+        return reply["observation"], reply["info"]
+
+    def step(self, action):
+        """One action. The outcome of the step for the platform is in `info["outcome"]`: an
+        `infra_failure` is the platform's fault, never the agent's, and is not a reward."""
+        if self.env_id is None:
+            raise SandgymError("failed_precondition", "Call reset() before step()")
+        request = {"envId": self.env_id, "stepIndex": self._next, "action": action}
+        reply = self._call_surviving_restarts("Step", request)
+        self._next += 1
+        info = dict(reply["info"])
+        info["outcome"] = reply["outcome"]
+        return reply["observation"], reply["reward"], reply["terminated"], reply["truncated"], info
+
+    def _call_surviving_restarts(self, method, request):
+        deadline = time.monotonic() + _RECONNECT_S
+        while True:
+            try:
+                return self._wire.call("Envs", method, request)
+            except SandgymError as error:
+                # the answer was lost with the connection: the same index answers with what the
+                # step did, waits for it, or says it is in doubt; it never runs twice
+                if error.code != "node_lost" or time.monotonic() > deadline:
+                    raise
+                self._wire.wait_ready(max(0.1, deadline - time.monotonic()))
+
+    def checkpoint(self):
+        """Saves the episode so far on the node; returns a map whose `checkpointId` restores it."""
+        return self._wire.call("Envs", "Checkpoint", {"envId": self.env_id})
+
+    def restore(self, checkpoint):
+        """Goes on from a checkpoint in a new sandbox, as a new episode: (observation, info)."""
+        checkpoint_id = checkpoint["checkpointId"] if isinstance(checkpoint, dict) else checkpoint
+        reply = self._wire.call("Envs", "Restore", {"envId": self.env_id, "checkpointId": checkpoint_id})
+        self._next = 0
+        return reply["observation"], reply["info"]
+
+    def close(self):
+        """Destroys the env and its sandbox. Idempotent."""
+        if self.env_id is not None:
+            env_id, self.env_id = self.env_id, None
+            self._wire.call("Envs", "Close", {"envId": env_id})
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class VectorEnv:
+    """Several envs stepped together, each in its own sandbox, their calls in flight at once.
+    As in Gymnasium's `next_step` autoreset: the step after an episode ended resets that env
+    (its action is ignored) and reports the new episode's first observation with reward 0."""
+
+    def __init__(self, envs):
+        if not envs:
+            raise SandgymError("invalid_argument", "A VectorEnv needs at least one env")
+        self.envs = list(envs)
+        self._ended = [False] * len(self.envs)
+        self._pool = ThreadPoolExecutor(max_workers=len(self.envs))
+
+    @classmethod
+    def make(cls, platform, spec, count):
+        return cls([SandgymEnv(platform, spec) for _ in range(count)])
+
+    def reset(self, seed=None):
+        def one(i):
+            return self.envs[i].reset(seed=None if seed is None else seed + i)
+
+        results = list(self._pool.map(one, range(len(self.envs))))
+        self._ended = [False] * len(self.envs)
+        return [r[0] for r in results], [r[1] for r in results]
+
+    def step(self, actions):
+        if len(actions) != len(self.envs):
+            raise SandgymError(
+                "invalid_argument", f"step() needs one action per env: {len(self.envs)}, got {len(actions)}"
+            )
+
+        def one(i):
+            if self._ended[i]:
+                self._ended[i] = False
+                observation, info = self.envs[i].reset()
+                return observation, 0.0, False, False, dict(info, autoreset=True)
+            result = self.envs[i].step(actions[i])
+            self._ended[i] = result[2] or result[3]
+            return result
+
+        results = list(self._pool.map(one, range(len(self.envs))))
+        return tuple([r[k] for r in results] for k in range(5))
+
+    def close(self):
+        errors = []
+        for env in self.envs:
+            try:
+                env.close()
+            except SandgymError as error:
+                errors.append(error)
+        self._pool.shutdown(wait=False)
+        if errors:
+            raise errors[0]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

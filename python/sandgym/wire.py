@@ -1,0 +1,90 @@
+"""The wire under the client: gRPC with msgpack messages, as docs/wire.md describes."""
+
+import grpc
+import msgpack
+
+from .errors import SandgymError, from_rpc_error
+
+# what a reply may be at most (the platform sends up to 96 MiB)
+_MAX_MESSAGE_BYTES = 100 * 1024 * 1024
+
+
+def _encode(value):
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def _decode(data):
+    return msgpack.unpackb(data, raw=False)
+
+
+def parse_url(url):
+    """`grpc://HOST:PORT` (or `HOST:PORT`) as the target gRPC dials."""
+    target = url[len("grpc://"):] if url.startswith("grpc://") else url
+    if "://" in target or ":" not in target:
+        raise SandgymError("invalid_argument", f"{url!r} is not a sandgym address: use grpc://HOST:PORT")
+    return target
+
+
+class Wire:
+    """One channel to a node agent or a controller; every call carries the token."""
+
+    def __init__(self, url, token, project=None, connect_timeout=10.0):
+        self._channel = grpc.insecure_channel(
+            parse_url(url),
+            options=[
+                ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+                # a restarted node is back within seconds: do not back off for minutes
+                ("grpc.initial_reconnect_backoff_ms", 200),
+                ("grpc.max_reconnect_backoff_ms", 2000),
+            ],
+        )
+        self._metadata = [("authorization", f"Bearer {token}")]
+        if project:
+            self._metadata.append(("sandgym-project", project))
+        self._methods = {}
+        self.wait_ready(connect_timeout)
+
+    def wait_ready(self, timeout=10.0):
+        """Returns once the server is reachable; raises a retryable `node_lost` after `timeout`."""
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise SandgymError("node_lost", f"the server did not answer within {timeout} s", True) from None
+
+    def _method(self, path):
+        method = self._methods.get(path)
+        if method is None:
+            method = self._channel.unary_unary(path, request_serializer=_encode, response_deserializer=_decode)
+            self._methods[path] = method
+        return method
+
+    def call(self, service, method, request, timeout=None):
+        """One unary call; a failure raises SandgymError."""
+        try:
+            return self._method(f"/sandgym.v1.{service}/{method}")(
+                request, metadata=self._metadata, timeout=timeout
+            )
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+
+    def call_async(self, service, method, request, timeout=None):
+        """A unary call in flight: `.result()` returns the reply or raises SandgymError."""
+        future = self._method(f"/sandgym.v1.{service}/{method}").future(
+            request, metadata=self._metadata, timeout=timeout
+        )
+        return _Pending(future)
+
+    def close(self):
+        self._channel.close()
+
+
+class _Pending:
+    def __init__(self, future):
+        self._future = future
+
+    def result(self):
+        try:
+            return self._future.result()
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None

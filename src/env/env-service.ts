@@ -1,0 +1,246 @@
+import { randomBytes } from 'node:crypto';
+import { realpath } from 'node:fs/promises';
+import { resolve, sep } from 'node:path';
+import { SandgymError, messageOf, nodeScopedId, parseAt } from '../common/index.ts';
+import {
+  ENVS,
+  register,
+  sandboxActionSchema,
+  type EnvSpec,
+  type HostPlatform,
+  type ServedService,
+} from '../platform/index.ts';
+import type { ResetInfo, StepInfo, StepResult } from './environment.ts';
+import { SandboxEnv, type CheckpointRef } from './sandbox-env.ts';
+import { TaskEnv, type TaskCheckpoint } from './task-env.ts';
+import { loadTasks } from './tasks/load-tasks.ts';
+
+/** Options for {@link envService}. */
+export interface EnvServiceOptions {
+  /** The node's id: env ids name it, so a router can find the env's node. */
+  nodeId: string;
+  /** Where task specs' paths are found; without it, the node serves sandbox envs only. */
+  taskRoot?: string;
+  /** An env that gets no call for this long is closed with its sandbox. Default 30 minutes. */
+  idleTtlMs?: number;
+}
+
+type AnyEnv = SandboxEnv | TaskEnv;
+
+interface Served {
+  project: string;
+  kind: EnvSpec['kind'];
+  env: AnyEnv;
+  client: HostPlatform;
+  lastUsed: number;
+  /** The index the next step must have. */
+  next: number;
+  /** The last step and its result: a retry of its index (its answer was lost) gets it again. */
+  last?: { index: number; result: StepResult<unknown> };
+  /** Calls on one env run one at a time, in order. */
+  queue: Promise<unknown>;
+}
+
+interface Saved {
+  project: string;
+  kind: EnvSpec['kind'];
+  checkpoint: CheckpointRef | TaskCheckpoint;
+}
+
+/** How many checkpoints the node keeps per service before the oldest go. */
+const MAX_CHECKPOINTS = 4096;
+const DEFAULT_IDLE_TTL_MS = 30 * 60_000;
+
+/**
+ * The Envs service: gym environments that live on the node, for clients in any language. Each
+ * env belongs to the project that made it and runs its sandboxes through that project's client
+ * of the node (admission, quotas and ownership as for direct calls). A task env builds, runs and
+ * grades on the node. Checkpoints stay on the node and are restored by id.
+ */
+export function envService(
+  clientFor: (project: string) => HostPlatform,
+  options: EnvServiceOptions,
+): ServedService {
+  const envs = new Map<string, Served>();
+  const saved = new Map<string, Saved>();
+  const idleTtlMs = options.idleTtlMs ?? DEFAULT_IDLE_TTL_MS;
+
+  const closeEnv = async (envId: string): Promise<void> => {
+    const served = envs.get(envId);
+    if (!served) return;
+    envs.delete(envId);
+    await served.env.close().catch(() => undefined);
+    await served.client.close().catch(() => undefined);
+  };
+  const reaper = setInterval(
+    () => {
+      const now = Date.now();
+      for (const [envId, served] of envs) if (now - served.lastUsed > idleTtlMs) void closeEnv(envId);
+    },
+    Math.min(idleTtlMs, 60_000),
+  );
+  reaper.unref();
+
+  /** The caller's env, with `work` queued behind its other calls; another project's is missing. */
+  const withEnv = <T>(envId: string, project: string, work: (served: Served) => Promise<T>): Promise<T> => {
+    const served = envs.get(envId);
+    if (served?.project !== project)
+      throw new SandgymError('not_found', `No env ${envId} on node ${options.nodeId}`);
+    served.lastUsed = Date.now();
+    const result = served.queue.then(() => work(served));
+    served.queue = result.catch(() => undefined);
+    return result;
+  };
+
+  const make = async (spec: EnvSpec, client: HostPlatform): Promise<AnyEnv> => {
+    if (spec.kind === 'sandbox') {
+      return SandboxEnv.create(client, {
+        ...(spec.sandbox ? { sandbox: spec.sandbox } : {}),
+        ...(spec.user ? { user: spec.user } : {}),
+        ...(spec.protectedPaths ? { protectedPaths: spec.protectedPaths } : {}),
+      });
+    }
+    const task = await taskOf(spec, options.taskRoot);
+    return TaskEnv.create(client, task);
+  };
+
+  const registration = register(ENVS, {
+    Make: async ({ spec }, call) => {
+      const project = call.principal.project;
+      const client = clientFor(project);
+      const env = await make(spec, client).catch(async (error: unknown) => {
+        await client.close();
+        throw error;
+      });
+      const envId = nodeScopedId('env', options.nodeId);
+      envs.set(envId, {
+        project,
+        kind: spec.kind,
+        env,
+        client,
+        lastUsed: Date.now(),
+        next: 0,
+        queue: Promise.resolve(),
+      });
+      return { envId, kind: spec.kind };
+    },
+    Reset: ({ envId, seed, options: resetOptions }, call) =>
+      withEnv(envId, call.principal.project, async (served) => {
+        const reset = await served.env.reset({
+          ...(seed === undefined ? {} : { seed }),
+          ...(resetOptions?.episodeId ? { options: { episodeId: resetOptions.episodeId } } : {}),
+        });
+        served.next = 0;
+        delete served.last;
+        return wireReset(reset);
+      }),
+    Step: ({ envId, stepIndex, action }, call) =>
+      withEnv(envId, call.principal.project, async (served) => {
+        if (served.last && stepIndex === served.last.index) {
+          return wireStep({ ...served.last.result, info: { ...served.last.result.info, replayed: true } });
+        }
+        if (stepIndex !== served.next) {
+          throw new SandgymError(
+            'invalid_argument',
+            `Step ${stepIndex} of env ${envId} is out of order: the next step is ${served.next}`,
+          );
+        }
+        const result = await served.env.step(parseAt(sandboxActionSchema, action, 'action'));
+        // a step the platform could not answer keeps its index, for the retry
+        if (!(result.outcome.kind === 'infra_failure' && result.outcome.reason === 'node_lost')) {
+          served.last = { index: stepIndex, result };
+          served.next = stepIndex + 1;
+        }
+        return wireStep(result);
+      }),
+    Checkpoint: ({ envId }, call) =>
+      withEnv(envId, call.principal.project, async (served) => {
+        const checkpoint = await served.env.checkpoint();
+        const checkpointId = `ckpt-${randomBytes(8).toString('hex')}`;
+        saved.set(checkpointId, { project: served.project, kind: served.kind, checkpoint });
+        if (saved.size > MAX_CHECKPOINTS) saved.delete(saved.keys().next().value ?? checkpointId);
+        const { environment, episodeId, stepIndex, depth } = checkpoint;
+        return { checkpointId, environment, episodeId, stepIndex, depth };
+      }),
+    Restore: ({ envId, checkpointId }, call) =>
+      withEnv(envId, call.principal.project, async (served) => {
+        const found = saved.get(checkpointId);
+        if (found?.project !== served.project || found.kind !== served.kind)
+          throw new SandgymError(
+            'not_found',
+            `No checkpoint ${checkpointId} of a ${served.kind} env on node ${options.nodeId}`,
+          );
+        const restored =
+          served.env instanceof TaskEnv
+            ? await served.env.restore(found.checkpoint as TaskCheckpoint)
+            : await served.env.restore(found.checkpoint);
+        served.next = 0;
+        delete served.last;
+        return wireReset(restored);
+      }),
+    Close: async ({ envId }, call) => {
+      const served = envs.get(envId);
+      if (served?.project !== call.principal.project)
+        throw new SandgymError('not_found', `No env ${envId} on node ${options.nodeId}`);
+      await closeEnv(envId);
+      return {};
+    },
+  });
+
+  return {
+    registration,
+    async close() {
+      clearInterval(reaper);
+      await Promise.all([...envs.keys()].map(closeEnv));
+    },
+  };
+}
+
+/** The task a spec names, found under the node's task root and nowhere else. */
+async function taskOf(spec: Extract<EnvSpec, { kind: 'task' }>, taskRoot: string | undefined) {
+  if (!taskRoot)
+    throw new SandgymError(
+      'failed_precondition',
+      'This node serves no task envs: start it with `sandgym node --task-root DIR`',
+    );
+  const root = await realpath(taskRoot);
+  const path = await realpath(resolve(root, spec.path)).catch((error: unknown) => {
+    throw new SandgymError(
+      'not_found',
+      `No task at ${spec.path} under the node's task root: ${messageOf(error)}`,
+    );
+  });
+  if (path !== root && !path.startsWith(root + sep))
+    throw new SandgymError('permission_denied', `Task path ${spec.path} leaves the node's task root`);
+  const tasks = await loadTasks([path]);
+  const task = spec.task ? tasks.find((t) => t.id === spec.task) : tasks.length === 1 ? tasks[0] : undefined;
+  if (!task)
+    throw new SandgymError(
+      'not_found',
+      spec.task
+        ? `No task ${spec.task} at ${spec.path}; there are ${tasks.map((t) => t.id).join(', ')}`
+        : `${spec.path} holds ${tasks.length} tasks (${tasks.map((t) => t.id).join(', ')}): name one in spec.task`,
+    );
+  return task;
+}
+
+/** A reset as the wire carries it: plain maps, nothing undefined. */
+function wireReset(reset: { observation: unknown; info: ResetInfo }) {
+  return { observation: plain(reset.observation), info: plain(reset.info) };
+}
+
+function wireStep(result: StepResult<unknown, StepInfo>) {
+  return {
+    observation: plain(result.observation),
+    reward: result.reward,
+    terminated: result.terminated,
+    truncated: result.truncated,
+    info: plain(result.info),
+    outcome: plain(result.outcome),
+  };
+}
+
+/** A value as plain JSON data: what a client in another language can read. */
+function plain(value: unknown): Record<string, unknown> {
+  return JSON.parse(JSON.stringify(value)) as Record<string, unknown>;
+}

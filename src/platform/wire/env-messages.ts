@@ -1,0 +1,74 @@
+import { z } from 'zod';
+import { textWithoutNul } from '../../common/index.ts';
+import { sandboxRequestSchema } from '../sandbox-request.ts';
+
+/**
+ * Messages of the Envs service: gym environments that live on the node, so a client in any
+ * language drives one with Reset, Step, Checkpoint, Restore and Close. docs/wire.md describes
+ * them; its golden messages are checked against these schemas.
+ */
+
+const count = z.number().int().nonnegative();
+const absolutePath = textWithoutNul().min(1).max(4096).startsWith('/', 'paths are absolute');
+export const envIdField = z
+  .string()
+  .regex(/^env-[a-z0-9]{1,32}-[a-z0-9]{12}$/, 'an env id, env-<node>-<12 chars>');
+
+/** What to make: an env over a fresh sandbox per episode, or a task's env graded on the node. */
+export const envSpec = z.discriminatedUnion('kind', [
+  z.strictObject({
+    kind: z.literal('sandbox'),
+    sandbox: sandboxRequestSchema.optional(),
+    user: textWithoutNul().max(64).optional(),
+    protectedPaths: z.array(absolutePath).max(256).optional(),
+  }),
+  z.strictObject({
+    kind: z.literal('task'),
+    /** A task file or folder, relative to the node's task root (`sandgym node --task-root`). */
+    path: textWithoutNul().min(1).max(4096),
+    /** Which task, when the path holds several (a JSONL file, a folder of tasks). */
+    task: textWithoutNul().min(1).max(256).optional(),
+  }),
+]);
+export type EnvSpec = z.output<typeof envSpec>;
+
+export const makeEnvRequest = z.strictObject({ spec: envSpec });
+export const envHandle = z.object({ envId: z.string(), kind: z.enum(['sandbox', 'task']) });
+export const envRef = z.strictObject({ envId: envIdField });
+export const envResetRequest = z.strictObject({
+  envId: envIdField,
+  seed: z.number().int().optional(),
+  /** `episodeId` names the episode (default: a random one). */
+  options: z.strictObject({ episodeId: textWithoutNul().min(1).max(256).optional() }).optional(),
+});
+const observation = z.record(z.string(), z.unknown());
+const info = z.record(z.string(), z.unknown());
+export const envResetReply = z.object({ observation, info });
+export const envStepRequest = z.strictObject({
+  envId: envIdField,
+  /** The step's index in its episode: a retried index answers with that step's result again. */
+  stepIndex: count,
+  action: z.unknown(),
+});
+export const envStepReply = z.object({
+  observation,
+  reward: z.number(),
+  terminated: z.boolean(),
+  truncated: z.boolean(),
+  info,
+  outcome: z.record(z.string(), z.unknown()),
+});
+/** A checkpoint stays on the node; the client holds its id, so what it records cannot be forged. */
+export const envCheckpointReply = z.object({
+  checkpointId: z.string(),
+  /** The environment its state was saved as. */
+  environment: z.string(),
+  episodeId: z.string(),
+  stepIndex: count,
+  /** `disk`: files only; `memory`: processes and memory too. */
+  depth: z.enum(['disk', 'memory']),
+});
+export const envRestoreRequest = z.strictObject({
+  envId: envIdField,
+  checkpointId: z.string().regex(/^ckpt-[a-z0-9]{16}$/, 'a checkpoint id from Checkpoint'),
+});
