@@ -29,10 +29,13 @@ const USAGE = `usage: sandgym COMMAND [ARGS]
   layer ls [--json]                       stored layers
   layer gc [--min-age-minutes N] [--json] unused mounts, node copies and unreferenced layers (default age 60)
   env ls [--json] | env show NAME:VERSION environments: layer stacks plus config
-  eval TASK... [--agent oracle|nop|MODULE.js] [--concurrency N] [--max-steps N] [--json OUT] [--report OUT.html]
+  eval TASK... [--agent oracle|nop|openai:MODEL|MODULE.js] [--base-url URL] [--concurrency N] [--max-steps N]
+       [--json OUT] [--report OUT.html] [--atif DIR]
        [--fallback-base ENV] [--registry-auth FILE] [--insecure-registry HOST]
                                           run Harbor, Terminal-Bench or SWE-bench tasks, grade each in a
-                                          fresh sandbox
+                                          fresh sandbox; openai:MODEL drives an OpenAI-compatible endpoint
+                                          at --base-url (key in $SANDGYM_LLM_API_KEY or $OPENAI_API_KEY);
+                                          --atif writes one ATIF trajectory per episode
   check TASK... [--json] [--fallback-base ENV]
                                           the agentic env checker: oracle passes, nop fails, no leaks,
                                           deterministic reset, replay matches, clean close

@@ -2,34 +2,12 @@ import { readFile } from 'node:fs/promises';
 import { join, relative, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { SandgymError } from '../common/index.ts';
-import { filesUnder, type SandboxAction, type Task, type TaskObservation } from '../env/index.ts';
-import type { TokenUsage } from './episode-report.ts';
+import { filesUnder, type SandboxAction } from '../env/index.ts';
+import type { Agent } from './agent-types.ts';
+import { openAiAgent } from './llm-agent.ts';
 
-/** What a policy sees besides the observation. */
-export interface AgentContext {
-  task: Task;
-  /** The episode this decision is for: an agent with memory keeps it per episode. */
-  episodeId: string;
-  stepIndex: number;
-}
-
-/** An action with what choosing it cost and said (an LLM agent's tokens and message). */
-export interface AgentDecision {
-  action: SandboxAction;
-  usage?: TokenUsage;
-  message?: string;
-}
-
-/** A policy: given what it sees, the next action (or a decision that carries one). */
-export type Agent = (
-  observation: TaskObservation,
-  context: AgentContext,
-) => Promise<SandboxAction | AgentDecision>;
-
-/** The decision an agent's answer comes to. */
-export function decisionOf(answer: SandboxAction | AgentDecision): AgentDecision {
-  return 'action' in answer ? answer : { action: answer };
-}
+export type { Agent, AgentContext, AgentDecision } from './agent-types.ts';
+export { decisionOf } from './agent-types.ts';
 
 /** Where Harbor puts a task's solution folder for its oracle. */
 const SOLUTION_DIR = '/solution';
@@ -95,13 +73,27 @@ export function scriptedAgent(actions: SandboxAction[]): Agent {
  * An agent by name (oracle, nop) or from a module whose default export makes one
  * (`export default () => agent`), as `sandgym eval --agent ./my-agent.js` takes it.
  */
-export async function resolveAgent(nameOrModule: string): Promise<() => Agent> {
+export async function resolveAgent(nameOrModule: string, model: ModelEndpoint = {}): Promise<() => Agent> {
   const builtIn = BUILT_IN_AGENTS[nameOrModule];
   if (builtIn) return builtIn;
+  if (nameOrModule.startsWith(OPENAI_PREFIX)) {
+    const name = nameOrModule.slice(OPENAI_PREFIX.length);
+    if (!name) throw new SandgymError('invalid_argument', '--agent openai:MODEL needs a model name');
+    if (!model.baseUrl)
+      throw new SandgymError(
+        'invalid_argument',
+        `--agent ${nameOrModule} needs --base-url, the API root of an OpenAI-compatible endpoint (e.g. http://127.0.0.1:8000/v1)`,
+      );
+    return openAiAgent({
+      model: name,
+      baseUrl: model.baseUrl,
+      ...(model.apiKey ? { apiKey: model.apiKey } : {}),
+    });
+  }
   if (!/[./]/.test(nameOrModule)) {
     throw new SandgymError(
       'invalid_argument',
-      `--agent must be one of ${Object.keys(BUILT_IN_AGENTS).join(', ')} or a module path; got "${nameOrModule}"`,
+      `--agent must be one of ${Object.keys(BUILT_IN_AGENTS).join(', ')}, openai:MODEL or a module path; got "${nameOrModule}"`,
     );
   }
   let loaded: { default?: unknown };
@@ -121,6 +113,15 @@ export async function resolveAgent(nameOrModule: string): Promise<() => Agent> {
     );
   }
   return loaded.default as () => Agent;
+}
+
+/** `--agent openai:MODEL`: a model behind an OpenAI-compatible chat-completions endpoint. */
+const OPENAI_PREFIX = 'openai:';
+
+/** Where an `openai:` agent's model answers, and the key it takes. */
+export interface ModelEndpoint {
+  baseUrl?: string;
+  apiKey?: string;
 }
 
 /** The built-in agents by name. */

@@ -1,6 +1,10 @@
 /** Rollouts and batch evaluation over task environments. */
 export { BUILT_IN_AGENTS, decisionOf, nopAgent, oracleAgent, resolveAgent, scriptedAgent } from './agents.ts';
-export type { Agent, AgentContext, AgentDecision } from './agents.ts';
+export type { Agent, AgentContext, AgentDecision, ModelEndpoint } from './agents.ts';
+export { openAiAgent } from './llm-agent.ts';
+export type { OpenAiAgentOptions } from './llm-agent.ts';
+export { ATIF_VERSION, atifTrajectorySchema, toAtif, writeAtif } from './atif.ts';
+export type { AtifAgent, AtifTrajectory } from './atif.ts';
 export { evaluate } from './evaluate.ts';
 export type { EvaluateOptions } from './evaluate.ts';
 export type { EpisodeReport, EvalProgress, LifecycleEvent, StepEvent, TokenUsage } from './episode-report.ts';

@@ -8,11 +8,13 @@ import {
   RolloutRunner,
   renderHtmlReport,
   resolveAgent,
+  writeAtif,
   type EvalProgress,
   type StepEvent,
 } from '../../rollout/index.ts';
 import { IMAGE_SOURCE_OPTIONS, imageSources, parseCommandArgs, positiveInt, text } from '../args.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
+import { SANDGYM_VERSION } from '../version.ts';
 
 /** The named metrics of a reward.json, when the verifier kept them. */
 function metricsOf(details: Record<string, unknown> | undefined): Record<string, number> | undefined {
@@ -48,12 +50,20 @@ export async function evalCommand(args: string[]): Promise<number> {
     json: { type: 'string' },
     report: { type: 'string' },
     'max-steps': { type: 'string' },
+    'base-url': { type: 'string' },
+    atif: { type: 'string' },
     ...IMAGE_SOURCE_OPTIONS,
   });
   if (parsed.positionals.length === 0)
     throw new UsageError('sandgym eval: give task folders, e.g. sandgym eval examples/tasks');
   const agentName = text(parsed, 'agent') ?? 'oracle';
-  const makeAgent = await resolveAgent(agentName);
+  const baseUrl = text(parsed, 'base-url');
+  // a key from the environment, never the command line (which `ps` shows to every user)
+  const apiKey = process.env['SANDGYM_LLM_API_KEY'] ?? process.env['OPENAI_API_KEY'];
+  const makeAgent = await resolveAgent(agentName, {
+    ...(baseUrl ? { baseUrl } : {}),
+    ...(apiKey ? { apiKey } : {}),
+  });
   const tasks = await loadTasks(parsed.positionals);
   const concurrency = positiveInt('concurrency', text(parsed, 'concurrency')) ?? 2;
   const maxSteps = positiveInt('max-steps', text(parsed, 'max-steps'));
@@ -131,6 +141,16 @@ export async function evalCommand(args: string[]): Promise<number> {
       renderHtmlReport(`sandgym eval: ${tasks.length} tasks, agent ${agentName}`, reports, steps),
     );
     console.error(`sandgym eval: report written to ${report}`);
+  }
+  const atif = text(parsed, 'atif');
+  if (atif) {
+    const instructions = new Map(tasks.map((task) => [task.id, task.instruction]));
+    const written = await writeAtif(atif, reports, (task) => instructions.get(task) ?? '', {
+      name: agentName,
+      version: SANDGYM_VERSION,
+      ...(agentName.startsWith('openai:') ? { modelName: agentName.slice('openai:'.length) } : {}),
+    });
+    console.error(`sandgym eval: ${written.length} ATIF trajectories written to ${atif}`);
   }
   console.error(`sandgym eval: ${summary.resolved}/${summary.tasks} resolved with --agent ${agentName}`);
   if (summary.failedInfrastructure > 0) return EXIT.infrastructure;
