@@ -5,6 +5,7 @@ import { checkCommand } from './commands/check.ts';
 import { controllerCommand, nodeCommand } from './commands/cluster.ts';
 import { evalCommand } from './commands/eval.ts';
 import { envCommand, layerCommand } from './commands/layers.ts';
+import { mcpCommand } from './commands/mcp.ts';
 import { gcCommand, killCommand, psCommand } from './commands/ps.ts';
 import { runCommand } from './commands/run.ts';
 import { setupCommand } from './commands/setup.ts';
@@ -36,6 +37,8 @@ const USAGE = `usage: sandgym COMMAND [ARGS]
                                           fresh sandbox; openai:MODEL drives an OpenAI-compatible endpoint
                                           at --base-url (key in $SANDGYM_LLM_API_KEY or $OPENAI_API_KEY);
                                           --atif writes one ATIF trajectory per episode
+  mcp [--environment ENV | --sandbox ID]  a sandbox's actions (exec, write_file, read_file, list_dir) as
+                                          MCP tools over stdio; a sandbox it made goes when the client does
   check TASK... [--json] [--fallback-base ENV]
                                           the agentic env checker: oracle passes, nop fails, no leaks,
                                           deterministic reset, replay matches, clean close
@@ -73,6 +76,7 @@ const COMMANDS: Record<string, (args: string[]) => Promise<number>> = {
   check: checkCommand,
   node: nodeCommand,
   controller: controllerCommand,
+  mcp: mcpCommand,
 };
 
 async function main(argv: string[]): Promise<number> {

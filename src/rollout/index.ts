@@ -16,3 +16,4 @@ export { EvalJournal } from './eval-journal.ts';
 export { renderHtmlReport } from './html-report.ts';
 export { TrainingCoordinator, leaseRenewals } from './training.ts';
 export type { KeepAliveOptions, LeaseEvent, PhaseEvent, TrainingCoordinatorOptions } from './training.ts';
+export { observationText } from './observation-text.ts';

@@ -9,7 +9,8 @@ export function observationText(observation: TaskObservation | SandboxObservatio
         : observation.signal
           ? `killed by ${observation.signal}`
           : `exit code ${observation.exitCode}`;
-      return [observation.stdout, observation.stderr, `[${status}]`].filter(Boolean).join('\n');
+      const streams = [observation.stdout, observation.stderr].map((text) => text.replace(/\n$/, ''));
+      return [...streams, `[${status}]`].filter(Boolean).join('\n');
     }
     case 'file':
       return observation.content;
