@@ -95,6 +95,27 @@ class ClientTest(unittest.TestCase):
             SandgymEnv(self.platform, {"kind": "task", "path": "../../etc"}).reset()
         self.assertIn(raised.exception.code, ("permission_denied", "not_found"))
 
+    def test_another_projects_env_is_not_found(self):
+        with SandgymEnv(self.platform, BUSYBOX) as env:
+            env.reset()
+            checkpoint = env.checkpoint()
+            with Platform.connect(URL, TOKEN, project="other") as other:
+                stranger = SandgymEnv(other, BUSYBOX)
+                stranger.env_id = env.env_id
+                with self.assertRaises(SandgymError) as raised:
+                    stranger.step({"type": "exec", "command": "echo hijack"})
+                self.assertEqual(raised.exception.code, "not_found")
+                with self.assertRaises(SandgymError):
+                    stranger.close()
+                with SandgymEnv(other, BUSYBOX) as own:
+                    own.reset()
+                    with self.assertRaises(SandgymError) as restored:
+                        own.restore(checkpoint)
+                    self.assertEqual(restored.exception.code, "not_found")
+            # the owner's env goes on untouched
+            observation, *_ = env.step({"type": "exec", "command": "echo mine"})
+            self.assertEqual(observation["stdout"], "mine\n")
+
     def test_vector_env_steps_together_and_autoresets(self):
         with VectorEnv.make(self.platform, BUSYBOX, 2) as envs:
             observations, infos = envs.reset(seed=7)

@@ -47,8 +47,10 @@ interface Saved {
   checkpoint: CheckpointRef | TaskCheckpoint;
 }
 
-/** How many checkpoints the node keeps per service before the oldest go. */
-const MAX_CHECKPOINTS = 4096;
+/** Checkpoints kept per project; past it, the project's oldest go (never another project's). */
+const MAX_CHECKPOINTS_PER_PROJECT = 1024;
+/** Envs a project may hold open on a node at once. */
+const MAX_ENVS_PER_PROJECT = 1024;
 const DEFAULT_IDLE_TTL_MS = 30 * 60_000;
 
 /**
@@ -107,6 +109,12 @@ export function envService(
   const registration = register(ENVS, {
     Make: async ({ spec }, call) => {
       const project = call.principal.project;
+      const held = [...envs.values()].filter((served) => served.project === project).length;
+      if (held >= MAX_ENVS_PER_PROJECT)
+        throw new SandgymError(
+          'resource_exhausted',
+          `Project ${project} holds ${held} envs on node ${options.nodeId}, the most it may: Close the ones it is done with`,
+        );
       const client = clientFor(project);
       const env = await make(spec, client).catch(async (error: unknown) => {
         await client.close();
@@ -158,7 +166,8 @@ export function envService(
         const checkpoint = await served.env.checkpoint();
         const checkpointId = `ckpt-${randomBytes(8).toString('hex')}`;
         saved.set(checkpointId, { project: served.project, kind: served.kind, checkpoint });
-        if (saved.size > MAX_CHECKPOINTS) saved.delete(saved.keys().next().value ?? checkpointId);
+        const mine = [...saved].filter(([, entry]) => entry.project === served.project);
+        if (mine.length > MAX_CHECKPOINTS_PER_PROJECT) saved.delete(mine[0]![0]);
         const { environment, episodeId, stepIndex, depth } = checkpoint;
         return { checkpointId, environment, episodeId, stepIndex, depth };
       }),

@@ -70,6 +70,32 @@ async function killThenRerun(
   return { second, episodes: report.episodes, env };
 }
 
+/**
+ * The step that counts the lines saw one per counted step (none ran twice), and the rerun left no
+ * sandbox behind.
+ */
+async function expectEachCountedStepOnce(
+  dataDir: string,
+  episode: Rerun['episodes'][number],
+  env: NodeJS.ProcessEnv,
+): Promise<void> {
+  const log = await TrajectoryLog.open(
+    join(dataDir, 'trajectories', `${episode.sandboxId}.log`),
+    createMsgpackCodec(),
+  );
+  try {
+    const counting = log.episode(episode.episodeId)[SLOW_STEP + 1];
+    expect((counting?.result as { observation: { stdout: string } }).observation.stdout).toBe(
+      `${COUNTED_STEPS}\n`,
+    );
+  } finally {
+    await log.close();
+  }
+  expect(spawnSync('node', [CLI, 'ps', '--json'], { env, encoding: 'utf8' }).stdout).toBe(
+    '{"sandboxes":[]}\n',
+  );
+}
+
 describe('sandgym eval, killed and run again', () => {
   it('takes over the running episode of a killed eval and fast-forwards it from its log, each step once', async () => {
     await using test = await createTestPlatform('eval-resume', {
@@ -86,22 +112,7 @@ describe('sandgym eval, killed and run again', () => {
     const [episode] = episodes;
     expect(episode?.reward).toBe(1);
     expect(episode?.replayedSteps).toBeGreaterThanOrEqual(3);
-    // the step that counted the lines saw one per counted step: none ran twice
-    const log = await TrajectoryLog.open(
-      join(test.dataDir, 'trajectories', `${episode!.sandboxId}.log`),
-      createMsgpackCodec(),
-    );
-    try {
-      const counting = log.episode(episode!.episodeId)[SLOW_STEP + 1];
-      expect((counting?.result as { observation: { stdout: string } }).observation.stdout).toBe(
-        `${COUNTED_STEPS}\n`,
-      );
-    } finally {
-      await log.close();
-    }
-    expect(spawnSync('node', [CLI, 'ps', '--json'], { env, encoding: 'utf8' }).stdout).toBe(
-      '{"sandboxes":[]}\n',
-    );
+    await expectEachCountedStepOnce(test.dataDir, episode!, env);
   });
 
   it('starts over an episode whose task has services, which went with the killed eval', async () => {
@@ -149,20 +160,6 @@ describe('sandgym eval, killed and run again', () => {
     const [episode] = episodes;
     expect([episode?.reward, episode?.replayedSteps ?? 0]).toEqual([1, 0]);
     // the fresh episode counted its own steps from nothing
-    const log = await TrajectoryLog.open(
-      join(test.dataDir, 'trajectories', `${episode!.sandboxId}.log`),
-      createMsgpackCodec(),
-    );
-    try {
-      const counting = log.episode(episode!.episodeId)[SLOW_STEP + 1];
-      expect((counting?.result as { observation: { stdout: string } }).observation.stdout).toBe(
-        `${COUNTED_STEPS}\n`,
-      );
-    } finally {
-      await log.close();
-    }
-    expect(spawnSync('node', [CLI, 'ps', '--json'], { env, encoding: 'utf8' }).stdout).toBe(
-      '{"sandboxes":[]}\n',
-    );
+    await expectEachCountedStepOnce(test.dataDir, episode!, env);
   });
 });

@@ -1,5 +1,6 @@
 import { join } from 'node:path';
 import { silentLogger } from '../../src/common/index.ts';
+import { envService } from '../../src/env/index.ts';
 import {
   Controller,
   NodeAgent,
@@ -28,6 +29,8 @@ export async function startInProcessCluster(options: {
   storeDir: string;
   nodeId: string;
   grants: Record<string, ProjectGrant>;
+  /** Serve the Envs service too, with task envs from this folder. */
+  envs?: { taskRoot: string };
 }): Promise<InProcessCluster> {
   const nodePlatform = await Platform.local({
     dataDir: join(options.dataDir, 'node'),
@@ -39,6 +42,16 @@ export async function startInProcessCluster(options: {
     listen: '127.0.0.1:0',
     token: IN_PROCESS_NODE_TOKEN,
     logger: silentLogger(),
+    ...(options.envs
+      ? {
+          services: (agent: NodeAgent) => [
+            envService((project) => agent.clientFor(project), {
+              nodeId: options.nodeId,
+              taskRoot: options.envs!.taskRoot,
+            }),
+          ],
+        }
+      : {}),
   });
   const controller = await Controller.start({
     listen: '127.0.0.1:0',

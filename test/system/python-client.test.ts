@@ -3,14 +3,7 @@ import { randomBytes } from 'node:crypto';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TaskEnv, loadTasks } from '../../src/env/index.ts';
-import {
-  NODE_TOKEN,
-  createNamespace,
-  removeNode,
-  startNode,
-  type HostInNamespace,
-  type NodeProcess,
-} from '../support/cluster.ts';
+import { NODE_TOKEN, startLoneNode, type LoneNode, type NodeProcess } from '../support/cluster.ts';
 import { createTestPlatform } from '../support/platform.ts';
 
 /** Debian's interpreter, where python3-grpcio and python3-msgpack install (not a pyenv's on PATH). */
@@ -21,7 +14,7 @@ const TASK_ROOT = resolve('examples/tasks');
 /** The Python client (python/) against a real node agent: its own unittest suite and its example. */
 describe('the Python client', () => {
   const tag = randomBytes(2).toString('hex');
-  let host: HostInNamespace;
+  let lone: LoneNode | undefined;
   let node: NodeProcess;
 
   beforeAll(async () => {
@@ -29,13 +22,12 @@ describe('the Python client', () => {
     await using built = await createTestPlatform('python-client-build');
     const [task] = await loadTasks([join(TASK_ROOT, 'hello-file')]);
     await TaskEnv.create(built.platform, task!).prepare();
-    host = await createNamespace(`p${tag}`, 231);
-    node = await startNode(host, `p${tag}`, 7700, ['--warm-pool', '0', '--task-root', TASK_ROOT]);
+    lone = await startLoneNode(`p${tag}`, 231, 7700, ['--warm-pool', '0', '--task-root', TASK_ROOT]);
+    node = lone.node;
   });
 
   afterAll(async () => {
-    if (node) await removeNode(node).catch((error: unknown) => console.error(error));
-    await host?.remove();
+    await lone?.remove();
   });
 
   function python(args: string[]) {
@@ -54,7 +46,7 @@ describe('the Python client', () => {
   it('passes its own tests against the node: sandboxes, envs, task grading, vector envs, errors', () => {
     const run = python(['-m', 'unittest', 'discover', '-s', join(PYTHON_DIR, 'tests'), '-v']);
     expect(run.status, `${run.stdout}\n${run.stderr}`).toBe(0);
-    expect(run.stderr).toMatch(/Ran 7 tests/);
+    expect(run.stderr).toMatch(/Ran 8 tests/);
   });
 
   it('runs the rollout example to the end', () => {

@@ -5,14 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { isSandgymError } from '../../src/common/index.ts';
 import { SandboxEnv, type SandboxAction } from '../../src/env/index.ts';
 import { Platform, type RemotePlatform } from '../../src/platform/index.ts';
-import {
-  NODE_TOKEN,
-  createNamespace,
-  removeNode,
-  startNode,
-  type HostInNamespace,
-  type NodeProcess,
-} from '../support/cluster.ts';
+import { NODE_TOKEN, startLoneNode, type LoneNode, type NodeProcess } from '../support/cluster.ts';
 
 const FIRST: SandboxAction = { type: 'exec', command: 'echo first >> /root/count' };
 /** The step that is cut: it leaves a mark as it starts, and adds a line when it ends. */
@@ -25,20 +18,19 @@ const STEP_CLIENT = join(import.meta.dirname, '..', 'support', 'step-client.mjs'
  */
 describe('a step killed at every point', () => {
   const tag = randomBytes(2).toString('hex');
-  let host: HostInNamespace;
+  let lone: LoneNode | undefined;
   let node: NodeProcess;
   let client: RemotePlatform;
 
   beforeAll(async () => {
-    host = await createNamespace(`s${tag}`, 230);
-    node = await startNode(host, `s${tag}`, 7600, ['--warm-pool', '0']);
+    lone = await startLoneNode(`s${tag}`, 230, 7600, ['--warm-pool', '0']);
+    node = lone.node;
     client = await Platform.connect(`grpc://${node.address}`, { token: NODE_TOKEN });
   });
 
   afterAll(async () => {
     await client?.close().catch(() => undefined);
-    if (node) await removeNode(node).catch((error: unknown) => console.error(error));
-    await host?.remove();
+    await lone?.remove();
   });
 
   /** An episode whose first step ran; the next one is CUT. */
