@@ -65,6 +65,8 @@ export class NodeProjectClient implements HostPlatform {
 
   async createSandbox(request: SandboxRequest = {}, options: CallOptions = {}): Promise<Sandbox> {
     const sandbox = await this.node.create(this.project, request, options);
+    // an env that resets many times made many: keep only those still there
+    for (const earlier of this.created) if (earlier.state === 'stopped') this.created.delete(earlier);
     this.created.add(sandbox);
     return sandbox;
   }
