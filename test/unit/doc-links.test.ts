@@ -1,0 +1,57 @@
+import { existsSync, readFileSync, readdirSync, statSync } from 'node:fs';
+import { dirname, join, relative, resolve } from 'node:path';
+import { describe, expect, it } from 'vitest';
+
+const ROOT = resolve(import.meta.dirname, '..', '..');
+const SKIPPED = new Set(['node_modules', 'dist', '.sandgym', '.git', 'build']);
+
+/** Files of the repository with one of `extensions`, outside what is built or installed. */
+function filesOf(dir: string, extensions: string[]): string[] {
+  return readdirSync(dir).flatMap((name) => {
+    if (SKIPPED.has(name)) return [];
+    const path = join(dir, name);
+    if (statSync(path).isDirectory()) return filesOf(path, extensions);
+    return extensions.some((ext) => name.endsWith(ext)) ? [path] : [];
+  });
+}
+
+/** GitHub's anchor of a heading: lowercase, punctuation dropped, spaces as dashes. */
+function slug(heading: string): string {
+  return heading
+    .toLowerCase()
+    .replace(/[`*_]/g, '')
+    .replace(/[^\p{L}\p{N} -]/gu, '')
+    .replace(/ /g, '-');
+}
+
+function anchorsOf(markdown: string): Set<string> {
+  return new Set([...markdown.matchAll(/^#+ (.+)$/gm)].map((m) => slug(m[1]!.trim())));
+}
+
+describe('the documentation', () => {
+  it('links only to files and headings that exist in the repository, or to web pages', () => {
+    const broken: string[] = [];
+    for (const file of filesOf(ROOT, ['.md'])) {
+      const text = readFileSync(file, 'utf8');
+      for (const [, target] of text.matchAll(/\]\(([^)\s]+)\)/g)) {
+        if (!target || /^(https?:|mailto:)/.test(target)) continue;
+        const [path = '', anchor] = target.split('#');
+        const resolved = path ? resolve(dirname(file), path) : file;
+        const where = `${relative(ROOT, file)} -> ${target}`;
+        if (relative(ROOT, resolved).startsWith('..')) broken.push(`${where}: outside the repository`);
+        else if (!existsSync(resolved)) broken.push(`${where}: no such file`);
+        else if (anchor && resolved.endsWith('.md') && !anchorsOf(readFileSync(resolved, 'utf8')).has(anchor))
+          broken.push(`${where}: no such heading`);
+      }
+    }
+    expect(broken).toEqual([]);
+  });
+
+  it('never points readers outside the repository in code, comments or docs', () => {
+    const outside = filesOf(ROOT, ['.md', '.ts', '.py', '.sh', '.mjs', '.json', '.c', '.h'])
+      .filter((file) => file !== resolve(import.meta.filename))
+      .filter((file) => /\.\.\/shared\b/.test(readFileSync(file, 'utf8')))
+      .map((file) => relative(ROOT, file));
+    expect(outside).toEqual([]);
+  });
+});
