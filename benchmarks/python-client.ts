@@ -2,7 +2,7 @@ import { join } from 'node:path';
 import { packageRoot, runProgram } from '../src/backends/index.ts';
 
 /** Debian's interpreter, where python3-grpcio and python3-msgpack install (not a pyenv's on PATH). */
-const PYTHON = '/usr/bin/python3';
+export const PYTHON = '/usr/bin/python3';
 
 /**
  * Env steps of `true` from the Python client (python/examples/bench_steps.py) against a node, in

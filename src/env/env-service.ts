@@ -187,13 +187,12 @@ export function envService(
         delete served.last;
         return wireReset(restored);
       }),
-    Close: async ({ envId }, call) => {
-      const served = envs.get(envId);
-      if (served?.project !== call.principal.project)
-        throw new SandgymError('not_found', `No env ${envId} on node ${options.nodeId}`);
-      await closeEnv(envId);
-      return {};
-    },
+    // queued like any call: a step in flight ends (and is recorded) before its env goes
+    Close: ({ envId }, call) =>
+      withEnv(envId, call.principal.project, async () => {
+        await closeEnv(envId);
+        return {};
+      }),
   });
 
   return {

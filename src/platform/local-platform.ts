@@ -297,9 +297,15 @@ export class LocalPlatform implements HostPlatform {
   }
 
   /** Starts (or rejoins) a run of this platform's project. */
-  async startRun(options: RunOptions): Promise<Run> {
-    await this.runManager.start(this.project, parseAt(runOptionsSchema, options, 'run options'));
-    return localRun(this.runManager, this.project, options.name);
+  startRun(options: RunOptions): Promise<Run> {
+    return this.startRunFor(this.project, options);
+  }
+
+  /** Starts (or rejoins) a run of `project` on this node. */
+  async startRunFor(project: string, options: RunOptions): Promise<Run> {
+    const valid = parseAt(runOptionsSchema, options, 'run options');
+    await this.runManager.start(project, valid);
+    return localRun(this.runManager, project, valid.name);
   }
 
   /** Closes and deletes a sandbox's trajectory log (its run ended). */

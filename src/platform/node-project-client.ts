@@ -1,5 +1,4 @@
 import type { CallOptions, GcReport, SandboxRecord } from '../backends/index.ts';
-import { parseAt } from '../common/index.ts';
 import type { StepLog } from './exactly-once.ts';
 import { forkSandbox } from './fork.ts';
 import type { HostPlatform, SandboxGroupNetwork } from './host-platform.ts';
@@ -14,7 +13,6 @@ import type {
   Sandbox,
   SandboxGroup,
 } from './platform-client.ts';
-import { localRun, runOptionsSchema } from './run-handles.ts';
 import type { Run, RunOptions } from './runs.ts';
 import { PROJECT_LABEL } from './runs.ts';
 import type { SandboxRequest } from './sandbox-request.ts';
@@ -115,10 +113,8 @@ export class NodeProjectClient implements HostPlatform {
     return this.node.platform.step(this.node.sandboxOf(this.project, sandbox.id), request, options);
   }
 
-  async startRun(options: RunOptions): Promise<Run> {
-    const valid = parseAt(runOptionsSchema, options, 'run options');
-    await this.node.platform.runManager.start(this.project, valid);
-    return localRun(this.node.platform.runManager, this.project, valid.name);
+  startRun(options: RunOptions): Promise<Run> {
+    return this.node.platform.startRunFor(this.project, options);
   }
 
   fork(sandbox: Sandbox, count: number, options: CallOptions = {}): Promise<SandboxGroup> {

@@ -76,8 +76,8 @@ export function scriptedAgent(actions: SandboxAction[]): Agent {
 export async function resolveAgent(nameOrModule: string, model: ModelEndpoint = {}): Promise<() => Agent> {
   const builtIn = BUILT_IN_AGENTS[nameOrModule];
   if (builtIn) return builtIn;
-  if (nameOrModule.startsWith(OPENAI_PREFIX)) {
-    const name = nameOrModule.slice(OPENAI_PREFIX.length);
+  const name = modelOfAgent(nameOrModule);
+  if (name !== undefined) {
     if (!name) throw new SandgymError('invalid_argument', '--agent openai:MODEL needs a model name');
     if (!model.baseUrl)
       throw new SandgymError(
@@ -117,6 +117,11 @@ export async function resolveAgent(nameOrModule: string, model: ModelEndpoint = 
 
 /** `--agent openai:MODEL`: a model behind an OpenAI-compatible chat-completions endpoint. */
 const OPENAI_PREFIX = 'openai:';
+
+/** The model an `openai:MODEL` agent name names; undefined for any other agent. */
+export function modelOfAgent(name: string): string | undefined {
+  return name.startsWith(OPENAI_PREFIX) ? name.slice(OPENAI_PREFIX.length) : undefined;
+}
 
 /** Where an `openai:` agent's model answers, and the key it takes. */
 export interface ModelEndpoint {

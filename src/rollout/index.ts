@@ -1,5 +1,13 @@
 /** Rollouts and batch evaluation over task environments. */
-export { BUILT_IN_AGENTS, decisionOf, nopAgent, oracleAgent, resolveAgent, scriptedAgent } from './agents.ts';
+export {
+  BUILT_IN_AGENTS,
+  decisionOf,
+  modelOfAgent,
+  nopAgent,
+  oracleAgent,
+  resolveAgent,
+  scriptedAgent,
+} from './agents.ts';
 export type { Agent, AgentContext, AgentDecision, ModelEndpoint } from './agents.ts';
 export { openAiAgent } from './llm-agent.ts';
 export type { OpenAiAgentOptions } from './llm-agent.ts';

@@ -5,9 +5,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TaskEnv, loadTasks } from '../../src/env/index.ts';
 import { NODE_TOKEN, startLoneNode, type LoneNode, type NodeProcess } from '../support/cluster.ts';
 import { createTestPlatform } from '../support/platform.ts';
+import { PYTHON } from '../../benchmarks/python-client.ts';
 
-/** Debian's interpreter, where python3-grpcio and python3-msgpack install (not a pyenv's on PATH). */
-const PYTHON = '/usr/bin/python3';
 const PYTHON_DIR = resolve('python');
 const TASK_ROOT = resolve('examples/tasks');
 

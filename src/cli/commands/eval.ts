@@ -8,6 +8,7 @@ import {
   RolloutRunner,
   renderHtmlReport,
   resolveAgent,
+  modelOfAgent,
   writeAtif,
   type EvalProgress,
   type StepEvent,
@@ -144,11 +145,12 @@ export async function evalCommand(args: string[]): Promise<number> {
   }
   const atif = text(parsed, 'atif');
   if (atif) {
+    const model = modelOfAgent(agentName);
     const instructions = new Map(tasks.map((task) => [task.id, task.instruction]));
     const written = await writeAtif(atif, reports, (task) => instructions.get(task) ?? '', {
       name: agentName,
       version: SANDGYM_VERSION,
-      ...(agentName.startsWith('openai:') ? { modelName: agentName.slice('openai:'.length) } : {}),
+      ...(model ? { modelName: model } : {}),
     });
     console.error(`sandgym eval: ${written.length} ATIF trajectories written to ${atif}`);
   }
