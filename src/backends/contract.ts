@@ -1,8 +1,11 @@
 import type { FailureReason } from '../common/index.ts';
 import type { DiffFilter, FilterReport } from './host/diff-filter.ts';
 
-/** The four kinds of sandbox behind one API. */
-export type BackendName = 'container' | 'fncall' | 'microvm' | 'vm';
+/** The four kinds of sandbox behind one API: the one list every schema and switch takes them from. */
+export const BACKEND_NAMES = ['container', 'fncall', 'microvm', 'vm'] as const;
+
+/** One of {@link BACKEND_NAMES}. */
+export type BackendName = (typeof BACKEND_NAMES)[number];
 
 /** Latency-sensitive sandboxes get the CPU first; best-effort ones yield to them. */
 export type QosClass = 'latency' | 'best_effort';
@@ -204,6 +207,10 @@ export interface BackendSandbox extends AsyncDisposable {
   readonly activeCalls: number;
   /** When a request last started or ended (ms since the epoch): what an idle TTL counts from. */
   readonly lastActiveAt: number;
+  /** When its lifetime (idle TTL, hard deadline) says it must go (ms since the epoch), or undefined. */
+  expiresAt(): number | undefined;
+  /** Ends it for a platform reason (its lifetime ran out), which its handle then reports. */
+  reclaim(reason: FailureReason): Promise<void>;
   exec(argv: string[], options?: ExecOptions): Promise<ExecResult>;
   execStream(argv: string[], options?: ExecOptions): ExecStream;
   readFile(path: string, options?: ReadFileOptions): Promise<Buffer>;
@@ -284,6 +291,17 @@ export interface Backend extends AsyncDisposable {
   create(spec: SandboxSpec, options?: CallOptions): Promise<BackendSandbox>;
   /** Sandboxes of this backend on this node, from every process that shares the data dir. */
   list(): Promise<SandboxRecord[]>;
+  /** The handles of this process's live sandboxes. */
+  live(): BackendSandbox[];
+  /** Whether this node has a sandbox of that id, whichever process owns it. */
+  holds(id: string): Promise<boolean>;
+  /**
+   * Takes over the durable sandboxes a dead predecessor on this data dir left running. Backends
+   * whose sandboxes cannot outlive their owner return none; gc reaps what such an owner left.
+   */
+  adopt(): Promise<BackendSandbox[]>;
+  /** Ends this process's sandboxes whose lifetime ran out (their handles say `timeout`); their ids. */
+  reclaimExpired(now?: number): Promise<string[]>;
   /** Destroys a sandbox by id, whichever process owns it. */
   kill(id: string): Promise<void>;
   /** The handle of a live sandbox this process created; `not_found` for any other. */

@@ -12,6 +12,7 @@ export type { FnCallBackendOptions } from './fncall/fncall-backend.ts';
 export type { ContainerBackendOptions } from './container/container-backend.ts';
 export type { WarmPoolPolicy } from './container/warm-pool.ts';
 export type { VolumeRoom } from './host/scratch-volume.ts';
+export { BACKEND_NAMES } from './contract.ts';
 export type {
   Backend,
   BackendCapabilities,

@@ -49,8 +49,8 @@ export {
   rewardFileVerifier,
   runVerifiers,
   sweBenchVerifier,
-} from './verifiers.ts';
-export type { Verifier, VerifierResult, VerifyContext } from './verifiers.ts';
+} from './verifiers/index.ts';
+export type { Verifier, VerifierResult, VerifyContext } from './verifiers/index.ts';
 export type {
   EnvCallOptions,
   Environment,

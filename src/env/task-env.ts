@@ -20,7 +20,7 @@ import { TaskError, taskStorageStem, type Task } from './tasks/task.ts';
 import { Deadline } from './deadline.ts';
 import { BASE_SCOPE, PROTECTED_PATHS, gradingScope, type GradingScope } from './grading-scope.ts';
 import { probeInterpreters, type InterpreterFacts } from './python-probe.ts';
-import { defaultVerifier, runVerifiers, type Verifier, type VerifierResult } from './verifiers.ts';
+import { defaultVerifier, runVerifiers, type Verifier, type VerifierResult } from './verifiers/index.ts';
 import { workspaceEnvironment, workspaceEnvironmentName } from './tasks/workspace.ts';
 import { TaskServices } from './task-services.ts';
 

@@ -1,5 +1,5 @@
 import type { DockerfileBuildOptions, DockerfileBuildResult } from './layer-build/dockerfile-build.ts';
-import type { Environment, ProjectStore } from './layer-store.ts';
+import type { Environment, ProjectStore } from './store/layer-store.ts';
 import type { PlatformClient, Sandbox } from './platform-client.ts';
 
 /** Sandboxes on one private network, reaching each other by address (a task and its services). */

@@ -12,16 +12,16 @@ export type { HostPlatform, SandboxGroupNetwork } from './host-platform.ts';
 export { imageSourcesFromEnv } from './local-platform.ts';
 export { RemotePlatform, parseGrpcUrl } from './remote-platform.ts';
 export type { ConnectOptions } from './remote-platform.ts';
-export { NodeAgent } from './node-agent.ts';
+export { NodeAgent } from './node/node-agent.ts';
 export { PROJECT_LABEL, RUN_LABEL } from './runs.ts';
 export type { PhaseReport, Run, RunOptions, RunStatus, TrainingPhase } from './runs.ts';
-export type { NodeAgentOptions, ServedService } from './node-agent.ts';
+export type { NodeAgentOptions, ServedService } from './node/node-agent.ts';
 export { ENVS, envSpec, register } from './wire/index.ts';
 export type { CallContext, EnvSpec, Registration } from './wire/index.ts';
-export { Controller } from './controller.ts';
-export type { ControllerOptions, ProjectGrant } from './controller.ts';
-export { Placer } from './placement.ts';
-export type { Demand, NodeLoad } from './placement.ts';
+export { Controller } from './controller/controller.ts';
+export type { ControllerOptions, ProjectGrant } from './controller/controller.ts';
+export { Placer } from './controller/placement.ts';
+export type { Demand, NodeLoad } from './controller/placement.ts';
 export type {
   LayerGcOptions,
   LayerGcReport,
@@ -31,9 +31,9 @@ export type {
   Sandbox,
   SandboxGroup,
 } from './platform-client.ts';
-export { LayerStore, ProjectStore, parseEnvironmentRef } from './layer-store.ts';
-export type { Environment, EnvironmentInput, LayerManifest } from './layer-store.ts';
-export { ensureBaseEnvironments, DEFAULT_ENVIRONMENT, standInFor } from './base-environments.ts';
+export { LayerStore, ProjectStore, parseEnvironmentRef } from './store/layer-store.ts';
+export type { Environment, EnvironmentInput, LayerManifest } from './store/layer-store.ts';
+export { ensureBaseEnvironments, DEFAULT_ENVIRONMENT, standInFor } from './store/base-environments.ts';
 export { MIN_MEMORY_MIB } from './sandbox-request.ts';
 export type { SandboxRequest, ResolvedSandboxRequest } from './sandbox-request.ts';
 export { buildLayerFromTar } from './layer-build/from-archive.ts';

@@ -1,11 +1,10 @@
-import { existsSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { resolve, join } from 'node:path';
 import {
   ContainerBackend,
   GroupNetwork,
+  BACKEND_NAMES,
   FnCallBackend,
-  VmBackend,
   packageRoot,
   prepareDataFolder,
   isAlive,
@@ -21,8 +20,10 @@ import {
   type WarmPoolPolicy,
   type QosClass,
   type BackendName,
+  type BackendSandbox,
   type FilterReport,
 } from '../backends/index.ts';
+import { BackendRegistry } from './backend-registry.ts';
 import {
   SandgymError,
   abortable,
@@ -43,8 +44,8 @@ import { DEFAULT_PROJECT, PROJECT_LABEL, RUN_LABEL, RunManager, type Run, type R
 import { localRun, runOptionsSchema } from './run-handles.ts';
 import { RemotePlatform, type ConnectOptions } from './remote-platform.ts';
 import { localStepLog, type StepLog } from './exactly-once.ts';
-import { LayerStore, parseEnvironmentRef, type Environment, type ProjectStore } from './layer-store.ts';
-import { LayerPins, PIN_REFRESH_MS, pinIsLive } from './layer-pins.ts';
+import { LayerStore, parseEnvironmentRef, type Environment, type ProjectStore } from './store/layer-store.ts';
+import { LayerPins, PIN_REFRESH_MS, pinIsLive } from './store/layer-pins.ts';
 import type {
   LayerGcOptions,
   LayerGcReport,
@@ -67,10 +68,6 @@ import {
   type DockerfileBuildResult,
 } from './layer-build/dockerfile-build.ts';
 import type { RegistryOptions } from './layer-build/from-registry.ts';
-
-/** The VM backends' kinds (see VmBackend). */
-const VM_KINDS = ['microvm', 'vm'] as const;
-type VmKind = (typeof VM_KINDS)[number];
 
 const MIB = 2 ** 20;
 /** Below this much free space on the node's sandbox volume, no new container is admitted. */
@@ -215,7 +212,12 @@ export class LocalPlatform implements HostPlatform {
   ) {
     this.lifetimes = setInterval(() => void this.reclaimExpired(), LIFETIME_SWEEP_MS);
     this.lifetimes.unref();
-    this.fncall = new FnCallBackend(container, { logger, nodeId });
+    this.registry = new BackendRegistry(container, new FnCallBackend(container, { logger, nodeId }), {
+      dataDir,
+      guestDir: join(layers.root, 'guest'),
+      logger,
+      debianMirror: process.env['SANDGYM_DEBIAN_MIRROR'] ?? 'http://deb.debian.org/debian',
+    });
     this.pins = new LayerPins(
       layers,
       identity,
@@ -239,41 +241,11 @@ export class LocalPlatform implements HostPlatform {
     return this.layers.forProject(project, (digest) => this.pins.hold([digest]));
   }
 
-  /** Stateless calls on warm container workers, per environment (request `backend: 'fncall'`). */
-  private readonly fncall: FnCallBackend;
+  /** Every backend of this node: containers, FnCall on warm container workers, microVMs, VMs. */
+  private readonly registry: BackendRegistry;
 
   /** The kinds of sandbox this platform creates. */
-  readonly backends: readonly BackendName[] = ['container', 'fncall', 'microvm', 'vm'];
-
-  /**
-   * The VM backends, each started on first use: the first microvm fetches the guest kernel into
-   * the store, the first vm builds the Debian image there.
-   */
-  private readonly vmBackends = new Map<VmKind, Promise<VmBackend>>();
-
-  private vmBackend(kind: VmKind): Promise<VmBackend> {
-    let opening = this.vmBackends.get(kind);
-    if (!opening) {
-      opening = VmBackend.create({
-        kind,
-        dataDir: this.dataDir,
-        guestDir: join(this.store.root, 'guest'),
-        logger: this.logger,
-        debianMirror: process.env['SANDGYM_DEBIAN_MIRROR'] ?? 'http://deb.debian.org/debian',
-      });
-      this.vmBackends.set(kind, opening);
-      opening.catch(() => this.vmBackends.delete(kind));
-    }
-    return opening;
-  }
-
-  /** The VM backends this process or another on the data dir has used; none is started for nothing. */
-  private async vmBackendsInUse(): Promise<VmBackend[]> {
-    const kinds = VM_KINDS.filter(
-      (kind) => this.vmBackends.has(kind) || existsSync(join(this.dataDir, `${kind}s`)),
-    );
-    return Promise.all(kinds.map((kind) => this.vmBackend(kind)));
-  }
+  readonly backends: readonly BackendName[] = BACKEND_NAMES;
 
   /** Warm shells ready now per CPU class, and a wait for the pool to reach its policy. */
   get warmPool(): { ready: Record<QosClass, number>; filled(timeoutMs?: number): Promise<void> } {
@@ -283,18 +255,21 @@ export class LocalPlatform implements HostPlatform {
 
   private readonly lifetimes: NodeJS.Timeout;
 
-  /** Reclaims sandboxes whose idle TTL or hard deadline has passed; their handles say `timeout`. */
+  /** Reclaims sandboxes of every backend whose idle TTL or hard deadline has passed. */
   private async reclaimExpired(): Promise<void> {
-    const now = Date.now();
-    for (const sandbox of this.container.liveSandboxes()) {
-      const due = sandbox.expiresAt();
-      if (due === undefined || due > now || sandbox.state === 'stopping') continue;
-      this.logger.info({ id: sandbox.id }, 'lifetime over: reclaiming sandbox');
-      await sandbox.reclaim('timeout').catch((error: unknown) => {
-        this.logger.warn({ id: sandbox.id, err: error }, 'cannot reclaim sandbox');
-      });
+    if (this.sweeping) return;
+    this.sweeping = true;
+    try {
+      await this.registry.reclaimExpired();
+    } catch (error) {
+      this.logger.warn({ err: error }, 'cannot sweep sandbox lifetimes');
+    } finally {
+      this.sweeping = false;
     }
   }
+
+  /** A sweep still running (a VM takes a while to stop) is not started again over it. */
+  private sweeping = false;
 
   /** Starts (or rejoins) a run of this platform's project. */
   startRun(options: RunOptions): Promise<Run> {
@@ -326,7 +301,7 @@ export class LocalPlatform implements HostPlatform {
     project: string,
     request: SandboxRequest,
     options: CallOptions = {},
-  ): Promise<Sandbox> {
+  ): Promise<BackendSandbox> {
     if (this.isClosed) throw new SandgymError('failed_precondition', 'The platform is closed');
     const resolved = parseAt(sandboxRequestSchema, request, 'sandbox request');
     if (resolved.run) this.runManager.require(project, resolved.run);
@@ -359,7 +334,7 @@ export class LocalPlatform implements HostPlatform {
     layers: string[],
     config: Environment['config'],
     options: { network?: string[]; resources?: SandboxRequest['resources'] } = {},
-  ): Promise<Sandbox> {
+  ): Promise<BackendSandbox> {
     const resolved = parseAt(
       sandboxRequestSchema,
       { resources: options.resources ?? { memoryMib: 2048 }, network: options.network ?? [] },
@@ -373,17 +348,12 @@ export class LocalPlatform implements HostPlatform {
     environment: Environment,
     resolved: ResolvedSandboxRequest,
     options: CallOptions,
-  ): Promise<Sandbox> {
+  ): Promise<BackendSandbox> {
     const id = newSandboxId(this.nodeId);
     this.logger.debug({ id, environment: `${environment.name}:${environment.version}` }, 'creating sandbox');
     const labels: Record<string, string> = { ...resolved.labels };
     if (environment.name !== 'build') labels['environment'] = `${environment.name}:${environment.version}`;
-    const backend =
-      resolved.backend === 'fncall'
-        ? this.fncall
-        : resolved.backend === 'microvm' || resolved.backend === 'vm'
-          ? await this.vmBackend(resolved.backend)
-          : this.container;
+    const backend = await this.registry.get(resolved.backend);
     const diskMib = await this.admitDisk(resolved.backend, resolved.resources.diskMib);
     // pinned before they are mounted: no layer gc may take them from under this create
     await this.pins.hold(environment.layers);
@@ -475,25 +445,21 @@ export class LocalPlatform implements HostPlatform {
     return { ...(registry ? { registry } : {}), ...(fallbackBase ? { fromFallback: fallbackBase } : {}) };
   }
 
-  async listSandboxes(): Promise<SandboxRecord[]> {
-    const vms = await Promise.all((await this.vmBackendsInUse()).map((backend) => backend.list()));
-    return [...(await this.container.list()), ...(await this.fncall.list()), ...vms.flat()];
+  listSandboxes(): Promise<SandboxRecord[]> {
+    return this.registry.list();
   }
 
   /** Adopts the durable sandboxes a crashed predecessor on this data dir left running. */
-  adoptSandboxes(): Promise<Sandbox[]> {
-    return this.container.adopt();
+  adoptSandboxes(): Promise<BackendSandbox[]> {
+    return this.registry.adopt();
   }
 
-  async attachSandbox(id: string): Promise<Sandbox> {
-    const vm = (await this.vmBackendsInUse()).find((backend) => backend.has(id));
-    if (vm) return vm.attach(id);
-    return this.fncall.has(id) ? this.fncall.attach(id) : this.container.attach(id);
+  async attachSandbox(id: string): Promise<BackendSandbox> {
+    return (await this.registry.ownerOf(id)).attach(id);
   }
 
   async killSandbox(id: string): Promise<void> {
-    for (const backend of await this.vmBackendsInUse()) if (await backend.holds(id)) return backend.kill(id);
-    return this.fncall.has(id) ? this.fncall.kill(id) : this.container.kill(id);
+    return (await this.registry.ownerOf(id)).kill(id);
   }
 
   /**
@@ -517,11 +483,8 @@ export class LocalPlatform implements HostPlatform {
     };
   }
 
-  async gc(): Promise<GcReport> {
-    const report = await this.container.gc();
-    for (const backend of await this.vmBackendsInUse())
-      report.sandboxes.push(...(await backend.gc()).sandboxes);
-    return report;
+  gc(): Promise<GcReport> {
+    return this.registry.gc();
   }
 
   async layerGc(options: LayerGcOptions = {}): Promise<LayerGcReport> {
@@ -578,13 +541,12 @@ export class LocalPlatform implements HostPlatform {
         stack: found.layers.map((l) => l.digest),
       };
     };
-    const { store, layer, present, dropped, parent, stack } =
-      typeof sandbox === 'string'
-        ? await this.container.withWritableLayerOf(sandbox, pack, { filter })
-        : await sandbox.withWritableLayer((dir, report) => pack(dir, sandbox, report), {
-            ...definedFields({ signal: options.signal, timeoutMs: options.timeoutMs }),
-            filter,
-          });
+    const { store, layer, present, dropped, parent, stack } = await (
+      await this.registry.ownerOf(id)
+    ).withWritableLayerOf(id, pack, {
+      ...definedFields({ signal: options.signal, timeoutMs: options.timeoutMs }),
+      filter,
+    });
     if (!ref) return { layer, present, dropped };
     const handle = typeof sandbox === 'string' ? undefined : sandbox;
     const config = parent ? (await store.getEnvironment(parent)).config : {};
@@ -645,9 +607,7 @@ export class LocalPlatform implements HostPlatform {
       clearInterval(this.lifetimes);
       clearInterval(this.pinRefresh);
       this.runManager.close();
-      await this.fncall.close();
-      for (const opening of this.vmBackends.values()) await (await opening.catch(() => undefined))?.close();
-      await this.container.close();
+      await this.registry.close();
     } finally {
       for (const log of this.trajectories.values()) await (await log.catch(() => undefined))?.close();
       await this.pins.close().catch(() => undefined);
@@ -697,7 +657,7 @@ export const Platform = {
     const runs = await RunManager.open(
       join(dataDir, 'runs.json'),
       {
-        live: () => container.liveSandboxes(),
+        live: () => container.live(),
         destroy: (sandbox) => sandbox.close(),
         dropLog: (id) => late.platform?.dropTrajectory(id) ?? Promise.resolve(),
         dropSnapshot: (project, environment) => layers.forProject(project).removeEnvironment(environment),

@@ -1,18 +1,12 @@
-import type {
-  BackendSandbox,
-  CallOptions,
-  DroppedEntry,
-  GcReport,
-  SandboxRecord,
-} from '../backends/index.ts';
-import type { Environment, LayerManifest } from './layer-store.ts';
+import type { CallOptions, DroppedEntry, GcReport, SandboxRecord } from '../backends/index.ts';
+import type { Environment, LayerManifest } from './store/layer-store.ts';
 import type { SandboxRequest } from './sandbox-request.ts';
 import type { StepLog } from './exactly-once.ts';
+import type { Sandbox } from './sandbox.ts';
 import type { StepReply, StepRequest } from './steps/step-types.ts';
 import type { Run, RunOptions } from './runs.ts';
 
-/** A live sandbox, whichever backend runs it. */
-export type Sandbox = BackendSandbox;
+export type { Sandbox, SandboxLayer } from './sandbox.ts';
 
 /**
  * What every way of running sandgym offers: the embedded platform in this process today, the

@@ -208,7 +208,7 @@ export class RunManager {
   }
 
   /** Records a snapshot (an environment) made from one of the run's sandboxes, so the run owns it. */
-  async addSnapshot(sandbox: BackendSandbox, environment: string): Promise<void> {
+  async addSnapshot(sandbox: Pick<BackendSandbox, 'labels'>, environment: string): Promise<void> {
     const name = sandbox.labels[RUN_LABEL];
     const run = name ? this.runs.get(key(sandbox.labels[PROJECT_LABEL] ?? DEFAULT_PROJECT, name)) : undefined;
     if (!run) return;

@@ -1,6 +1,7 @@
 import { z } from 'zod';
+import { BACKEND_NAMES } from '../backends/index.ts';
 import { ENV_VAR_NAME, textWithoutNul } from '../common/index.ts';
-import { DEFAULT_ENVIRONMENT } from './base-environments.ts';
+import { DEFAULT_ENVIRONMENT } from './store/base-environments.ts';
 
 /** Below this the agent, the runtime's setup and a shell do not fit. */
 export const MIN_MEMORY_MIB = 16;
@@ -16,7 +17,7 @@ export const DEFAULT_DISK_MIB = 10 * 1024;
  * field (a typo) is an error rather than silently ignored.
  */
 export const sandboxRequestSchema = z.strictObject({
-  backend: z.enum(['container', 'fncall', 'microvm', 'vm']).default('container'),
+  backend: z.enum(BACKEND_NAMES).default('container'),
   environment: z.string().default(DEFAULT_ENVIRONMENT),
   resources: z
     .strictObject({

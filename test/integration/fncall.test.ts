@@ -30,6 +30,24 @@ describe('FnCall sandboxes', () => {
     );
   });
 
+  it('is reclaimed at its idle TTL, and its handle then says why', async () => {
+    await using test = await createTestPlatform('fncall-lifetime');
+    const { platform } = test;
+    await using idle = await platform.createSandbox({
+      backend: 'fncall',
+      environment: 'busybox:latest',
+      lifetime: { idleTtlMs: 300 },
+    });
+    expect((await idle.exec(['true'])).exitCode).toBe(0);
+    for (let polls = 0; (await platform.listSandboxes()).some((r) => r.id === idle.id); polls++) {
+      if (polls > 200) throw new Error('the idle TTL never reclaimed the FnCall sandbox');
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+    expect(idle.state).toBe('stopped');
+    expect(idle.failure).toBe('timeout');
+    await expect(idle.exec(['true'])).rejects.toThrow(/stopped \(timeout\)/);
+  });
+
   it('enforces time, memory and output limits per call', async () => {
     await using test = await createTestPlatform('fncall-limits');
     await using judge = await test.platform.createSandbox({

@@ -34,6 +34,25 @@ describe('microvm through the platform', () => {
     }
   });
 
+  it('reclaims a microvm at its idle TTL, as it does a container', async () => {
+    await using env = await createTestPlatform('microvm-lifetime');
+    const sandbox = await env.platform.createSandbox({
+      backend: 'microvm',
+      environment: 'busybox:latest',
+      lifetime: { idleTtlMs: 500 },
+    });
+    try {
+      for (let polls = 0; (await env.platform.listSandboxes()).some((r) => r.id === sandbox.id); polls++) {
+        if (polls > 600) throw new Error('the idle TTL never reclaimed the microvm');
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+      expect(sandbox.failure).toBe('timeout');
+      await expect(sandbox.exec(['true'])).rejects.toThrow();
+    } finally {
+      await sandbox.close();
+    }
+  });
+
   it('lists, measures and kills a microvm like any sandbox', async () => {
     await using env = await createTestPlatform('microvm-platform');
     const sandbox = await env.platform.createSandbox({ backend: 'microvm', environment: 'busybox:latest' });

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { isSandgymError } from '../../src/common/index.ts';
-import { MemoryAdmission } from '../../src/platform/memory-admission.ts';
+import { MemoryAdmission } from '../../src/platform/node/memory-admission.ts';
 
 function refusal(check: () => void): { code: string; retryable: boolean; message: string } | undefined {
   try {

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { isSandgymError } from '../../src/common/index.ts';
 import { Placer, type NodeLoad } from '../../src/platform/index.ts';
-import { FairQueue } from '../../src/platform/fair-queue.ts';
+import { FairQueue } from '../../src/platform/controller/fair-queue.ts';
 
 function nodes(count: number, capacity = 1_000): NodeLoad[] {
   return Array.from({ length: count }, (_, i) => ({

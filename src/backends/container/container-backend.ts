@@ -1,8 +1,7 @@
 import { randomBytes, randomInt } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdir, readdir, rm } from 'node:fs/promises';
 import { basename, dirname, join, relative, resolve } from 'node:path';
-import { setTimeout as sleep } from 'node:timers/promises';
 import {
   SandgymError,
   createMsgpackCodec,
@@ -30,10 +29,8 @@ import type {
 import {
   SandboxCgroup,
   detectCgroupLayout,
-  listSandboxCgroups,
   removeIdleParents,
   cgroupScope,
-  cgroupLimitsOf,
   type CgroupLayout,
   type CgroupUsage,
   type UsageBaseline,
@@ -45,21 +42,23 @@ import { isAlive, processIdentity, type ProcessIdentity } from '../host/processe
 import { HostHelper } from '../host/host-helper.ts';
 import { raisePtyLimit } from '../host/pty-room.ts';
 import { hostCanGrantSysResource } from '../host/capabilities.ts';
-import { checkRuleBook, resolveRules, type NetworkRuleBook } from '../host/network-rules.ts';
-import { NodeNetwork, removeStaleNetwork, type NetworkAttachment } from '../host/node-network.ts';
+import type { NetworkRuleBook } from '../host/network-rules.ts';
 import { removeStaleGroups, type GroupNetwork } from '../host/group-network.ts';
 import { ScratchVolume, type ScratchSlot, type VolumeRoom } from '../host/scratch-volume.ts';
 import { runProgram } from '../host/run-program.ts';
 import { AgentChannel } from '../internal/agent-channel.ts';
-import type { AgentReady } from '../internal/agent-protocol.ts';
 import { channelFifos, openPipe } from '../internal/channel-fifos.ts';
+import { reclaimExpiredOf } from '../internal/lifetime.ts';
 import { ContainerSandbox } from './container-sandbox.ts';
 import { NOTHING_FILTERED, consumeFiltered, type PrivateCopy } from './private-copy.ts';
 import type { FilterReport } from '../host/diff-filter.ts';
-import { buildOciConfig } from './oci-config.ts';
-import { removeContainerResidue, type ContainerPaths } from './residue.ts';
-import { readContainerState, writeContainerState, type ContainerState } from './sandbox-record.ts';
+import { removeContainerResidue } from './residue.ts';
+import { readContainerState, type ContainerState } from './sandbox-record.ts';
 import { WarmPool, type WarmPoolPolicy, type WarmShell } from './warm-pool.ts';
+import { ContainerEgress } from './egress.ts';
+import { ContainerLauncher } from './launch.ts';
+import { ContainerRecords } from './node-records.ts';
+import { ContainerReuse, RESET_TIMEOUT_MS, soleProcess } from './reuse.ts';
 
 /** Options for {@link ContainerBackend.create}. */
 export interface ContainerBackendOptions {
@@ -92,9 +91,6 @@ export interface ContainerBackendOptions {
  */
 const SHELL_RESOURCES = { cpu: 1, memoryMib: 512, pids: 512, outputCapBytes: 1 << 20, diskMib: 10 * 1024 };
 
-/** How long an agent may take to end a tenant's processes and take its new root. */
-const RESET_TIMEOUT_MS = 10_000;
-
 /** How long a reopened channel may take to answer its sync before the sandbox counts as lost. */
 const ADOPT_SYNC_TIMEOUT_MS = 3_000;
 
@@ -117,22 +113,17 @@ const CAPABILITIES: BackendCapabilities = {
 export class ContainerBackend implements Backend {
   readonly name = 'container' as const;
   readonly capabilities = CAPABILITIES;
-  private readonly live = new Set<ContainerSandbox>();
-  /** Every running container of this process, by slot: tenants' and pooled shells alike. */
-  private readonly containers = new Map<string, WarmShell>();
+  private readonly sandboxes = new Set<ContainerSandbox>();
   private readonly pool: WarmPool | undefined;
-  private renewals = 0;
-  /** Containers this process started: its close waits for their slots to go before unmounting. */
-  private containersMade = 0;
   private readonly logger: Logger;
   private readonly codec: Codec;
   private isClosed = false;
   private readonly scope: string;
-  /** The node network, built when the first sandbox is given egress. */
-  private network: Promise<NodeNetwork> | undefined;
-  /** Sandboxes on the node network, by slot. */
-  private readonly egress = new Map<string, Promise<NetworkAttachment>>();
-  private readonly ruleBook: NetworkRuleBook;
+  private readonly egress: ContainerEgress;
+  private readonly launcher: ContainerLauncher;
+  /** Fresh roots for reused containers: warm shells that take a tenant, FnCall workers between calls. */
+  readonly reuse: ContainerReuse;
+  private readonly records: ContainerRecords;
 
   private constructor(
     private readonly options: ContainerBackendOptions,
@@ -150,13 +141,33 @@ export class ContainerBackend implements Backend {
     this.logger = (options.logger ?? silentLogger()).child({ component: 'container-backend' });
     this.codec = options.codec ?? createMsgpackCodec();
     this.scope = cgroupScope(options.dataDir);
-    this.ruleBook = options.networkRules ?? {};
-    checkRuleBook(this.ruleBook);
+    this.egress = new ContainerEgress(options.dataDir, options.networkRules ?? {});
+    this.launcher = new ContainerLauncher({
+      dataDir: options.dataDir,
+      durable: options.durable ?? false,
+      startTimeoutMs: options.startTimeoutMs,
+      stopGraceMs: options.stopGraceMs,
+      layout,
+      scope: this.scope,
+      owner,
+      agentPath,
+      runtime,
+      helper,
+      hostHasSysResource,
+      codec: this.codec,
+      logger: this.logger,
+      egress: this.egress,
+    });
+    this.reuse = new ContainerReuse(this.launcher, mounts, this.egress);
+    this.records = new ContainerRecords(this.launcher);
     const policy = options.warmPool ?? {};
     this.pool = Object.values(policy).some((n) => n > 0)
       ? new WarmPool(
           policy,
-          { createShell: (qos) => this.createShell(qos), destroyShell: (shell) => this.teardown(shell) },
+          {
+            createShell: (qos) => this.createShell(qos),
+            destroyShell: (shell) => this.launcher.teardown(shell),
+          },
           this.logger,
         )
       : undefined;
@@ -164,7 +175,7 @@ export class ContainerBackend implements Backend {
 
   /** The names of the node's network rules (its rule book): what builds pick their package mirrors from. */
   ruleNames(): string[] {
-    return Object.keys(this.ruleBook);
+    return Object.keys(this.egress.ruleBook);
   }
 
   /**
@@ -224,16 +235,6 @@ export class ContainerBackend implements Backend {
     await this.pool?.filled(timeoutMs);
   }
 
-  /** Durable sandboxes' state must survive a power loss; the others' only a crash of this process. */
-  private saveState(dir: string, state: ContainerState): Promise<void> {
-    return writeContainerState(dir, state, this.options.durable ?? false);
-  }
-
-  /** The empty, read-only root of every pooled shell: mount points and the staging dir of a root swap. */
-  private get shellRoot(): string {
-    return join(this.options.dataDir, 'shell-root');
-  }
-
   /** Checks the host (agent binary, crun, cgroups) and prepares the data folder. */
   static async create(given: ContainerBackendOptions): Promise<ContainerBackend> {
     const options = { ...given, dataDir: resolve(given.dataDir) };
@@ -282,22 +283,12 @@ export class ContainerBackend implements Backend {
     );
   }
 
-  /** A container's things on the node, by slot: its sandbox id when created cold, a `warm-…` name when pooled. */
-  private pathsOf(slot: string): ContainerPaths {
-    return {
-      dir: join(this.options.dataDir, 'sandboxes', slot),
-      runtimeRoot: join(this.options.dataDir, 'runtime'),
-      runtime: this.runtime,
-      deleteSubvolume: (path) => this.helper.deleteSubvolume(path),
-    };
-  }
-
   async create(spec: SandboxSpec, options: CallOptions = {}): Promise<ContainerSandbox> {
     if (this.isClosed) throw new SandgymError('failed_precondition', 'The container backend is closed');
     if (spec.layers.length === 0) {
       throw new SandgymError('invalid_argument', 'A container needs at least one layer: name an environment');
     }
-    resolveRules(spec.network, this.ruleBook); // a bad rule name fails before anything starts
+    this.egress.check(spec.network); // a bad rule name fails before anything starts
     const sandbox = await this.createContainer(spec, options);
     if (spec.network.length === 0) return sandbox;
     try {
@@ -322,7 +313,7 @@ export class ContainerBackend implements Backend {
             { slot: shell.slot, error: messageOf(error) },
             'cannot use a warm shell; creating cold',
           );
-          await this.teardown(shell).catch(() => undefined);
+          await this.launcher.teardown(shell).catch(() => undefined);
         }
       }
       return this.createCold(spec, options);
@@ -332,7 +323,7 @@ export class ContainerBackend implements Backend {
   /** A new container straight on the tenant's layers; its slot is the sandbox id. */
   private async createCold(spec: SandboxSpec, options: CallOptions): Promise<ContainerSandbox> {
     const unpacked = this.options.loadMode === 'tar';
-    const paths = this.pathsOf(spec.id);
+    const paths = this.launcher.pathsOf(spec.id);
     // unpacked layers land in the slot's `lower`, beside the capped `rw`: they count against no cap
     let scratch: ScratchSlot;
     let points: string[];
@@ -351,10 +342,17 @@ export class ContainerBackend implements Backend {
     }
     let shell: WarmShell;
     try {
-      shell = await this.startContainer(spec.id, spec, this.tenantState(spec, spec.id), options, scratch, {
-        lowers: points,
-        erofs: !unpacked,
-      });
+      shell = await this.launcher.startContainer(
+        spec.id,
+        spec,
+        this.launcher.tenantState(spec, spec.id),
+        options,
+        scratch,
+        {
+          lowers: points,
+          erofs: !unpacked,
+        },
+      );
     } catch (error) {
       if (!unpacked) this.mounts.release(spec.layers);
       throw error;
@@ -376,34 +374,7 @@ export class ContainerBackend implements Backend {
       network: [],
     };
     const scratch = await this.scratch.createSlot(slot, mib(spec.resources.diskMib));
-    return this.startContainer(slot, spec, this.pooledState(slot), {}, scratch, undefined);
-  }
-
-  /** The state of a shell waiting in the pool: no tenant, no layers. */
-  private pooledState(slot: string): ContainerState {
-    return {
-      id: slot,
-      slot,
-      pooled: true,
-      backend: 'container',
-      owner: this.owner,
-      createdAt: new Date().toISOString(),
-      layers: [],
-      labels: {},
-    };
-  }
-
-  private tenantState(spec: SandboxSpec, slot: string): ContainerState {
-    return {
-      id: spec.id,
-      slot,
-      backend: 'container',
-      owner: this.owner,
-      createdAt: new Date().toISOString(),
-      layers: spec.layers.map((l) => l.digest),
-      labels: spec.labels,
-      ...(this.options.durable ? { durable: true, spec } : {}),
-    };
+    return this.launcher.startContainer(slot, spec, this.launcher.pooledState(slot), {}, scratch, undefined);
   }
 
   /**
@@ -412,21 +383,21 @@ export class ContainerBackend implements Backend {
    * before are the baseline its stats start from.
    */
   private async occupy(shell: WarmShell, spec: SandboxSpec): Promise<ContainerSandbox> {
-    const paths = this.pathsOf(shell.slot);
+    const paths = this.launcher.pathsOf(shell.slot);
     // a pooled shell was checked to hold its agent alone when it was scrubbed, and its /dev is fresh
     shell.agentPid ??= await soleProcess(shell);
-    await this.swapInOverlay(shell, shell.agentPid, spec.layers, '', 'keep');
+    await this.reuse.swapInOverlay(shell, shell.agentPid, spec.layers, '', 'keep');
     let baseline: CgroupUsage;
     try {
       await shell.channel.call({ op: 'reset' }, { timeoutMs: RESET_TIMEOUT_MS });
-      await this.applyLimits(shell, spec);
+      await this.reuse.applyLimits(shell, spec);
       if (shell.diskMib !== spec.resources.diskMib) {
         await this.scratch.setLimit(shell.slot, mib(spec.resources.diskMib));
         shell.diskMib = spec.resources.diskMib;
       }
       baseline = await shell.cgroup.usage();
-      await this.saveState(paths.dir, {
-        ...this.tenantState(spec, shell.slot),
+      await this.launcher.saveState(paths.dir, {
+        ...this.launcher.tenantState(spec, shell.slot),
         baseline: {
           cpuUsageMs: baseline.cpuUsageMs,
           oomKills: baseline.oomKills,
@@ -442,99 +413,18 @@ export class ContainerBackend implements Backend {
   }
 
   /**
-   * Mounts a fresh overlay of `layers` (upper and work dirs `upper<suffix>`, `work<suffix>` in
-   * the slot's capped `rw` subvolume) and makes it the container's root. The layer mounts stay acquired for it; on
-   * failure nothing stays acquired or created.
-   */
-  private async swapInOverlay(
-    shell: WarmShell,
-    agentPid: number,
-    layers: readonly LayerImage[],
-    suffix: string,
-    dev: 'fresh' | 'keep',
-  ): Promise<string> {
-    const dir = this.pathsOf(shell.slot).dir;
-    const upper = join(dir, 'rw', `upper${suffix}`);
-    const work = join(dir, 'rw', `work${suffix}`);
-    await Promise.all([upper, work].map((d) => mkdir(d, { recursive: true })));
-    const points = await this.mounts.acquire(layers);
-    try {
-      // overlay lists lower dirs top first; layers come base first
-      const lowers = [...points].reverse();
-      await this.helper.swap(agentPid, { kind: 'overlay', lowers, upper, work, lowersAreErofs: true, dev });
-      return upper;
-    } catch (error) {
-      this.mounts.release(layers);
-      await Promise.all([upper, work].map((d) => rm(d, { recursive: true, force: true })));
-      throw error;
-    }
-  }
-
-  /**
-   * Points a container's network at the addresses `rules` name. The first rules that allow
-   * anything give it a veth on the node network; later ones only rewrite its rules (an emptied
-   * policy keeps the veth, so what it still tries is counted).
-   */
-  private async setNetwork(shell: WarmShell, rules: readonly string[]): Promise<void> {
-    const targets = resolveRules(rules, this.ruleBook);
-    let attaching = this.egress.get(shell.slot);
-    if (!attaching) {
-      if (targets.length === 0) return;
-      attaching = (async () => {
-        const network = await this.nodeNetwork();
-        return network.attach(shell.agentPid ?? (await soleOrFirstProcess(shell)));
-      })();
-      this.egress.set(shell.slot, attaching);
-      attaching.catch(() => this.egress.delete(shell.slot));
-    }
-    const attachment = await attaching;
-    await (await this.nodeNetwork()).allow(attachment, targets);
-  }
-
-  private nodeNetwork(): Promise<NodeNetwork> {
-    if (!this.network) {
-      const opening = NodeNetwork.open(this.options.dataDir);
-      this.network = opening;
-      opening.catch(() => (this.network = undefined));
-    }
-    return this.network;
-  }
-
-  private async deniedByRules(slot: string): Promise<number> {
-    const attachment = await this.egress.get(slot)?.catch(() => undefined);
-    if (!attachment || !this.network) return 0;
-    return (await this.network).denied(attachment);
-  }
-
-  /**
    * Puts a live sandbox of this process on a group network (a task with its docker-compose
    * services); returns its address there.
    */
   async joinGroup(sandboxId: string, group: GroupNetwork): Promise<string> {
-    const sandbox = [...this.live].find((s) => s.id === sandboxId);
-    const shell = sandbox && this.containers.get(sandbox.slot);
+    const sandbox = this.liveById(sandboxId);
+    const shell = sandbox && this.launcher.containers.get(sandbox.slot);
     if (!shell)
       throw new SandgymError(
         'not_found',
         `No live container sandbox ${sandboxId} in this process to join a group`,
       );
-    return group.join(shell.agentPid ?? (await soleOrFirstProcess(shell)));
-  }
-
-  /** Takes a container off the node network: back to loopback only. */
-  private async detachNetwork(slot: string): Promise<void> {
-    const attachment = await this.egress.get(slot)?.catch(() => undefined);
-    this.egress.delete(slot);
-    if (attachment && this.network) await (await this.network).detach(attachment);
-  }
-
-  /** Writes the tenant's cgroup limits, unless the container has them already. */
-  private async applyLimits(shell: WarmShell, spec: SandboxSpec): Promise<void> {
-    const limits = cgroupLimitsOf(spec.resources, spec.qos);
-    const key = JSON.stringify(limits);
-    if (shell.limits === key) return;
-    await shell.cgroup.applyLimits(limits);
-    shell.limits = key;
+    return this.egress.joinGroup(shell, group);
   }
 
   private track(
@@ -549,118 +439,21 @@ export class ContainerBackend implements Backend {
       exited: shell.exited,
       channel: shell.channel,
       cgroup: shell.cgroup,
-      upperDir: join(this.pathsOf(shell.slot).dir, 'rw', 'upper'),
+      upperDir: join(this.launcher.pathsOf(shell.slot).dir, 'rw', 'upper'),
       diskUsage: () => this.scratch.usage(shell.scratch),
       diskUsedNow: () => this.scratch.usedNow(shell.scratch),
       network: {
-        set: (rules) => this.setNetwork(shell, rules),
-        denied: () => this.deniedByRules(shell.slot),
-        attached: () => this.egress.has(shell.slot),
+        set: (rules) => this.egress.set(shell, rules),
+        denied: () => this.egress.denied(shell.slot),
+        attached: () => this.egress.isAttached(shell.slot),
       },
       destroy: (s) => this.destroy(s),
       privateCopy: (upperDir) => this.privateCopy(shell.slot, upperDir),
       ...(baseline ? { baseline } : {}),
       ...(createdAt === undefined ? {} : { createdAt }),
     });
-    this.live.add(sandbox);
+    this.sandboxes.add(sandbox);
     return sandbox;
-  }
-
-  /**
-   * Launches a container in `slot` and waits for its agent: on the tenant's overlay when `overlay`
-   * is given, else on the shared empty shell root.
-   */
-  private async startContainer(
-    slot: string,
-    spec: SandboxSpec,
-    state: ContainerState,
-    options: CallOptions,
-    scratch: ScratchSlot,
-    overlay: { lowers: string[]; erofs: boolean } | undefined,
-  ): Promise<WarmShell> {
-    const paths = this.pathsOf(slot);
-    const cgroup = new SandboxCgroup(this.layout, this.scope, slot);
-    let shell: WarmShell | undefined;
-    this.containersMade++;
-    try {
-      await this.saveState(paths.dir, state);
-      const joins = await cgroup.prepare();
-      const config = buildOciConfig({
-        spec,
-        agentHostPath: this.agentPath,
-        cgroupsPath: `/${cgroup.relativePath}`,
-        durable: this.options.durable ?? false,
-        hostHasSysResource: this.hostHasSysResource,
-        ...(overlay ? {} : { root: { path: this.shellRoot, readonly: true } }),
-      });
-      await writeFile(join(paths.dir, 'config.json'), JSON.stringify(config));
-      await this.helper.launch({
-        dir: paths.dir,
-        joins,
-        umount: this.layout.kind === 'v1' ? this.layout.unified : undefined,
-        // overlay lists lower dirs top first; layers come base first
-        overlay: overlay && { lowers: [...overlay.lowers].reverse(), erofs: overlay.erofs },
-        runtime: this.runtime,
-        runtimeRoot: paths.runtimeRoot,
-        slot,
-      });
-      // the agent waits on its FIFO channel; it has no parent here to watch, so its channel
-      // closing is what says it is gone
-      const fifos = channelFifos(paths.dir);
-      const channel = new AgentChannel(
-        openPipe(fifos.requests, 'write'),
-        openPipe(fifos.responses, 'read'),
-        this.codec,
-      );
-      const exited = channel.closed;
-      shell = {
-        slot,
-        qos: spec.qos,
-        channel,
-        cgroup,
-        exited,
-        limits: JSON.stringify(cgroupLimitsOf(spec.resources, spec.qos)),
-        scratch,
-        diskMib: spec.resources.diskMib,
-      };
-      this.containers.set(slot, shell);
-      shell.agentState = (await this.waitReady(slot, channel, exited, paths, options)).state;
-      this.logger.debug({ slot }, 'container ready');
-      return shell;
-    } catch (error) {
-      if (shell) await this.teardown(shell).catch(() => undefined);
-      else await removeContainerResidue(slot, cgroup, paths).catch(() => undefined);
-      throw error;
-    }
-  }
-
-  private async waitReady(
-    slot: string,
-    channel: AgentChannel,
-    exited: Promise<void>,
-    paths: ContainerPaths,
-    options: CallOptions,
-  ): Promise<AgentReady> {
-    const timeoutMs = options.timeoutMs ?? this.options.startTimeoutMs ?? 30_000;
-    const timeout = sleep(timeoutMs, 'timeout', { ref: false });
-    const outcome = await Promise.race([
-      channel.ready.then(
-        () => 'ready' as const,
-        () => 'exited' as const,
-      ),
-      exited.then(() => 'exited' as const),
-      timeout,
-    ]);
-    if (outcome === 'ready') return channel.ready;
-    const log = await readFile(join(paths.dir, 'runtime.log'), 'utf8').catch(() => '');
-    const tail = log.trim().split('\n').slice(-3).join(' | ') || 'no output';
-    throw new SandgymError(
-      outcome === 'timeout' ? 'timeout' : 'platform_error',
-      outcome === 'timeout'
-        ? `Sandbox ${slot} did not become ready within ${timeoutMs} ms (raise startTimeoutMs); runtime said: ${tail}`
-        : `Sandbox ${slot} failed to start: ${tail}`,
-      { retryable: outcome === 'timeout' },
-    );
   }
 
   /**
@@ -669,193 +462,50 @@ export class ContainerBackend implements Backend {
    */
   private async destroy(sandbox: ContainerSandbox): Promise<void> {
     if (!sandbox.beginStop()) return;
-    const shell = this.containers.get(sandbox.slot);
+    const shell = this.launcher.containers.get(sandbox.slot);
     try {
       const pool = this.pool;
       if (shell && pool && this.options.loadMode !== 'tar' && pool.reserve(shell.qos)) {
-        if (await this.scrub(shell)) return pool.put(shell, true);
+        if (await this.reuse.scrub(shell)) return pool.put(shell, true);
         pool.unreserve(shell.qos);
       }
-      if (shell) await this.teardown(shell);
-      else await removeContainerResidue(sandbox.slot, sandbox.cgroup, this.pathsOf(sandbox.slot));
+      if (shell) await this.launcher.teardown(shell);
+      else await removeContainerResidue(sandbox.slot, sandbox.cgroup, this.launcher.pathsOf(sandbox.slot));
     } finally {
       if (this.options.loadMode !== 'tar') this.mounts.release(sandbox.layers);
-      this.live.delete(sandbox);
+      this.sandboxes.delete(sandbox);
       sandbox.markStopped();
     }
   }
 
-  /**
-   * Leaves nothing of a tenant in its container: every process ended (the agent as pid 1 kills
-   * the whole pid namespace and reaps it), the cgroup checked to hold the agent alone, then the
-   * empty shell root swapped in, which also brings a fresh /dev and removes every IPC object;
-   * the tenant's upper dir is deleted. False when any of it fails: the caller destroys it instead.
-   */
-  private async scrub(shell: WarmShell): Promise<boolean> {
-    try {
-      await shell.cgroup.setFrozen(false);
-      await this.detachNetwork(shell.slot);
-      await shell.channel.call({ op: 'reset' }, { timeoutMs: RESET_TIMEOUT_MS });
-      shell.agentPid = await soleProcess(shell);
-      await this.checkAgentUnchanged(shell);
-      await shell.cgroup.resetMemoryWatermark();
-      await this.helper.swap(shell.agentPid, { kind: 'bind', dir: this.shellRoot });
-      const paths = this.pathsOf(shell.slot);
-      await removeWritableLayers(paths.dir);
-      await this.saveState(paths.dir, this.pooledState(shell.slot));
-      return true;
-    } catch (error) {
-      this.logger.warn(
-        { slot: shell.slot, error: messageOf(error) },
-        'cannot scrub a container for reuse; destroying it',
-      );
-      return false;
-    }
+  live(): ContainerSandbox[] {
+    return [...this.sandboxes];
   }
 
-  /**
-   * Fails unless the container's agent shows the process state it started with: a tenant's
-   * process may have lowered its limits, reniced it or moved its CPUs (all allowed to a process
-   * of the same uid), and every command of the next tenant would inherit that.
-   */
-  private async checkAgentUnchanged(shell: WarmShell): Promise<void> {
-    const now = (await shell.channel.call({ op: 'procstate' }, { timeoutMs: RESET_TIMEOUT_MS })).state;
-    if (shell.agentState === undefined || now !== shell.agentState) {
-      throw new SandgymError(
-        'failed_precondition',
-        `The agent of container ${shell.slot} was changed by its tenant (limits, priority or CPUs): it is not reused`,
-      );
-    }
+  private liveById(id: string): ContainerSandbox | undefined {
+    return [...this.sandboxes].find((s) => s.id === id);
   }
 
-  /** Graceful first: the agent ends every process and exits; then force. */
-  private async teardown(shell: WarmShell): Promise<void> {
-    try {
-      await this.detachNetwork(shell.slot).catch((error: unknown) => {
-        this.logger.warn(
-          { slot: shell.slot, error: messageOf(error) },
-          'cannot take a container off the network',
-        );
-      });
-      await shell.cgroup.setFrozen(false).catch(() => undefined); // a frozen agent cannot exit
-      await shell.channel.shutdown(2_000);
-      shell.channel.fail(
-        new SandgymError('failed_precondition', `Sandbox container ${shell.slot} is closed`),
-      );
-      const graceMs = this.options.stopGraceMs ?? 5_000;
-      const exited = await Promise.race([
-        shell.exited.then(() => true),
-        sleep(graceMs, false, { ref: false }),
-      ]);
-      if (!exited) this.logger.warn({ slot: shell.slot }, 'container did not stop in time; killing it');
-      await removeContainerResidue(shell.slot, shell.cgroup, this.pathsOf(shell.slot));
-    } finally {
-      this.containers.delete(shell.slot);
-    }
+  async holds(id: string): Promise<boolean> {
+    return this.liveById(id) !== undefined || (await this.records.slotOf(id)) !== undefined;
   }
 
-  /**
-   * Whether a sandbox of this process holds anything beyond its image: a process besides its
-   * agent, a written file, something in /dev/shm or /dev/mqueue, or an agent whose process state
-   * changed. What a stateless caller (FnCall) checks between two calls before reusing the sandbox.
-   */
-  async holdsState(sandbox: ContainerSandbox): Promise<boolean> {
-    const shell = this.containers.get(sandbox.slot);
-    if (!shell) return true;
-    const pids = await shell.cgroup.members();
-    if (pids.length !== 1 || pids[0] === undefined) return true;
-    // a call that changed its agent's process state holds state no fresh root takes away; what
-    // the last command's end reported serves when nothing else was left to change it since
-    const state =
-      sandbox.agentStateWhenLastAlone ??
-      (await shell.channel.call({ op: 'procstate' }, { timeoutMs: RESET_TIMEOUT_MS })).state;
-    if (state !== shell.agentState) return true;
-    const root = `/proc/${pids[0]}/root`;
-    for (const dir of [sandbox.upperDir, `${root}/dev/shm`, `${root}/dev/mqueue`]) {
-      if ((await readdir(dir).catch(() => ['unreadable'])).length > 0) return true;
-    }
-    return false;
-  }
-
-  /**
-   * Gives a sandbox of this process a fresh root over its own layers, as if it were just created:
-   * every process but the agent ended, a new empty upper dir, a fresh /dev, IPC purged. The
-   * container, its cgroups and its agent stay. What FnCall does between calls that left state.
-   * Fails when the agent's own process state was changed: no new root undoes that.
-   */
-  async renewRoot(sandbox: ContainerSandbox): Promise<void> {
-    const shell = this.containers.get(sandbox.slot);
-    if (!shell) throw new SandgymError('not_found', `No live sandbox "${sandbox.id}" of this process`);
-    await shell.cgroup.setFrozen(false);
-    await shell.channel.call({ op: 'reset' }, { timeoutMs: RESET_TIMEOUT_MS });
-    shell.agentPid = await soleProcess(shell);
-    await this.checkAgentUnchanged(shell);
-    const upper = await this.swapInOverlay(
-      shell,
-      shell.agentPid,
-      sandbox.layers,
-      `-${++this.renewals}`,
-      'fresh',
-    );
-    this.mounts.release(sandbox.layers); // the old root's hold is the new root's now
-    const old = sandbox.upperDir;
-    sandbox.rebase(upper);
-    await shell.channel.call({ op: 'reset' }, { timeoutMs: RESET_TIMEOUT_MS }); // takes the new root
-    const oldWork = join(dirname(old), basename(old).replace(/^upper/, 'work'));
-    await Promise.all([old, oldWork].map((d) => rm(d, { recursive: true, force: true, maxRetries: 3 })));
-  }
-
-  /**
-   * The slot of a sandbox of any process on this node: its own id when it was created cold, else
-   * the warm slot whose state names it. Undefined when there is none.
-   */
-  private async slotOf(id: string): Promise<string | undefined> {
-    if ((await readContainerState(this.pathsOf(id).dir))?.id === id) return id;
-    const dir = join(this.options.dataDir, 'sandboxes');
-    for (const slot of await readdir(dir).catch(() => [] as string[])) {
-      if (slot.startsWith('warm-') && (await readContainerState(join(dir, slot)))?.id === id) return slot;
-    }
-    return undefined;
-  }
-
-  async list(): Promise<SandboxRecord[]> {
-    const dir = join(this.options.dataDir, 'sandboxes');
-    const records: SandboxRecord[] = [];
-    for (const slot of await readdir(dir).catch(() => [] as string[])) {
-      const state = await readContainerState(join(dir, slot));
-      if (!state || state.pooled) continue;
-      const cgroup = new SandboxCgroup(this.layout, this.scope, slot);
-      const alive = await isAlive(state.owner);
-      records.push({
-        id: state.id,
-        backend: 'container',
-        state: !alive ? 'orphaned' : (await cgroup.isFrozen()) ? 'paused' : 'running',
-        ownerPid: state.owner.pid,
-        createdAt: state.createdAt,
-        labels: state.labels,
-        layers: state.layers,
-      });
-    }
-    return records;
-  }
-
-  /** The sandboxes this process holds. */
-  liveSandboxes(): ContainerSandbox[] {
-    return [...this.live];
+  reclaimExpired(now = Date.now()): Promise<string[]> {
+    return reclaimExpiredOf(this.live(), now, this.logger);
   }
 
   attach(id: string): ContainerSandbox {
-    const mine = [...this.live].find((s) => s.id === id);
+    const mine = this.liveById(id);
     if (!mine)
       throw new SandgymError('not_found', `No live sandbox "${id}" of this process: see "sandgym ps"`);
     return mine;
   }
 
   async kill(id: string): Promise<void> {
-    const mine = [...this.live].find((s) => s.id === id);
+    const mine = this.liveById(id);
     if (mine) return mine.close();
-    const slot = (await this.slotOf(id)) ?? id;
-    const paths = this.pathsOf(slot);
+    const slot = (await this.records.slotOf(id)) ?? id;
+    const paths = this.launcher.pathsOf(slot);
     const cgroup = new SandboxCgroup(this.layout, this.scope, slot);
     if (!existsSync(paths.dir) && (await cgroup.processes()).length === 0) {
       throw new SandgymError('not_found', `No sandbox "${id}" on this node: see "sandgym ps"`);
@@ -872,7 +522,7 @@ export class ContainerBackend implements Backend {
     const adopted: ContainerSandbox[] = [];
     const sandboxesDir = join(this.options.dataDir, 'sandboxes');
     for (const slot of await readdir(sandboxesDir).catch(() => [] as string[])) {
-      if (this.containers.has(slot)) continue;
+      if (this.launcher.containers.has(slot)) continue;
       const state = await readContainerState(join(sandboxesDir, slot));
       if (!state?.durable || !state.spec || state.pooled || (await isAlive(state.owner))) continue;
       try {
@@ -896,7 +546,7 @@ export class ContainerBackend implements Backend {
       ...(lifetime ? { lifetime: definedFields(lifetime) } : {}),
       network: recorded.network,
     };
-    const paths = this.pathsOf(slot);
+    const paths = this.launcher.pathsOf(slot);
     const cgroup = new SandboxCgroup(this.layout, this.scope, slot);
     if ((await cgroup.processes()).length === 0) throw new Error('none of its processes is left');
     const wasFrozen = await cgroup.isFrozen();
@@ -916,7 +566,7 @@ export class ContainerBackend implements Backend {
       throw error;
     }
     await this.mounts.acquire(spec.layers);
-    await this.saveState(paths.dir, { ...state, owner: this.owner });
+    await this.launcher.saveState(paths.dir, { ...state, owner: this.owner });
     const scratch = await this.scratch.createSlot(slot, mib(spec.resources.diskMib));
     const shell: WarmShell = {
       slot,
@@ -927,7 +577,7 @@ export class ContainerBackend implements Backend {
       scratch,
       diskMib: spec.resources.diskMib,
     };
-    this.containers.set(slot, shell);
+    this.launcher.containers.set(slot, shell);
     const baseline = state.baseline;
     const sandbox = this.track(shell, spec, baseline, Date.parse(state.createdAt));
     if (wasFrozen) await sandbox.pause();
@@ -944,10 +594,10 @@ export class ContainerBackend implements Backend {
     ) => Promise<T>,
     options: WritableLayerOptions = {},
   ): Promise<T> {
-    const mine = [...this.live].find((s) => s.id === id);
+    const mine = this.liveById(id);
     if (mine) return mine.withWritableLayer((dir, report) => consume(dir, mine, report), options);
-    const slot = await this.slotOf(id);
-    const paths = this.pathsOf(slot ?? id);
+    const slot = await this.records.slotOf(id);
+    const paths = this.launcher.pathsOf(slot ?? id);
     const state = slot === undefined ? undefined : await readContainerState(paths.dir);
     if (!state || slot === undefined) {
       throw new SandgymError('not_found', `No sandbox "${id}" on this node: see "sandgym ps"`);
@@ -975,8 +625,8 @@ export class ContainerBackend implements Backend {
    * touching the sandbox. Counts against no sandbox's cap; deleted when the packer is done.
    */
   private async privateCopy(slot: string, upperDir: string): Promise<PrivateCopy> {
-    const rw = join(this.pathsOf(slot).dir, 'rw');
-    const snapshot = join(this.pathsOf(slot).dir, `diff-${randomBytes(6).toString('hex')}`);
+    const rw = join(this.launcher.pathsOf(slot).dir, 'rw');
+    const snapshot = join(this.launcher.pathsOf(slot).dir, `diff-${randomBytes(6).toString('hex')}`);
     await this.helper.snapshot(rw, snapshot);
     return {
       tree: join(snapshot, relative(rw, upperDir)),
@@ -987,29 +637,8 @@ export class ContainerBackend implements Backend {
   }
 
   async gc(): Promise<GcReport> {
-    const report: GcReport = { sandboxes: [], mounts: [], cgroups: [] };
-    const sandboxesDir = join(this.options.dataDir, 'sandboxes');
-    const mine = new Set(this.containers.keys());
-    for (const slot of await readdir(sandboxesDir).catch(() => [] as string[])) {
-      if (mine.has(slot)) continue;
-      const state = await readContainerState(join(sandboxesDir, slot));
-      if (state && (await isAlive(state.owner))) continue;
-      await removeContainerResidue(
-        slot,
-        new SandboxCgroup(this.layout, this.scope, slot),
-        this.pathsOf(slot),
-      );
-      if (!state?.pooled) report.sandboxes.push(state?.id ?? slot);
-    }
-    // cgroups whose sandbox folder is gone: a crash between the two removals
-    for (const id of await listSandboxCgroups(this.layout, this.scope)) {
-      if (mine.has(id) || existsSync(join(sandboxesDir, id))) continue;
-      const cgroup = new SandboxCgroup(this.layout, this.scope, id);
-      await removeContainerResidue(id, cgroup, this.pathsOf(id));
-      report.cgroups.push(...cgroup.allPaths());
-    }
-    await this.removeOrphanRuntimeState(mine);
-    await this.removeStackViews();
+    const mine = new Set(this.launcher.containers.keys());
+    const report = await this.records.sweep(mine);
     // group networks (a task's services) whose owner died without closing them
     await removeStaleGroups();
     if (mine.size === 0) await removeIdleParents(this.layout, this.scope);
@@ -1017,15 +646,8 @@ export class ContainerBackend implements Backend {
     return report;
   }
 
-  /** Read-only stack views a build of a dead process left mounted (see withLayerStack). */
-  private async removeStackViews(): Promise<void> {
-    const dir = join(this.options.dataDir, 'stacks');
-    for (const name of await readdir(dir).catch(() => [] as string[])) {
-      const [pid, startTime] = name.split('-').map(Number);
-      if (pid !== undefined && startTime !== undefined && (await isAlive({ pid, startTime }))) continue;
-      await runProgram('umount', [join(dir, name)]).catch(() => undefined);
-      await rm(join(dir, name), { recursive: true, force: true }).catch(() => undefined);
-    }
+  async list(): Promise<SandboxRecord[]> {
+    return this.records.list();
   }
 
   async gcLayers(): Promise<{ unmounted: string[]; removedCopies: string[] }> {
@@ -1033,40 +655,24 @@ export class ContainerBackend implements Backend {
     return { unmounted, removedCopies: await this.mounts.removeIdleCopies() };
   }
 
-  private async removeOrphanRuntimeState(mine: Set<string>): Promise<void> {
-    const root = join(this.options.dataDir, 'runtime');
-    for (const id of await readdir(root).catch(() => [] as string[])) {
-      if (mine.has(id) || existsSync(this.pathsOf(id).dir)) continue;
-      await runProgram(this.runtime, ['--root', root, 'delete', '--force', id]).catch((error: unknown) => {
-        this.logger.warn({ id, error: messageOf(error) }, 'cannot delete orphaned runtime state');
-      });
-    }
-  }
-
   async close(): Promise<void> {
     if (this.isClosed) return;
     this.isClosed = true;
     const closing = settleAll(
-      [...[...this.live].map((s) => s.close()), this.pool?.close() ?? Promise.resolve()],
+      [...[...this.sandboxes].map((s) => s.close()), this.pool?.close() ?? Promise.resolve()],
       'Some sandboxes did not close cleanly',
     );
     await closing.catch(() => undefined); // wait for every sandbox before the node-level cleanup
     this.helper.close();
     await this.mounts.unmountIdle().catch(() => undefined);
     await removeIdleParents(this.layout, this.scope);
-    await this.closeNetwork().catch((error: unknown) => {
+    await this.egress.close().catch((error: unknown) => {
       this.logger.warn({ error: messageOf(error) }, 'cannot remove the node network');
     });
-    await this.scratch.closeIfEmpty({ settle: this.containersMade > 0 }).catch((error: unknown) => {
+    await this.scratch.closeIfEmpty({ settle: this.launcher.containersMade > 0 }).catch((error: unknown) => {
       this.logger.warn({ error: messageOf(error) }, 'cannot unmount the scratch volume');
     });
     await closing;
-  }
-
-  /** The node network goes with the last sandbox; one a crashed predecessor left goes too. */
-  private async closeNetwork(): Promise<void> {
-    if (this.network) return (await this.network).close();
-    await removeStaleNetwork(this.options.dataDir);
   }
 
   [Symbol.asyncDispose](): Promise<void> {
@@ -1074,33 +680,6 @@ export class ContainerBackend implements Backend {
   }
 }
 
-/** A pid in the container's network namespace: its agent, found when the shell does not know it. */
-async function soleOrFirstProcess(shell: WarmShell): Promise<number> {
-  const [pid] = await shell.cgroup.members();
-  if (pid === undefined)
-    throw new SandgymError('failed_precondition', `Container ${shell.slot} has no process left`);
-  return pid;
-}
-
-/** The host pid of a container's agent, when it is the only process left: the check that a scrub worked. */
-async function soleProcess(shell: WarmShell): Promise<number> {
-  const pids = await shell.cgroup.members();
-  if (pids.length !== 1 || pids[0] === undefined) {
-    throw new SandgymError(
-      'platform_error',
-      `Container ${shell.slot} holds ${pids.length} processes, not its agent alone`,
-    );
-  }
-  return pids[0];
-}
-
 function mib(n: number): number {
   return n * 2 ** 20;
-}
-
-/** Removes every upper and work dir of a container's folder (a renewed root leaves numbered ones). */
-async function removeWritableLayers(dir: string): Promise<void> {
-  const rw = join(dir, 'rw');
-  const names = (await readdir(rw)).filter((name) => /^(upper|work)(-\d+)?$/.test(name));
-  await Promise.all(names.map((name) => rm(join(rw, name), { recursive: true, force: true, maxRetries: 3 })));
 }

@@ -1,10 +1,8 @@
-import { readFile } from 'node:fs/promises';
-import { join } from 'node:path';
 import { z } from 'zod';
-import { parseAt, writeFileAtomic } from '../../common/index.ts';
+import { nodeRecordSchema, readNodeRecord, writeNodeRecord } from '../host/node-records.ts';
 
-/** What a container sandbox's folder records about it, so any process can list, kill or reap it. */
-export const containerStateSchema = z.object({
+/** What a container sandbox's folder records about it (see {@link nodeRecordSchema}). */
+export const containerStateSchema = nodeRecordSchema.extend({
   /** The sandbox it serves; for a pooled shell, its slot. */
   id: z.string(),
   /** The name of its folder, cgroups and runtime state (the id, for a sandbox created cold). */
@@ -21,10 +19,6 @@ export const containerStateSchema = z.object({
     })
     .optional(),
   backend: z.literal('container'),
-  owner: z.object({ pid: z.number().int(), startTime: z.number() }),
-  createdAt: z.string(),
-  layers: z.array(z.string()),
-  labels: z.record(z.string(), z.string()),
   /** Set for sandboxes that outlive their owner, to be adopted by its successor. */
   durable: z.boolean().optional(),
   /** The spec it was created from, so a successor can rebuild its handle. */
@@ -52,24 +46,12 @@ export const containerStateSchema = z.object({
 
 export type ContainerState = z.infer<typeof containerStateSchema>;
 
-export const STATE_FILE = 'state.json';
-
 /** `sync` is for durable sandboxes, which must find their state again after a power loss. */
 export function writeContainerState(dir: string, state: ContainerState, sync = true): Promise<void> {
-  return writeFileAtomic(join(dir, STATE_FILE), JSON.stringify(state, null, 2), { sync });
+  return writeNodeRecord(dir, state, sync);
 }
 
 /** The recorded state, or undefined for a folder whose creation never got that far. */
-export async function readContainerState(dir: string): Promise<ContainerState | undefined> {
-  let text: string;
-  try {
-    text = await readFile(join(dir, STATE_FILE), 'utf8');
-  } catch {
-    return undefined;
-  }
-  try {
-    return parseAt(containerStateSchema, JSON.parse(text), `sandbox state ${join(dir, STATE_FILE)}`);
-  } catch {
-    return undefined;
-  }
+export function readContainerState(dir: string): Promise<ContainerState | undefined> {
+  return readNodeRecord(dir, containerStateSchema);
 }

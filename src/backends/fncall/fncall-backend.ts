@@ -10,6 +10,7 @@ import type {
 import type { ContainerBackend } from '../container/container-backend.ts';
 import { FnCallSandbox } from './fncall-sandbox.ts';
 import { WorkerSet } from './worker-set.ts';
+import { reclaimExpiredOf } from '../internal/lifetime.ts';
 
 /** Options for {@link FnCallBackend}. */
 export interface FnCallBackendOptions {
@@ -44,7 +45,7 @@ export const FNCALL_WORKER_LABEL = 'sandgym.fncall-worker';
 export class FnCallBackend implements Backend {
   readonly name = 'fncall' as const;
   readonly capabilities = CAPABILITIES;
-  private readonly live = new Map<string, FnCallSandbox>();
+  private readonly sandboxes = new Map<string, FnCallSandbox>();
   private readonly sets = new Map<string, WorkerSet>();
   private readonly logger: Logger;
   private readonly reaper: NodeJS.Timeout;
@@ -98,15 +99,15 @@ export class FnCallBackend implements Backend {
     const sandbox = new FnCallSandbox(
       spec,
       () => this.workersFor(spec),
-      (closed) => this.live.delete(closed.id),
+      (closed) => this.sandboxes.delete(closed.id),
     );
-    this.live.set(spec.id, sandbox);
+    this.sandboxes.set(spec.id, sandbox);
     return Promise.resolve(sandbox);
   }
 
   list(): Promise<SandboxRecord[]> {
     return Promise.resolve(
-      [...this.live.values()].map((sandbox) => ({
+      [...this.sandboxes.values()].map((sandbox) => ({
         id: sandbox.id,
         backend: 'fncall' as const,
         state: 'running' as const,
@@ -118,23 +119,32 @@ export class FnCallBackend implements Backend {
     );
   }
 
-  /** True for a FnCall sandbox of this process. */
-  has(id: string): boolean {
-    return this.live.has(id);
+  live(): FnCallSandbox[] {
+    return [...this.sandboxes.values()];
   }
 
-  liveSandboxes(): FnCallSandbox[] {
-    return [...this.live.values()];
+  /** A FnCall sandbox is a handle of the process that made it: no other process holds one. */
+  holds(id: string): Promise<boolean> {
+    return Promise.resolve(this.sandboxes.has(id));
+  }
+
+  /** A FnCall sandbox is only a handle: it dies with its process, and there is nothing to adopt. */
+  adopt(): Promise<FnCallSandbox[]> {
+    return Promise.resolve([]);
+  }
+
+  reclaimExpired(now = Date.now()): Promise<string[]> {
+    return reclaimExpiredOf(this.live(), now, this.logger);
   }
 
   attach(id: string): BackendSandbox {
-    const sandbox = this.live.get(id);
+    const sandbox = this.sandboxes.get(id);
     if (!sandbox) throw new SandgymError('not_found', `No FnCall sandbox "${id}" in this process`);
     return sandbox;
   }
 
   async kill(id: string): Promise<void> {
-    const sandbox = this.live.get(id);
+    const sandbox = this.sandboxes.get(id);
     if (!sandbox) throw new SandgymError('not_found', `No FnCall sandbox "${id}" in this process`);
     await sandbox.close();
   }
@@ -156,7 +166,7 @@ export class FnCallBackend implements Backend {
     if (this.isClosed) return;
     this.isClosed = true;
     clearInterval(this.reaper);
-    for (const sandbox of this.live.values()) await sandbox.close();
+    for (const sandbox of this.sandboxes.values()) await sandbox.close();
     const sets = [...this.sets.values()];
     this.sets.clear();
     await Promise.allSettled(sets.map((set) => set.close()));

@@ -18,6 +18,7 @@ import type {
 import type { ContainerSandbox } from '../container/container-sandbox.ts';
 import { collectExec, streamExec } from '../collect-exec.ts';
 import { checkArgv, checkSandboxPath, throwIfAborted } from '../internal/checks.ts';
+import { expiryOf } from '../internal/lifetime.ts';
 import type { WorkerSet } from './worker-set.ts';
 
 /** The most a FnCall sandbox may hold in files written with writeFile. */
@@ -42,6 +43,7 @@ export class FnCallSandbox implements BackendSandbox {
   private stagedBytes = 0;
   private inFlight = 0;
   private active = Date.now();
+  private failureReason: FailureReason | undefined;
 
   constructor(
     private readonly spec: SandboxSpec,
@@ -57,7 +59,16 @@ export class FnCallSandbox implements BackendSandbox {
   }
 
   get failure(): FailureReason | undefined {
-    return undefined;
+    return this.failureReason;
+  }
+
+  expiresAt(): number | undefined {
+    return expiryOf(this.spec.lifetime, this);
+  }
+
+  async reclaim(reason: FailureReason): Promise<void> {
+    this.failureReason = reason;
+    await this.close();
   }
 
   get layers(): readonly LayerImage[] {
@@ -90,7 +101,7 @@ export class FnCallSandbox implements BackendSandbox {
     if (this.currentState !== 'running') {
       throw new SandgymError(
         'failed_precondition',
-        `Cannot ${what}: sandbox ${this.id} is ${this.currentState}`,
+        `Cannot ${what}: sandbox ${this.id} is ${this.currentState}${this.failureReason ? ` (${this.failureReason})` : ''}`,
       );
     }
     this.inFlight++;

@@ -72,7 +72,7 @@ export class WorkerSet {
   async release(worker: ContainerSandbox): Promise<void> {
     this.lastUsed = Date.now();
     try {
-      if (await this.containers.holdsState(worker)) await this.containers.renewRoot(worker);
+      if (await this.containers.reuse.holdsState(worker)) await this.containers.reuse.renewRoot(worker);
     } catch (error) {
       this.logger.warn(
         { id: worker.id, error: messageOf(error) },

@@ -27,6 +27,7 @@ import type { FilterReport } from '../host/diff-filter.ts';
 import type { AgentChannel } from './agent-channel.ts';
 import type { AgentExit } from './agent-protocol.ts';
 import { checkArgv, checkEnv, checkSandboxPath, throwIfAborted } from './checks.ts';
+import { expiryOf } from './lifetime.ts';
 import { resolveUser, type ResolvedUser } from './users.ts';
 
 /**
@@ -117,12 +118,7 @@ export abstract class AgentSandbox implements BackendSandbox {
 
   /** When its lifetime (idle TTL, hard deadline) says it must go, or undefined. */
   expiresAt(): number | undefined {
-    const { idleTtlMs, deadlineMs } = this.spec.lifetime ?? {};
-    const limits = [
-      ...(deadlineMs === undefined ? [] : [this.createdAt + deadlineMs]),
-      ...(idleTtlMs === undefined || this.activeCalls > 0 ? [] : [this.lastActiveAt + idleTtlMs]),
-    ];
-    return limits.length ? Math.min(...limits) : undefined;
+    return expiryOf(this.spec.lifetime, this);
   }
 
   /** Ends the sandbox for a platform reason (its lifetime ran out), which its handle then reports. */

@@ -6,7 +6,6 @@ import {
   createMsgpackCodec,
   messageOf,
   silentLogger,
-  writeFileAtomic,
   type Codec,
   type Logger,
 } from '../../common/index.ts';
@@ -20,8 +19,10 @@ import type {
   SandboxSpec,
 } from '../contract.ts';
 import { agentBinaryPath, hostProgram } from '../host/paths.ts';
+import { listedRecord, nodeRecordSchema, readNodeRecord, writeNodeRecord } from '../host/node-records.ts';
 import { isAlive, processIdentity, signalProcess, type ProcessIdentity } from '../host/processes.ts';
 import { runProgram } from '../host/run-program.ts';
+import { reclaimExpiredOf } from '../internal/lifetime.ts';
 import { cpioArchive } from './cpio.ts';
 import { ensureGuestKernel, type GuestKernel } from './guest-kernel.ts';
 import { ensureVmImage, type VmImage } from './vm-image.ts';
@@ -68,15 +69,10 @@ const STOP_GRACE_MS = 3_000;
 const MIN_VM_MEMORY_MIB = 384;
 const RESTORE_SYNC_MS = 30_000;
 
-const vmStateSchema = z.object({
-  id: z.string(),
+const vmStateSchema = nodeRecordSchema.extend({
   backend: z.enum(['microvm', 'vm']),
-  owner: z.object({ pid: z.number().int(), startTime: z.number() }),
   /** The QEMU process, so another process can end it. */
   qemu: z.object({ pid: z.number().int(), startTime: z.number() }).optional(),
-  createdAt: z.string(),
-  layers: z.array(z.string()),
-  labels: z.record(z.string(), z.string()),
 });
 type VmState = z.infer<typeof vmStateSchema>;
 
@@ -91,7 +87,7 @@ type VmState = z.infer<typeof vmStateSchema>;
 export class VmBackend implements Backend {
   readonly name: 'microvm' | 'vm';
   readonly capabilities = CAPABILITIES;
-  private readonly live = new Map<string, VmSandbox>();
+  private readonly sandboxes = new Map<string, VmSandbox>();
   private readonly logger: Logger;
   private readonly codec: Codec;
   private isClosed = false;
@@ -190,7 +186,7 @@ export class VmBackend implements Backend {
       destroy: (s) => this.destroy(s),
       replaced: (next) => this.saveState(launch.dir, spec, next, createdAt),
     });
-    this.live.set(spec.id, sandbox);
+    this.sandboxes.set(spec.id, sandbox);
     return sandbox;
   }
 
@@ -339,15 +335,11 @@ export class VmBackend implements Backend {
       layers: spec.layers.map((layer) => layer.digest),
       labels: spec.labels,
     };
-    await writeFileAtomic(join(dir, 'state.json'), JSON.stringify(state), { sync: false });
+    await writeNodeRecord(dir, state, false);
   }
 
-  private async readState(id: string): Promise<VmState | undefined> {
-    try {
-      return vmStateSchema.parse(JSON.parse(await readFile(join(this.dirOf(id), 'state.json'), 'utf8')));
-    } catch {
-      return undefined;
-    }
+  private readState(id: string): Promise<VmState | undefined> {
+    return readNodeRecord(this.dirOf(id), vmStateSchema);
   }
 
   private async destroy(sandbox: VmSandbox): Promise<void> {
@@ -356,17 +348,13 @@ export class VmBackend implements Backend {
       await sandbox.stopVm(STOP_GRACE_MS);
       await rm(this.dirOf(sandbox.id), { recursive: true, force: true });
     } finally {
-      this.live.delete(sandbox.id);
+      this.sandboxes.delete(sandbox.id);
       sandbox.markStopped();
     }
   }
 
-  has(id: string): boolean {
-    return this.live.has(id);
-  }
-
   attach(id: string): BackendSandbox {
-    const sandbox = this.live.get(id);
+    const sandbox = this.sandboxes.get(id);
     if (!sandbox)
       throw new SandgymError('not_found', `No live ${this.name} "${id}" of this process: see "sandgym ps"`);
     return sandbox;
@@ -377,27 +365,19 @@ export class VmBackend implements Backend {
     for (const id of await readdir(this.vmsDir).catch(() => [] as string[])) {
       const state = await this.readState(id);
       if (!state) continue;
-      const paused = this.live.get(id)?.state === 'paused';
-      records.push({
-        id: state.id,
-        backend: this.name,
-        state: !(await isAlive(state.owner)) ? 'orphaned' : paused ? 'paused' : 'running',
-        ownerPid: state.owner.pid,
-        createdAt: state.createdAt,
-        labels: state.labels,
-        layers: state.layers,
-      });
+      const paused = () => Promise.resolve(this.sandboxes.get(id)?.state === 'paused');
+      records.push(await listedRecord(state, this.name, paused));
     }
     return records;
   }
 
   /** Whether this node has a VM of that id, whichever process owns it. */
   async holds(id: string): Promise<boolean> {
-    return this.live.has(id) || (await this.readState(id)) !== undefined;
+    return this.sandboxes.has(id) || (await this.readState(id)) !== undefined;
   }
 
   async kill(id: string): Promise<void> {
-    const mine = this.live.get(id);
+    const mine = this.sandboxes.get(id);
     if (mine) return mine.close();
     const state = await this.readState(id);
     if (!state) throw new SandgymError('not_found', `No ${this.name} "${id}" on this node: see "sandgym ps"`);
@@ -422,7 +402,7 @@ export class VmBackend implements Backend {
   async gc(): Promise<GcReport> {
     const report: GcReport = { sandboxes: [], mounts: [], cgroups: [] };
     for (const id of await readdir(this.vmsDir).catch(() => [] as string[])) {
-      if (this.live.has(id)) continue;
+      if (this.sandboxes.has(id)) continue;
       const state = await this.readState(id);
       if (state && (await isAlive(state.owner))) continue;
       await this.removeResidue(
@@ -438,14 +418,26 @@ export class VmBackend implements Backend {
     return Promise.resolve({ unmounted: [], removedCopies: [] });
   }
 
-  liveSandboxes(): VmSandbox[] {
-    return [...this.live.values()];
+  live(): VmSandbox[] {
+    return [...this.sandboxes.values()];
+  }
+
+  /**
+   * None yet: taking a VM over would mean reconnecting its QEMU's control and agent sockets and
+   * resynchronising the agent, which this backend does not do. gc ends what a dead owner left.
+   */
+  adopt(): Promise<VmSandbox[]> {
+    return Promise.resolve([]);
+  }
+
+  reclaimExpired(now = Date.now()): Promise<string[]> {
+    return reclaimExpiredOf(this.live(), now, this.logger);
   }
 
   async close(): Promise<void> {
     if (this.isClosed) return;
     this.isClosed = true;
-    await Promise.all([...this.live.values()].map((sandbox) => sandbox.close().catch(() => undefined)));
+    await Promise.all([...this.sandboxes.values()].map((sandbox) => sandbox.close().catch(() => undefined)));
   }
 
   [Symbol.asyncDispose](): Promise<void> {

@@ -1,3 +1,4 @@
+import { BACKEND_NAMES } from '../../backends/index.ts';
 import { openPlatform } from './cluster.ts';
 import { parseCommandArgs, positiveInt, splitAtDoubleDash, text } from '../args.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
@@ -21,8 +22,10 @@ export async function runCommand(args: string[]): Promise<number> {
   const timeoutMs = positiveInt('timeout-ms', text(parsed, 'timeout-ms'));
   const environment = text(parsed, 'env');
   const backend = text(parsed, 'backend') ?? 'container';
-  if (!['container', 'fncall', 'microvm', 'vm'].includes(backend)) {
-    throw new UsageError(`sandgym run: --backend must be container, fncall, microvm or vm; got "${backend}"`);
+  if (!(BACKEND_NAMES as readonly string[]).includes(backend)) {
+    throw new UsageError(
+      `sandgym run: --backend must be one of ${BACKEND_NAMES.join(', ')}; got "${backend}"`,
+    );
   }
   const loadMode = text(parsed, 'load-mode') ?? 'ondemand';
   if (loadMode !== 'ondemand' && loadMode !== 'eager' && loadMode !== 'tar') {

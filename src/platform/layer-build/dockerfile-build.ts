@@ -13,10 +13,10 @@ import {
   writeFile,
 } from 'node:fs/promises';
 import { basename, dirname, join, posix, resolve } from 'node:path';
+import type { BackendSandbox } from '../../backends/index.ts';
 import { SandgymError } from '../../common/index.ts';
-import type { Environment, ImageMetadata, ProjectStore } from '../layer-store.ts';
-import type { Sandbox } from '../platform-client.ts';
-import { standInFor } from '../base-environments.ts';
+import type { Environment, ImageMetadata, ProjectStore } from '../store/layer-store.ts';
+import { standInFor } from '../store/base-environments.ts';
 import { BuildContext } from './build-context.ts';
 import { pullImage, type RegistryOptions } from './from-registry.ts';
 import { parseImageReference, type ImageReference } from './image-reference.ts';
@@ -39,7 +39,7 @@ export interface BuildHost {
     layers: string[],
     config: Environment['config'],
     options?: { network?: string[] },
-  ): Promise<Sandbox>;
+  ): Promise<BackendSandbox>;
   /** Hands `consume` a read-only view of a layer stack's merged tree on this host. */
   withLayerStack<T>(layers: readonly string[], consume: (root: string) => Promise<T>): Promise<T>;
   /** The network rules RUN steps get unless a build names its own: the node's package mirrors. */

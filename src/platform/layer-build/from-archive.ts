@@ -1,6 +1,6 @@
 import { rm } from 'node:fs/promises';
 import { resolve } from 'node:path';
-import type { LayerManifest, ProjectStore } from '../layer-store.ts';
+import type { LayerManifest, ProjectStore } from '../store/layer-store.ts';
 import { extractTar, normaliseFolderTimes, openTar } from './tar-extract.ts';
 
 /**

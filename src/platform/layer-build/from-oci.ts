@@ -2,7 +2,7 @@ import { readFile, rm, stat } from 'node:fs/promises';
 import { join, resolve, sep } from 'node:path';
 import { z } from 'zod';
 import { SandgymError, parseAt } from '../../common/index.ts';
-import type { Environment, ImageMetadata, LayerManifest, ProjectStore } from '../layer-store.ts';
+import type { Environment, ImageMetadata, LayerManifest, ProjectStore } from '../store/layer-store.ts';
 import { extractTar, normaliseFolderTimes, openTar } from './tar-extract.ts';
 
 const dockerManifestSchema = z

@@ -3,7 +3,7 @@ import { mkdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { runProgram } from '../../backends/index.ts';
 import { SandgymError } from '../../common/index.ts';
-import type { Environment, ProjectStore } from '../layer-store.ts';
+import type { Environment, ProjectStore } from '../store/layer-store.ts';
 import { buildLayerFromOci } from './from-oci.ts';
 import {
   isLoopbackRegistry,

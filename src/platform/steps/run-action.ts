@@ -1,5 +1,5 @@
 import { isSandgymError, messageOf, type FailureReason } from '../../common/index.ts';
-import type { BackendSandbox } from '../../backends/index.ts';
+import type { Sandbox } from '../sandbox.ts';
 import type { SandboxAction, SandboxObservation } from './actions.ts';
 import { inSession } from './shell-session.ts';
 import type { StepOptions, StepRecordResult } from './step-types.ts';
@@ -31,7 +31,7 @@ function done(observation: SandboxObservation, terminated = false): StepRecordRe
  * did wrong is a typed `infra_failure`. A lost node is thrown: there is no result to record.
  */
 export async function runAction(
-  sandbox: BackendSandbox,
+  sandbox: Sandbox,
   action: SandboxAction,
   options: StepOptions,
 ): Promise<StepRecordResult> {

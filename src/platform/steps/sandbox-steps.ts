@@ -1,5 +1,5 @@
 import { SandgymError, faultPoint, parseAt } from '../../common/index.ts';
-import type { BackendSandbox } from '../../backends/index.ts';
+import type { Sandbox } from '../sandbox.ts';
 import { lookupStep, sameValue } from '../exactly-once.ts';
 import type { TrajectoryLog } from '../trajectory-log.ts';
 import { sandboxActionSchema } from './actions.ts';
@@ -29,7 +29,7 @@ export class SandboxSteps {
   private auditedPaths = '';
 
   constructor(
-    readonly sandbox: BackendSandbox,
+    readonly sandbox: Sandbox,
     private readonly log: TrajectoryLog,
   ) {}
 

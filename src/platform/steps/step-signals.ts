@@ -1,5 +1,6 @@
 import { messageOf } from '../../common/index.ts';
-import type { BackendSandbox, StepCounters } from '../../backends/index.ts';
+import type { StepCounters } from '../../backends/index.ts';
+import type { Sandbox } from '../sandbox.ts';
 import type { SandboxObservation } from './actions.ts';
 
 /** A limit a step ran into (`log`: the sandbox's trajectory log is past its cap, see TrajectoryLog). */
@@ -40,7 +41,7 @@ export class StepAuditor {
   private mark: Mark | undefined;
 
   constructor(
-    readonly sandbox: BackendSandbox,
+    readonly sandbox: Sandbox,
     private readonly protectedPaths: readonly string[],
   ) {}
 

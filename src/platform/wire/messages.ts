@@ -1,6 +1,7 @@
 import { z } from 'zod';
+import { BACKEND_NAMES } from '../../backends/index.ts';
 import { textWithoutNul } from '../../common/index.ts';
-import { environmentSchema, layerManifestSchema } from '../layer-store.ts';
+import { environmentSchema, layerManifestSchema } from '../store/layer-store.ts';
 import { networkRulesSchema, sandboxRequestSchema } from '../sandbox-request.ts';
 
 /**
@@ -27,7 +28,8 @@ export const createRequest = z.strictObject({
   runName: z.string().max(128).optional(),
 });
 
-const layerImage = z.object({ digest: z.string(), path: z.string(), sizeBytes: count.optional() });
+/** A layer under a sandbox as clients see it: never its path on the node. */
+const sandboxLayer = z.object({ digest: z.string(), sizeBytes: count.optional() });
 const sandboxState = z.enum(['creating', 'running', 'paused', 'hibernated', 'stopping', 'stopped', 'failed']);
 const failureReason = z.enum([
   'oom',
@@ -41,10 +43,10 @@ const failureReason = z.enum([
 
 export const sandboxInfo = z.object({
   id: z.string(),
-  backend: z.enum(['container', 'fncall', 'microvm', 'vm']),
+  backend: z.enum(BACKEND_NAMES),
   state: sandboxState,
   failure: failureReason.nullable(),
-  layers: z.array(layerImage),
+  layers: z.array(sandboxLayer),
   labels: z.record(z.string(), z.string()),
   resources: z.object({
     cpu: z.number(),
@@ -192,7 +194,7 @@ export const sandboxRecords = z.object({
   sandboxes: z.array(
     z.object({
       id: z.string(),
-      backend: z.enum(['container', 'fncall', 'microvm', 'vm']),
+      backend: z.enum(BACKEND_NAMES),
       state: z.enum(['running', 'paused', 'orphaned']),
       ownerPid: z.number().int(),
       createdAt: z.string(),
@@ -286,7 +288,7 @@ export const trajectory = z.object({ records: z.array(trajectoryRecord) });
 /** What a node agent reports to the controllers' watchers. */
 export const nodeStatus = z.object({
   nodeId: z.string(),
-  backends: z.array(z.enum(['container', 'fncall', 'microvm', 'vm'])),
+  backends: z.array(z.enum(BACKEND_NAMES)),
   healthy: z.boolean(),
   sandboxes: count,
   capacity: count,

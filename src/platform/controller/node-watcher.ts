@@ -1,6 +1,6 @@
-import { SandgymError, type Logger } from '../common/index.ts';
+import { SandgymError, type Logger } from '../../common/index.ts';
 import type { NodeLoad } from './placement.ts';
-import { NODE, RUNS, SANDBOXES, WireClient, type NodeStatus } from './wire/index.ts';
+import { NODE, RUNS, SANDBOXES, WireClient, type NodeStatus } from '../wire/index.ts';
 
 interface Watched {
   address: string;

@@ -1,8 +1,8 @@
-import { SandgymError, isSandgymError, nodeOfSandboxId, type Logger } from '../common/index.ts';
+import { SandgymError, isSandgymError, nodeOfSandboxId, type Logger } from '../../common/index.ts';
 import { FairQueue } from './fair-queue.ts';
 import { NodeWatcher } from './node-watcher.ts';
 import { Placer, type Demand } from './placement.ts';
-import { sandboxRequestSchema } from './sandbox-request.ts';
+import { sandboxRequestSchema } from '../sandbox-request.ts';
 import {
   PROJECT_KEY,
   RUNS,
@@ -14,8 +14,8 @@ import {
   type SandboxInfo,
   type WireCallOptions,
   type WireClient,
-} from './wire/index.ts';
-import type { RunStatus as RunStatusMessage } from './runs.ts';
+} from '../wire/index.ts';
+import type { RunStatus as RunStatusMessage } from '../runs.ts';
 
 /** A project a token maps to, and its quota. */
 export interface ProjectGrant {

@@ -1,10 +1,10 @@
-import type { CallOptions, GcReport, SandboxRecord } from '../backends/index.ts';
-import type { StepLog } from './exactly-once.ts';
-import { forkSandbox } from './fork.ts';
-import type { HostPlatform, SandboxGroupNetwork } from './host-platform.ts';
-import type { DockerfileBuildOptions, DockerfileBuildResult } from './layer-build/dockerfile-build.ts';
-import type { Environment, ProjectStore } from './layer-store.ts';
-import type { LocalPlatform } from './local-platform.ts';
+import type { CallOptions, GcReport, SandboxRecord } from '../../backends/index.ts';
+import type { StepLog } from '../exactly-once.ts';
+import { forkSandbox } from '../fork.ts';
+import type { HostPlatform, SandboxGroupNetwork } from '../host-platform.ts';
+import type { DockerfileBuildOptions, DockerfileBuildResult } from '../layer-build/dockerfile-build.ts';
+import type { Environment, ProjectStore } from '../store/layer-store.ts';
+import type { LocalPlatform } from '../local-platform.ts';
 import type {
   LayerGcOptions,
   LayerGcReport,
@@ -12,11 +12,11 @@ import type {
   PackDiffResult,
   Sandbox,
   SandboxGroup,
-} from './platform-client.ts';
-import type { Run, RunOptions } from './runs.ts';
-import { PROJECT_LABEL } from './runs.ts';
-import type { SandboxRequest } from './sandbox-request.ts';
-import type { StepReply, StepRequest } from './steps/step-types.ts';
+} from '../platform-client.ts';
+import type { Run, RunOptions } from '../runs.ts';
+import { PROJECT_LABEL } from '../runs.ts';
+import type { SandboxRequest } from '../sandbox-request.ts';
+import type { StepReply, StepRequest } from '../steps/step-types.ts';
 
 /** What a node agent lends a project's in-process client: its admission and its ownership checks. */
 export interface NodeForProject {

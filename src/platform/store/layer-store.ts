@@ -3,8 +3,13 @@ import { existsSync } from 'node:fs';
 import { copyFile, mkdir, readFile, readdir, rename, rm, stat, open, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
-import { buildErofsImage, sha256OfFile, type ErofsBuildOptions, type LayerImage } from '../backends/index.ts';
-import { SandgymError, parseAt, writeFileAtomic } from '../common/index.ts';
+import {
+  buildErofsImage,
+  sha256OfFile,
+  type ErofsBuildOptions,
+  type LayerImage,
+} from '../../backends/index.ts';
+import { SandgymError, parseAt, writeFileAtomic } from '../../common/index.ts';
 
 const DIGEST = /^sha256:[0-9a-f]{64}$/;
 /** A project's name, as tokens map to them (the same rule as the wire's). */

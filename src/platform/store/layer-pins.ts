@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
-import type { ProcessIdentity } from '../backends/index.ts';
+import type { ProcessIdentity } from '../../backends/index.ts';
 import { PIN_STALE_MS, type LayerStore, type PinRecord } from './layer-store.ts';
 
 /** How long a layer this process made or is about to mount stays pinned without a sandbox on it. */

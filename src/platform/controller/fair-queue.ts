@@ -1,4 +1,4 @@
-import { SandgymError } from '../common/index.ts';
+import { SandgymError } from '../../common/index.ts';
 
 interface Waiter {
   wake: () => void;

@@ -1,6 +1,6 @@
 import { rm } from 'node:fs/promises';
-import { buildBusyboxRootfs, buildDebianRootfs } from '../backends/index.ts';
-import type { Logger } from '../common/index.ts';
+import { buildBusyboxRootfs, buildDebianRootfs } from '../../backends/index.ts';
+import type { Logger } from '../../common/index.ts';
 import type { LayerStore } from './layer-store.ts';
 
 /** A base environment that `sandgym setup` builds once and caches in the store. */

@@ -1,5 +1,5 @@
-import { hostAvailableMib } from '../backends/index.ts';
-import { SandgymError } from '../common/index.ts';
+import { hostAvailableMib } from '../../backends/index.ts';
+import { SandgymError } from '../../common/index.ts';
 
 /** How a node promises memory. */
 export interface MemoryPolicy {

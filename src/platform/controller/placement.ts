@@ -1,4 +1,4 @@
-import type { BackendName } from '../backends/index.ts';
+import type { BackendName } from '../../backends/index.ts';
 
 /** What placement knows of a node: its last reported load. */
 export interface NodeLoad {

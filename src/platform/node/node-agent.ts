@@ -1,12 +1,12 @@
 import { totalmem } from 'node:os';
-import { SandgymError, definedFields, type Logger } from '../common/index.ts';
-import type { BackendSandbox, ExecOptions, LoadMode } from '../backends/index.ts';
-import type { LocalPlatform } from './local-platform.ts';
-import type { SandboxRequest } from './sandbox-request.ts';
-import type { StepRequest } from './steps/step-types.ts';
-import { PROJECT_LABEL } from './runs.ts';
+import { SandgymError, definedFields, type Logger } from '../../common/index.ts';
+import type { BackendSandbox, ExecOptions, LoadMode } from '../../backends/index.ts';
+import type { LocalPlatform } from '../local-platform.ts';
+import type { SandboxRequest } from '../sandbox-request.ts';
+import type { StepRequest } from '../steps/step-types.ts';
+import { PROJECT_LABEL } from '../runs.ts';
 import { MemoryAdmission } from './memory-admission.ts';
-import { sandboxRequestSchema } from './sandbox-request.ts';
+import { sandboxRequestSchema } from '../sandbox-request.ts';
 import {
   NODE,
   RUNS,
@@ -20,7 +20,7 @@ import {
   type NodeStatus,
   type Registration,
   type SandboxInfo,
-} from './wire/index.ts';
+} from '../wire/index.ts';
 import { NodeProjectClient } from './node-project-client.ts';
 
 /** Options for {@link NodeAgent.start}. */

@@ -1,0 +1,97 @@
+import { SandgymError } from '../../common/index.ts';
+import type { GroupNetwork } from '../host/group-network.ts';
+import { checkRuleBook, resolveRules, type NetworkRuleBook } from '../host/network-rules.ts';
+import { NodeNetwork, removeStaleNetwork, type NetworkAttachment } from '../host/node-network.ts';
+import type { WarmShell } from './warm-pool.ts';
+
+/**
+ * What containers may reach beyond loopback: the node network (built when the first container
+ * is given egress, removed with the backend), each container's veth on it and the rules its
+ * policy names from the node's rule book, and group networks for a task's services.
+ */
+export class ContainerEgress {
+  /** The node network, built when the first sandbox is given egress. */
+  private network: Promise<NodeNetwork> | undefined;
+  /** Containers on the node network, by slot. */
+  private readonly attached = new Map<string, Promise<NetworkAttachment>>();
+
+  constructor(
+    private readonly dataDir: string,
+    readonly ruleBook: NetworkRuleBook,
+  ) {
+    checkRuleBook(ruleBook);
+  }
+
+  /** Fails on a rule name the node's rule book lacks, before anything starts. */
+  check(rules: readonly string[]): void {
+    resolveRules(rules, this.ruleBook);
+  }
+
+  /**
+   * Points a container's network at the addresses `rules` name. The first rules that allow
+   * anything give it a veth on the node network; later ones only rewrite its rules (an emptied
+   * policy keeps the veth, so what it still tries is counted).
+   */
+  async set(shell: WarmShell, rules: readonly string[]): Promise<void> {
+    const targets = resolveRules(rules, this.ruleBook);
+    let attaching = this.attached.get(shell.slot);
+    if (!attaching) {
+      if (targets.length === 0) return;
+      attaching = (async () => {
+        const network = await this.nodeNetwork();
+        return network.attach(shell.agentPid ?? (await soleOrFirstProcess(shell)));
+      })();
+      this.attached.set(shell.slot, attaching);
+      attaching.catch(() => this.attached.delete(shell.slot));
+    }
+    const attachment = await attaching;
+    await (await this.nodeNetwork()).allow(attachment, targets);
+  }
+
+  private nodeNetwork(): Promise<NodeNetwork> {
+    if (!this.network) {
+      const opening = NodeNetwork.open(this.dataDir);
+      this.network = opening;
+      opening.catch(() => (this.network = undefined));
+    }
+    return this.network;
+  }
+
+  /** Whether a container has a veth on the node network. */
+  isAttached(slot: string): boolean {
+    return this.attached.has(slot);
+  }
+
+  /** Packets of a container its rules dropped for want of a route. */
+  async denied(slot: string): Promise<number> {
+    const attachment = await this.attached.get(slot)?.catch(() => undefined);
+    if (!attachment || !this.network) return 0;
+    return (await this.network).denied(attachment);
+  }
+
+  /** Puts a container on a group network; its address there. */
+  async joinGroup(shell: WarmShell, group: GroupNetwork): Promise<string> {
+    return group.join(shell.agentPid ?? (await soleOrFirstProcess(shell)));
+  }
+
+  /** Takes a container off the node network: back to loopback only. */
+  async detach(slot: string): Promise<void> {
+    const attachment = await this.attached.get(slot)?.catch(() => undefined);
+    this.attached.delete(slot);
+    if (attachment && this.network) await (await this.network).detach(attachment);
+  }
+
+  /** The node network goes with the last sandbox; one a crashed predecessor left goes too. */
+  async close(): Promise<void> {
+    if (this.network) return (await this.network).close();
+    await removeStaleNetwork(this.dataDir);
+  }
+}
+
+/** A pid in the container's network namespace: its agent, found when the shell does not know it. */
+async function soleOrFirstProcess(shell: WarmShell): Promise<number> {
+  const [pid] = await shell.cgroup.members();
+  if (pid === undefined)
+    throw new SandgymError('failed_precondition', `Container ${shell.slot} has no process left`);
+  return pid;
+}

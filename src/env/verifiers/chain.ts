@@ -1,0 +1,102 @@
+import { SandgymError } from '../../common/index.ts';
+import type { PlatformClient, Sandbox } from '../../platform/index.ts';
+import type { Deadline } from '../deadline.ts';
+import type { Task } from '../tasks/task.ts';
+
+/** What a verifier works with: the grading sandbox (task layers plus the agent's diff). */
+export interface VerifyContext {
+  task: Task;
+  grader: Sandbox;
+  workdir: string;
+  /** The platform, for verifiers that run calls of their own (OJ judges through FnCall). */
+  platform: PlatformClient;
+  /** The clean environment the grader was built on, without the agent's changes. */
+  environment: string;
+  /** What is left of the grading's time: every call in the grader takes its timeout from it. */
+  deadline: Deadline;
+  /**
+   * The user the task's tests run as (its verifier user, else its image's USER); absent: root.
+   * The grader's own steps (staging, reading the reward) run as root.
+   */
+  user?: string;
+}
+
+/** Exec options that run a command as the tests' user; /logs/verifier is theirs to write. */
+export async function asTestUser(
+  grader: Sandbox,
+  user: string | undefined,
+  deadline: Deadline,
+): Promise<{ user?: string }> {
+  if (!user) return {};
+  const chown = await grader.exec(['chown', '-R', user, '/logs/verifier'], deadline.call());
+  if (chown.exitCode !== 0)
+    throw new SandgymError(
+      'invalid_argument',
+      `The tests are to run as "${user}", which the image does not know: ${chown.stderr.trim()}`,
+    );
+  return { user };
+}
+
+/**
+ * A verifier run that went wrong in a way either side could have caused: the tests ran out of
+ * time, the reward is missing or not a number in range, the runner never reported. The agent's
+ * code runs inside the tests, so it can hang them or write a bad reward; a broken verifier does
+ * the same. The grader tells them apart by running the verifier again without the agent's
+ * changes (see TaskEnv.grade): if that run is sound, the agent's changes caused it and the
+ * episode scores 0; if it fails too, the verifier is at fault (`verifier_error`).
+ */
+export class GradingAnomaly extends SandgymError {
+  constructor(
+    readonly kind: 'timeout' | 'no_reward' | 'bad_reward' | 'no_report',
+    message: string,
+  ) {
+    super('failed_precondition', message);
+  }
+}
+
+/** A verifier's verdict: the reward and what led to it. */
+export interface VerifierResult {
+  reward: number;
+  details: Record<string, unknown>;
+}
+
+/** An interceptor: it may decide, or call `next` and adjust what the rest decided. */
+export type Verifier = (
+  context: VerifyContext,
+  next: () => Promise<VerifierResult>,
+) => Promise<VerifierResult>;
+
+/** Runs the chain in order; the last verifier's `next` fails, since no one decided. */
+export function runVerifiers(
+  verifiers: readonly Verifier[],
+  context: VerifyContext,
+): Promise<VerifierResult> {
+  const at = (index: number): Promise<VerifierResult> => {
+    const verifier = verifiers[index];
+    if (!verifier)
+      return Promise.reject(
+        new SandgymError('failed_precondition', `No verifier decided a reward for task ${context.task.id}`),
+      );
+    return verifier(context, () => at(index + 1));
+  };
+  return at(0);
+}
+
+/** A verifier from a plain function of the context. */
+export function customVerifier(decide: (context: VerifyContext) => Promise<VerifierResult>): Verifier {
+  return (context) => decide(context);
+}
+
+/** How much of a verifier's output the report keeps, per stream: its end, where the verdict is. */
+const OUTPUT_TAIL_CHARS = 4000;
+
+/** The ends of a verifier run's stdout and stderr, for the report. */
+export function outputTails(run: { stdout: string; stderr: string }): {
+  stdoutTail: string;
+  stderrTail: string;
+} {
+  return {
+    stdoutTail: run.stdout.slice(-OUTPUT_TAIL_CHARS),
+    stderrTail: run.stderr.slice(-OUTPUT_TAIL_CHARS),
+  };
+}

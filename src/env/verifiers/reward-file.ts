@@ -1,0 +1,104 @@
+import { stageFolder } from '../stage-folder.ts';
+import { GradingAnomaly, asTestUser, outputTails, type Verifier } from './chain.ts';
+
+/** A reward and, from a reward.json, each named metric. */
+interface ParsedReward {
+  reward: number;
+  metrics?: Record<string, number>;
+}
+
+/**
+ * Reads reward.txt (one number) or reward.json (named numbers: `reward`, else their mean). Every
+ * value must be a finite number within the task's range; anything else (text, NaN, Infinity,
+ * 1e9, a nested object) is a {@link GradingAnomaly}, never a reward.
+ */
+export function parseReward(
+  text: string,
+  json: boolean,
+  [min, max]: readonly [number, number],
+): ParsedReward {
+  const inRange = (value: unknown, what: string): number => {
+    if (typeof value !== 'number' || !Number.isFinite(value) || value < min || value > max) {
+      throw new GradingAnomaly(
+        'bad_reward',
+        `${what} is ${JSON.stringify(value) ?? String(value)}, not a finite number in [${min}, ${max}]`,
+      );
+    }
+    return value;
+  };
+  if (!json) {
+    const trimmed = text.trim();
+    if (!/^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$/.test(trimmed))
+      throw new GradingAnomaly(
+        'bad_reward',
+        `reward.txt holds ${JSON.stringify(trimmed.slice(0, 80))}, not a number`,
+      );
+    return { reward: inRange(Number(trimmed), 'reward.txt') };
+  }
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(text);
+  } catch {
+    throw new GradingAnomaly('bad_reward', 'reward.json is not valid JSON');
+  }
+  if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed))
+    throw new GradingAnomaly('bad_reward', 'reward.json must be an object of named numbers');
+  const entries = Object.entries(parsed as Record<string, unknown>);
+  if (entries.length === 0) throw new GradingAnomaly('bad_reward', 'reward.json holds no number');
+  const metrics = Object.fromEntries(
+    entries.map(([name, value]) => [name, inRange(value, `reward.json "${name}"`)]),
+  );
+  const values = Object.values(metrics);
+  const reward = metrics['reward'] ?? values.reduce((a, b) => a + b, 0) / values.length;
+  return { reward, metrics };
+}
+
+/** The range rewards must fall in when a task names none. */
+export const DEFAULT_REWARD_RANGE: readonly [number, number] = [0, 1];
+
+/**
+ * Harbor: stages the task's tests at /tests (in the grader only), makes /logs/verifier anew and
+ * empty, runs /tests/test.sh through bash (executable or not), and reads reward.txt or
+ * reward.json over the agent channel. Every step takes its time from the grading's deadline.
+ */
+export function rewardFileVerifier(testsDir: string, timeoutMs: number): Verifier {
+  return async ({ grader, workdir, deadline, task, user }) => {
+    await stageFolder(grader, testsDir, '/tests', deadline);
+    await grader.exec(['rm', '-rf', '--', '/logs/verifier'], deadline.call());
+    await grader.exec(['mkdir', '-p', '/logs/verifier'], deadline.call());
+    const env = task.verifierEnv ?? {};
+    const runAs = await asTestUser(grader, user, deadline);
+    const runTests = (shell: string) =>
+      grader.exec([shell, '/tests/test.sh'], {
+        ...deadline.call(timeoutMs),
+        ...runAs,
+        cwd: workdir,
+        ...(Object.keys(env).length ? { env } : {}),
+      });
+    let run = await runTests('bash');
+    // an image without bash (busybox) runs the script with its sh
+    if (run.exitCode === 127 && /cannot run bash/.test(run.stderr)) run = await runTests('sh');
+    if (run.timedOut) throw new GradingAnomaly('timeout', `The tests ran out of their ${timeoutMs} ms`);
+    const files = (await grader.listDir('/logs/verifier', deadline.call())).map((e) => e.name);
+    const json = files.includes('reward.json');
+    if (!json && !files.includes('reward.txt')) {
+      throw new GradingAnomaly(
+        'no_reward',
+        `tests/test.sh ended (exit ${run.exitCode ?? run.signal}) without writing /logs/verifier/reward.txt or reward.json`,
+      );
+    }
+    const path = json ? '/logs/verifier/reward.json' : '/logs/verifier/reward.txt';
+    const text = (await grader.readFile(path, { ...deadline.call(), maxBytes: 1 << 20 })).toString();
+    const { reward, metrics } = parseReward(text, json, task.rewardRange ?? DEFAULT_REWARD_RANGE);
+    return {
+      reward,
+      details: {
+        reason: `tests/test.sh (exit ${run.exitCode ?? run.signal}) wrote ${json ? `reward.json ${text.trim().slice(0, 200)}` : `reward.txt ${text.trim()}`}`,
+        exitCode: run.exitCode,
+        ...outputTails(run),
+        rewardFile: true,
+        ...(metrics ? { metrics } : {}),
+      },
+    };
+  };
+}
