@@ -50,9 +50,22 @@ export { buildBusyboxRootfs, buildDebianRootfs } from './host/base-rootfs.ts';
 export type { DebianRootfsOptions } from './host/base-rootfs.ts';
 export { runProgram } from './host/run-program.ts';
 export { GroupNetwork } from './host/group-network.ts';
-export { BENCHMARK_PROGRAMS, TEST_PROGRAMS, installPrograms, prepareHost } from './host/host-setup.ts';
+export {
+  BENCHMARK_PROGRAMS,
+  TEST_PROGRAMS,
+  ensureAgentBinary,
+  installPrograms,
+  prepareHost,
+} from './host/host-setup.ts';
 export type { HostReport } from './host/host-setup.ts';
-export { agentBinaryPath, hostProgram, packageRoot } from './host/paths.ts';
+export {
+  INSTALLED_DATA_DIR,
+  agentBinaryPath,
+  defaultDataDir,
+  hostProgram,
+  isInstalledPackage,
+  packageRoot,
+} from './host/paths.ts';
 export { prepareDataFolder } from './host/data-folder.ts';
 export { isAlive, processIdentity } from './host/processes.ts';
 export type { ProcessIdentity } from './host/processes.ts';

@@ -2,25 +2,29 @@
  * The one error type of sandgym. `code` says what went wrong in a way a program can branch on,
  * `retryable` says whether the same call may succeed later, and the message names what to change.
  */
-export type SandgymErrorCode =
-  | 'invalid_argument'
-  | 'not_found'
-  | 'already_exists'
-  | 'failed_precondition'
-  | 'unsupported'
-  | 'permission_denied'
-  | 'resource_exhausted'
-  | 'timeout'
-  | 'cancelled'
-  | 'oom'
-  | 'agent_crash'
-  | 'admission_rejected'
-  | 'divergence'
-  /** A step started on a node that died before it was recorded: it may or may not have taken effect. */
-  | 'step_in_doubt'
-  | 'unauthenticated'
-  | 'node_lost'
-  | 'platform_error';
+export const SANDGYM_ERROR_CODES = [
+  'invalid_argument',
+  'not_found',
+  'already_exists',
+  'failed_precondition',
+  'unsupported',
+  'permission_denied',
+  'resource_exhausted',
+  'timeout',
+  'cancelled',
+  'oom',
+  'agent_crash',
+  'admission_rejected',
+  'divergence',
+  // a step started on a node that died before it was recorded: it may or may not have taken effect
+  'step_in_doubt',
+  'unauthenticated',
+  'node_lost',
+  'platform_error',
+] as const;
+
+/** One of {@link SANDGYM_ERROR_CODES}. */
+export type SandgymErrorCode = (typeof SANDGYM_ERROR_CODES)[number];
 
 /** Why a sandbox failed: an infrastructure outcome, never a reward of 0. */
 export type FailureReason =

@@ -1,5 +1,5 @@
 /** Shared foundations: errors, ids, the wire codec, the logger and validation helpers. */
-export { SandgymError, isSandgymError, messageOf } from './errors.ts';
+export { SANDGYM_ERROR_CODES, SandgymError, isSandgymError, messageOf } from './errors.ts';
 export type { SandgymErrorCode, FailureReason, SandgymErrorOptions } from './errors.ts';
 export { newSandboxId, isSandboxId, nodeOfSandboxId, nodeScopedId } from './ids.ts';
 export { createMsgpackCodec } from './codec.ts';

@@ -1,11 +1,6 @@
 /** The platform: layer store, environments, and the client that creates sandboxes. */
-export {
-  Platform,
-  LocalPlatform,
-  defaultDataDir,
-  defaultProject,
-  defaultStoreDir,
-} from './local-platform.ts';
+export { Platform, LocalPlatform, defaultProject, defaultStoreDir } from './local-platform.ts';
+export { defaultDataDir } from '../backends/index.ts';
 export type { ImageSources, LocalPlatformOptions } from './local-platform.ts';
 export { hostPlatformOf } from './host-platform.ts';
 export type { HostPlatform, SandboxGroupNetwork } from './host-platform.ts';
@@ -30,6 +25,7 @@ export type {
   PlatformClient,
   Sandbox,
   SandboxGroup,
+  SandboxLayer,
 } from './platform-client.ts';
 export { LayerStore, ProjectStore, parseEnvironmentRef } from './store/layer-store.ts';
 export type { Environment, EnvironmentInput, LayerManifest } from './store/layer-store.ts';

@@ -5,7 +5,7 @@ import {
   GroupNetwork,
   BACKEND_NAMES,
   FnCallBackend,
-  packageRoot,
+  defaultDataDir,
   prepareDataFolder,
   isAlive,
   processIdentity,
@@ -160,14 +160,6 @@ export function imageSourcesFromEnv(
     },
     ...(fallbackBase ? { fallbackBase } : {}),
   };
-}
-
-/**
- * Where the embedded platform keeps its data when not told otherwise: $SANDGYM_DATA_DIR, else
- * `.sandgym` in the sandgym checkout, so the command finds the same store from any folder.
- */
-export function defaultDataDir(): string {
-  return resolve(process.env['SANDGYM_DATA_DIR'] ?? join(packageRoot(), '.sandgym'));
 }
 
 /** The project an embedded platform acts for when not told otherwise: $SANDGYM_PROJECT, else `default`. */

@@ -113,6 +113,9 @@ describe('wire protocol against a real node agent', () => {
         environment: 'busybox:latest',
         resources: { memoryMib: 64 },
       });
+      // a client learns the layers by digest, never where the node keeps them
+      expect(sandbox.layers.length).toBeGreaterThan(0);
+      for (const layer of sandbox.layers) expect(Object.keys(layer).sort()).toEqual(['digest', 'sizeBytes']);
       const events = client.stream(
         'Exec',
         { sandboxId: sandbox.id, argv: ['sleep', '30'] },

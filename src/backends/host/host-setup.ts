@@ -4,6 +4,7 @@ import { SandgymError, type Logger } from '../../common/index.ts';
 import { detectCgroupLayout, type CgroupLayout } from './cgroups.ts';
 import { runProgram } from './run-program.ts';
 import { detectCriu, type CriuSupport } from './criu.ts';
+import { agentBinaryTarget, agentSourceDir } from './paths.ts';
 
 /** Host programs the backends and base layers use, and the Debian package of each. */
 const REQUIRED_PROGRAMS: Record<string, string> = {
@@ -36,6 +37,10 @@ const REQUIRED_PROGRAMS: Record<string, string> = {
   swapon: 'mount',
   swapoff: 'mount',
   dd: 'coreutils',
+  // the static in-sandbox agent, compiled on this host (see ensureAgentBinary)
+  cc: 'gcc',
+  make: 'make',
+  '/usr/lib/x86_64-linux-gnu/libc.a': 'libc6-dev',
 };
 
 /**
@@ -86,6 +91,19 @@ export async function installPrograms(programs: Record<string, string>, logger: 
   return missing;
 }
 
+/**
+ * Compiles the static agent from the package's sources where the platform looks for it (see
+ * agentBinaryTarget), unless it is there already; its path. What an installed package's
+ * `sandgym setup` does once per version; a checkout's `npm run build` did it already.
+ */
+export async function ensureAgentBinary(logger: Logger): Promise<string> {
+  const target = agentBinaryTarget();
+  if (existsSync(target)) return target;
+  logger.info({ agent: target }, 'compiling the sandbox agent');
+  await runProgram('make', ['-s', '-C', agentSourceDir(), `OUT=${target}`], { timeoutMs: 10 * 60_000 });
+  return target;
+}
+
 /** What {@link prepareHost} found and did. */
 export interface HostReport {
   installedPackages: string[];
@@ -107,6 +125,7 @@ export async function prepareHost(logger: Logger): Promise<HostReport> {
     );
   }
   const missing = await installPrograms(REQUIRED_PROGRAMS, logger);
+  await ensureAgentBinary(logger);
   for (const fs of ['overlay', 'erofs']) {
     const known = await readFile('/proc/filesystems', 'utf8');
     if (known.includes(`\t${fs}\n`)) continue;

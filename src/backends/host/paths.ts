@@ -1,5 +1,6 @@
-import { existsSync } from 'node:fs';
-import { dirname, join } from 'node:path';
+import { createHash } from 'node:crypto';
+import { existsSync, readFileSync, readdirSync } from 'node:fs';
+import { dirname, join, resolve, sep } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { SandgymError } from '../../common/index.ts';
 
@@ -14,14 +15,66 @@ export function packageRoot(): string {
   return dir;
 }
 
-/** The static agent binary that `npm run build` compiles (override with SANDGYM_AGENT). */
+/** Whether sandgym runs as an installed npm package (under node_modules), not from a checkout. */
+export function isInstalledPackage(): boolean {
+  return packageRoot().split(sep).includes('node_modules');
+}
+
+/** Where an installed sandgym keeps its data when $SANDGYM_DATA_DIR does not say. */
+export const INSTALLED_DATA_DIR = '/var/lib/sandgym';
+
+/**
+ * The node's data folder: $SANDGYM_DATA_DIR, else `/var/lib/sandgym` for an installed package
+ * (never inside node_modules, which a reinstall replaces), else `.sandgym` in the checkout.
+ */
+export function defaultDataDir(): string {
+  const given = process.env['SANDGYM_DATA_DIR'];
+  if (given) return resolve(given);
+  return isInstalledPackage() ? INSTALLED_DATA_DIR : join(packageRoot(), '.sandgym');
+}
+
+/** The agent's C sources and Makefile, shipped with the package. */
+export function agentSourceDir(): string {
+  return join(packageRoot(), 'agent');
+}
+
+let sourceDigest: string | undefined;
+
+/** A digest of the agent's sources: an installed agent is rebuilt whenever they change. */
+function agentSourceDigest(): string {
+  if (sourceDigest) return sourceDigest;
+  const dir = agentSourceDir();
+  const hash = createHash('sha256');
+  for (const name of readdirSync(dir).sort()) {
+    if (!/\.(c|h)$|^Makefile$/.test(name)) continue;
+    hash
+      .update(name)
+      .update('\0')
+      .update(readFileSync(join(dir, name)))
+      .update('\0');
+  }
+  sourceDigest = hash.digest('hex').slice(0, 16);
+  return sourceDigest;
+}
+
+/**
+ * Where the static agent binary is: $SANDGYM_AGENT; in a checkout, what `npm run build`
+ * compiles (build/sandgym-agent); in an installed package, what `sandgym setup` compiles into
+ * the data folder, named by its sources' digest so an upgrade builds a new one.
+ */
+export function agentBinaryTarget(): string {
+  const given = process.env['SANDGYM_AGENT'];
+  if (given) return given;
+  if (!isInstalledPackage()) return join(packageRoot(), 'build', 'sandgym-agent');
+  return join(defaultDataDir(), 'bin', `sandgym-agent-${agentSourceDigest()}`);
+}
+
+/** The static agent binary, which must exist (see {@link agentBinaryTarget}). */
 export function agentBinaryPath(): string {
-  const path = process.env['SANDGYM_AGENT'] ?? join(packageRoot(), 'build', 'sandgym-agent');
+  const path = agentBinaryTarget();
   if (!existsSync(path)) {
-    throw new SandgymError(
-      'failed_precondition',
-      `The sandbox agent ${path} is missing: run "npm run build"`,
-    );
+    const fix = isInstalledPackage() ? 'sandgym setup' : 'npm run build';
+    throw new SandgymError('failed_precondition', `The sandbox agent ${path} is missing: run "${fix}"`);
   }
   return path;
 }

@@ -1,0 +1,90 @@
+/**
+ * sandgym's front door: the platform, its sandboxes, the gym environments over them, and the
+ * rollout and evaluation drivers. Everything a training or evaluation job needs is here; the
+ * layers below (backends, node and controller servers, the wire) are the platform's own.
+ *
+ * @example
+ * ```ts
+ * import { Platform, SandboxEnv } from 'sandgym';
+ *
+ * await using platform = await Platform.local();
+ * await using sandbox = await platform.createSandbox({ environment: 'debian:bookworm' });
+ * const result = await sandbox.exec(['python3', '-c', 'print(6*7)']);
+ * ```
+ */
+export { SANDGYM_ERROR_CODES, SandgymError, isSandgymError } from './common/index.ts';
+export type { FailureReason, SandgymErrorCode } from './common/index.ts';
+export type {
+  BackendName,
+  CallOptions,
+  DirEntry,
+  ExecChunk,
+  ExecOptions,
+  ExecResult,
+  ExecStream,
+  HibernateReport,
+  QosClass,
+  ReadFileOptions,
+  SandboxRecord,
+  SandboxResources,
+  SandboxState,
+  SandboxStats,
+  WriteFileOptions,
+} from './backends/index.ts';
+export { BACKEND_NAMES } from './backends/index.ts';
+export { Platform, defaultDataDir } from './platform/index.ts';
+export type {
+  ConnectOptions,
+  Environment as EnvironmentImage,
+  LocalPlatform,
+  LocalPlatformOptions,
+  PackDiffOptions,
+  PackDiffResult,
+  PlatformClient,
+  RemotePlatform,
+  Run,
+  RunOptions,
+  Sandbox,
+  SandboxGroup,
+  SandboxLayer,
+  SandboxRequest,
+  TrainingPhase,
+} from './platform/index.ts';
+export { SandboxEnv, TaskEnv, VectorEnv, loadTasks, customVerifier } from './env/index.ts';
+export type {
+  Environment,
+  Grade,
+  ResetInfo,
+  ResetResult,
+  SandboxAction,
+  SandboxEnvOptions,
+  SandboxObservation,
+  StepInfo,
+  StepResult,
+  StepSignals,
+  Task,
+  TaskEnvOptions,
+  TaskResetInfo,
+  TaskStepInfo,
+  Verifier,
+  VerifierResult,
+  VectorEnvOptions,
+} from './env/index.ts';
+export {
+  BUILT_IN_AGENTS,
+  RolloutRunner,
+  TrainingCoordinator,
+  evaluate,
+  openAiAgent,
+  scriptedAgent,
+  toAtif,
+} from './rollout/index.ts';
+export type {
+  Agent,
+  AgentContext,
+  AgentDecision,
+  EpisodeReport,
+  EvaluateOptions,
+  OpenAiAgentOptions,
+  StepEvent,
+} from './rollout/index.ts';
