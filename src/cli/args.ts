@@ -1,5 +1,6 @@
 import { parseArgs, type ParseArgsConfig } from 'node:util';
 import { imageSourcesFromEnv, type ImageSources } from '../platform/index.ts';
+import { LOG_LEVELS, createLogger, type LogLevel, type Logger } from '../common/index.ts';
 import { UsageError } from './exit-codes.ts';
 
 type Options = NonNullable<ParseArgsConfig['options']>;
@@ -72,4 +73,33 @@ export function imageSources(parsed: ParsedCommandArgs): ImageSources {
     insecureRegistries: texts(parsed, 'insecure-registry'),
     fallbackBase: text(parsed, 'fallback-base'),
   });
+}
+
+/** The options of the long-running servers' logs (node agent, controller). */
+export const LOG_OPTIONS = {
+  'log-level': { type: 'string' },
+} as const;
+
+/**
+ * The logger of a server command: pino JSON lines on stderr (coloured human lines when stderr
+ * is a terminal), at --log-level, else $SANDGYM_LOG_LEVEL, else `info`.
+ */
+export function serverLogger(parsed: ParsedCommandArgs, role: string): Logger {
+  const given = text(parsed, 'log-level') ?? process.env['SANDGYM_LOG_LEVEL'] ?? 'info';
+  if (!(LOG_LEVELS as readonly string[]).includes(given)) {
+    throw new UsageError(`--log-level must be one of ${LOG_LEVELS.join(', ')}, got "${given}"`);
+  }
+  return createLogger({ level: given as LogLevel, base: { role } });
+}
+
+const DURATION_UNITS_MS: Record<string, number> = { ms: 1, s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000 };
+
+/** A duration option: `500ms`, `30s`, `15m`, `12h`, `7d`, or a bare number of milliseconds. */
+export function durationMs(name: string, value: string | undefined): number | undefined {
+  if (value === undefined) return undefined;
+  const match = /^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$/.exec(value.trim());
+  const ms = match ? Number(match[1]) * (DURATION_UNITS_MS[match[2] ?? 'ms'] ?? 1) : NaN;
+  if (!(ms > 0) || !Number.isFinite(ms))
+    throw new UsageError(`--${name} must be a duration such as 30m, 12h or 7d, got "${value}"`);
+  return Math.round(ms);
 }

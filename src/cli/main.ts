@@ -52,10 +52,12 @@ const USAGE = `usage: sandgym COMMAND [ARGS]
        [--overcommit X] [--free-floor-mib N] [--warm-pool N] [--warm-pool-best-effort N]
        [--net-rules FILE]   (JSON: {"mirror:debian": ["IP[/N][:PORT]", ...]}; or $SANDGYM_NET_RULES)
        [--task-root DIR]    (tasks the Envs service may serve, by path under DIR)
+       [--trajectory-retention 7d]  (how long an ended sandbox's step log stays for audit)
+       [--log-level debug|info|warn|error|silent]
                                           a node agent (cluster mode); token in $SANDGYM_NODE_TOKEN
-                                          or --node-token-file
+                                          or --node-token-file; logs JSON lines on stderr
   controller --listen ADDR --nodes ADDR,... --grants FILE [--poll-ms N] [--queue-timeout-ms N]
-                                          a controller replica (cluster mode)
+       [--log-level LEVEL]                a controller replica (cluster mode)
 
 run, ps, kill, gc, audit, eval and check work on the cluster at $SANDGYM_PLATFORM (grpc://HOST:PORT, with $SANDGYM_TOKEN)
 when it is set, else on this host.

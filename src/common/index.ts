@@ -4,8 +4,8 @@ export type { SandgymErrorCode, FailureReason, SandgymErrorOptions } from './err
 export { newSandboxId, isSandboxId, nodeOfSandboxId, nodeScopedId } from './ids.ts';
 export { createMsgpackCodec } from './codec.ts';
 export type { Codec } from './codec.ts';
-export { createLogger, silentLogger } from './logger.ts';
-export type { Logger, LoggerOptions } from './logger.ts';
+export { LOG_LEVELS, createLogger, silentLogger } from './logger.ts';
+export type { LogLevel, Logger, LoggerOptions } from './logger.ts';
 export { ENV_VAR_NAME, parseAt, textWithoutNul } from './validation.ts';
 export { writeFileAtomic } from './atomic-file.ts';
 export { settleAll } from './settle-all.ts';

@@ -36,6 +36,7 @@ import {
   type Logger,
 } from '../common/index.ts';
 import { DEFAULT_TRAJECTORY_CAP_BYTES, TrajectoryLog } from './trajectory-log.ts';
+import { DEFAULT_TRAJECTORY_RETENTION_MS, removeExpiredTrajectories } from './trajectory-retention.ts';
 import { SandboxSteps } from './steps/sandbox-steps.ts';
 import type { HostPlatform, SandboxGroupNetwork } from './host-platform.ts';
 import type { StepReply, StepRequest } from './steps/step-types.ts';
@@ -110,6 +111,11 @@ export interface LocalPlatformOptions {
    * outputs, and the step's signals say `log`. Default 256 MiB.
    */
   trajectoryCapBytes?: number;
+  /**
+   * How long the trajectory log of a sandbox that ended stays for `sandgym audit` (a run's end
+   * removes its sandboxes' logs at once). @default 7 days
+   */
+  trajectoryRetentionMs?: number;
   /**
    * The project this platform's own sandboxes, environments and layers belong to (a node agent
    * acts for each caller's instead). Default: $SANDGYM_PROJECT, else `default`.
@@ -198,6 +204,7 @@ export class LocalPlatform implements HostPlatform {
     readonly project = DEFAULT_PROJECT,
     readonly nodeId = 'local',
     private readonly trajectoryCapBytes = DEFAULT_TRAJECTORY_CAP_BYTES,
+    private readonly trajectoryRetentionMs = DEFAULT_TRAJECTORY_RETENTION_MS,
     freshLayerHoldMs?: number,
     /** Where builds find FROM images the store lacks, and the fallback base if one was asked for. */
     private readonly images: ImageSources = {},
@@ -247,12 +254,20 @@ export class LocalPlatform implements HostPlatform {
 
   private readonly lifetimes: NodeJS.Timeout;
 
-  /** Reclaims sandboxes of every backend whose idle TTL or hard deadline has passed. */
+  /**
+   * Reclaims sandboxes of every backend whose idle TTL or hard deadline has passed, closes the
+   * trajectory logs of sandboxes that ended, and now and then removes logs past their retention.
+   */
   private async reclaimExpired(): Promise<void> {
     if (this.sweeping) return;
     this.sweeping = true;
     try {
       await this.registry.reclaimExpired();
+      await this.closeEndedTrajectories();
+      if (Date.now() - this.retentionSweptAt >= Math.min(60_000, this.trajectoryRetentionMs / 4)) {
+        this.retentionSweptAt = Date.now();
+        await this.removeExpiredTrajectories();
+      }
     } catch (error) {
       this.logger.warn({ err: error }, 'cannot sweep sandbox lifetimes');
     } finally {
@@ -262,6 +277,33 @@ export class LocalPlatform implements HostPlatform {
 
   /** A sweep still running (a VM takes a while to stop) is not started again over it. */
   private sweeping = false;
+  private retentionSweptAt = 0;
+
+  /** Closes the trajectory logs (and forgets the step runners) of sandboxes no longer live here. */
+  private async closeEndedTrajectories(): Promise<void> {
+    if (this.trajectories.size === 0) return;
+    const live = new Set((await this.registry.live()).map((sandbox) => sandbox.id));
+    for (const [id, log] of this.trajectories) {
+      if (live.has(id)) continue;
+      const steps = await this.stepRunners.get(id)?.catch(() => undefined);
+      if (steps?.busy) continue;
+      this.trajectories.delete(id);
+      this.stepRunners.delete(id);
+      await (await log.catch(() => undefined))?.close();
+    }
+  }
+
+  /** Removes the logs of sandboxes this node no longer has, once past the retention. */
+  private async removeExpiredTrajectories(): Promise<void> {
+    const keep = new Set([...this.trajectories.keys(), ...(await this.registry.list()).map((r) => r.id)]);
+    const removed = await removeExpiredTrajectories(
+      join(this.dataDir, 'trajectories'),
+      keep,
+      this.trajectoryRetentionMs,
+    );
+    if (removed.length)
+      this.logger.info({ sandboxes: removed }, 'trajectory logs past their retention removed');
+  }
 
   /** Starts (or rejoins) a run of this platform's project. */
   startRun(options: RunOptions): Promise<Run> {
@@ -668,6 +710,7 @@ export const Platform = {
       options.project ?? defaultProject(),
       options.nodeId,
       options.trajectoryCapBytes,
+      options.trajectoryRetentionMs,
       options.freshLayerHoldMs,
       options.images ?? imageSourcesFromEnv(),
     );

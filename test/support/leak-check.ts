@@ -2,6 +2,7 @@ import { execFileSync } from 'node:child_process';
 import { mkdirSync, readFileSync, readdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { Platform } from '../../src/platform/index.ts';
+import { openHandlesUnder } from './open-handles.ts';
 import { STORE_DIR, TEST_DATA_ROOT } from './platform.ts';
 
 mkdirSync(TEST_DATA_ROOT, { recursive: true });
@@ -57,6 +58,8 @@ function findLeaks(): string[] {
       if (cmdline.includes('.sandgym-agent') || (ours && cmdline.includes('.sandgym'))) {
         leaks.push(`process ${pid}: ${cmdline.trim()}`);
       }
+      for (const path of openHandlesUnder(TEST_DATA_ROOT, Number(pid)))
+        leaks.push(`open handle of process ${pid} (${cmdline.trim().slice(0, 80)}): ${path}`);
     } catch {
       // the process ended while we looked
     }
@@ -104,6 +107,6 @@ export function teardown(): void {
     return;
   }
   console.log(
-    'leak check: no mounts, cgroups, network namespaces, links, nftables tables or processes left behind',
+    'leak check: no mounts, cgroups, network namespaces, links, nftables tables, processes or open handles left behind',
   );
 }

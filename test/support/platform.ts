@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
+import { openHandlesUnder } from './open-handles.ts';
 import {
   hostDebianMirrorRules,
   type NetworkRuleBook,
@@ -46,6 +47,8 @@ export interface TestPlatformOptions {
   project?: string;
   /** How long fresh layers are out of layer gc's reach (see LocalPlatformOptions). */
   freshLayerHoldMs?: number;
+  /** How long an ended sandbox's trajectory log is kept (see LocalPlatformOptions). */
+  trajectoryRetentionMs?: number;
 }
 
 export async function createTestPlatform(
@@ -68,6 +71,7 @@ export async function createTestPlatform(
     ...(options.trajectoryCapBytes ? { trajectoryCapBytes: options.trajectoryCapBytes } : {}),
     ...(options.project ? { project: options.project } : {}),
     ...(options.freshLayerHoldMs === undefined ? {} : { freshLayerHoldMs: options.freshLayerHoldMs }),
+    ...(options.trajectoryRetentionMs ? { trajectoryRetentionMs: options.trajectoryRetentionMs } : {}),
   });
   return {
     platform,
@@ -75,6 +79,9 @@ export async function createTestPlatform(
     async [Symbol.asyncDispose]() {
       try {
         await platform.close();
+        // a closed platform holds nothing of its data folder open: no log, pin file or channel
+        const held = openHandlesUnder(dataDir);
+        if (held.length) throw new Error(`platform ${name} still holds open after close: ${held.join(', ')}`);
       } finally {
         await rm(dataDir, { recursive: true, force: true });
       }

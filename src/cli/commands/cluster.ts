@@ -12,8 +12,15 @@ import {
   type LocalPlatformOptions,
   type PlatformClient,
 } from '../../platform/index.ts';
-import { nonNegativeInt, parseCommandArgs, positiveInt, text } from '../args.ts';
-import { consoleLogger } from '../console-logger.ts';
+import {
+  LOG_OPTIONS,
+  durationMs,
+  nonNegativeInt,
+  parseCommandArgs,
+  positiveInt,
+  serverLogger,
+  text,
+} from '../args.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
 
 /** Where a cluster client points: `SANDGYM_PLATFORM=grpc://controller:7443` plus `SANDGYM_TOKEN`. */
@@ -78,8 +85,10 @@ const DEFAULT_NODE_WARM_POOL = 8;
 /** `sandgym node --listen ADDR [--data-dir D] [--store S] ...`: a node agent. */
 export async function nodeCommand(args: string[]): Promise<number> {
   const parsed = parseCommandArgs('node', args, {
+    ...LOG_OPTIONS,
     listen: { type: 'string' },
     'data-dir': { type: 'string' },
+    'trajectory-retention': { type: 'string' },
     store: { type: 'string' },
     'node-id': { type: 'string' },
     'node-token-file': { type: 'string' },
@@ -110,14 +119,16 @@ export async function nodeCommand(args: string[]): Promise<number> {
     latency: nonNegativeInt('warm-pool', text(parsed, 'warm-pool')) ?? DEFAULT_NODE_WARM_POOL,
     best_effort: nonNegativeInt('warm-pool-best-effort', text(parsed, 'warm-pool-best-effort')) ?? 0,
   };
-  const logger = consoleLogger();
+  const logger = serverLogger(parsed, 'node');
   const storeDir = text(parsed, 'store');
+  const trajectoryRetentionMs = durationMs('trajectory-retention', text(parsed, 'trajectory-retention'));
   const platform = await Platform.local({
     dataDir: text(parsed, 'data-dir') ?? defaultDataDir(),
     nodeId,
     logger,
     durable: true,
     warmPool,
+    ...(trajectoryRetentionMs ? { trajectoryRetentionMs } : {}),
     ...(storeDir ? { storeDir } : {}),
     networkRules: text(parsed, 'net-rules')
       ? await readNetworkRules(text(parsed, 'net-rules'))
@@ -160,6 +171,7 @@ const grantsFileSchema = z.strictObject({
 /** `sandgym controller --listen ADDR --nodes ADDR,... --grants FILE`: a controller replica. */
 export async function controllerCommand(args: string[]): Promise<number> {
   const parsed = parseCommandArgs('controller', args, {
+    ...LOG_OPTIONS,
     listen: { type: 'string' },
     nodes: { type: 'string' },
     grants: { type: 'string' },
@@ -194,7 +206,7 @@ export async function controllerCommand(args: string[]): Promise<number> {
     nodes,
     nodeToken: await nodeToken('controller', text(parsed, 'node-token-file')),
     grants,
-    logger: consoleLogger(),
+    logger: serverLogger(parsed, 'controller'),
     ...(pollMs ? { pollMs } : {}),
     ...(queueTimeoutMs ? { queueTimeoutMs } : {}),
   });

@@ -25,6 +25,11 @@ interface Running {
  */
 export class SandboxSteps {
   private readonly running = new Map<string, Running>();
+
+  /** Whether a step is running now: its log must stay open until it is recorded. */
+  get busy(): boolean {
+    return this.running.size > 0;
+  }
   private auditor: StepAuditor | undefined;
   private auditedPaths = '';
 
