@@ -50,7 +50,23 @@ export type {
   SandboxRequest,
   TrainingPhase,
 } from './platform/index.ts';
-export { SandboxEnv, TaskEnv, VectorEnv, loadTasks, customVerifier } from './env/index.ts';
+export {
+  DEFAULT_REWARD_RANGE,
+  GradingAnomaly,
+  SandboxEnv,
+  TaskEnv,
+  VectorEnv,
+  customVerifier,
+  defaultVerifier,
+  exitCodeVerifier,
+  loadTasks,
+  ojVerifier,
+  parseReward,
+  rewardFileVerifier,
+  runVerifiers,
+  sweBenchVerifier,
+  testLogVerifier,
+} from './env/index.ts';
 export type {
   Environment,
   Grade,
@@ -68,6 +84,7 @@ export type {
   TaskStepInfo,
   Verifier,
   VerifierResult,
+  VerifyContext,
   VectorEnvOptions,
 } from './env/index.ts';
 export {

@@ -8,14 +8,14 @@ import type { SandboxAction } from '../../src/env/index.ts';
 import { scriptedAgent, type Agent } from '../../src/rollout/index.ts';
 
 export const COUNTED_STEPS = 3;
-/** The index of the slow step, which comes right after the counted ones. */
-export const SLOW_STEP = COUNTED_STEPS;
 const THINKING_MS = 1_000;
 
 const counted: SandboxAction[] = Array.from({ length: COUNTED_STEPS }, () => ({
   type: 'exec' as const,
   command: 'echo step >> /tmp/steps',
 }));
+/** The index of the slow step, which comes right after the counted ones. */
+export const SLOW_STEP = counted.length;
 
 export default (): Agent => {
   const script = scriptedAgent([

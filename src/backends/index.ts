@@ -1,6 +1,6 @@
 /** Backends: the sandbox contract and its implementations, plus the host plumbing they share. */
 export { ContainerBackend } from './container/container-backend.ts';
-export { FnCallBackend, FNCALL_WORKER_LABEL } from './fncall/fncall-backend.ts';
+export { FnCallBackend } from './fncall/fncall-backend.ts';
 export { VmBackend } from './vm/vm-backend.ts';
 export { ensureGuestKernel } from './vm/guest-kernel.ts';
 export { ensureVmImage } from './vm/vm-image.ts';
@@ -50,22 +50,9 @@ export { buildBusyboxRootfs, buildDebianRootfs } from './host/base-rootfs.ts';
 export type { DebianRootfsOptions } from './host/base-rootfs.ts';
 export { runProgram } from './host/run-program.ts';
 export { GroupNetwork } from './host/group-network.ts';
-export {
-  BENCHMARK_PROGRAMS,
-  TEST_PROGRAMS,
-  ensureAgentBinary,
-  installPrograms,
-  prepareHost,
-} from './host/host-setup.ts';
+export { BENCHMARK_PROGRAMS, TEST_PROGRAMS, installPrograms, prepareHost } from './host/host-setup.ts';
 export type { HostReport } from './host/host-setup.ts';
-export {
-  INSTALLED_DATA_DIR,
-  agentBinaryPath,
-  defaultDataDir,
-  hostProgram,
-  isInstalledPackage,
-  packageRoot,
-} from './host/paths.ts';
+export { agentBinaryPath, defaultDataDir, hostProgram, packageRoot } from './host/paths.ts';
 export { prepareDataFolder } from './host/data-folder.ts';
 export { isAlive, processIdentity } from './host/processes.ts';
 export type { ProcessIdentity } from './host/processes.ts';
@@ -74,7 +61,6 @@ export { sha256OfFile } from './host/layer-verify.ts';
 export { hostAvailableMib } from './host/memory.ts';
 export { activeSwapAreas, ensureSwapFile, removeSwapFile } from './host/swap.ts';
 export type { SwapArea } from './host/swap.ts';
-export { detectCriu } from './host/criu.ts';
 export { defaultRuleBook, hostDebianMirrorRules, readNetworkRules } from './host/network-rules.ts';
 export type { NetworkRuleBook } from './host/network-rules.ts';
 export type { CriuSupport } from './host/criu.ts';

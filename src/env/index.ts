@@ -10,9 +10,8 @@ export { comparableObservation, replayTrajectory } from './replay.ts';
 export type { ReplayReport } from './replay.ts';
 export type { AutoresetMode, VectorEnvOptions, VectorStepResult } from './vector-env.ts';
 export { TaskEnv } from './task-env.ts';
-export { PROTECTED_PATHS, gradingScope } from './grading-scope.ts';
+export { PROTECTED_PATHS } from './grading-scope.ts';
 export type { GradingScope } from './grading-scope.ts';
-export { Deadline } from './deadline.ts';
 export type {
   Grade,
   TaskCheckpoint,
@@ -21,14 +20,11 @@ export type {
   TaskResetInfo,
   TaskStepInfo,
 } from './task-env.ts';
-export { filesUnder, stageFolder } from './stage-folder.ts';
+export { filesUnder } from './stage-folder.ts';
 export { loadHarborTask } from './tasks/harbor.ts';
 export { loadTasks } from './tasks/load-tasks.ts';
-export { loadTerminalBenchTask } from './tasks/terminal-bench.ts';
 export { parsePytestSummary } from './pytest-summary.ts';
-export { loadOjProblem } from './tasks/oj.ts';
 export { loadSweBenchFile } from './tasks/swebench.ts';
-export { scrubToBase } from './tasks/workspace.ts';
 export type {
   NetworkPolicy,
   OjCase,
@@ -37,8 +33,9 @@ export type {
   TaskGrading,
   TaskService,
 } from './tasks/task.ts';
-export { NO_NETWORK, PUBLIC_NETWORK, TaskError, taskStorageStem } from './tasks/task.ts';
+export { PUBLIC_NETWORK, TaskError, taskStorageStem } from './tasks/task.ts';
 export {
+  DEFAULT_REWARD_RANGE,
   GradingAnomaly,
   customVerifier,
   defaultVerifier,
@@ -49,6 +46,7 @@ export {
   rewardFileVerifier,
   runVerifiers,
   sweBenchVerifier,
+  testLogVerifier,
 } from './verifiers/index.ts';
 export type { Verifier, VerifierResult, VerifyContext } from './verifiers/index.ts';
 export type {

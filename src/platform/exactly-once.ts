@@ -66,12 +66,7 @@ export function localStepLog(log: TrajectoryLog): StepLog {
 }
 
 /** Thrown when a step at a logged index asks for something other than what the log holds. */
-export function divergence(
-  episodeId: string,
-  stepIndex: number,
-  logged: unknown,
-  asked: unknown,
-): SandgymError {
+function divergence(episodeId: string, stepIndex: number, logged: unknown, asked: unknown): SandgymError {
   return new SandgymError(
     'divergence',
     `Step ${stepIndex} of episode ${episodeId} diverges from the trajectory log: it logged ${JSON.stringify(logged)} but was asked ${JSON.stringify(asked)}`,

@@ -38,7 +38,7 @@ const IPV4_PORT = /^\d{1,3}(?:\.\d{1,3}){3}:\d{1,5}$/;
  * Parses `grpc://host:port` (or a bare `host:port`) into a gRPC target. Several controller
  * replicas, `grpc://10.0.0.1:7443,10.0.0.2:7443`, become one target that fails over between them.
  */
-export function parseGrpcUrl(url: string): string {
+function parseGrpcUrl(url: string): string {
   const match = /^(?:grpc:\/\/)?([^/\s]+)\/?$/.exec(url);
   const addresses = match?.[1]?.split(',') ?? [];
   if (addresses.length > 1 && addresses.every((address) => IPV4_PORT.test(address))) {

@@ -4,7 +4,7 @@ import { ENV_VAR_NAME, textWithoutNul } from '../common/index.ts';
 import { DEFAULT_ENVIRONMENT } from './store/base-environments.ts';
 
 /** Below this the agent, the runtime's setup and a shell do not fit. */
-export const MIN_MEMORY_MIB = 16;
+const MIN_MEMORY_MIB = 16;
 
 /** A sandbox's network rules, by name. */
 export const networkRulesSchema = z.array(z.string().min(1).max(256)).max(64);

@@ -6,7 +6,7 @@ import type { EpisodeReport, StepEvent } from './episode-report.ts';
 import { observationText } from './observation-text.ts';
 
 /** The ATIF version these trajectories follow (Harbor's Agent Trajectory Interchange Format). */
-export const ATIF_VERSION = 'ATIF-v1.4';
+const ATIF_VERSION = 'ATIF-v1.4';
 
 const toolCall = z.object({
   tool_call_id: z.string(),

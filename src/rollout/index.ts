@@ -11,7 +11,7 @@ export {
 export type { Agent, AgentContext, AgentDecision, ModelEndpoint } from './agents.ts';
 export { openAiAgent } from './llm-agent.ts';
 export type { OpenAiAgentOptions } from './llm-agent.ts';
-export { ATIF_VERSION, atifTrajectorySchema, toAtif, writeAtif } from './atif.ts';
+export { atifTrajectorySchema, toAtif, writeAtif } from './atif.ts';
 export type { AtifAgent, AtifTrajectory } from './atif.ts';
 export { evaluate } from './evaluate.ts';
 export type { EvaluateOptions } from './evaluate.ts';

@@ -3,7 +3,7 @@ import { cgroupLimitsOf } from '../host/cgroups.ts';
 import { defaultSeccompProfile } from './seccomp-profile.ts';
 
 /** Where the agent binary appears inside every container: on /dev's tmpfs, so it never lands in the upper dir. */
-export const AGENT_PATH_IN_SANDBOX = '/dev/.sandgym-agent';
+const AGENT_PATH_IN_SANDBOX = '/dev/.sandgym-agent';
 
 /**
  * What commands get: Docker's default set, less NET_RAW and MKNOD, enough for package managers and
@@ -27,7 +27,7 @@ const CAPABILITIES = [
 ];
 
 /** Most pseudo-terminals one sandbox may hold: its own devpts instance's cap (see host-setup's pty.max). */
-export const SANDBOX_MAX_PTYS = 256;
+const SANDBOX_MAX_PTYS = 256;
 
 /** The OCI runtime spec's default masked and read-only paths. */
 const MASKED_PATHS = [

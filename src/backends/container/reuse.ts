@@ -179,7 +179,7 @@ export async function soleProcess(shell: WarmShell): Promise<number> {
 }
 
 /** Removes every upper and work dir of a container's folder (a renewed root leaves numbered ones). */
-export async function removeWritableLayers(dir: string): Promise<void> {
+async function removeWritableLayers(dir: string): Promise<void> {
   const rw = join(dir, 'rw');
   const names = (await readdir(rw)).filter((name) => /^(upper|work)(-\d+)?$/.test(name));
   await Promise.all(names.map((name) => rm(join(rw, name), { recursive: true, force: true, maxRetries: 3 })));

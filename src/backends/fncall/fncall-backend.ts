@@ -35,7 +35,7 @@ const CAPABILITIES: BackendCapabilities = {
 };
 
 /** Marks the containers that serve FnCall sandboxes. */
-export const FNCALL_WORKER_LABEL = 'sandgym.fncall-worker';
+const FNCALL_WORKER_LABEL = 'sandgym.fncall-worker';
 
 /**
  * FnCall: short stateless calls (compile, run with stdin, judge) served by warm container workers

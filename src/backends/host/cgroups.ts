@@ -41,7 +41,7 @@ export async function detectCgroupLayout(): Promise<CgroupLayout> {
 }
 
 /** The cgroup folder all sandgym sandboxes live under, in every hierarchy. */
-export const CGROUP_PARENT = 'sandgym';
+const CGROUP_PARENT = 'sandgym';
 
 /**
  * Sandboxes are grouped by the data folder that owns them (`sandgym/<scope>/<id>`), so that

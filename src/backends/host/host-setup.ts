@@ -96,7 +96,7 @@ export async function installPrograms(programs: Record<string, string>, logger: 
  * agentBinaryTarget), unless it is there already; its path. What an installed package's
  * `sandgym setup` does once per version; a checkout's `npm run build` did it already.
  */
-export async function ensureAgentBinary(logger: Logger): Promise<string> {
+async function ensureAgentBinary(logger: Logger): Promise<string> {
   const target = agentBinaryTarget();
   if (existsSync(target)) return target;
   logger.info({ agent: target }, 'compiling the sandbox agent');

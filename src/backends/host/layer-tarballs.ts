@@ -9,7 +9,7 @@ import { runProgram } from './run-program.ts';
 const TAR_FLAGS = ['--numeric-owner', '--xattrs', '--xattrs-include=trusted.*', '-p'];
 
 /** Where the `tar` mode keeps each layer's tar.gz: beside its EROFS image in the store. */
-export function tarballPath(layer: LayerImage): string {
+function tarballPath(layer: LayerImage): string {
   return layer.path.replace(/\.erofs$/, '.tar.gz');
 }
 

@@ -20,7 +20,7 @@ export type NetworkRuleBook = Readonly<Record<string, readonly string[]>>;
 const RULE_NAME = /^[a-z0-9][a-z0-9._:/-]{0,127}$/i;
 
 /** `IP[/N][:PORT]`, the form of an address in a rule definition. */
-export function parseAddress(text: string, where: string): EgressTarget {
+function parseAddress(text: string, where: string): EgressTarget {
   const match = /^(\d{1,3}(?:\.\d{1,3}){3})(?:\/(\d{1,2}))?(?::(\d{1,5}))?$/.exec(text.trim());
   const [, ip, bits = '32', port] = match ?? [];
   const prefix = Number(bits);

@@ -270,7 +270,7 @@ async function readState(stateFile: string): Promise<z.infer<typeof networkState
 }
 
 /** What one node's network left in the kernel, gone; safe when there is nothing. */
-export async function removeNetwork(subnet: number): Promise<void> {
+async function removeNetwork(subnet: number): Promise<void> {
   await runProgram('sh', [
     '-c',
     // the sandboxes' veths go with their namespaces or with this loop

@@ -16,12 +16,12 @@ export function packageRoot(): string {
 }
 
 /** Whether sandgym runs as an installed npm package (under node_modules), not from a checkout. */
-export function isInstalledPackage(): boolean {
+function isInstalledPackage(): boolean {
   return packageRoot().split(sep).includes('node_modules');
 }
 
 /** Where an installed sandgym keeps its data when $SANDGYM_DATA_DIR does not say. */
-export const INSTALLED_DATA_DIR = '/var/lib/sandgym';
+const INSTALLED_DATA_DIR = '/var/lib/sandgym';
 
 /**
  * The node's data folder: $SANDGYM_DATA_DIR, else `/var/lib/sandgym` for an installed package

@@ -19,7 +19,7 @@ export const agentReadySchema = z.object({
   state: z.string().max(8192).default(''),
 });
 
-export const agentOutputSchema = z.object({
+const agentOutputSchema = z.object({
   t: z.literal('out'),
   id: count,
   fd: z.union([z.literal(1), z.literal(2)]),
@@ -45,7 +45,7 @@ export const agentExitSchema = z.object({
   agentStateAlone: z.string().max(8192).optional(),
 });
 
-export const agentDirEntrySchema = z.object({
+const agentDirEntrySchema = z.object({
   name: z.string(),
   type: z.enum(['file', 'dir', 'symlink', 'other']),
   size: count,
@@ -63,7 +63,7 @@ export const agentOkSchema = z.object({
   state: z.string().max(8192).optional(),
 });
 
-export const agentErrorSchema = z.object({
+const agentErrorSchema = z.object({
   t: z.literal('error'),
   id: count,
   code: z.string(),

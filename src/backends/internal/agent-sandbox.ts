@@ -35,7 +35,7 @@ import { resolveUser, type ResolvedUser } from './users.ts';
  * serves one request at a time, so a call that never ends would stall every later one; this is
  * the backstop behind the agent's own refusal to wait on what a sandbox planted.
  */
-export const DEFAULT_FILE_CALL_TIMEOUT_MS = 60_000;
+const DEFAULT_FILE_CALL_TIMEOUT_MS = 60_000;
 
 /** How long a failed request waits to learn why the agent died. */
 const EXIT_EXPLANATION_MS = 2_000;

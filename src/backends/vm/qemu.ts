@@ -208,7 +208,7 @@ async function connectWhenListening(path: string, exited: Promise<void>): Promis
 }
 
 /** The last lines of one of the VM's logs, on one line. */
-export async function logTail(dir: string, name: string): Promise<string> {
+async function logTail(dir: string, name: string): Promise<string> {
   const text = await readFile(join(dir, name), 'utf8').catch(() => '');
   return text.trim().split('\n').slice(-4).join(' | ') || 'nothing';
 }

@@ -1,8 +1,7 @@
 import { randomBytes } from 'node:crypto';
-import { copyFile, link, mkdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { copyFile, link, mkdir, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { z } from 'zod';
 import { SandgymError, type Codec } from '../../common/index.ts';
 import { runProgram } from '../host/run-program.ts';
 import type { InFlight } from '../internal/agent-channel.ts';
@@ -23,19 +22,6 @@ export interface VmSnapshot {
   dir: string;
   recipe: Recipe;
 }
-
-const snapshotFile = z.object({
-  id: z.string(),
-  recipe: z.object({
-    machine: z.enum(['microvm', 'q35']),
-    kernel: z.string(),
-    append: z.array(z.string()),
-    disks: z.array(z.object({ path: z.string(), format: z.enum(['raw', 'qcow2']), readonly: z.boolean() })),
-    writableIndex: z.number().int().nonnegative(),
-    memoryMib: z.number(),
-    cpus: z.number(),
-  }),
-});
 
 /** How long a migration to a file may take; QEMU under TCG writes hundreds of MiB a second. */
 const MIGRATION_TIMEOUT_MS = 120_000;
@@ -75,12 +61,6 @@ export async function saveSnapshot(
   } finally {
     if (wasRunning) await vm.qmp.execute('cont').catch(() => undefined);
   }
-}
-
-/** A snapshot a previous process saved, from its folder. */
-export async function readSnapshot(dir: string): Promise<VmSnapshot> {
-  const meta = snapshotFile.parse(JSON.parse(await readFile(join(dir, 'snapshot.json'), 'utf8')));
-  return { ...meta, dir };
 }
 
 async function waitForMigration(vm: QemuVm): Promise<void> {

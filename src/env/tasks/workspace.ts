@@ -24,7 +24,7 @@ function git(dir: string, ...args: string[]): Promise<string> {
  * holds, reachable or not, is audited: a commit that is not the base or an ancestor of it fails
  * the setup.
  */
-export async function scrubToBase(dir: string, baseCommit: string): Promise<void> {
+async function scrubToBase(dir: string, baseCommit: string): Promise<void> {
   const base = (await git(dir, 'rev-parse', '--verify', `${baseCommit}^{commit}`)).trim();
   await git(dir, 'checkout', '-q', '--detach', base);
   const fresh = `${dir}.git-fresh`;

@@ -14,7 +14,7 @@ interface IgnoreRule {
  * A glob as a regular expression over `/`-separated relative paths: `*` and `?` stay within one
  * path segment, `**` spans any number, `[...]` is a class, a backslash escapes.
  */
-export function globToRegExp(glob: string): RegExp {
+function globToRegExp(glob: string): RegExp {
   let source = '';
   for (let i = 0; i < glob.length; i++) {
     const c = glob[i] ?? '';

@@ -4,7 +4,7 @@ import type { ProcessIdentity } from '../../backends/index.ts';
 import { PIN_STALE_MS, type LayerStore, type PinRecord } from './layer-store.ts';
 
 /** How long a layer this process made or is about to mount stays pinned without a sandbox on it. */
-export const DEFAULT_FRESH_HOLD_MS = 10 * 60_000;
+const DEFAULT_FRESH_HOLD_MS = 10 * 60_000;
 /** How often the record is rewritten whatever changed, so other nodes see this one is alive. */
 export const PIN_REFRESH_MS = Math.floor(PIN_STALE_MS / 5);
 

@@ -5,9 +5,6 @@ import type { Authenticate, Principal } from './principal.ts';
 
 /** The metadata key a trusted caller (a controller) uses to say which project it acts for. */
 export const PROJECT_KEY = 'sandgym-project';
-import { DEFAULT_PROJECT } from '../runs.ts';
-
-export { DEFAULT_PROJECT };
 
 const PROJECT_NAME = /^[a-z0-9][a-z0-9_-]{0,63}$/;
 

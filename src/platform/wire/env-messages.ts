@@ -10,9 +10,7 @@ import { sandboxRequestSchema } from '../sandbox-request.ts';
 
 const count = z.number().int().nonnegative();
 const absolutePath = textWithoutNul().min(1).max(4096).startsWith('/', 'paths are absolute');
-export const envIdField = z
-  .string()
-  .regex(/^env-[a-z0-9]{1,32}-[a-z0-9]{12}$/, 'an env id, env-<node>-<12 chars>');
+const envIdField = z.string().regex(/^env-[a-z0-9]{1,32}-[a-z0-9]{12}$/, 'an env id, env-<node>-<12 chars>');
 
 /** What to make: an env over a fresh sandbox per episode, or a task's env graded on the node. */
 export const envSpec = z.discriminatedUnion('kind', [

@@ -1,11 +1,10 @@
 /** The wire protocol: gRPC services defined in TypeScript, msgpack messages validated by zod. */
-export { WireServer, register, TRANSPORT_MAX_BYTES } from './server.ts';
+export { WireServer, register } from './server.ts';
 export type { Authenticate, CallContext, Handlers, Principal, Registration } from './server.ts';
 export { WireClient } from './client.ts';
 export type { WireCallOptions, WireClientOptions } from './client.ts';
-export { checkTokenStrength, tokenAuthenticator, PROJECT_KEY, DEFAULT_PROJECT } from './auth.ts';
+export { checkTokenStrength, tokenAuthenticator, PROJECT_KEY } from './auth.ts';
 export { ENVS, SANDBOXES, NODE, RUNS } from './services.ts';
-export { envSpec } from './env-messages.ts';
 export type { EnvSpec } from './env-messages.ts';
 export type { SandboxInfo, NodeStatus, ExecEvent, ExecRequest } from './messages.ts';
 export { decodeMessage, encodeMessage } from './decode.ts';

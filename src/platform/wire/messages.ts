@@ -13,7 +13,7 @@ import { networkRulesSchema, sandboxRequestSchema } from '../sandbox-request.ts'
 const count = z.number().int().nonnegative();
 const bytes = z.instanceof(Uint8Array);
 const absolutePath = textWithoutNul().min(1).max(4096).startsWith('/', 'paths are absolute');
-export const sandboxIdField = z
+const sandboxIdField = z
   .string()
   .regex(/^sg-[a-z0-9]{1,32}-[a-z0-9]{12}$/, 'a sandbox id, sg-<node>-<12 chars>');
 
@@ -135,7 +135,7 @@ export const dirEntries = z.object({
 export const hibernateReport = z.object({ freedBytes: count, swappedBytes: count.default(0) });
 
 const runName = z.string().regex(/^[a-z0-9][a-z0-9._-]{0,63}$/, 'run names are a-z, 0-9, ., _ and -');
-export const trainingPhase = z.enum(['rollout', 'weight_sync', 'train', 'preempted', 'resumed']);
+const trainingPhase = z.enum(['rollout', 'weight_sync', 'train', 'preempted', 'resumed']);
 export const startRunRequest = z.strictObject({
   name: runName,
   leaseMs: z

@@ -42,8 +42,8 @@ const CODE_OF_STATUS: Partial<Record<Status, SandgymErrorCode>> = {
   [Status.DATA_LOSS]: 'step_in_doubt',
 };
 
-export const CODE_KEY = 'sandgym-code';
-export const RETRYABLE_KEY = 'sandgym-retryable';
+const CODE_KEY = 'sandgym-code';
+const RETRYABLE_KEY = 'sandgym-retryable';
 
 const KNOWN_CODES = new Set<string>(Object.keys(STATUS_OF_CODE));
 
