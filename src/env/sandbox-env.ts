@@ -39,7 +39,7 @@ export interface SandboxEnvOptions {
   sandbox?: SandboxRequest;
   /** Absolute paths whose changes each step reports in `info.signals.protectedChanges`. */
   protectedPaths?: readonly string[];
-  /** Who `exec` actions run as ("name", "uid", "name:group"); default root. */
+  /** Who `exec` actions run as ("name", "uid", "name:group"). @default root */
   user?: string;
 }
 
@@ -62,6 +62,18 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
     private readonly options: SandboxEnvOptions,
   ) {}
 
+  /**
+   * An env whose every episode runs in a sandbox made from `options.sandbox` (or steps the one
+   * given by id). Nothing starts until {@link reset}.
+   *
+   * @example
+   * ```ts
+   * const env = SandboxEnv.create(platform, { sandbox: { environment: 'debian:bookworm' } });
+   * await env.reset();
+   * const { observation, info } = await env.step({ type: 'exec', command: 'python3 -V' });
+   * await env.close();
+   * ```
+   */
   static create(platform: PlatformClient, options: SandboxEnvOptions = {}): SandboxEnv {
     return new SandboxEnv(platform, options);
   }

@@ -126,6 +126,20 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     private readonly options: TaskEnvOptions,
   ) {}
 
+  /**
+   * An env over one task: `reset()` builds (once) and starts the task's environment, steps run
+   * the agent's actions, and `submit` grades the work in a fresh sandbox the agent never touched.
+   *
+   * @example
+   * ```ts
+   * const [task] = await loadTasks(['examples/tasks/hello-file']);
+   * const env = TaskEnv.create(platform, task!);
+   * await env.reset();
+   * await env.step({ type: 'write_file', path: '/app/hello.txt', content: 'hello sandgym\n' });
+   * const { reward } = await env.step({ type: 'submit' });
+   * await env.close();
+   * ```
+   */
   static create(platform: PlatformClient, task: Task, options: TaskEnvOptions = {}): TaskEnv {
     return new TaskEnv(platform, task, options);
   }

@@ -44,6 +44,18 @@ export class VectorEnv<Action, Observation> implements AsyncDisposable {
     this.ended = envs.map(() => false);
   }
 
+  /**
+   * `count` envs stepped together, each made by `makeEnv(index)`.
+   *
+   * @example
+   * ```ts
+   * const vector = VectorEnv.create((i) => SandboxEnv.create(platform, { sandbox: {} }), 8, {
+   *   autoreset: 'next_step',
+   * });
+   * await vector.reset();
+   * const { observations, rewards } = await vector.step(actions);
+   * ```
+   */
   static create<A, O>(
     makeEnv: (index: number) => Environment<A, O>,
     count: number,

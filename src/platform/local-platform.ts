@@ -79,36 +79,36 @@ const LIFETIME_SWEEP_MS = 250;
 
 /** Options for {@link Platform.local}. */
 export interface LocalPlatformOptions {
-  /** Node data: sandboxes, layer mounts, runtime state. Default: {@link defaultDataDir}. */
+  /** Node data: sandboxes, layer mounts, runtime state. @default {@link defaultDataDir}() */
   dataDir?: string;
-  /** The layer store. Default: $SANDGYM_STORE or <dataDir>/store. */
+  /** The layer store. @default $SANDGYM_STORE, else `<dataDir>/store` */
   storeDir?: string;
   logger?: Logger;
-  /** How layers reach this node: `ondemand` (default), `eager` or `tar`. */
+  /** How layers reach this node: `ondemand`, `eager` or `tar`. @default 'ondemand' */
   loadMode?: LoadMode;
-  /** What is checked before mounting a layer: `digest` (default) or `size`. */
+  /** What is checked before mounting a layer: `digest` or `size`. @default 'digest' */
   verifyLayers?: LayerVerification;
-  /** The node's name, which every sandbox id carries. Default `local`. */
+  /** The node's name, which every sandbox id carries. @default 'local' */
   nodeId?: string;
   /**
    * Sandboxes outlive this process, for a successor on the same data dir to adopt with
-   * {@link LocalPlatform.adoptSandboxes} (node agents). Default: they end with it.
+   * {@link LocalPlatform.adoptSandboxes} (node agents). @default false: they end with it
    */
   durable?: boolean;
   /**
    * Warm container shells kept ready per CPU class, so creates skip container start-up; a
-   * destroyed sandbox's container is scrubbed and reused while the pool is short. Default: none.
+   * destroyed sandbox's container is scrubbed and reused while the pool is short. @default none
    */
   warmPool?: WarmPoolPolicy;
   /**
    * The node's named network rules (`{"mirror:debian": ["10.1.2.3:80"]}`) that sandboxes'
-   * policies name. Default: the JSON file $SANDGYM_NET_RULES names, else the host's package
+   * policies name. @default the JSON file $SANDGYM_NET_RULES names, else the host's package
    * mirrors (`mirror:debian`, `mirror:npm`, `dns`; see defaultRuleBook), which builds reach.
    */
   networkRules?: NetworkRuleBook;
   /**
    * What a sandbox's trajectory log may grow to; past it, records keep only the head of long
-   * outputs, and the step's signals say `log`. Default 256 MiB.
+   * outputs, and the step's signals say `log`. @default 256 MiB
    */
   trajectoryCapBytes?: number;
   /**
@@ -118,17 +118,17 @@ export interface LocalPlatformOptions {
   trajectoryRetentionMs?: number;
   /**
    * The project this platform's own sandboxes, environments and layers belong to (a node agent
-   * acts for each caller's instead). Default: $SANDGYM_PROJECT, else `default`.
+   * acts for each caller's instead). @default $SANDGYM_PROJECT, else `default`
    */
   project?: string;
   /**
    * How long a layer this platform just made (a grader's diff, a build step) or is about to mount
-   * stays out of every layer gc's reach while nothing references it yet. Default 10 minutes.
+   * stays out of every layer gc's reach while nothing references it yet. @default 10 minutes
    */
   freshLayerHoldMs?: number;
   /**
    * How Dockerfile builds find FROM images the store lacks (registry credentials, plain-HTTP
-   * registries) and the base to build on instead when one cannot be had. Default: from
+   * registries) and the base to build on instead when one cannot be had. @default from
    * $SANDGYM_REGISTRY_AUTH_FILE, $SANDGYM_INSECURE_REGISTRIES (comma-separated hosts) and
    * $SANDGYM_FALLBACK_BASE; without a fallback, such a FROM fails the build.
    */

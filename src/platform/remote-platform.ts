@@ -24,7 +24,7 @@ import type { Run, RunOptions } from './runs.ts';
 /** Options for {@link Platform.connect}. */
 export interface ConnectOptions {
   token: string;
-  /** How long to wait for the first connection. Default 10 s. */
+  /** How long to wait for the first connection, in ms. @default 10_000 */
   connectTimeoutMs?: number;
   /** Extra metadata on every call (a controller uses it to say which project it acts for). */
   metadata?: Record<string, string>;

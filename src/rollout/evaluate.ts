@@ -152,6 +152,13 @@ async function runEpisode(
  * Runs one episode per task with at most `concurrency` at once, refilling as each finishes. An
  * episode that throws is reported with a `task_error` outcome when the task cannot run as written,
  * else an `infra_failure`: never as a reward of 0.
+ *
+ * @example
+ * ```ts
+ * const reports = await evaluate(platform, await loadTasks(['examples/tasks']), nopAgent, {
+ *   concurrency: 2,
+ * });
+ * ```
  */
 export async function evaluate(
   platform: PlatformClient,

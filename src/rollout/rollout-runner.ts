@@ -15,6 +15,13 @@ export interface RewardEvent {
  * Runs episodes of a policy over tasks, with a concurrency limit and continuous refill, and
  * publishes what happens as rxjs streams. Promises and AsyncIterables at the edge: `run()`
  * resolves with every report, `finished()` yields them as they come.
+ *
+ * @example
+ * ```ts
+ * const runner = new RolloutRunner(platform, BUILT_IN_AGENTS['oracle']!, { concurrency: 4 });
+ * runner.rewards$.subscribe(({ task, reward }) => console.log(task, reward));
+ * const episodes = await runner.run(await loadTasks(['examples/tasks']));
+ * ```
  */
 export class RolloutRunner {
   private readonly stepSubject = new Subject<StepEvent>();
