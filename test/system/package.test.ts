@@ -1,5 +1,5 @@
 import { spawnSync, type SpawnSyncOptions } from 'node:child_process';
-import { chmod, mkdir, mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
+import { chmod, mkdir, mkdtemp, readdir, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
@@ -84,6 +84,7 @@ describe('the npm package', () => {
       expect(
         (await readdir(join(data, 'bin'))).filter((name) => name.startsWith('sandgym-agent-')),
       ).toHaveLength(1);
+      expect((await stat(data)).mode & 0o777).toBe(0o700); // root's alone, like every data folder
 
       await writeFile(join(project, 'quickstart.mjs'), QUICKSTART);
       const quickstart = JSON.parse(run('node', ['quickstart.mjs'], { cwd: project, env })) as {

@@ -53,44 +53,13 @@ export class ContainerLauncher {
 
   constructor(readonly options: LaunchSettings) {}
 
-  private get layout(): CgroupLayout {
-    return this.options.layout;
-  }
-  private get scope(): string {
-    return this.options.scope;
-  }
-  private get owner(): ProcessIdentity {
-    return this.options.owner;
-  }
-  private get agentPath(): string {
-    return this.options.agentPath;
-  }
-  private get runtime(): string {
-    return this.options.runtime;
-  }
-  private get helper(): HostHelper {
-    return this.options.helper;
-  }
-  private get hostHasSysResource(): boolean {
-    return this.options.hostHasSysResource;
-  }
-  private get codec(): Codec {
-    return this.options.codec;
-  }
-  private get logger(): Logger {
-    return this.options.logger;
-  }
-  private get egress(): ContainerEgress {
-    return this.options.egress;
-  }
-
   /** A container's things on the node, by slot: its sandbox id when created cold, a `warm-…` name when pooled. */
   pathsOf(slot: string): ContainerPaths {
     return {
       dir: join(this.options.dataDir, 'sandboxes', slot),
       runtimeRoot: join(this.options.dataDir, 'runtime'),
-      runtime: this.runtime,
-      deleteSubvolume: (path) => this.helper.deleteSubvolume(path),
+      runtime: this.options.runtime,
+      deleteSubvolume: (path) => this.options.helper.deleteSubvolume(path),
     };
   }
 
@@ -111,7 +80,7 @@ export class ContainerLauncher {
       slot,
       pooled: true,
       backend: 'container',
-      owner: this.owner,
+      owner: this.options.owner,
       createdAt: new Date().toISOString(),
       layers: [],
       labels: {},
@@ -123,7 +92,7 @@ export class ContainerLauncher {
       id: spec.id,
       slot,
       backend: 'container',
-      owner: this.owner,
+      owner: this.options.owner,
       createdAt: new Date().toISOString(),
       layers: spec.layers.map((l) => l.digest),
       labels: spec.labels,
@@ -144,7 +113,7 @@ export class ContainerLauncher {
     overlay: { lowers: string[]; erofs: boolean } | undefined,
   ): Promise<WarmShell> {
     const paths = this.pathsOf(slot);
-    const cgroup = new SandboxCgroup(this.layout, this.scope, slot);
+    const cgroup = new SandboxCgroup(this.options.layout, this.options.scope, slot);
     let shell: WarmShell | undefined;
     this.containersMade++;
     try {
@@ -152,20 +121,20 @@ export class ContainerLauncher {
       const joins = await cgroup.prepare();
       const config = buildOciConfig({
         spec,
-        agentHostPath: this.agentPath,
+        agentHostPath: this.options.agentPath,
         cgroupsPath: `/${cgroup.relativePath}`,
         durable: this.options.durable ?? false,
-        hostHasSysResource: this.hostHasSysResource,
+        hostHasSysResource: this.options.hostHasSysResource,
         ...(overlay ? {} : { root: { path: this.shellRoot, readonly: true } }),
       });
       await writeFile(join(paths.dir, 'config.json'), JSON.stringify(config));
-      await this.helper.launch({
+      await this.options.helper.launch({
         dir: paths.dir,
         joins,
-        umount: this.layout.kind === 'v1' ? this.layout.unified : undefined,
+        umount: this.options.layout.kind === 'v1' ? this.options.layout.unified : undefined,
         // overlay lists lower dirs top first; layers come base first
         overlay: overlay && { lowers: [...overlay.lowers].reverse(), erofs: overlay.erofs },
-        runtime: this.runtime,
+        runtime: this.options.runtime,
         runtimeRoot: paths.runtimeRoot,
         slot,
       });
@@ -175,7 +144,7 @@ export class ContainerLauncher {
       const channel = new AgentChannel(
         openPipe(fifos.requests, 'write'),
         openPipe(fifos.responses, 'read'),
-        this.codec,
+        this.options.codec,
       );
       const exited = channel.closed;
       shell = {
@@ -190,7 +159,7 @@ export class ContainerLauncher {
       };
       this.containers.set(slot, shell);
       shell.agentState = (await this.waitReady(slot, channel, exited, paths, options)).state;
-      this.logger.debug({ slot }, 'container ready');
+      this.options.logger.debug({ slot }, 'container ready');
       return shell;
     } catch (error) {
       if (shell) await this.teardown(shell).catch(() => undefined);
@@ -231,8 +200,8 @@ export class ContainerLauncher {
   /** Graceful first: the agent ends every process and exits; then force. */
   async teardown(shell: WarmShell): Promise<void> {
     try {
-      await this.egress.detach(shell.slot).catch((error: unknown) => {
-        this.logger.warn(
+      await this.options.egress.detach(shell.slot).catch((error: unknown) => {
+        this.options.logger.warn(
           { slot: shell.slot, error: messageOf(error) },
           'cannot take a container off the network',
         );
@@ -247,7 +216,8 @@ export class ContainerLauncher {
         shell.exited.then(() => true),
         sleep(graceMs, false, { ref: false }),
       ]);
-      if (!exited) this.logger.warn({ slot: shell.slot }, 'container did not stop in time; killing it');
+      if (!exited)
+        this.options.logger.warn({ slot: shell.slot }, 'container did not stop in time; killing it');
       await removeContainerResidue(shell.slot, shell.cgroup, this.pathsOf(shell.slot));
     } finally {
       this.containers.delete(shell.slot);

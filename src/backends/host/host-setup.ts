@@ -4,7 +4,8 @@ import { SandgymError, type Logger } from '../../common/index.ts';
 import { detectCgroupLayout, type CgroupLayout } from './cgroups.ts';
 import { runProgram } from './run-program.ts';
 import { detectCriu, type CriuSupport } from './criu.ts';
-import { agentBinaryTarget, agentSourceDir } from './paths.ts';
+import { prepareDataFolder } from './data-folder.ts';
+import { agentBinaryTarget, agentSourceDir, defaultDataDir, isInstalledPackage } from './paths.ts';
 
 /** Host programs the backends and base layers use, and the Debian package of each. */
 const REQUIRED_PROGRAMS: Record<string, string> = {
@@ -99,6 +100,9 @@ export async function installPrograms(programs: Record<string, string>, logger: 
 async function ensureAgentBinary(logger: Logger): Promise<string> {
   const target = agentBinaryTarget();
   if (existsSync(target)) return target;
+  // an installed package's data folder is made here first: root's alone, as every data folder
+  if (isInstalledPackage() && !process.env['SANDGYM_AGENT'])
+    await prepareDataFolder(defaultDataDir(), '$SANDGYM_DATA_DIR');
   logger.info({ agent: target }, 'compiling the sandbox agent');
   await runProgram('make', ['-s', '-C', agentSourceDir(), `OUT=${target}`], { timeoutMs: 10 * 60_000 });
   return target;

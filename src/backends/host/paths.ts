@@ -16,7 +16,7 @@ export function packageRoot(): string {
 }
 
 /** Whether sandgym runs as an installed npm package (under node_modules), not from a checkout. */
-function isInstalledPackage(): boolean {
+export function isInstalledPackage(): boolean {
   return packageRoot().split(sep).includes('node_modules');
 }
 
