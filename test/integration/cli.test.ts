@@ -225,4 +225,62 @@ describe('the sandgym command line', () => {
     }
     expect(spawnSync('pgrep', ['-f', `sandboxes/${id}`]).status).toBe(1);
   });
+
+  it('logs a controller as pino JSON lines on stderr at --log-level, and refuses an unknown level', async () => {
+    const grants = join(env.dataDir, 'grants.json');
+    await writeFile(grants, JSON.stringify({ tokens: {} }));
+    const token = 'log-test-node-token-7c1e9a4f2b8d6035';
+    const bad = spawnSync(
+      'node',
+      [
+        CLI,
+        'controller',
+        '--listen',
+        '127.0.0.1:0',
+        '--nodes',
+        '127.0.0.1:9',
+        '--grants',
+        grants,
+        '--log-level',
+        'loud',
+      ],
+      { env: { ...cliEnv, SANDGYM_NODE_TOKEN: token }, encoding: 'utf8', timeout: 60_000 },
+    );
+    expect(bad.status).toBe(2);
+    expect(bad.stderr).toMatch(/--log-level must be one of debug, info, warn, error, silent/);
+    // stderr is a pipe, not a terminal: one JSON object per line
+    const controller = spawn(
+      'node',
+      [
+        CLI,
+        'controller',
+        '--listen',
+        '127.0.0.1:0',
+        '--nodes',
+        '127.0.0.1:9',
+        '--grants',
+        grants,
+        '--log-level',
+        'debug',
+      ],
+      { env: { ...cliEnv, SANDGYM_NODE_TOKEN: token }, stdio: ['ignore', 'pipe', 'pipe'] },
+    );
+    let stderr = '';
+    controller.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
+    try {
+      for (let polls = 0; !stderr.includes('\n'); polls++) {
+        if (polls > 300) throw new Error(`the controller logged nothing: ${stderr}`);
+        await sleep(100);
+      }
+    } finally {
+      controller.kill('SIGKILL');
+    }
+    const lines = stderr
+      .split('\n')
+      .filter(Boolean)
+      .map((line) => JSON.parse(line) as Record<string, unknown>);
+    expect(lines[0]).toMatchObject({ app: 'sandgym', role: 'controller' });
+    expect(typeof lines[0]?.['level']).toBe('number');
+    expect(typeof lines[0]?.['msg']).toBe('string');
+  });
 });
