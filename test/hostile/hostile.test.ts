@@ -99,9 +99,13 @@ describe('hostile suite', () => {
       `hostile suite: ${ATTACKS.length} attacks run, ${contained.length} contained; neighbour step p99 ${p99(during)} during attacks (${during.length} steps) against ${p99(baseline)} at rest (${baseline.length} steps)`,
     );
     listener?.close();
-    await neighbour?.close();
-    await env?.[Symbol.asyncDispose]();
-    await upstream?.[Symbol.asyncDispose]();
+    try {
+      await neighbour?.close();
+      await env?.[Symbol.asyncDispose]();
+    } finally {
+      // the upstream's namespace goes even when the platform's teardown finds something wrong
+      await upstream?.[Symbol.asyncDispose]();
+    }
   });
 
   it('has at least 30 attacks of every kind the issue lists', () => {

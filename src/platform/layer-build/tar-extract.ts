@@ -69,7 +69,21 @@ export async function extractTar(
   root: string,
   whiteouts: WhiteoutMode,
 ): Promise<void> {
-  const reader = new TarReader(stream, archive);
+  try {
+    await extractEntries(new TarReader(stream, archive), archive, root, whiteouts);
+  } finally {
+    // a refused entry or an end marker before the end of the file stops the reading early: the
+    // file is closed here, not whenever the stream is collected
+    stream.destroy();
+  }
+}
+
+async function extractEntries(
+  reader: TarReader,
+  archive: string,
+  root: string,
+  whiteouts: WhiteoutMode,
+): Promise<void> {
   const created = new Set<string>();
   const folders: [string, TarEntry][] = [];
   for (let entry = await reader.next(); entry; entry = await reader.next()) {
@@ -169,5 +183,9 @@ export async function openTar(path: string): Promise<Readable> {
   await file.read(head, 0, 2, 0);
   await file.close();
   const stream = createReadStream(path);
-  return head[0] === 0x1f && head[1] === 0x8b ? stream.pipe(createGunzip()) : stream;
+  if (head[0] !== 0x1f || head[1] !== 0x8b) return stream;
+  const gunzip = stream.pipe(createGunzip());
+  // the file goes with the stream its reader holds, however that ends
+  gunzip.once('close', () => stream.destroy());
+  return gunzip;
 }
