@@ -74,18 +74,26 @@ export class BackendRegistry {
     return Promise.all(used.map((name) => this.get(name)));
   }
 
+  /**
+   * The backends this process started: the only ones holding sandboxes of this process. What the
+   * lifetime sweep walks, so it never starts a VM backend just because an earlier process used one.
+   */
+  private async started(): Promise<Backend[]> {
+    const vms = await Promise.all([...this.vms.values()].map((opening) => opening.catch(() => undefined)));
+    return [this.container, this.fncall, ...vms.filter((vm): vm is VmBackend => vm !== undefined)];
+  }
+
   /** The backend holding sandbox `id` on this node (this process's first), or `not_found`. */
   async ownerOf(id: string): Promise<Backend> {
-    const backends = await this.inUse();
-    const mine = backends.find((backend) => backend.live().some((sandbox) => sandbox.id === id));
+    const mine = (await this.started()).find((backend) => backend.live().some((s) => s.id === id));
     if (mine) return mine;
-    for (const backend of backends) if (await backend.holds(id)) return backend;
+    for (const backend of await this.inUse()) if (await backend.holds(id)) return backend;
     throw new SandgymError('not_found', `No sandbox "${id}" on this node: see "sandgym ps"`);
   }
 
   /** This process's live sandboxes of every backend. */
   async live(): Promise<BackendSandbox[]> {
-    return (await this.inUse()).flatMap((backend) => backend.live());
+    return (await this.started()).flatMap((backend) => backend.live());
   }
 
   async list(): Promise<SandboxRecord[]> {
@@ -101,7 +109,7 @@ export class BackendRegistry {
 
   async reclaimExpired(now = Date.now()): Promise<string[]> {
     const reclaimed: string[] = [];
-    for (const backend of await this.inUse()) reclaimed.push(...(await backend.reclaimExpired(now)));
+    for (const backend of await this.started()) reclaimed.push(...(await backend.reclaimExpired(now)));
     return reclaimed;
   }
 
