@@ -230,41 +230,31 @@ describe('the sandgym command line', () => {
     const grants = join(env.dataDir, 'grants.json');
     await writeFile(grants, JSON.stringify({ tokens: {} }));
     const token = 'log-test-node-token-7c1e9a4f2b8d6035';
-    const bad = spawnSync(
-      'node',
-      [
-        CLI,
-        'controller',
-        '--listen',
-        '127.0.0.1:0',
-        '--nodes',
-        '127.0.0.1:9',
-        '--grants',
-        grants,
-        '--log-level',
-        'loud',
-      ],
-      { env: { ...cliEnv, SANDGYM_NODE_TOKEN: token }, encoding: 'utf8', timeout: 60_000 },
-    );
+    const controllerArgs = (level: string): string[] => [
+      CLI,
+      'controller',
+      '--listen',
+      '127.0.0.1:0',
+      '--nodes',
+      '127.0.0.1:9',
+      '--grants',
+      grants,
+      '--log-level',
+      level,
+    ];
+    const controllerEnv = { ...cliEnv, SANDGYM_NODE_TOKEN: token };
+    const bad = spawnSync('node', controllerArgs('loud'), {
+      env: controllerEnv,
+      encoding: 'utf8',
+      timeout: 60_000,
+    });
     expect(bad.status).toBe(2);
     expect(bad.stderr).toMatch(/--log-level must be one of debug, info, warn, error, silent/);
     // stderr is a pipe, not a terminal: one JSON object per line
-    const controller = spawn(
-      'node',
-      [
-        CLI,
-        'controller',
-        '--listen',
-        '127.0.0.1:0',
-        '--nodes',
-        '127.0.0.1:9',
-        '--grants',
-        grants,
-        '--log-level',
-        'debug',
-      ],
-      { env: { ...cliEnv, SANDGYM_NODE_TOKEN: token }, stdio: ['ignore', 'pipe', 'pipe'] },
-    );
+    const controller = spawn('node', controllerArgs('debug'), {
+      env: controllerEnv,
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
     let stderr = '';
     controller.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
     try {
