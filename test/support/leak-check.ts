@@ -3,6 +3,7 @@ import { mkdirSync, readFileSync, readdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { Platform } from '../../src/platform/index.ts';
 import { openHandlesUnder } from './open-handles.ts';
+import { isUpstreamServer, reapStaleUpstreams } from './upstream.ts';
 import { STORE_DIR, TEST_DATA_ROOT } from './platform.ts';
 
 mkdirSync(TEST_DATA_ROOT, { recursive: true });
@@ -55,7 +56,11 @@ function findLeaks(): string[] {
       const state = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]?.[0];
       if (state === 'Z') continue; // a zombie holds nothing; its parent reaps it
       const ours = cmdline.includes('crun') || cmdline.includes('qemu-system');
-      if (cmdline.includes('.sandgym-agent') || (ours && cmdline.includes('.sandgym'))) {
+      if (
+        cmdline.includes('.sandgym-agent') ||
+        (ours && cmdline.includes('.sandgym')) ||
+        isUpstreamServer(cmdline)
+      ) {
         leaks.push(`process ${pid}: ${cmdline.trim()}`);
       }
       for (const path of openHandlesUnder(TEST_DATA_ROOT, Number(pid)))
@@ -84,6 +89,7 @@ function dataDirsUnder(dir: string): string[] {
  * its sandboxes and cgroups through gc, then any layer mount still under the folders.
  */
 export async function setup(): Promise<void> {
+  reapStaleUpstreams();
   for (const dataDir of dataDirsUnder(TEST_DATA_ROOT)) {
     const platform = await Platform.local({ dataDir, storeDir: STORE_DIR });
     await platform.gc();

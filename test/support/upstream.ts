@@ -1,5 +1,5 @@
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -24,7 +24,7 @@ export async function startUpstream(index: number, ports: number[]): Promise<Ups
   const hostLink = `sgtu${index}`;
   const base = `10.250.${index}`;
   const servers: ChildProcess[] = [];
-  const root = mkdtempSync(join(tmpdir(), 'sandgym-upstream-'));
+  const root = mkdtempSync(join(tmpdir(), UPSTREAM_DIR_MARK));
   const dispose = async (): Promise<void> => {
     for (const server of servers) server.kill('SIGKILL');
     await sleep(50);
@@ -61,4 +61,31 @@ export async function startUpstream(index: number, ports: number[]): Promise<Ups
     throw error;
   }
   return { address: `${base}.2`, [Symbol.asyncDispose]: dispose };
+}
+
+/** Where an upstream's servers serve from: what names their processes. */
+export const UPSTREAM_DIR_MARK = 'sandgym-upstream-';
+
+/** Whether a process command line is an upstream's server. */
+export function isUpstreamServer(cmdline: string): boolean {
+  return cmdline.includes('httpd') && cmdline.includes(`/${UPSTREAM_DIR_MARK}`);
+}
+
+/**
+ * Removes what an interrupted earlier run left of its upstreams: servers (which outlive a killed
+ * test worker), namespaces and host links, so a new run can make them again.
+ */
+export function reapStaleUpstreams(): void {
+  for (const pid of readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
+    try {
+      if (isUpstreamServer(readFileSync(`/proc/${pid}/cmdline`, 'utf8').replaceAll('\0', ' ')))
+        process.kill(Number(pid), 'SIGKILL');
+    } catch {
+      // ended while we looked
+    }
+  }
+  const namespaces = execFileSync('ip', ['netns', 'list'], { encoding: 'utf8' });
+  for (const name of namespaces.split('\n').map((line) => line.split(' ')[0] ?? '')) {
+    if (name.startsWith('sandgym-test-upstream')) ip('netns', 'del', name);
+  }
 }
