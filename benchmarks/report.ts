@@ -8,7 +8,7 @@ export interface Metric {
   ratio?: number;
 }
 
-/** The JSON document every benchmark writes, as design.md gives it. */
+/** The JSON document every benchmark writes (docs/benchmarks.md). */
 export interface BenchReport {
   bench: string;
   host: { cpus: number; memoryGiB: number; kernel: string; node: string; cpuModel: string };

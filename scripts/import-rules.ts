@@ -4,7 +4,7 @@ import { dirname, join, relative, resolve } from 'node:path';
 /** Layers from the bottom up; a layer may import only from itself and the layers below it. */
 export const LAYERS = ['common', 'backends', 'platform', 'env', 'rollout', 'cli'] as const;
 
-/** Modules only some folders may import (design.md, "Rules that fix where the dependencies live"). */
+/** Modules only some folders may import (docs/architecture.md, "The code, layer by layer"). */
 const RESTRICTED: { module: RegExp; allowed: RegExp; why: string }[] = [
   { module: /^@grpc\/grpc-js/, allowed: /^src\/platform\/wire\//, why: 'gRPC lives in src/platform/wire' },
   {

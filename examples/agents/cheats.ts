@@ -1,4 +1,4 @@
-// Agents that try the reward hacks of integrity.md on the example tasks. Each must end with no
+// Agents that try the reward hacks of docs/security.md on the example tasks. Each must end with no
 // reward; `sandgym eval examples/tasks --agent dist/examples/agents/<name>.js` shows it.
 import type { SandboxAction } from '../../src/env/index.ts';
 

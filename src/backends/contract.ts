@@ -10,7 +10,7 @@ export type BackendName = (typeof BACKEND_NAMES)[number];
 /** Latency-sensitive sandboxes get the CPU first; best-effort ones yield to them. */
 export type QosClass = 'latency' | 'best_effort';
 
-/** Lifecycle states, as in design.md. */
+/** Lifecycle states of a sandbox, whichever backend runs it. */
 export type SandboxState =
   'creating' | 'running' | 'paused' | 'hibernated' | 'stopping' | 'stopped' | 'failed';
 

@@ -1,6 +1,6 @@
 import { isSandgymError, messageOf } from '../common/index.ts';
 
-/** Exit codes, as in design.md: 0 success, 1 the command's own failure, 2 bad usage or input, 3 infrastructure. */
+/** Exit codes, as the README gives them: 0 success, 1 the command's own failure, 2 bad usage or input, 3 infrastructure. */
 export const EXIT = { ok: 0, failed: 1, usage: 2, infrastructure: 3 } as const;
 
 /** A usage error: the message names the argument to change. */

@@ -43,7 +43,7 @@ async function play(env: TaskEnv, task: Task, agent: Agent, seed = 0): Promise<E
 }
 
 /**
- * The agentic environment checker of integrity.md, for one task: the oracle passes, a
+ * The agentic environment checker (`sandgym check`; see docs/tasks.md), for one task: the oracle passes, a
  * do-nothing agent fails, nothing hidden is visible from the agent's sandbox, reset is
  * deterministic, replaying the oracle's actions reproduces its observations, and close() is
  * idempotent and leaves nothing behind.

@@ -151,7 +151,7 @@ describe('Harbor tasks, fresh-box grading and evaluation', () => {
     });
   });
 
-  it('runs from the command line with the exit codes of design.md', () => {
+  it('runs from the command line with the exit codes the README gives', () => {
     const cliEnv = { ...process.env, SANDGYM_DATA_DIR: env.dataDir, SANDGYM_STORE: env.platform.store.root };
     const out = join(env.dataDir, 'eval.json');
     const oracle = spawnSync(

@@ -54,4 +54,22 @@ describe('the documentation', () => {
       .map((file) => relative(ROOT, file));
     expect(outside).toEqual([]);
   });
+
+  it('names only Markdown pages the repository holds, in code and comments too', () => {
+    const pages = new Set(filesOf(ROOT, ['.md']).map((file) => file.split('/').pop()));
+    const missing: string[] = [];
+    for (const file of filesOf(ROOT, ['.ts', '.py', '.sh', '.mjs', '.c', '.h'])) {
+      if (file === resolve(import.meta.filename)) continue;
+      // what a reader is pointed to: comments and test titles (a test's own files are data)
+      const prose = readFileSync(file, 'utf8')
+        .split('\n')
+        .filter((line) => /^\s*(\/\/|\/?\*|#)|\b(it|describe)\(/.test(line));
+      for (const line of prose) {
+        for (const [name] of line.matchAll(/\b[\w-]+\.md\b/g)) {
+          if (!pages.has(name)) missing.push(`${relative(ROOT, file)}: ${name}`);
+        }
+      }
+    }
+    expect(missing).toEqual([]);
+  });
 });
