@@ -330,6 +330,11 @@ export class LocalPlatform implements HostPlatform {
     return this.createSandboxFor(this.project, request, options);
   }
 
+  /** The handles of this process's live sandboxes, of every backend (what runs govern). */
+  liveSandboxes(): Promise<BackendSandbox[]> {
+    return this.registry.live();
+  }
+
   /** A sandbox owned by `project` (node agents create on behalf of their callers' projects). */
   async createSandboxFor(
     project: string,
@@ -344,16 +349,10 @@ export class LocalPlatform implements HostPlatform {
       [PROJECT_LABEL]: project,
       ...(resolved.run ? { [RUN_LABEL]: resolved.run } : {}),
     };
-    if ((resolved.backend === 'microvm' || resolved.backend === 'vm') && resolved.run) {
-      throw new SandgymError(
-        'invalid_argument',
-        'Runs govern containers only so far: leave out "run", or use backend "container"',
-      );
-    }
     if (resolved.backend === 'fncall' && resolved.run) {
       throw new SandgymError(
         'invalid_argument',
-        'A FnCall sandbox keeps no state for a run to govern: leave out "run", or use backend "container"',
+        'A FnCall sandbox keeps no state for a run to govern: leave out "run", or use backend "container", "microvm" or "vm"',
       );
     }
     const named = await this.storeFor(project).getEnvironment(resolved.environment);
@@ -691,7 +690,7 @@ export const Platform = {
     const runs = await RunManager.open(
       join(dataDir, 'runs.json'),
       {
-        live: () => container.live(),
+        live: () => late.platform?.liveSandboxes() ?? Promise.resolve(container.live()),
         destroy: (sandbox) => sandbox.close(),
         dropLog: (id) => late.platform?.dropTrajectory(id) ?? Promise.resolve(),
         dropSnapshot: (project, environment) => layers.forProject(project).removeEnvironment(environment),

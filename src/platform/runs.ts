@@ -9,9 +9,12 @@ export type TrainingPhase = 'rollout' | 'weight_sync' | 'train' | 'preempted' | 
 /** Options for {@link PlatformClient.startRun}. */
 export interface RunOptions {
   name: string;
-  /** The trainer renews within this; when it lapses, the run's sandboxes are paused. */
+  /** The trainer renews within this; when it lapses, the run's sandboxes hibernate. */
   leaseMs: number;
-  /** How long after the lease lapses the run is cleaned up. Default 5 × leaseMs. */
+  /**
+   * The grace after a lapse: how long the run and its hibernated sandboxes are kept for a
+   * restarted trainer to resume by name, before they are destroyed. Default 5 × leaseMs.
+   */
   ttlMs?: number | undefined;
 }
 
@@ -29,6 +32,10 @@ export interface PhaseReport {
   paused: string[];
   hibernated: string[];
   resumed: string[];
+  /**
+   * Sandboxes with a request in flight, left running. At `preempted` they hibernate as soon as
+   * their last request ends.
+   */
   busy: string[];
   freedBytes: number;
 }
@@ -36,9 +43,12 @@ export interface PhaseReport {
 /** A trainer's handle on its run: every sandbox created with `run: name` belongs to it. */
 export interface Run extends AsyncDisposable {
   readonly name: string;
-  /** Extends the lease; a lapsed run's paused sandboxes resume. */
+  /** Extends the lease; a lapsed run's sandboxes resume if its phase is `rollout` or `resumed`. */
   renew(): Promise<RunStatus>;
-  /** Applies the phase policy: freeze idle sandboxes in `train`/`weight_sync`, hibernate on `preempted`, resume otherwise. */
+  /**
+   * Applies the phase policy: freeze idle sandboxes in `train`/`weight_sync`, hibernate them on
+   * `preempted` (busy ones when their request ends), resume them on `rollout`/`resumed`.
+   */
   phase(phase: TrainingPhase): Promise<PhaseReport>;
   /** Destroys every sandbox and trajectory log of the run, at once. */
   end(): Promise<{ destroyed: string[] }>;
@@ -61,13 +71,15 @@ const runRecordSchema = z.object({
   lapsed: z.boolean(),
   /** Environments made from the run's sandboxes (checkpoints): removed with the run. */
   snapshots: z.array(z.string()).default([]),
+  /** Members that were busy when the run was preempted or lapsed: they hibernate once idle. */
+  hibernateWhenIdle: z.array(z.string()).default([]),
 });
 type RunRecord = z.infer<typeof runRecordSchema>;
 const runFileSchema = z.object({ runs: z.array(runRecordSchema) });
 
 /** How a run manager reaches the sandboxes it governs. */
 export interface RunSandboxes {
-  live(): BackendSandbox[];
+  live(): Promise<BackendSandbox[]>;
   destroy(sandbox: BackendSandbox): Promise<void>;
   dropLog(sandboxId: string): Promise<void>;
   /** Removes an environment a run's sandbox was packed into, from the run's project. */
@@ -76,8 +88,8 @@ export interface RunSandboxes {
 
 /**
  * The runs of one node: leases, phases and cleanup. State is kept in a crash-safe file, so a
- * restarted node agent enforces the same leases. A timer pauses the sandboxes of a lapsed run
- * and destroys an expired run's.
+ * restarted node agent enforces the same leases. A timer hibernates the sandboxes of a lapsed
+ * run (and those a preemption found busy, once idle) and destroys an expired run's.
  */
 export class RunManager {
   private readonly runs = new Map<string, RunRecord>();
@@ -135,16 +147,15 @@ export class RunManager {
     }
   }
 
-  private members(run: RunRecord): BackendSandbox[] {
-    return this.sandboxes
-      .live()
-      .filter(
-        (s) => s.labels[RUN_LABEL] === run.name && (s.labels[PROJECT_LABEL] ?? 'default') === run.project,
-      );
+  private async members(run: RunRecord): Promise<BackendSandbox[]> {
+    return (await this.sandboxes.live()).filter(
+      (s) => s.labels[RUN_LABEL] === run.name && (s.labels[PROJECT_LABEL] ?? 'default') === run.project,
+    );
   }
 
-  private status(run: RunRecord): RunStatus {
-    return { name: run.name, phase: run.phase, lapsed: run.lapsed, sandboxes: this.members(run).length };
+  private async status(run: RunRecord): Promise<RunStatus> {
+    const sandboxes = (await this.members(run)).length;
+    return { name: run.name, phase: run.phase, lapsed: run.lapsed, sandboxes };
   }
 
   async start(project: string, options: RunOptions): Promise<RunStatus> {
@@ -158,10 +169,11 @@ export class RunManager {
       phase: existing?.phase ?? 'rollout',
       lapsed: false,
       snapshots: existing?.snapshots ?? [],
+      hibernateWhenIdle: existing?.hibernateWhenIdle ?? [],
     };
     this.runs.set(key(project, run.name), run);
     await this.save();
-    if (existing?.lapsed) await this.resumeAll(run);
+    if (existing?.lapsed) await this.resumeAfterLapse(run);
     return this.status(run);
   }
 
@@ -171,16 +183,20 @@ export class RunManager {
     const wasLapsed = run.lapsed;
     run.lapsed = false;
     await this.save();
-    if (wasLapsed) await this.resumeAll(run);
+    if (wasLapsed) await this.resumeAfterLapse(run);
     return this.status(run);
   }
 
   async setPhase(project: string, name: string, phase: TrainingPhase): Promise<PhaseReport> {
     const run = this.find(project, name);
     run.phase = phase;
-    await this.save();
+    run.hibernateWhenIdle = [];
     const report: PhaseReport = { phase, paused: [], hibernated: [], resumed: [], busy: [], freedBytes: 0 };
-    const members = this.members(run);
+    const members = await this.members(run);
+    if (phase === 'preempted') {
+      run.hibernateWhenIdle = members.filter((s) => s.activeCalls > 0).map((s) => s.id);
+    }
+    await this.save();
     await settleAll(
       members.map(async (sandbox) => {
         if (phase === 'rollout' || phase === 'resumed') {
@@ -190,7 +206,7 @@ export class RunManager {
           return;
         }
         if (sandbox.activeCalls > 0) {
-          report.busy.push(sandbox.id); // a step is running in it: leave it be
+          report.busy.push(sandbox.id); // a step is running in it: leave it be (the sweep hibernates it later)
           return;
         }
         if (phase === 'preempted') {
@@ -223,17 +239,46 @@ export class RunManager {
     return this.destroyAll(run);
   }
 
-  private async resumeAll(run: RunRecord): Promise<void> {
+  /**
+   * A renewed lease brings the run's sandboxes back to what its phase wants: running in
+   * `rollout`/`resumed`; in the other phases they stay frozen or hibernated.
+   */
+  private async resumeAfterLapse(run: RunRecord): Promise<void> {
+    run.hibernateWhenIdle = [];
+    await this.save();
+    if (run.phase !== 'rollout' && run.phase !== 'resumed') return;
     await settleAll(
-      this.members(run)
-        .filter((s) => s.state === 'paused')
+      (await this.members(run))
+        .filter((s) => s.state === 'paused' || s.state === 'hibernated')
         .map((s) => s.resume()),
       `Some sandboxes of run ${run.name} did not resume`,
     );
   }
 
+  /**
+   * Hibernates the run's idle sandboxes and marks its busy ones to follow when their request
+   * ends: what a preemption or a lapsed lease does. The ids it hibernated.
+   */
+  private async hibernateIdle(run: RunRecord, candidates: readonly BackendSandbox[]): Promise<string[]> {
+    const idle = candidates.filter((s) => s.activeCalls === 0);
+    const busy = candidates.filter((s) => s.activeCalls > 0).map((s) => s.id);
+    const pending = new Set(run.hibernateWhenIdle);
+    for (const s of idle) pending.delete(s.id);
+    for (const id of busy) pending.add(id);
+    if (!sameMembers(pending, run.hibernateWhenIdle)) {
+      run.hibernateWhenIdle = [...pending];
+      await this.save();
+    }
+    const frozen = idle.filter(canHibernate);
+    await settleAll(
+      frozen.map((s) => s.hibernate()),
+      `Some sandboxes of run ${run.name} did not hibernate`,
+    );
+    return frozen.map((s) => s.id);
+  }
+
   private async destroyAll(run: RunRecord): Promise<{ destroyed: string[] }> {
-    const members = this.members(run);
+    const members = await this.members(run);
     await settleAll(
       members.map(async (sandbox) => {
         await this.sandboxes.destroy(sandbox);
@@ -248,10 +293,25 @@ export class RunManager {
     return { destroyed: members.map((s) => s.id) };
   }
 
-  /** Pauses the sandboxes of lapsed runs and cleans up expired ones. */
+  /** Hibernates the sandboxes of lapsed runs, and busy ones a preemption left, and cleans up expired runs. */
   private async sweep(): Promise<void> {
     const now = Date.now();
     for (const run of [...this.runs.values()]) {
+      if (run.hibernateWhenIdle.length > 0) {
+        const waiting = new Set(run.hibernateWhenIdle);
+        const members = (await this.members(run)).filter((s) => waiting.has(s.id));
+        const gone = run.hibernateWhenIdle.filter((id) => !members.some((s) => s.id === id));
+        if (gone.length) {
+          run.hibernateWhenIdle = run.hibernateWhenIdle.filter((id) => !gone.includes(id));
+          await this.save();
+        }
+        const hibernated = await this.hibernateIdle(run, members);
+        if (hibernated.length)
+          this.logger.info(
+            { run: run.name, hibernated },
+            'run: sandboxes hibernated once their request ended',
+          );
+      }
       if (now >= run.expiresAt + run.ttlMs) {
         this.runs.delete(key(run.project, run.name));
         await this.save();
@@ -260,12 +320,12 @@ export class RunManager {
       } else if (now >= run.expiresAt && !run.lapsed) {
         run.lapsed = true;
         await this.save();
-        const running = this.members(run).filter((s) => s.state === 'running');
-        await settleAll(
-          running.map((s) => s.pause()),
-          `Some sandboxes of lapsed run ${run.name} did not pause`,
+        // the trainer is gone: free what its sandboxes hold, and keep them for the grace
+        const hibernated = await this.hibernateIdle(run, await this.members(run));
+        this.logger.info(
+          { run: run.name, hibernated: hibernated.length, graceMs: run.ttlMs },
+          'run lease lapsed: sandboxes hibernated',
         );
-        this.logger.info({ run: run.name, paused: running.length }, 'run lease lapsed: sandboxes paused');
       }
     }
   }
@@ -273,6 +333,15 @@ export class RunManager {
   close(): void {
     clearInterval(this.timer);
   }
+}
+
+/** Running or frozen: the states hibernation applies to. */
+function canHibernate(sandbox: BackendSandbox): boolean {
+  return sandbox.state === 'running' || sandbox.state === 'paused';
+}
+
+function sameMembers(set: ReadonlySet<string>, list: readonly string[]): boolean {
+  return set.size === list.length && list.every((id) => set.has(id));
 }
 
 function key(project: string, name: string): string {

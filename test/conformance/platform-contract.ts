@@ -195,9 +195,14 @@ export function describePlatformContract(target: PlatformTarget): void {
         expect(train.busy).toContain(busy.id); // a step is running in it: left alone
         expect((await idle.stats()).state).toBe('paused');
         await Promise.all([running, slow]);
+        // preempted while a step runs: the busy one hibernates as soon as its step ends
+        const step = busy.exec(['sleep', '1.5']);
         const preempted = await run.phase('preempted');
-        expect(preempted.hibernated.sort()).toEqual([idle.id, busy.id].sort());
+        expect(preempted.hibernated).toEqual([idle.id]);
+        expect(preempted.busy).toEqual([busy.id]);
         expect((await idle.stats()).state).toBe('hibernated');
+        expect((await step).exitCode).toBe(0);
+        await waitFor(async () => (await busy.stats()).state === 'hibernated');
         // any request to a hibernated sandbox resumes it transparently
         expect((await idle.exec(['echo', 'back'])).stdout).toBe('back\n');
         const rollout = await run.phase('rollout');
@@ -224,7 +229,7 @@ export function describePlatformContract(target: PlatformTarget): void {
       }
     });
 
-    it('pauses the sandboxes of a lapsed lease and cleans up an expired run', async () => {
+    it('hibernates the sandboxes of a lapsed lease and cleans up an expired run', async () => {
       const name = `lease-${Date.now().toString(36)}`;
       const run = await opened.platform.startRun({ name, leaseMs: 400, ttlMs: 4_000 });
       const member = await opened.platform.createSandbox({
@@ -233,7 +238,7 @@ export function describePlatformContract(target: PlatformTarget): void {
         run: name,
       });
       try {
-        await waitFor(async () => (await member.stats()).state === 'paused');
+        await waitFor(async () => (await member.stats()).state === 'hibernated');
         expect((await run.renew()).lapsed).toBe(false);
         expect((await member.stats()).state).toBe('running');
         // no renewals from here: lapse, then expiry destroys it

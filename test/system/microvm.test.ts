@@ -53,6 +53,45 @@ describe('microvm through the platform', () => {
     }
   });
 
+  it('joins a run: preempted snapshots it to disk and ends QEMU, rollout brings its processes back', async () => {
+    await using env = await createTestPlatform('microvm-run');
+    const run = await env.platform.startRun({ name: 'microvm-run', leaseMs: 120_000 });
+    const sandbox = await env.platform.createSandbox({
+      backend: 'microvm',
+      environment: 'busybox:latest',
+      run: run.name,
+    });
+    try {
+      const started = await sandbox.exec([
+        'sh',
+        '-c',
+        'sh -c "i=0; while true; do i=\\$((i+1)); echo \\$i > /root/count; sleep 0.2; done" >/dev/null 2>&1 & echo $!',
+      ]);
+      const loop = started.stdout.trim();
+      expect(loop).toMatch(/^\d+$/);
+      const before = await sandbox.stats();
+      const preempted = await run.phase('preempted');
+      expect(preempted.hibernated).toEqual([sandbox.id]);
+      // QEMU is gone: what the VM held is back with the host
+      expect(preempted.freedBytes).toBeGreaterThan(before.memoryBytes * 0.9);
+      const hibernated = await sandbox.stats();
+      expect(hibernated.state).toBe('hibernated');
+      expect(hibernated.memoryBytes).toBe(0);
+      const rollout = await run.phase('rollout');
+      expect(rollout.resumed).toEqual([sandbox.id]);
+      // the same process, still counting
+      expect((await sandbox.exec(['kill', '-0', loop])).exitCode).toBe(0);
+      const count = async (): Promise<number> =>
+        Number((await sandbox.exec(['cat', '/root/count'])).stdout.trim());
+      const first = await count();
+      await new Promise((resolve) => setTimeout(resolve, 1_500));
+      expect(await count()).toBeGreaterThan(first);
+      expect((await run.end()).destroyed).toEqual([sandbox.id]);
+    } finally {
+      await sandbox.close();
+    }
+  });
+
   it('lists, measures and kills a microvm like any sandbox', async () => {
     await using env = await createTestPlatform('microvm-platform');
     const sandbox = await env.platform.createSandbox({ backend: 'microvm', environment: 'busybox:latest' });
