@@ -89,6 +89,7 @@ export type {
 } from './env/index.ts';
 export {
   BUILT_IN_AGENTS,
+  PREEMPTION_SIGNALS,
   RolloutRunner,
   TrainingCoordinator,
   evaluate,
@@ -102,6 +103,11 @@ export type {
   AgentDecision,
   EpisodeReport,
   EvaluateOptions,
+  LeaseEvent,
+  LifecycleEvent,
   OpenAiAgentOptions,
+  PhaseEvent,
   StepEvent,
+  TrainingCoordinatorOptions,
+  TrainingEvent,
 } from './rollout/index.ts';

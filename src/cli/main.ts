@@ -31,12 +31,14 @@ const USAGE = `usage: sandgym COMMAND [ARGS]
   layer gc [--min-age-minutes N] [--json] unused mounts, node copies and unreferenced layers (default age 60)
   env ls [--json] | env show NAME:VERSION environments: layer stacks plus config
   eval TASK... [--agent oracle|nop|openai:MODEL|MODULE.js] [--base-url URL] [--concurrency N] [--max-steps N]
-       [--json OUT] [--report OUT.html] [--atif DIR]
+       [--json OUT] [--report OUT.html] [--atif DIR] [--run NAME [--lease 30s]]
        [--fallback-base ENV] [--registry-auth FILE] [--insecure-registry HOST]
                                           run Harbor, Terminal-Bench or SWE-bench tasks, grade each in a
                                           fresh sandbox; openai:MODEL drives an OpenAI-compatible endpoint
                                           at --base-url (key in $SANDGYM_LLM_API_KEY or $OPENAI_API_KEY);
-                                          --atif writes one ATIF trajectory per episode
+                                          --atif writes one ATIF trajectory per episode; --run puts the
+                                          sandboxes in a training run, whose lease it renews: killed, they
+                                          hibernate, and a rerun with the same --run resumes them
   mcp [--environment ENV | --sandbox ID]  a sandbox's actions (exec, write_file, read_file, list_dir) as
                                           MCP tools over stdio; a sandbox it made goes when the client does
   check TASK... [--json] [--fallback-base ENV]

@@ -77,6 +77,11 @@ export interface Grade {
 export interface TaskEnvOptions {
   /** Interceptors run before the task's own verifier: they may decide, or adjust its verdict. */
   verifiers?: Verifier[];
+  /**
+   * The training run its sandboxes join (the agent's, its services', its grader's): they follow
+   * the run's phases, hibernate when its lease lapses, and go when it ends.
+   */
+  run?: string;
 }
 
 /**
@@ -226,7 +231,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     await this.services?.close();
     this.services = undefined;
     const serviceNotes: string[] = [];
-    this.services = await TaskServices.start(this.platform, this.task, serviceNotes);
+    this.services = await TaskServices.start(this.platform, this.task, serviceNotes, this.inRun());
     this.buildNotes.push(...serviceNotes.filter((note) => !this.buildNotes.includes(note)));
     this.inner = SandboxEnv.create(this.platform, {
       sandbox: {
@@ -234,6 +239,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
         resources: { ...this.task.resources },
         env: this.task.env,
         network: this.task.network.setup,
+        ...this.inRun(),
       },
       protectedPaths: PROTECTED_PATHS,
       ...this.userOf(this.task.agentUser),
@@ -255,6 +261,11 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
   }
 
   /** The interpreters of the sandbox's environment, probed once per layer stack. */
+  /** The `run` field of this env's sandbox requests, if it has a run. */
+  private inRun(): { run?: string } {
+    return this.options.run ? { run: this.options.run } : {};
+  }
+
   private facts(sandbox: Sandbox): Promise<InterpreterFacts> {
     const key = sandbox.layers.map((layer) => layer.digest).join(',');
     let facts = probed.get(key);
@@ -493,6 +504,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
       // the task's variables are the container's, so its tests see them as the agent did
       env: this.task.env,
       network: this.task.network.verify,
+      ...this.inRun(),
     });
     try {
       // the tests reach the services the agent worked with, by the same names

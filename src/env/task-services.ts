@@ -73,6 +73,8 @@ export class TaskServices {
     platform: PlatformClient,
     task: Task,
     notes: string[],
+    /** The run its sandboxes join, if any. */
+    inRun: { run?: string } = {},
   ): Promise<TaskServices | undefined> {
     const services = task.services ?? [];
     if (services.length === 0) return undefined;
@@ -92,6 +94,7 @@ export class TaskServices {
           environment: `${environment.name}:${environment.version}`,
           env: service.env,
           labels: { service: service.name },
+          ...inRun,
         });
         group.running.push({ name: service.name, sandbox, address: await network.join(sandbox) });
         started.push({ service, environment });

@@ -28,6 +28,11 @@ export interface EvaluateOptions {
   onLifecycle?: (event: LifecycleEvent) => void;
   /** Finished episodes survive a crash here; a task already in it is not run again. */
   journal?: EvalJournal;
+  /**
+   * The training run every episode's sandboxes join (start it with `platform.startRun` or a
+   * `TrainingCoordinator`): its phases pause, hibernate and resume them, and its end removes them.
+   */
+  run?: string;
 }
 
 /**
@@ -68,7 +73,7 @@ async function runEpisode(
   earlier: StartedEpisode | undefined,
 ): Promise<EpisodeReport> {
   const started = performance.now();
-  await using env = TaskEnv.create(platform, task);
+  await using env = TaskEnv.create(platform, task, options.run ? { run: options.run } : {});
   const takenOver = earlier ? await takeOver(platform, env, task, earlier) : undefined;
   const opened = takenOver ?? (await env.reset());
   let observation = opened.observation;

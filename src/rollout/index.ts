@@ -22,6 +22,12 @@ export { checkTask } from './check-task.ts';
 export type { CheckResult } from './check-task.ts';
 export { EvalJournal } from './eval-journal.ts';
 export { renderHtmlReport } from './html-report.ts';
-export { TrainingCoordinator, leaseRenewals } from './training.ts';
-export type { KeepAliveOptions, LeaseEvent, PhaseEvent, TrainingCoordinatorOptions } from './training.ts';
+export { PREEMPTION_SIGNALS, TrainingCoordinator, leaseRenewals } from './training.ts';
+export type {
+  KeepAliveOptions,
+  LeaseEvent,
+  PhaseEvent,
+  TrainingCoordinatorOptions,
+  TrainingEvent,
+} from './training.ts';
 export { observationText } from './observation-text.ts';

@@ -6,6 +6,7 @@ import {
   exhaustMap,
   interval,
   map,
+  merge,
   of,
   takeUntil,
   type Observable,
@@ -34,6 +35,24 @@ export interface PhaseEvent {
 
 /** A lease renewal: the run's status, or why it failed. */
 export type LeaseEvent = { ok: true; status: RunStatus } | { ok: false; error: string };
+
+/**
+ * One event of a training loop, as {@link TrainingCoordinator.events$} joins them: a phase and
+ * its report, or a sandbox's change, caused by the run (`run`: a phase, its end) or by a rollout
+ * (`rollout`: an episode's sandbox started or stopped).
+ */
+export type TrainingEvent =
+  | { kind: 'phase'; event: PhaseEvent }
+  | { kind: 'lifecycle'; source: 'run' | 'rollout'; event: LifecycleEvent };
+
+/** Signals that end a process unless handled: after their phase, they are raised again. */
+const TERMINATING: readonly NodeJS.Signals[] = ['SIGTERM', 'SIGINT', 'SIGHUP'];
+
+/** What {@link TrainingCoordinator.handleSignals} maps by default: a scheduler's notices of preemption. */
+export const PREEMPTION_SIGNALS: Readonly<Partial<Record<NodeJS.Signals, TrainingPhase>>> = {
+  SIGTERM: 'preempted',
+  SIGUSR1: 'preempted',
+};
 
 /**
  * Renews every `periodMs` on `scheduler`'s clock and reports each outcome. A renewal still in
@@ -71,7 +90,7 @@ export interface TrainingCoordinatorOptions extends RunOptions, KeepAliveOptions
  * Couples a trainer to its sandboxes: it owns a run, keeps its lease alive while the trainer
  * lives, and publishes training phases. `phases$` shows each phase and its effect; `lifecycle$`
  * each sandbox the phases paused, hibernated, resumed or ended; `lease$` each renewal. Stop
- * renewing (the trainer crashed) and the platform pauses the run's sandboxes by itself.
+ * renewing (the trainer crashed) and the platform hibernates the run's sandboxes by itself.
  */
 export class TrainingCoordinator implements AsyncDisposable {
   private readonly phaseSubject = new Subject<PhaseEvent>();
@@ -115,6 +134,59 @@ export class TrainingCoordinator implements AsyncDisposable {
   /** The run's name: pass it as `run` in sandbox requests. */
   get name(): string {
     return this.run.name;
+  }
+
+  /**
+   * Every phase and sandbox change of this run and of `runners`, in one stream: what a trainer's
+   * dashboard or log follows. It completes when the run ends and every runner finished.
+   */
+  events$(...runners: readonly { lifecycle$: Observable<LifecycleEvent> }[]): Observable<TrainingEvent> {
+    return merge(
+      this.phases$.pipe(map((event): TrainingEvent => ({ kind: 'phase', event }))),
+      this.lifecycle$.pipe(map((event): TrainingEvent => ({ kind: 'lifecycle', source: 'run', event }))),
+      ...runners.map((runner) =>
+        runner.lifecycle$.pipe(
+          map((event): TrainingEvent => ({ kind: 'lifecycle', source: 'rollout', event })),
+        ),
+      ),
+    );
+  }
+
+  /**
+   * Publishes a phase when the process gets a signal: by default SIGTERM and SIGUSR1 (a
+   * cluster scheduler's notice of preemption) hibernate the run's sandboxes. A signal that would
+   * end the process (SIGTERM, SIGINT, SIGHUP) then stops the renewals and, unless another
+   * handler is listening, is raised again so the process ends as it would have. The run and its
+   * hibernated sandboxes stay for the run's grace: a restarted trainer calls
+   * {@link TrainingCoordinator.start} with the same name, then `phase('resumed')`. Returns a
+   * function that removes the handlers.
+   */
+  handleSignals(
+    signals: Readonly<Partial<Record<NodeJS.Signals, TrainingPhase>>> = PREEMPTION_SIGNALS,
+    logger?: Logger,
+  ): () => void {
+    const handlers = Object.entries(signals).map(([name, phase]) => {
+      const signal = name as NodeJS.Signals;
+      const handler = (): void => {
+        const terminating = TERMINATING.includes(signal);
+        if (terminating) process.off(signal, handler);
+        void this.phase(phase)
+          .then((report) => logger?.info({ run: this.name, signal, report }, `${signal}: phase ${phase}`))
+          .catch((error: unknown) =>
+            logger?.error({ run: this.name, signal, err: error }, `${signal}: phase ${phase} failed`),
+          )
+          .finally(() => {
+            if (!terminating) return;
+            this.stopRenewing();
+            if (process.listenerCount(signal) === 0) process.kill(process.pid, signal);
+          });
+      };
+      process.on(signal, handler);
+      return [signal, handler] as const;
+    });
+    return () => {
+      for (const [signal, handler] of handlers) process.off(signal, handler);
+    };
   }
 
   /** Publishes a phase; resolves with what it did to the run's sandboxes. */

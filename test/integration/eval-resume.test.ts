@@ -48,10 +48,11 @@ async function killThenRerun(
   task: string,
   dataDir: string,
   killWhen: (frames: { records: number; intents: number }) => boolean,
+  extraArgs: readonly string[] = [],
 ): Promise<Rerun> {
   const env = { ...process.env, SANDGYM_DATA_DIR: dataDir };
   const out = join(dataDir, 'report.json');
-  const args = [CLI, 'eval', task, '--agent', AGENT, '--json', out];
+  const args = [CLI, 'eval', task, '--agent', AGENT, '--json', out, ...extraArgs];
   const first = spawn('node', args, { env, stdio: 'ignore' });
   const exited = new Promise((done) => first.once('exit', done));
   try {
@@ -97,7 +98,7 @@ async function expectEachCountedStepOnce(
 }
 
 describe('sandgym eval, killed and run again', () => {
-  it('takes over the running episode of a killed eval and fast-forwards it from its log, each step once', async () => {
+  it('takes over the running episode of a killed eval in its run and fast-forwards it, each step once', async () => {
     await using test = await createTestPlatform('eval-resume', {
       privateStore: true,
       seed: ['debian:bookworm'],
@@ -107,8 +108,11 @@ describe('sandgym eval, killed and run again', () => {
       TASK,
       test.dataDir,
       ({ records }) => records >= COUNTED_STEPS,
+      ['--run', 'evals', '--lease', '20s'],
     );
     expect(second.stderr).toMatch(/1 running episodes fast-forward from their logs/);
+    // the killed eval's sandbox joined the run, and the rerun rejoined it by name
+    expect(second.stderr).toMatch(/in run evals \(phase rollout, 1 sandboxes\)/);
     const [episode] = episodes;
     expect(episode?.reward).toBe(1);
     expect(episode?.replayedSteps).toBeGreaterThanOrEqual(3);

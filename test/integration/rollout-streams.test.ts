@@ -2,7 +2,14 @@ import { resolve } from 'node:path';
 import { toArray, firstValueFrom } from 'rxjs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadTasks } from '../../src/env/index.ts';
-import { RolloutRunner, oracleAgent, type EpisodeReport } from '../../src/rollout/index.ts';
+import {
+  RolloutRunner,
+  TrainingCoordinator,
+  oracleAgent,
+  type Agent,
+  type EpisodeReport,
+  type TrainingEvent,
+} from '../../src/rollout/index.ts';
 import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
 
 describe('rollout streams', () => {
@@ -56,4 +63,58 @@ describe('rollout streams', () => {
       );
     }
   });
+
+  it('put their sandboxes in a run, whose preemption hibernates them mid-episode, in one stream', async () => {
+    const [task] = await loadTasks([resolve('examples/tasks/hello-file')]);
+    const coordinator = await TrainingCoordinator.start(env.platform, {
+      name: 'streams-run',
+      leaseMs: 60_000,
+    });
+    // the agent holds its first decision until the test lets it go: the episode's sandbox sits idle
+    let release!: () => void;
+    const held = new Promise<void>((resolve) => (release = resolve));
+    let thinking!: () => void;
+    const isThinking = new Promise<void>((resolve) => (thinking = resolve));
+    const oracle = oracleAgent();
+    const agent: Agent = async (observation, context) => {
+      if (context.stepIndex === 0) {
+        thinking();
+        await held;
+      }
+      return oracle(observation, context);
+    };
+    const runner = new RolloutRunner(env.platform, () => agent, { concurrency: 1, run: coordinator.name });
+    const events = firstValueFrom(coordinator.events$(runner).pipe(toArray()));
+    try {
+      const running = runner.run([task!]);
+      await isThinking;
+      const preempted = await coordinator.phase('preempted');
+      expect(preempted.hibernated).toHaveLength(1);
+      const [sandboxId] = preempted.hibernated;
+      expect((await env.platform.attachSandbox(sandboxId!)).state).toBe('hibernated');
+      expect((await coordinator.phase('rollout')).resumed).toEqual([sandboxId]);
+      release();
+      const [report] = await running;
+      expect(report?.reward).toBe(1);
+      await coordinator.end();
+      const seen = (await events).map(summary);
+      expect(seen).toEqual([
+        `rollout ${sandboxId} running`,
+        'phase preempted',
+        `run ${sandboxId} hibernated`,
+        'phase rollout',
+        `run ${sandboxId} running`,
+        `rollout ${sandboxId} stopped`,
+      ]);
+    } finally {
+      release();
+      await coordinator.end();
+    }
+  });
 });
+
+function summary(event: TrainingEvent): string {
+  return event.kind === 'phase'
+    ? `phase ${event.event.phase}`
+    : `${event.source} ${event.event.sandboxId} ${event.event.state}`;
+}

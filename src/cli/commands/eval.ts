@@ -6,6 +6,7 @@ import { openPlatform } from './cluster.ts';
 import {
   EvalJournal,
   RolloutRunner,
+  TrainingCoordinator,
   renderHtmlReport,
   resolveAgent,
   modelOfAgent,
@@ -13,7 +14,14 @@ import {
   type EvalProgress,
   type StepEvent,
 } from '../../rollout/index.ts';
-import { IMAGE_SOURCE_OPTIONS, imageSources, parseCommandArgs, positiveInt, text } from '../args.ts';
+import {
+  IMAGE_SOURCE_OPTIONS,
+  durationMs,
+  imageSources,
+  parseCommandArgs,
+  positiveInt,
+  text,
+} from '../args.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
 import { SANDGYM_VERSION } from '../version.ts';
 
@@ -43,7 +51,13 @@ function progressLine(p: EvalProgress): string {
   return `sandgym eval: ${p.done}/${p.total} done, ${p.running} running, ${p.failed} failed${eta}`;
 }
 
-/** `sandgym eval TASK... [--agent oracle|nop|MODULE] [--concurrency N] [--json OUT] [--report OUT.html]`. */
+/** How long an eval's run lease lasts unless `--lease` says otherwise. */
+const DEFAULT_RUN_LEASE_MS = 30_000;
+
+/**
+ * `sandgym eval TASK... [--agent oracle|nop|MODULE] [--concurrency N] [--run NAME [--lease 30s]]
+ * [--json OUT] [--report OUT.html]`.
+ */
 export async function evalCommand(args: string[]): Promise<number> {
   const parsed = parseCommandArgs('eval', args, {
     agent: { type: 'string', default: 'oracle' },
@@ -53,6 +67,8 @@ export async function evalCommand(args: string[]): Promise<number> {
     'max-steps': { type: 'string' },
     'base-url': { type: 'string' },
     atif: { type: 'string' },
+    run: { type: 'string' },
+    lease: { type: 'string' },
     ...IMAGE_SOURCE_OPTIONS,
   });
   if (parsed.positionals.length === 0)
@@ -90,10 +106,25 @@ export async function evalCommand(args: string[]): Promise<number> {
       `sandgym eval: ${adopted.length} sandboxes of an interrupted run are still alive; ${takenOver} running episodes fast-forward from their logs`,
     );
   }
+  const runName = text(parsed, 'run');
+  const leaseMs = durationMs('lease', text(parsed, 'lease'));
+  if (leaseMs !== undefined && !runName) throw new UsageError('sandgym eval: --lease goes with --run NAME');
+  // joins the run (starting it if it is new) and renews its lease while this eval lives: if the
+  // eval dies, the run's sandboxes hibernate and a rerun with the same --run resumes them
+  const coordinator = runName
+    ? await TrainingCoordinator.start(platform, { name: runName, leaseMs: leaseMs ?? DEFAULT_RUN_LEASE_MS })
+    : undefined;
+  if (coordinator) {
+    const status = await coordinator.run.renew();
+    console.error(
+      `sandgym eval: in run ${status.name} (phase ${status.phase}, ${status.sandboxes} sandboxes), renewing its lease while this eval runs`,
+    );
+  }
   const interactive = process.stderr.isTTY;
   const runner = new RolloutRunner(platform, makeAgent, {
     concurrency,
     journal,
+    ...(runName ? { run: runName } : {}),
     ...(maxSteps ? { maxSteps } : {}),
     onProgress: (p) => (interactive ? process.stderr.write(`\r${progressLine(p)}  `) : undefined),
   });
@@ -119,7 +150,8 @@ export async function evalCommand(args: string[]): Promise<number> {
     // how its environment was had: a FROM mapped, pulled or built on a fallback base
     for (const note of r.buildNotes ?? []) process.stderr.write(`  ${r.task}: ${note}\n`);
   });
-  const reports = await runner.run(tasks);
+  // the run is the trainer's to end: an eval only stops renewing it
+  const reports = await runner.run(tasks).finally(() => coordinator?.stopRenewing());
   // the run completed: nothing is left to resume
   await journal.remove();
   const summary = {
