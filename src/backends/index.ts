@@ -64,3 +64,4 @@ export type { SwapArea } from './host/swap.ts';
 export { defaultRuleBook, hostDebianMirrorRules, readNetworkRules } from './host/network-rules.ts';
 export type { NetworkRuleBook } from './host/network-rules.ts';
 export type { CriuSupport } from './host/criu.ts';
+export { ensureCriu } from './host/criu-build.ts';

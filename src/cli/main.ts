@@ -13,7 +13,8 @@ import { EXIT, UsageError, describeFailure } from './exit-codes.ts';
 
 const USAGE = `usage: sandgym COMMAND [ARGS]
 
-  setup                                   prepare this host: Debian packages, kernel checks, base layers
+  setup [--swap-mib N] [--criu]           prepare this host: Debian packages, kernel checks, base layers;
+                                          --criu builds CRIU 4.1 for containers' memory checkpoints
   run [--backend B] [--env E] [--json] [--timeout-ms N] [--memory-mib N] [--load-mode ondemand|eager|tar] -- CMD ...
                                           one sandbox, one command: output, exit code, teardown
   layer build (--from-dir D | --from-tar T | --from-oci A) [--name NAME:VERSION] [--base ENV]

@@ -4,6 +4,7 @@ import {
   accelerator,
   activeSwapAreas,
   agentBinaryPath,
+  ensureCriu,
   ensureGuestKernel,
   ensureSwapFile,
   ensureVmImage,
@@ -17,8 +18,9 @@ import { parseCommandArgs, positiveInt, text } from '../args.ts';
 import { EXIT } from '../exit-codes.ts';
 
 /**
- * `sandgym setup [--swap-mib N [--swap-file PATH]] [--for-tests]`: Debian packages, kernel checks,
- * base layers, swap; with `--for-tests`, also what the test suite runs beside sandgym. Idempotent.
+ * `sandgym setup [--swap-mib N [--swap-file PATH]] [--criu] [--for-tests]`: Debian packages,
+ * kernel checks, base layers, swap; with `--criu`, a CRIU that checkpoints containers' memory;
+ * with `--for-tests`, also what the test suite runs beside sandgym. Idempotent.
  */
 export async function setupCommand(args: string[]): Promise<number> {
   const parsed = parseCommandArgs('setup', args, {
@@ -26,9 +28,15 @@ export async function setupCommand(args: string[]): Promise<number> {
     'swap-mib': { type: 'string' },
     'swap-file': { type: 'string' },
     'for-tests': { type: 'boolean' },
+    criu: { type: 'boolean' },
   });
   const logger = consoleLogger();
-  const host = await prepareHost(logger);
+  const mirror = process.env['SANDGYM_DEBIAN_MIRROR'] ?? 'http://deb.debian.org/debian';
+  const prepared = await prepareHost(logger);
+  // containers' memory checkpoints: built once from source where the host's CRIU cannot
+  const host = parsed.values.criu
+    ? { ...prepared, criu: await ensureCriu(join(defaultDataDir(), 'build'), mirror, logger) }
+    : prepared;
   if (parsed.values['for-tests']) await installPrograms(TEST_PROGRAMS, logger);
   const { values } = parsed;
   const swapMib = positiveInt('swap-mib', text(parsed, 'swap-mib'));
@@ -47,12 +55,7 @@ export async function setupCommand(args: string[]): Promise<number> {
   // the microvm backend's guest kernel, kept beside the layers
   const guest = await ensureGuestKernel(join(store.root, 'guest'), logger);
   // and the vm backend's full Debian image (debootstrapped once; remade when the agent changes)
-  await ensureVmImage(
-    join(store.root, 'guest', 'vm'),
-    agentBinaryPath(),
-    process.env['SANDGYM_DEBIAN_MIRROR'] ?? 'http://deb.debian.org/debian',
-    logger,
-  );
+  await ensureVmImage(join(store.root, 'guest', 'vm'), agentBinaryPath(), mirror, logger);
   const vmAccel = await accelerator();
   const report = {
     ...host,
