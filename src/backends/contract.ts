@@ -149,6 +149,8 @@ export interface HibernateReport {
   freedBytes: number;
   /** Of its memory, what went to swap (the node's swap must stay for it to come back). */
   swappedBytes?: number;
+  /** Set when it hibernated by memory snapshot: the bytes of the image on the node's disk. */
+  imageBytes?: number;
 }
 
 /** Measured use of one sandbox. */

@@ -1,4 +1,4 @@
-import { randomBytes, randomInt } from 'node:crypto';
+import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { mkdir, readdir, rm } from 'node:fs/promises';
 import { basename, dirname, join, relative, resolve } from 'node:path';
@@ -42,14 +42,23 @@ import { isAlive, processIdentity, type ProcessIdentity } from '../host/processe
 import { HostHelper } from '../host/host-helper.ts';
 import { raisePtyLimit } from '../host/pty-room.ts';
 import { hostCanGrantSysResource } from '../host/capabilities.ts';
+import { detectCriu, type CriuSupport } from '../host/criu.ts';
 import type { NetworkRuleBook } from '../host/network-rules.ts';
 import { removeStaleGroups, type GroupNetwork } from '../host/group-network.ts';
 import { ScratchVolume, type ScratchSlot, type VolumeRoom } from '../host/scratch-volume.ts';
 import { runProgram } from '../host/run-program.ts';
-import { AgentChannel } from '../internal/agent-channel.ts';
-import { channelFifos, openPipe } from '../internal/channel-fifos.ts';
+import { closedChannel, type AgentChannel } from '../internal/agent-channel.ts';
 import { reclaimExpiredOf } from '../internal/lifetime.ts';
-import { ContainerSandbox } from './container-sandbox.ts';
+import { ContainerSandbox, type ContainerMemory } from './container-sandbox.ts';
+import {
+  containerInitOf,
+  detachOverlay,
+  dumpTree,
+  memoryImageAt,
+  mountOverlay,
+  restoreTree,
+  type MemoryImage,
+} from './memory-image.ts';
 import { NOTHING_FILTERED, consumeFiltered, type PrivateCopy } from './private-copy.ts';
 import type { FilterReport } from '../host/diff-filter.ts';
 import { removeContainerResidue } from './residue.ts';
@@ -93,6 +102,8 @@ const SHELL_RESOURCES = { cpu: 1, memoryMib: 512, pids: 512, outputCapBytes: 1 <
 
 /** How long a reopened channel may take to answer its sync before the sandbox counts as lost. */
 const ADOPT_SYNC_TIMEOUT_MS = 3_000;
+/** How long an agent restored from a memory image may take to answer on its new channel. */
+const RESTORE_SYNC_TIMEOUT_MS = 10_000;
 
 const CAPABILITIES: BackendCapabilities = {
   pause: true,
@@ -112,7 +123,8 @@ const CAPABILITIES: BackendCapabilities = {
  */
 export class ContainerBackend implements Backend {
   readonly name = 'container' as const;
-  readonly capabilities = CAPABILITIES;
+  /** Checkpoints reach memory and processes where the host's CRIU works (`sandgym setup --criu`). */
+  readonly capabilities: BackendCapabilities;
   private readonly sandboxes = new Set<ContainerSandbox>();
   private readonly pool: WarmPool | undefined;
   private readonly logger: Logger;
@@ -137,7 +149,10 @@ export class ContainerBackend implements Backend {
     private readonly helper: HostHelper,
     /** Whether agents may hold CAP_SYS_RESOURCE to keep out of the OOM killer's reach. */
     private readonly hostHasSysResource: boolean,
+    /** What the host offers for process checkpoints: hibernation by memory image needs it. */
+    private readonly criu: CriuSupport,
   ) {
+    this.capabilities = { ...CAPABILITIES, checkpoint: criu.usable ? 'memory' : 'disk' };
     this.logger = (options.logger ?? silentLogger()).child({ component: 'container-backend' });
     this.codec = options.codec ?? createMsgpackCodec();
     this.scope = cgroupScope(options.dataDir);
@@ -280,6 +295,7 @@ export class ContainerBackend implements Backend {
       scratch,
       helper,
       await hostCanGrantSysResource(),
+      await detectCriu(),
     );
   }
 
@@ -357,7 +373,7 @@ export class ContainerBackend implements Backend {
       if (!unpacked) this.mounts.release(spec.layers);
       throw error;
     }
-    return this.track(shell, spec, undefined);
+    return this.track(shell, spec, undefined, undefined, this.memoryOf(shell, points));
   }
 
   /** A pooled shell: a container on the empty shared root, ready to take a tenant's layers. */
@@ -427,11 +443,66 @@ export class ContainerBackend implements Backend {
     return this.egress.joinGroup(shell, group);
   }
 
+  /**
+   * Dumps and restores a container's processes with CRIU, for a container with its own overlay
+   * of `lowers` (a pooled shell's swapped-in root is not one CRIU can stand up again), on hosts
+   * with a CRIU that works.
+   */
+  private memoryOf(shell: WarmShell, lowers: readonly string[]): ContainerMemory | undefined {
+    if (!this.criu.usable) return undefined;
+    const { dir } = this.launcher.pathsOf(shell.slot);
+    return {
+      // its network's veth pair reaches into the node's namespace, which a restore cannot rebuild
+      available: () => !this.egress.isAttached(shell.slot),
+      dump: async (leaveRunning) => {
+        try {
+          const init = await containerInitOf(await shell.cgroup.members());
+          const name = `memory-${randomBytes(6).toString('hex')}`;
+          const image = await dumpTree(init, dir, join(dir, name), { leaveRunning });
+          // a successor adopting this sandbox finds its processes there (see adoptHibernated)
+          if (!leaveRunning) await this.recordMemoryImage(dir, name);
+          return image;
+        } catch (error) {
+          this.logger.warn({ slot: shell.slot, error: messageOf(error) }, 'memory snapshot failed');
+          throw error;
+        }
+      },
+      restore: async (image) => {
+        const rootfs = join(dir, 'rootfs');
+        await mountOverlay(rootfs, lowers, dir);
+        let opened: AgentChannel;
+        try {
+          opened = await restoreTree(image, dir, rootfs, () => this.launcher.openChannel(shell.slot));
+        } finally {
+          await detachOverlay(rootfs);
+        }
+        const channel = await this.launcher.syncChannel(shell.slot, opened, RESTORE_SYNC_TIMEOUT_MS);
+        await this.recordMemoryImage(dir, undefined);
+        shell.channel = channel;
+        shell.exited = channel.closed;
+        delete shell.agentPid;
+        return { channel, exited: channel.closed };
+      },
+      drop: (image) => rm(image.dir, { recursive: true, force: true }),
+    };
+  }
+
+  /** Notes in a sandbox's record where its processes are while it hibernates (or that they run again). */
+  private async recordMemoryImage(dir: string, name: string | undefined): Promise<void> {
+    const state = await readContainerState(dir);
+    if (!state) return;
+    const updated: ContainerState = { ...state, memoryImage: name };
+    if (!name) delete updated.memoryImage;
+    await this.launcher.saveState(dir, updated);
+  }
+
   private track(
     shell: WarmShell,
     spec: SandboxSpec,
     baseline: UsageBaseline | undefined,
     createdAt?: number,
+    memory?: ContainerMemory,
+    hibernatedImage?: MemoryImage,
   ): ContainerSandbox {
     const sandbox = new ContainerSandbox({
       spec,
@@ -451,6 +522,8 @@ export class ContainerBackend implements Backend {
       privateCopy: (upperDir) => this.privateCopy(shell.slot, upperDir),
       ...(baseline ? { baseline } : {}),
       ...(createdAt === undefined ? {} : { createdAt }),
+      ...(memory ? { memory } : {}),
+      ...(hibernatedImage ? { hibernatedImage } : {}),
     });
     this.sandboxes.add(sandbox);
     return sandbox;
@@ -548,20 +621,15 @@ export class ContainerBackend implements Backend {
     };
     const paths = this.launcher.pathsOf(slot);
     const cgroup = new SandboxCgroup(this.layout, this.scope, slot);
-    if ((await cgroup.processes()).length === 0) throw new Error('none of its processes is left');
+    const running = (await cgroup.processes()).length > 0;
+    if (!running && state.memoryImage) return this.adoptHibernated(slot, state, spec, state.memoryImage);
+    if (!running) throw new Error('none of its processes is left');
     const wasFrozen = await cgroup.isFrozen();
     if (wasFrozen) await cgroup.setFrozen(false); // a frozen agent cannot answer the sync
-    const fifos = channelFifos(paths.dir);
-    const channel = new AgentChannel(
-      openPipe(fifos.requests, 'write'),
-      openPipe(fifos.responses, 'read'),
-      this.codec,
-      { resyncMarker: randomBytes(16), firstId: 1 + randomInt(1 << 30) },
-    );
+    let channel: AgentChannel;
     try {
-      await channel.sync(ADOPT_SYNC_TIMEOUT_MS);
+      channel = await this.launcher.reopenChannel(slot, ADOPT_SYNC_TIMEOUT_MS);
     } catch (error) {
-      channel.fail(new SandgymError('agent_crash', 'adoption failed'));
       if (wasFrozen) await cgroup.setFrozen(true).catch(() => undefined);
       throw error;
     }
@@ -582,6 +650,40 @@ export class ContainerBackend implements Backend {
     const sandbox = this.track(shell, spec, baseline, Date.parse(state.createdAt));
     if (wasFrozen) await sandbox.pause();
     this.logger.info({ id: state.id }, 'adopted sandbox');
+    return sandbox;
+  }
+
+  /**
+   * Takes over a durable sandbox that hibernated by memory image: its handle starts hibernated,
+   * and its first request restores the processes from the image.
+   */
+  private async adoptHibernated(
+    slot: string,
+    state: ContainerState,
+    spec: SandboxSpec,
+    imageName: string,
+  ): Promise<ContainerSandbox> {
+    if (!this.criu.usable) throw new Error(`it hibernated by memory image, and ${this.criu.reason}`);
+    const paths = this.launcher.pathsOf(slot);
+    const image = await memoryImageAt(join(paths.dir, imageName));
+    const lowers = await this.mounts.acquire(spec.layers);
+    await this.launcher.saveState(paths.dir, { ...state, owner: this.owner });
+    const scratch = await this.scratch.createSlot(slot, mib(spec.resources.diskMib));
+    // no agent to talk to until the restore: a channel that is closed from the start
+    const channel = closedChannel(this.codec);
+    const shell: WarmShell = {
+      slot,
+      qos: spec.qos,
+      channel,
+      cgroup: new SandboxCgroup(this.layout, this.scope, slot),
+      exited: channel.closed,
+      scratch,
+      diskMib: spec.resources.diskMib,
+    };
+    this.launcher.containers.set(slot, shell);
+    const memory = this.memoryOf(shell, lowers);
+    const sandbox = this.track(shell, spec, state.baseline, Date.parse(state.createdAt), memory, image);
+    this.logger.info({ id: state.id }, 'adopted hibernated sandbox');
     return sandbox;
   }
 

@@ -1,4 +1,4 @@
-import { SandgymError, type FailureReason } from '../../common/index.ts';
+import { SandgymError, messageOf, type FailureReason } from '../../common/index.ts';
 import type {
   CallOptions,
   HibernateReport,
@@ -18,6 +18,7 @@ import { writtenUnder } from '../host/written-paths.ts';
 import type { AgentChannel } from '../internal/agent-channel.ts';
 import { AgentSandbox } from '../internal/agent-sandbox.ts';
 import { throwIfAborted } from '../internal/checks.ts';
+import type { MemoryImage } from './memory-image.ts';
 
 /** How long a thawed agent may take to show it is alive. */
 const RESUME_CHECK_MS = 5_000;
@@ -52,6 +53,25 @@ export interface ContainerSandboxParts {
   createdAt?: number;
   /** A private copy of what it wrote (a snapshot of its writable subvolume), for pruning and packing. */
   privateCopy(upperDir: string): Promise<PrivateCopy>;
+  /** Its processes and memory to and from disk (CRIU), where the host and the container allow it. */
+  memory?: ContainerMemory;
+  /** Set when it starts out hibernated (adopted so): its processes are in this image. */
+  hibernatedImage?: MemoryImage;
+}
+
+/**
+ * A container's processes and memory dumped to disk and started again (CRIU): what its
+ * hibernation and memory checkpoints are made of.
+ */
+export interface ContainerMemory {
+  /** Whether its processes can be dumped now (not while it is on the node's network). */
+  available(): boolean;
+  /** Dumps its processes; they are gone afterwards unless `leaveRunning`. */
+  dump(leaveRunning: boolean): Promise<MemoryImage>;
+  /** Starts `image`'s processes as the container's, and a channel to their agent. */
+  restore(image: MemoryImage): Promise<{ channel: AgentChannel; exited: Promise<void> }>;
+  /** Deletes an image's files. */
+  drop(image: MemoryImage): Promise<void>;
 }
 
 /** One live container: a handle over its agent channel and its cgroups. */
@@ -61,17 +81,37 @@ export class ContainerSandbox extends AgentSandbox {
   private writableDir: string;
   private seenOomKills = 0;
   private swapAreas: SwapArea[] = [];
+  /** The channel to its agent: a restore from a memory image brings a new agent process, and channel. */
+  private agent: { channel: AgentChannel; exited: Promise<void> };
+  /** Counts agent processes: an exit of an earlier one (dumped on purpose) is not a crash. */
+  private agentGeneration = 0;
+  /** Where its processes are while it hibernates by memory image. */
+  private hibernatedImage: MemoryImage | undefined;
+  private resuming: Promise<void> | undefined;
 
   constructor(private readonly parts: ContainerSandboxParts) {
     super(parts.spec, parts.createdAt);
-    this.watchExit(parts.exited);
+    this.agent = { channel: parts.channel, exited: parts.exited };
+    this.watchAgent();
+    if (parts.hibernatedImage) {
+      // no agent runs until a request restores it: the placeholder channel's end is expected
+      this.agentGeneration++;
+      this.hibernatedImage = parts.hibernatedImage;
+      this.currentState = 'hibernated';
+    }
     this.slot = parts.slot;
     this.writableDir = parts.upperDir;
     this.seenOomKills = parts.baseline?.oomKills ?? 0;
   }
 
   protected get channel(): AgentChannel {
-    return this.parts.channel;
+    return this.agent.channel;
+  }
+
+  /** Fails the sandbox when its current agent goes away, unless that was on purpose. */
+  private watchAgent(): void {
+    const generation = ++this.agentGeneration;
+    this.watchExit(this.agent.exited, () => generation === this.agentGeneration);
   }
 
   protected destroy(): Promise<void> {
@@ -125,9 +165,22 @@ export class ContainerSandbox extends AgentSandbox {
     this.currentState = 'paused';
   }
 
+  /**
+   * With CRIU and an idle sandbox, its processes are dumped to disk and end, so all of its memory
+   * is freed, kernel memory included; the next request starts them again. Otherwise it is frozen
+   * and its memory reclaimed (page cache dropped, anonymous memory to swap where there is swap).
+   */
   async hibernate(options: CallOptions = {}): Promise<HibernateReport> {
     throwIfAborted(options.signal, 'Hibernate');
     if (this.currentState === 'hibernated') return { freedBytes: 0 };
+    const memory = this.parts.memory;
+    if (memory?.available() && this.activeCalls === 0 && this.currentState !== 'failed') {
+      const report = await this.hibernateToImage(memory).catch((error: unknown) => {
+        // the processes are still there (CRIU lets them go on when a dump fails): reclaim instead
+        return { failed: messageOf(error) };
+      });
+      if (!('failed' in report)) return report;
+    }
     await this.pause();
     const freedBytes = await this.parts.cgroup.reclaim();
     // the swap areas its memory went to: it can only come back whole while they stay
@@ -137,13 +190,59 @@ export class ContainerSandbox extends AgentSandbox {
     return { freedBytes, swappedBytes: swapped };
   }
 
+  /** Dumps its processes to an image in its folder; they end, and the cgroup's memory goes with them. */
+  private async hibernateToImage(memory: ContainerMemory): Promise<HibernateReport> {
+    const before = (await this.parts.cgroup.usage()).memoryBytes;
+    const wasPaused = this.currentState === 'paused';
+    // CRIU stops the processes itself; a frozen cgroup would hold it off
+    if (wasPaused) await this.parts.cgroup.setFrozen(false);
+    const previous = this.agent;
+    this.agentGeneration++; // the dumped agent's exit is expected
+    let image: MemoryImage;
+    try {
+      image = await memory.dump(false);
+    } catch (error) {
+      this.agent = previous;
+      this.watchAgent();
+      if (wasPaused) await this.parts.cgroup.setFrozen(true);
+      throw error;
+    }
+    previous.channel.fail(new SandgymError('failed_precondition', `Sandbox ${this.id} hibernated`));
+    this.hibernatedImage = image;
+    this.currentState = 'hibernated';
+    // what its files left in the page cache, charged to it, goes too
+    await this.parts.cgroup.reclaim();
+    const after = (await this.parts.cgroup.usage()).memoryBytes;
+    return { freedBytes: Math.max(0, before - after), imageBytes: image.sizeBytes };
+  }
+
   async resume(options: CallOptions = {}): Promise<void> {
     throwIfAborted(options.signal, 'Resume');
+    if (this.currentState === 'hibernated' && this.hibernatedImage) {
+      this.resuming ??= this.resumeFromImage().finally(() => (this.resuming = undefined));
+      return this.resuming;
+    }
     if (this.currentState !== 'paused' && this.currentState !== 'hibernated') return;
     const wasHibernated = this.currentState === 'hibernated';
     await this.parts.cgroup.setFrozen(false);
     this.currentState = 'running';
     if (wasHibernated) await this.checkWholeAfterHibernation();
+  }
+
+  /** Starts the processes of its hibernation image again: the same processes, memory and files. */
+  private async resumeFromImage(): Promise<void> {
+    const image = this.hibernatedImage;
+    const memory = this.parts.memory;
+    if (!image || !memory) return;
+    try {
+      this.agent = await memory.restore(image);
+    } catch (error) {
+      return this.lose(`its processes could not be restored: ${messageOf(error)}`);
+    }
+    this.watchAgent();
+    this.hibernatedImage = undefined;
+    this.currentState = 'running';
+    await memory.drop(image);
   }
 
   /**

@@ -1,3 +1,4 @@
+import { randomBytes, randomInt } from 'node:crypto';
 import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -195,6 +196,37 @@ export class ContainerLauncher {
         : `Sandbox ${slot} failed to start: ${tail}`,
       { retryable: outcome === 'timeout' },
     );
+  }
+
+  /**
+   * A new channel to the running agent of `slot`, over its FIFOs opened again: what a successor
+   * adopting a durable sandbox, and a restore from a memory image, talk to it through. Whatever
+   * the FIFOs still held from before is skipped up to the answer to a fresh sync marker.
+   */
+  async reopenChannel(slot: string, syncTimeoutMs: number): Promise<AgentChannel> {
+    return this.syncChannel(slot, this.openChannel(slot), syncTimeoutMs);
+  }
+
+  /** Opens the node's ends of `slot`'s channel FIFOs again; {@link syncChannel} before use. */
+  openChannel(slot: string): AgentChannel {
+    const fifos = channelFifos(this.pathsOf(slot).dir);
+    return new AgentChannel(
+      openPipe(fifos.requests, 'write'),
+      openPipe(fifos.responses, 'read'),
+      this.options.codec,
+      { resyncMarker: randomBytes(16), firstId: 1 + randomInt(1 << 30) },
+    );
+  }
+
+  /** Skips what a reopened channel still held from before, up to the answer to its sync marker. */
+  async syncChannel(slot: string, channel: AgentChannel, syncTimeoutMs: number): Promise<AgentChannel> {
+    try {
+      await channel.sync(syncTimeoutMs);
+      return channel;
+    } catch (error) {
+      channel.fail(new SandgymError('agent_crash', `The agent of ${slot} did not answer on its channel`));
+      throw error;
+    }
   }
 
   /** Graceful first: the agent ends every process and exits; then force. */

@@ -21,6 +21,11 @@ export const containerStateSchema = nodeRecordSchema.extend({
   backend: z.literal('container'),
   /** Set for sandboxes that outlive their owner, to be adopted by its successor. */
   durable: z.boolean().optional(),
+  /** Set while it hibernates by memory image: the image's folder in the sandbox's folder. */
+  memoryImage: z
+    .string()
+    .regex(/^memory-[0-9a-f]+$/)
+    .optional(),
   /** The spec it was created from, so a successor can rebuild its handle. */
   spec: z
     .object({

@@ -1,4 +1,4 @@
-import type { Readable, Writable } from 'node:stream';
+import { PassThrough, type Readable, type Writable } from 'node:stream';
 import {
   SandgymError,
   definedFields,
@@ -268,4 +268,12 @@ export class AgentChannel {
         pending.resolve(message);
     }
   }
+}
+
+/** A channel with no agent behind it, closed from the start: a hibernated sandbox's until its restore. */
+export function closedChannel(codec: Codec): AgentChannel {
+  const output = new PassThrough();
+  const channel = new AgentChannel(new PassThrough(), output, codec);
+  output.destroy();
+  return channel;
 }

@@ -1,0 +1,209 @@
+import { spawn } from 'node:child_process';
+import { constants, openSync, closeSync } from 'node:fs';
+import { mkdir, readFile, readdir, readlink, rm, stat, writeFile } from 'node:fs/promises';
+import { basename, dirname, join } from 'node:path';
+import { z } from 'zod';
+import { SandgymError, parseAt } from '../../common/index.ts';
+import { criuProgram } from '../host/criu.ts';
+import { runProgram } from '../host/run-program.ts';
+import type { AgentChannel } from '../internal/agent-channel.ts';
+
+/**
+ * A file the sandbox's agent holds that lives outside the sandbox's mount namespace: its log
+ * and its channel FIFOs, in the sandbox's folder on the node. CRIU cannot reopen those by path
+ * from inside, so a dump names them external and a restore hands it fresh descriptors for them.
+ */
+const externalFileSchema = z.object({
+  /** CRIU's name for it: `file[MNT_ID:INODE]`, in hex. */
+  key: z.string().regex(/^file\[[0-9a-f]+:[0-9a-f]+\]$/),
+  /** Its name in the sandbox's folder. */
+  name: z.enum(['runtime.log', 'agent.requests', 'agent.responses']),
+});
+const imageRecordSchema = z.object({ externals: z.array(externalFileSchema) });
+type ExternalFile = z.infer<typeof externalFileSchema>;
+
+/** A sandbox's processes and memory on disk (CRIU's image files), in a folder of its own. */
+export interface MemoryImage {
+  dir: string;
+  /** Bytes its files take: roughly the memory the processes held. */
+  sizeBytes: number;
+}
+
+/** Options every CRIU run shares: the sandbox's bind mounts from the node are external, kept by path. */
+const MOUNTS = ['--ext-mount-map', 'auto', '--enable-external-sharing', '--enable-external-masters'];
+
+/** How long a dump or restore may take; they are I/O of the sandbox's memory size. */
+const CRIU_TIMEOUT_MS = 120_000;
+
+/**
+ * Dumps the process tree of a container (rooted at `initPid`, its agent) into `imageDir`. With
+ * `leaveRunning` the processes carry on (a checkpoint); otherwise they are gone when it returns
+ * (hibernation), and all of their memory, kernel memory included, is the host's again. CRIU
+ * stops the processes itself, so the cgroup must not be frozen.
+ */
+export async function dumpTree(
+  initPid: number,
+  sandboxDir: string,
+  imageDir: string,
+  options: { leaveRunning: boolean },
+): Promise<MemoryImage> {
+  await mkdir(imageDir, { recursive: true });
+  const externals = await externalFilesOf(initPid, sandboxDir);
+  const args = [
+    'dump',
+    '--tree',
+    String(initPid),
+    '--images-dir',
+    imageDir,
+    '--log-file',
+    'dump.log',
+    ...MOUNTS,
+    ...externals.flatMap((file) => ['--external', file.key]),
+    ...(options.leaveRunning ? ['--leave-running'] : []),
+  ];
+  try {
+    await runProgram(criuProgram(), args, { timeoutMs: CRIU_TIMEOUT_MS });
+  } catch (error) {
+    const log = await tailOf(join(imageDir, 'dump.log'));
+    await rm(imageDir, { recursive: true, force: true });
+    throw new SandgymError('platform_error', `CRIU could not checkpoint the sandbox: ${log}`, {
+      cause: error,
+    });
+  }
+  await writeFile(join(imageDir, 'sandgym.json'), JSON.stringify({ externals }));
+  return { dir: imageDir, sizeBytes: await sizeOf(imageDir) };
+}
+
+/**
+ * Starts the processes of `image` again, in new namespaces, rooted at `rootfs` (an overlay the
+ * caller mounted) and in the cgroups they were dumped from. Their log and channel are the files
+ * of the same names in `sandboxDir`. `openChannel` opens the caller's ends of the channel while
+ * the FIFOs are held open here: the agent exits when its request FIFO has no writer, so one
+ * must be there before the agent runs. Returns what it opened; the restored processes run
+ * detached, with no parent here.
+ */
+export async function restoreTree(
+  image: MemoryImage,
+  sandboxDir: string,
+  rootfs: string,
+  openChannel: () => AgentChannel,
+): Promise<AgentChannel> {
+  const record = parseAt(
+    imageRecordSchema,
+    JSON.parse(await readFile(join(image.dir, 'sandgym.json'), 'utf8')),
+    `memory image ${image.dir}`,
+  );
+  // FIFOs opened for reading and writing never block on a missing peer
+  const fds = record.externals.map((file) =>
+    openSync(
+      join(sandboxDir, file.name),
+      file.name === 'runtime.log' ? constants.O_WRONLY | constants.O_APPEND : constants.O_RDWR,
+    ),
+  );
+  let channel: AgentChannel | undefined;
+  try {
+    channel = openChannel();
+    const args = [
+      'restore',
+      '--images-dir',
+      image.dir,
+      '--log-file',
+      'restore.log',
+      '--root',
+      rootfs,
+      '--restore-detached',
+      ...MOUNTS,
+      // the child gets the descriptors in order from fd 3
+      ...record.externals.flatMap((file, i) => ['--inherit-fd', `fd[${3 + i}]:${file.key}`]),
+    ];
+    const code = await new Promise<number | null>((resolve, reject) => {
+      const child = spawn(criuProgram(), args, { stdio: ['ignore', 'ignore', 'ignore', ...fds] });
+      const timer = setTimeout(() => child.kill('SIGKILL'), CRIU_TIMEOUT_MS);
+      child.once('error', reject);
+      child.once('exit', (exitCode) => {
+        clearTimeout(timer);
+        resolve(exitCode);
+      });
+    });
+    if (code !== 0) {
+      throw new SandgymError(
+        'platform_error',
+        `CRIU could not restore the sandbox (exit ${code}): ${await tailOf(join(image.dir, 'restore.log'))}`,
+      );
+    }
+    return channel;
+  } catch (error) {
+    channel?.fail(new SandgymError('platform_error', 'The restore failed'));
+    throw error;
+  } finally {
+    for (const fd of fds) closeSync(fd);
+  }
+}
+
+/** The image in `dir`, as an earlier dump left it. */
+export async function memoryImageAt(dir: string): Promise<MemoryImage> {
+  return { dir, sizeBytes: await sizeOf(dir) };
+}
+
+/** The container's first process (its agent) among the pids of its cgroup: pid 1 of its pid namespace. */
+export async function containerInitOf(pids: readonly number[]): Promise<number> {
+  for (const pid of pids) {
+    const status = await readFile(`/proc/${pid}/status`, 'utf8').catch(() => '');
+    if (/^NSpid:.*\s1$/m.test(status)) return pid;
+  }
+  throw new SandgymError('failed_precondition', 'The container has no first process left to checkpoint');
+}
+
+/** Mounts a container's overlay at `target` for a restore; its lower dirs come base first. */
+export async function mountOverlay(
+  target: string,
+  lowers: readonly string[],
+  sandboxDir: string,
+): Promise<void> {
+  const options = [
+    `lowerdir=${[...lowers].reverse().join(':')}`,
+    `upperdir=${join(sandboxDir, 'rw', 'upper')}`,
+    `workdir=${join(sandboxDir, 'rw', 'work')}`,
+  ].join(',');
+  await runProgram('mount', ['-t', 'overlay', 'overlay', '-o', options, target]);
+}
+
+/**
+ * Detaches the overlay a restore was rooted at: the restored mount namespace holds its own copy,
+ * and the node must not keep one.
+ */
+export async function detachOverlay(target: string): Promise<void> {
+  await runProgram('umount', ['--lazy', target]);
+}
+
+/** The files of `initPid` that live in `sandboxDir` (outside the container), as CRIU names them. */
+async function externalFilesOf(initPid: number, sandboxDir: string): Promise<ExternalFile[]> {
+  const found = new Map<string, ExternalFile>();
+  for (const fd of await readdir(`/proc/${initPid}/fd`)) {
+    const target = await readlink(`/proc/${initPid}/fd/${fd}`).catch(() => '');
+    // the log was opened in the launcher's own mount namespace: its path shows from its mount only
+    if (basename(dirname(target)) !== basename(sandboxDir)) continue;
+    const name = basename(target);
+    const parsed = externalFileSchema.shape.name.safeParse(name);
+    if (!parsed.success) continue;
+    const fdinfo = await readFile(`/proc/${initPid}/fdinfo/${fd}`, 'utf8');
+    const mountId = Number(/^mnt_id:\s*(\d+)/m.exec(fdinfo)?.[1]);
+    const { ino } = await stat(`/proc/${initPid}/fd/${fd}`);
+    const key = `file[${mountId.toString(16)}:${ino.toString(16)}]`;
+    found.set(key, { key, name: parsed.data });
+  }
+  return [...found.values()];
+}
+
+async function sizeOf(dir: string): Promise<number> {
+  let total = 0;
+  for (const name of await readdir(dir)) total += (await stat(join(dir, name))).size;
+  return total;
+}
+
+/** The last lines of a CRIU log, for an error message. */
+async function tailOf(log: string): Promise<string> {
+  const text = await readFile(log, 'utf8').catch(() => '');
+  const errors = text.split('\n').filter((line) => line.includes('Error'));
+  return (errors.length ? errors : text.trim().split('\n')).slice(-4).join(' | ') || `see ${log}`;
+}

@@ -1,0 +1,113 @@
+import { spawnSync } from 'node:child_process';
+import { rm } from 'node:fs/promises';
+import { join, resolve } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { detectCriu } from '../../src/backends/host/criu.ts';
+import { Platform } from '../../src/platform/index.ts';
+import { STORE_DIR, TEST_DATA_ROOT, createTestPlatform } from '../support/platform.ts';
+
+// `npm test` builds CRIU 4.1 (`sandgym setup --criu`); without it, containers hibernate by reclaim
+const criu = await detectCriu();
+if (!criu.usable) console.warn(`container memory snapshots are not tested: ${criu.reason}`);
+
+/** Starts a process that holds ~48 MB of anonymous memory and counts in /tmp/count; its pid. */
+const HOLDER = [
+  'sh',
+  '-c',
+  'sh -c \'x=$(head -c 48000000 /dev/zero | tr "\\0" a); i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done\' >/dev/null 2>&1 & echo $!',
+];
+
+describe.skipIf(!criu.usable)('container memory snapshots (CRIU)', () => {
+  it('hibernate an idle container to disk: ≥ 90% of its memory freed, its processes back on the next request', async () => {
+    await using test = await createTestPlatform('container-memory');
+    const sandbox = await test.platform.createSandbox({
+      environment: 'busybox:latest',
+      resources: { memoryMib: 256 },
+    });
+    try {
+      const holder = (await sandbox.exec(HOLDER)).stdout.trim();
+      await sandbox.writeFile('/root/note', 'written before');
+      // the holder has filled its memory once it counts
+      for (let i = 0; (await sandbox.exec(['cat', '/tmp/count'])).exitCode !== 0; i++) {
+        if (i > 100) throw new Error('the holder never started counting');
+        await new Promise((done) => setTimeout(done, 100));
+      }
+      const before = await sandbox.stats();
+      expect(before.memoryBytes).toBeGreaterThan(48e6);
+      const report = await sandbox.hibernate();
+      const after = await sandbox.stats();
+      expect(after.state).toBe('hibernated');
+      expect(after.pids).toBe(0);
+      // kernel memory too: the processes are gone, not swapped
+      expect(report.freedBytes).toBeGreaterThanOrEqual(before.memoryBytes * 0.9);
+      expect(after.memoryBytes).toBeLessThanOrEqual(before.memoryBytes * 0.1);
+      expect(report.imageBytes).toBeGreaterThan(40e6);
+      // any request brings it back: the same process, still counting, its files kept
+      expect((await sandbox.exec(['kill', '-0', holder])).exitCode).toBe(0);
+      expect((await sandbox.readFile('/root/note')).toString()).toBe('written before');
+      const count = async (): Promise<number> => Number((await sandbox.exec(['cat', '/tmp/count'])).stdout);
+      const first = await count();
+      await new Promise((done) => setTimeout(done, 1_000));
+      expect(await count()).toBeGreaterThan(first);
+      expect((await sandbox.stats()).memoryBytes).toBeGreaterThan(48e6);
+      // and it hibernates again
+      expect((await sandbox.hibernate()).freedBytes).toBeGreaterThan(48e6);
+      expect((await sandbox.exec(['echo', 'again'])).stdout).toBe('again\n');
+    } finally {
+      await sandbox.close();
+    }
+  });
+
+  it('freeze a container with a request in flight instead, which then completes', async () => {
+    await using test = await createTestPlatform('container-memory-busy');
+    const sandbox = await test.platform.createSandbox({ environment: 'busybox:latest' });
+    try {
+      const step = sandbox.exec(['sh', '-c', 'sleep 1; echo done']);
+      await new Promise((done) => setTimeout(done, 200));
+      const report = await sandbox.hibernate();
+      expect(report.imageBytes).toBeUndefined();
+      expect((await sandbox.stats()).state).toBe('hibernated');
+      await sandbox.resume();
+      expect((await step).stdout).toBe('done\n');
+    } finally {
+      await sandbox.close();
+    }
+  });
+
+  it('outlive their owner hibernated: a successor adopts the sandbox and its first request restores it', async () => {
+    const dataDir = join(TEST_DATA_ROOT, `container-memory-adopt-${process.pid}`);
+    // the first owner hibernates a durable sandbox and dies without closing anything
+    const first = spawnSync(
+      process.execPath,
+      [
+        '--input-type=module',
+        '-e',
+        `
+const { Platform } = await import(${JSON.stringify(resolve('dist/src/index.js'))});
+const platform = await Platform.local({ dataDir: process.env.DATA, storeDir: process.env.STORE, durable: true });
+const sandbox = await platform.createSandbox({ environment: 'busybox:latest' });
+const holder = await sandbox.exec(${JSON.stringify(HOLDER)});
+await sandbox.writeFile('/root/note', 'before the owner died');
+await sandbox.hibernate();
+console.log(JSON.stringify({ id: sandbox.id, holder: holder.stdout.trim() }));
+process.exit(0);
+`,
+      ],
+      { env: { ...process.env, DATA: dataDir, STORE: STORE_DIR }, encoding: 'utf8', timeout: 120_000 },
+    );
+    expect(first.status, first.stderr).toBe(0);
+    const { id, holder } = JSON.parse(first.stdout) as { id: string; holder: string };
+    const successor = await Platform.local({ dataDir, storeDir: STORE_DIR, durable: true });
+    try {
+      const adopted = await successor.adoptSandboxes();
+      expect(adopted.map((s) => [s.id, s.state])).toEqual([[id, 'hibernated']]);
+      const sandbox = adopted[0]!;
+      expect((await sandbox.exec(['kill', '-0', holder])).exitCode).toBe(0);
+      expect((await sandbox.readFile('/root/note')).toString()).toBe('before the owner died');
+      await sandbox.close();
+    } finally {
+      await successor.close();
+      await rm(dataDir, { recursive: true, force: true });
+    }
+  });
+});
