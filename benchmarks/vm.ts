@@ -46,7 +46,7 @@ export async function benchVm(options: BenchOptions): Promise<BenchReport> {
     const origin = live[0]!;
     await origin.exec(['sh', '-c', 'echo checkpointed > /root/mark']);
     const checkpointStarted = performance.now();
-    const snapshot = await origin.checkpoint();
+    const snapshot = await origin.snapshot();
     const checkpointMs = performance.now() - checkpointStarted;
     for (const vm of live.splice(0)) await vm.close();
     const restores: number[] = [];

@@ -28,16 +28,19 @@ export type { FailureReason, SandgymErrorCode } from './common/index.ts';
 export type {
   BackendName,
   CallOptions,
+  CheckpointOptions,
   DirEntry,
   ExecOptions,
   ExecResult,
   ExecStream,
+  SandboxCheckpoint,
   SandboxRecord,
   SandboxState,
   SandboxStats,
 } from './backends/index.ts';
 export type {
   ConnectOptions,
+  ForkOptions,
   PlatformClient,
   RemotePlatform,
   Run,

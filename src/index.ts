@@ -17,6 +17,7 @@ export type { FailureReason, SandgymErrorCode } from './common/index.ts';
 export type {
   BackendName,
   CallOptions,
+  CheckpointOptions,
   DirEntry,
   ExecChunk,
   ExecOptions,
@@ -25,6 +26,7 @@ export type {
   HibernateReport,
   QosClass,
   ReadFileOptions,
+  SandboxCheckpoint,
   SandboxRecord,
   SandboxResources,
   SandboxState,
@@ -36,6 +38,7 @@ export { Platform, defaultDataDir } from './platform/index.ts';
 export type {
   ConnectOptions,
   Environment as EnvironmentImage,
+  ForkOptions,
   LocalPlatform,
   LocalPlatformOptions,
   PackDiffOptions,

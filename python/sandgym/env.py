@@ -75,7 +75,7 @@ class SandgymEnv:
         return self._wire.call("Envs", "Checkpoint", {"envId": self.env_id})
 
     def restore(self, checkpoint):
-        """Goes on from a checkpoint in a new sandbox, as a new episode: (observation, info)."""
+        """Goes on from a checkpoint as a new episode: in place at memory depth, else in a new sandbox; (observation, info)."""
         checkpoint_id = checkpoint["checkpointId"] if isinstance(checkpoint, dict) else checkpoint
         reply = self._wire.call("Envs", "Restore", {"envId": self.env_id, "checkpointId": checkpoint_id})
         self._next = 0

@@ -153,6 +153,28 @@ export interface HibernateReport {
   imageBytes?: number;
 }
 
+/**
+ * A checkpoint of a sandbox's processes, memory and files, kept on its node until the sandbox
+ * ends: what {@link BackendSandbox.restore} goes back to and a memory-depth fork starts from.
+ */
+export interface SandboxCheckpoint {
+  id: string;
+  sandboxId: string;
+  depth: 'memory';
+  /** Bytes it takes on the node's disk. */
+  sizeBytes: number;
+  createdAt: string;
+}
+
+/** Options for {@link BackendSandbox.checkpoint}. */
+export interface CheckpointOptions extends CallOptions {
+  /**
+   * How deep: `memory` (processes, memory and files). Files alone are an environment, made by
+   * `platform.packDiff(sandbox, { name })`. @default 'memory'
+   */
+  depth?: 'memory';
+}
+
 /** Measured use of one sandbox. */
 export interface SandboxStats {
   state: SandboxState;
@@ -226,6 +248,14 @@ export interface BackendSandbox extends AsyncDisposable {
   hibernate(options?: CallOptions): Promise<HibernateReport>;
   /** Thaws a paused or hibernated sandbox. */
   resume(options?: CallOptions): Promise<void>;
+  /**
+   * Saves its processes, memory and files; it carries on. Backends whose `checkpoint`
+   * capability is not `memory` (or a sandbox whose state a restore could not rebuild) fail
+   * `unsupported`, naming what to use instead.
+   */
+  checkpoint(options?: CheckpointOptions): Promise<SandboxCheckpoint>;
+  /** Goes back to one of its own checkpoints, in place: processes, memory and files as they were then. */
+  restore(checkpoint: SandboxCheckpoint | string, options?: CallOptions): Promise<void>;
   stats(options?: CallOptions): Promise<SandboxStats>;
   /**
    * What a step's signals count from, and nothing more, as cheaply as the backend can (no thread
@@ -321,6 +351,16 @@ export interface Backend extends AsyncDisposable {
     ) => Promise<T>,
     options?: WritableLayerOptions,
   ): Promise<T>;
+  /**
+   * `specs.length` new sandboxes from a checkpoint of one of this process's sandboxes, all or
+   * none; each carries on from there on its own. Backends that cannot fork at memory depth leave
+   * it out.
+   */
+  forkFrom?(
+    checkpointId: string,
+    specs: readonly SandboxSpec[],
+    options?: CallOptions,
+  ): Promise<BackendSandbox[]>;
   /** Removes what dead owners left behind: sandboxes, mounts, cgroups. */
   gc(): Promise<GcReport>;
   /** Unmounts layers no sandbox uses and drops node-local layer copies nothing mounts. */

@@ -26,6 +26,8 @@ export type {
   ExecStream,
   GcReport,
   HibernateReport,
+  CheckpointOptions,
+  SandboxCheckpoint,
   LayerImage,
   LayerVerification,
   LoadMode,

@@ -1,7 +1,13 @@
 /** The gym layer: the Environment contract and environments over sandboxes. */
 export { SandboxEnv } from './sandbox-env.ts';
 export type { LimitHit, StepAudit, StepSignals } from '../platform/index.ts';
-export type { CheckpointRef, RestoredInfo, SandboxEnvOptions } from './sandbox-env.ts';
+export type {
+  CheckpointRef,
+  DiskCheckpointRef,
+  MemoryCheckpointRef,
+  RestoredInfo,
+  SandboxEnvOptions,
+} from './sandbox-env.ts';
 export { sandboxActionSchema } from '../platform/index.ts';
 export type { SandboxAction, SandboxObservation } from '../platform/index.ts';
 export { withStepLimit } from './wrappers.ts';

@@ -19,13 +19,30 @@ import type {
   StepResult,
 } from './environment.ts';
 
-/** Where a checkpoint's state is kept: an environment in the store, and where the episode was. */
-export interface CheckpointRef {
+/**
+ * Where a checkpoint's state is kept, and where the episode was. `memory`: the sandbox's
+ * processes, memory and files, on its node, restored in place (microVMs, VMs, containers with
+ * CRIU); `disk`: its files, as an environment in the store, restored as a new sandbox.
+ */
+export type CheckpointRef = DiskCheckpointRef | MemoryCheckpointRef;
+
+interface CheckpointPlace {
+  /** The environment: the checkpoint's own (disk), or the one the sandbox started from (memory). */
   environment: string;
   episodeId: string;
   stepIndex: number;
-  /** `disk`: files, not processes or memory (containers); `memory` would include both. */
-  depth: 'disk' | 'memory';
+}
+
+/** A checkpoint of files: an environment any sandbox can start from. */
+export interface DiskCheckpointRef extends CheckpointPlace {
+  depth: 'disk';
+}
+
+/** A checkpoint of processes, memory and files, kept on the sandbox's node while it lives. */
+export interface MemoryCheckpointRef extends CheckpointPlace {
+  depth: 'memory';
+  sandboxId: string;
+  checkpointId: string;
 }
 
 /** What a restore says: a reset's info, and the checkpoint it started from. */
@@ -200,12 +217,20 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
   }
 
   /**
-   * Saves the sandbox's state at the depth its backend offers (for containers: the filesystem,
-   * not the processes) as an environment, and returns a reference to restore from.
+   * Saves the sandbox's state at the deepest depth its backend offers, and says which: its
+   * processes and memory too where it can (`depth: 'memory'`), else its files as an environment
+   * (`depth: 'disk'`). Ask for `disk` to get an environment any sandbox can start from.
    */
-  async checkpoint(): Promise<CheckpointRef> {
+  async checkpoint(options: { depth?: 'disk' | 'memory' } = {}): Promise<CheckpointRef> {
     const sandbox = this.sandbox;
     if (!sandbox) throw new SandgymError('failed_precondition', 'Call reset() before checkpoint()');
+    if (options.depth !== 'disk') {
+      const memory = await this.checkpointMemory();
+      if (memory) return memory;
+      if (options.depth === 'memory') {
+        throw new SandgymError('unsupported', `A ${sandbox.backend} sandbox here has no memory checkpoints`);
+      }
+    }
     const count = ++this.checkpoints;
     const name = `ckpt-${sandbox.id}:${count}`;
     await this.platform.packDiff(sandbox, {
@@ -215,8 +240,32 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
     return { environment: name, episodeId: this.episodeId, stepIndex: this.stepIndex, depth: 'disk' };
   }
 
-  /** Starts a new sandbox from a checkpoint; the episode goes on from there as a new branch. */
+  /** A memory checkpoint of the sandbox, or undefined where its backend (or its state) allows none. */
+  async checkpointMemory(): Promise<MemoryCheckpointRef | undefined> {
+    const sandbox = this.sandbox;
+    if (!sandbox) throw new SandgymError('failed_precondition', 'Call reset() before checkpoint()');
+    const made = await sandbox.checkpoint().catch((error: unknown) => {
+      if (isSandgymError(error, 'unsupported')) return undefined;
+      throw error;
+    });
+    if (!made) return undefined;
+    return {
+      depth: 'memory',
+      sandboxId: sandbox.id,
+      checkpointId: made.id,
+      environment: sandbox.labels['environment'] ?? '',
+      episodeId: this.episodeId,
+      stepIndex: this.stepIndex,
+    };
+  }
+
+  /**
+   * Goes back to a checkpoint: a memory checkpoint in place, in the sandbox that made it (which
+   * must still be this env's); a disk checkpoint in a new sandbox. Either way the episode goes on
+   * from there as a new branch.
+   */
   async restore(ref: CheckpointRef): Promise<ResetResult<SandboxObservation, RestoredInfo>> {
+    if (ref.depth === 'memory') return this.restoreInPlace(ref);
     const request = { ...(this.options.sandbox ?? {}), environment: ref.environment };
     const restored = SandboxEnv.create(this.platform, { ...this.options, sandbox: request });
     const reset = await restored.reset({ options: { episodeId: `${ref.episodeId}@${ref.environment}` } });
@@ -227,6 +276,25 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
     this.stepIndex = 0;
     restored.sandbox = undefined; // ownership moved here
     return { ...reset, info: { ...reset.info, restoredFrom: ref } };
+  }
+
+  private async restoreInPlace(
+    ref: MemoryCheckpointRef,
+  ): Promise<ResetResult<SandboxObservation, RestoredInfo>> {
+    const sandbox = this.sandbox;
+    if (sandbox?.id !== ref.sandboxId) {
+      throw new SandgymError(
+        'failed_precondition',
+        `Memory checkpoint ${ref.checkpointId} restores in place, in sandbox ${ref.sandboxId}; this env's sandbox is ${sandbox?.id ?? 'none'}. Take a disk checkpoint (checkpoint({ depth: 'disk' })) to start elsewhere`,
+      );
+    }
+    await sandbox.restore(ref.checkpointId);
+    this.episodeId = `${ref.episodeId}@${ref.checkpointId}`;
+    this.stepIndex = 0;
+    return {
+      observation: { type: 'reset', sandboxId: sandbox.id, environment: ref.environment },
+      info: { episodeId: this.episodeId, sandboxId: sandbox.id, seed: null, restoredFrom: ref },
+    };
   }
 
   async close(): Promise<void> {

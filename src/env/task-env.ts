@@ -15,7 +15,7 @@ import type {
   StepResult,
 } from './environment.ts';
 import type { SandboxAction, SandboxObservation } from '../platform/index.ts';
-import { SandboxEnv } from './sandbox-env.ts';
+import { SandboxEnv, type DiskCheckpointRef, type MemoryCheckpointRef } from './sandbox-env.ts';
 import { TaskError, taskStorageStem, type Task } from './tasks/task.ts';
 import { Deadline } from './deadline.ts';
 import { BASE_SCOPE, PROTECTED_PATHS, gradingScope, type GradingScope } from './grading-scope.ts';
@@ -48,19 +48,17 @@ function taskEnvironmentName(task: Task): string {
 /** What the agent is shown at reset: the instruction, and where it is. */
 export type TaskObservation = SandboxObservation | { type: 'task'; instruction: string; sandboxId: string };
 
-/** A task episode's saved state, for {@link TaskEnv.restore}. */
-export interface TaskCheckpoint {
-  /** The stored environment that holds it: the task's layers plus the agent's work so far. */
-  environment: string;
-  episodeId: string;
-  stepIndex: number;
-  /** Protected paths the agent had touched by then (left out of the checkpoint, reported at grading). */
+/**
+ * A task episode's saved state, for {@link TaskEnv.restore}: at `memory` depth the agent's
+ * sandbox's processes, memory and files, restored in place; at `disk` depth its files (minus
+ * protected paths), stored as an environment, restored in a new sandbox.
+ */
+export type TaskCheckpoint = (DiskCheckpointRef | MemoryCheckpointRef) & {
+  /** Protected paths the agent had touched by then (reported at grading). */
   tampered: string[];
   /** What was left of the agent's time budget. */
   budgetLeftMs: number;
-  /** Files only: processes and memory are not kept by container checkpoints. */
-  depth: 'disk';
-}
+};
 
 /** The result of grading one episode. */
 export interface Grade {
@@ -345,14 +343,26 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
   }
 
   /**
-   * Saves the episode so far: the agent's changes, minus protected paths (reported as tampering
-   * when graded), become a layer over the task's, stored as an environment.
+   * Saves the episode so far, at the deepest depth the agent's sandbox has, and says which: its
+   * processes and memory where it can (`memory`, restored in place); else (or asked for `disk`)
+   * the agent's changes, minus protected paths (reported as tampering when graded), as a layer
+   * over the task's, stored as an environment.
    */
-  async checkpoint(): Promise<TaskCheckpoint> {
+  async checkpoint(options: { depth?: 'disk' | 'memory' } = {}): Promise<TaskCheckpoint> {
     const agent = this.inner?.current;
     const environment = this.built;
     if (!agent || !environment || !this.inner)
       throw new SandgymError('failed_precondition', 'Nothing to checkpoint: call reset() first');
+    const budgetLeftMs = Math.max(0, this.deadline - Date.now());
+    if (options.depth !== 'disk') {
+      const memory = await this.inner.checkpointMemory();
+      if (memory) return { ...memory, tampered: [...this.earlierTampering], budgetLeftMs };
+      if (options.depth === 'memory')
+        throw new SandgymError(
+          'unsupported',
+          `The agent's ${agent.backend} sandbox has no memory checkpoints`,
+        );
+    }
     const name = taskStorageStem('ckpt', this.task);
     const version = `${this.inner.episode}-${++this.checkpoints}`.slice(0, 64);
     // the agent's own stack (the task's layers, or an earlier checkpoint's) plus its filtered diff
@@ -367,13 +377,25 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
       episodeId: this.inner.episode,
       stepIndex: this.inner.nextStepIndex,
       tampered: [...new Set([...this.earlierTampering, ...tampered])],
-      budgetLeftMs: Math.max(0, this.deadline - Date.now()),
+      budgetLeftMs,
       depth: 'disk',
     };
   }
 
-  /** Starts a new sandbox from a checkpoint; the episode goes on from there as a new branch. */
+  /**
+   * Goes back to a checkpoint, the episode going on from there as a new branch: a memory one in
+   * place, in the agent's sandbox that made it; a disk one in a new sandbox.
+   */
   async restore(checkpoint: TaskCheckpoint): Promise<ResetResult<TaskObservation, TaskResetInfo>> {
+    if (checkpoint.depth === 'memory') {
+      if (!this.inner)
+        throw new SandgymError('failed_precondition', 'Nothing to restore into: call reset() first');
+      const restored = await this.inner.restore(checkpoint);
+      this.deadline = Date.now() + Math.floor(checkpoint.budgetLeftMs);
+      this.earlierTampering = checkpoint.tampered;
+      const opened = this.opening(this.inner.current!, restored.info);
+      return { ...opened, info: { ...opened.info, restoredFrom: checkpoint } };
+    }
     await this.prepare();
     const restored = await this.start(checkpoint.environment, checkpoint.budgetLeftMs, {
       options: { episodeId: `${checkpoint.episodeId}@${checkpoint.environment}` },

@@ -1,6 +1,6 @@
 import { SandgymError, settleAll } from '../common/index.ts';
-import type { CallOptions } from '../backends/index.ts';
-import type { PlatformClient, Sandbox, SandboxGroup } from './platform-client.ts';
+import { callOptionsOf } from '../backends/index.ts';
+import type { ForkOptions, PlatformClient, Sandbox, SandboxGroup } from './platform-client.ts';
 import { RUN_LABEL } from './runs.ts';
 
 /**
@@ -13,8 +13,9 @@ export async function forkSandbox(
   platform: PlatformClient,
   source: Sandbox,
   count: number,
-  options: CallOptions = {},
+  options: ForkOptions = {},
 ): Promise<SandboxGroup> {
+  const call = callOptionsOf(options);
   const environment = source.labels['environment'];
   if (!environment) {
     throw new SandgymError(
@@ -22,8 +23,8 @@ export async function forkSandbox(
       `Sandbox ${source.id} was not made from an environment, so it cannot be forked`,
     );
   }
-  const base = await platform.getEnvironment(environment, options);
-  const { layer } = await platform.packDiff(source, options);
+  const base = await platform.getEnvironment(environment, call);
+  const { layer } = await platform.packDiff(source, call);
   // what the source already stacked over its environment (a checkpoint, a grader's diff), then its changes
   const extraLayers = [...source.layers.slice(base.layers.length).map((l) => l.digest), layer.digest];
   const run = source.labels[RUN_LABEL];
@@ -37,20 +38,26 @@ export async function forkSandbox(
           resources: { ...source.resources },
           ...(run ? { run } : {}),
         },
-        options,
+        call,
       ),
     ),
   );
   const sandboxes = created.flatMap((r) => (r.status === 'fulfilled' ? [r.value] : []));
   const failed = created.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+  const group = sandboxGroup(sandboxes);
+  if (failed) {
+    await group.close().catch(() => undefined);
+    throw failed.reason;
+  }
+  return group;
+}
+
+/** Sandboxes closed as one. */
+export function sandboxGroup(sandboxes: readonly Sandbox[]): SandboxGroup {
   const close = (): Promise<void> =>
     settleAll(
       sandboxes.map((s) => s.close()),
       'Some sandboxes of the fork group were not destroyed',
     );
-  if (failed) {
-    await close().catch(() => undefined);
-    throw failed.reason;
-  }
   return { sandboxes, close, [Symbol.asyncDispose]: close };
 }

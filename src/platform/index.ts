@@ -17,6 +17,7 @@ export type { ControllerOptions, ProjectGrant } from './controller/controller.ts
 export { Placer } from './controller/placement.ts';
 export type { Demand, NodeLoad } from './controller/placement.ts';
 export type {
+  ForkOptions,
   LayerGcOptions,
   LayerGcReport,
   PackDiffOptions,

@@ -22,6 +22,7 @@ import {
   type BackendName,
   type BackendSandbox,
   type FilterReport,
+  type SandboxSpec,
 } from '../backends/index.ts';
 import { BackendRegistry } from './backend-registry.ts';
 import {
@@ -40,7 +41,7 @@ import { DEFAULT_TRAJECTORY_RETENTION_MS, removeExpiredTrajectories } from './tr
 import { SandboxSteps } from './steps/sandbox-steps.ts';
 import type { HostPlatform, SandboxGroupNetwork } from './host-platform.ts';
 import type { StepReply, StepRequest } from './steps/step-types.ts';
-import { forkSandbox } from './fork.ts';
+import { forkSandbox, sandboxGroup } from './fork.ts';
 import { DEFAULT_PROJECT, PROJECT_LABEL, RUN_LABEL, RunManager, type Run, type RunOptions } from './runs.ts';
 import { localRun, runOptionsSchema } from './run-handles.ts';
 import { RemotePlatform, type ConnectOptions } from './remote-platform.ts';
@@ -48,6 +49,7 @@ import { localStepLog, type StepLog } from './exactly-once.ts';
 import { LayerStore, parseEnvironmentRef, type Environment, type ProjectStore } from './store/layer-store.ts';
 import { LayerPins, PIN_REFRESH_MS, pinIsLive } from './store/layer-pins.ts';
 import type {
+  ForkOptions,
   LayerGcOptions,
   LayerGcReport,
   PackDiffOptions,
@@ -76,6 +78,8 @@ const VOLUME_FREE_FLOOR_BYTES = 256 * MIB;
 
 /** How often idle TTLs and deadlines are checked. */
 const LIFETIME_SWEEP_MS = 250;
+/** The most copies one memory fork makes: each is a whole VM started from the checkpoint. */
+const MAX_MEMORY_FORKS = 64;
 
 /** Options for {@link Platform.local}. */
 export interface LocalPlatformOptions {
@@ -629,8 +633,40 @@ export class LocalPlatform implements HostPlatform {
     return abortable((await steps).step(request), options.signal, 'The step');
   }
 
-  fork(sandbox: Sandbox, count: number, options: CallOptions = {}): Promise<SandboxGroup> {
-    return forkSandbox(this, sandbox, count, options);
+  async fork(sandbox: Sandbox, count: number, options: ForkOptions = {}): Promise<SandboxGroup> {
+    if (options.depth !== 'memory') return forkSandbox(this, sandbox, count, options);
+    return sandboxGroup(await this.forkInMemory(sandbox.id, count, options));
+  }
+
+  /**
+   * `count` sandboxes on this node that carry on from a fresh checkpoint of sandbox `id`: its
+   * processes, memory and files, its resources, labels and run. All or none.
+   */
+  async forkInMemory(id: string, count: number, options: CallOptions = {}): Promise<BackendSandbox[]> {
+    const backend = await this.registry.ownerOf(id);
+    const source = backend.attach(id);
+    if (!backend.forkFrom) {
+      throw new SandgymError(
+        'unsupported',
+        `A ${backend.name} sandbox cannot be forked at memory depth; fork it at depth 'disk' (its files), or use a microvm or vm`,
+      );
+    }
+    if (!Number.isInteger(count) || count < 1 || count > MAX_MEMORY_FORKS)
+      throw new SandgymError('invalid_argument', `count must be 1 to ${MAX_MEMORY_FORKS}, got ${count}`);
+    const checkpoint = await source.checkpoint(options);
+    const layers = source.layers.map((layer) => layer.digest);
+    await this.pins.hold(layers);
+    const specs: SandboxSpec[] = Array.from({ length: count }, () => ({
+      id: newSandboxId(this.nodeId),
+      layers: [...source.layers],
+      env: {},
+      workdir: '/',
+      resources: { ...source.resources },
+      qos: 'latency',
+      labels: { ...source.labels },
+      network: [],
+    }));
+    return backend.forkFrom(checkpoint.id, specs, options);
   }
 
   async close(): Promise<void> {

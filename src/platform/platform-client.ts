@@ -56,11 +56,19 @@ export interface PlatformClient extends AsyncDisposable {
   startRun(options: RunOptions): Promise<Run>;
   /**
    * fork(n) for group rollouts: n sandboxes from `sandbox`'s current state, admitted all or
-   * nothing and cleaned up together.
+   * nothing and cleaned up together. At `depth: 'disk'` (the default) they start from its files
+   * and may land on any node; at `depth: 'memory'` they carry on from its processes and memory
+   * too, on its node (microVMs and VMs).
    */
-  fork(sandbox: Sandbox, count: number, options?: CallOptions): Promise<SandboxGroup>;
+  fork(sandbox: Sandbox, count: number, options?: ForkOptions): Promise<SandboxGroup>;
   /** Destroys this client's sandboxes. Idempotent. */
   close(): Promise<void>;
+}
+
+/** Options for {@link PlatformClient.fork}. */
+export interface ForkOptions extends CallOptions {
+  /** What the copies start from: the source's files, or its processes and memory too. @default 'disk' */
+  depth?: 'disk' | 'memory';
 }
 
 /** Sandboxes forked together, cleaned up together. */

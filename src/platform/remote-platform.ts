@@ -6,6 +6,7 @@ import type { StepLog } from './exactly-once.ts';
 import type { StepReply, StepRequest } from './steps/step-types.ts';
 import type { TrajectoryRecord } from './trajectory-log.ts';
 import type {
+  ForkOptions,
   LayerGcOptions,
   LayerGcReport,
   PackDiffOptions,
@@ -17,7 +18,7 @@ import type {
 import { sandboxRequestSchema, type SandboxRequest } from './sandbox-request.ts';
 import { RUNS, SANDBOXES, WireClient, type WireClientOptions } from './wire/index.ts';
 import { remoteRun, runOptionsSchema } from './run-handles.ts';
-import { forkSandbox } from './fork.ts';
+import { forkSandbox, sandboxGroup } from './fork.ts';
 import { RemoteSandbox, type SandboxesClient } from './remote-sandbox.ts';
 import type { Run, RunOptions } from './runs.ts';
 
@@ -187,8 +188,19 @@ export class RemotePlatform implements PlatformClient {
     return remoteRun(this.runs, valid.name);
   }
 
-  fork(sandbox: Sandbox, count: number, options: CallOptions = {}): Promise<SandboxGroup> {
-    return forkSandbox(this, sandbox, count, options);
+  async fork(sandbox: Sandbox, count: number, options: ForkOptions = {}): Promise<SandboxGroup> {
+    if (options.depth !== 'memory') return forkSandbox(this, sandbox, count, options);
+    const { sandboxes } = await this.client.call(
+      'ForkInMemory',
+      { sandboxId: sandbox.id, count },
+      callOptionsOf(options),
+    );
+    const copies = sandboxes.map((info) => {
+      const copy = new RemoteSandbox(this.client, info, (id) => this.mine.delete(id));
+      this.mine.set(copy.id, copy);
+      return copy;
+    });
+    return sandboxGroup(copies);
   }
 
   async close(): Promise<void> {

@@ -15,6 +15,8 @@ import type {
   ExecResult,
   ExecStream,
   HibernateReport,
+  CheckpointOptions,
+  SandboxCheckpoint,
   ReadFileOptions,
   SandboxResources,
   SandboxState,
@@ -213,7 +215,26 @@ export class RemoteSandbox implements Sandbox {
       this.client.call('Hibernate', { sandboxId: this.id }, callOptionsOf(options)),
     );
     this.currentState = 'hibernated';
-    return report;
+    const { imageBytes, ...rest } = report;
+    return imageBytes === undefined ? rest : { ...rest, imageBytes };
+  }
+
+  checkpoint(options: CheckpointOptions = {}): Promise<SandboxCheckpoint> {
+    return this.guard(() =>
+      this.client.call(
+        'Checkpoint',
+        { sandboxId: this.id, ...(options.depth ? { depth: options.depth } : {}) },
+        callOptionsOf(options),
+      ),
+    );
+  }
+
+  async restore(checkpoint: SandboxCheckpoint | string, options: CallOptions = {}): Promise<void> {
+    const checkpointId = typeof checkpoint === 'string' ? checkpoint : checkpoint.id;
+    await this.guard(() =>
+      this.client.call('RestoreCheckpoint', { sandboxId: this.id, checkpointId }, callOptionsOf(options)),
+    );
+    this.currentState = 'running';
   }
 
   async writtenPaths(prefixes: readonly string[], options: WrittenPathsOptions = {}): Promise<string[]> {

@@ -3,7 +3,9 @@ import { rm } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { detectCriu } from '../../src/backends/host/criu.ts';
-import { Platform } from '../../src/platform/index.ts';
+import { silentLogger } from '../../src/common/index.ts';
+import { SandboxEnv } from '../../src/env/index.ts';
+import { NodeAgent, Platform, type PlatformClient } from '../../src/platform/index.ts';
 import { STORE_DIR, TEST_DATA_ROOT, createTestPlatform } from '../support/platform.ts';
 
 // `npm test` builds CRIU 4.1 (`sandgym setup --criu`); without it, containers hibernate by reclaim
@@ -108,6 +110,57 @@ process.exit(0);
     } finally {
       await successor.close();
       await rm(dataDir, { recursive: true, force: true });
+    }
+  });
+
+  it('checkpoint and restore in place, embedded and over the wire, and SandboxEnv says memory', async () => {
+    await using test = await createTestPlatform('container-checkpoint');
+    const node = await NodeAgent.start(test.platform, {
+      listen: '127.0.0.1:0',
+      token: 'node-secret-container-checkpoint',
+      logger: silentLogger(),
+    });
+    const remote = await Platform.connect(`grpc://127.0.0.1:${node.port}`, {
+      token: 'node-secret-container-checkpoint',
+    });
+    try {
+      for (const platform of [test.platform, remote] as PlatformClient[]) {
+        const sandbox = await platform.createSandbox({ environment: 'busybox:latest' });
+        try {
+          const holder = (await sandbox.exec(HOLDER)).stdout.trim();
+          await sandbox.writeFile('/root/state', 'one');
+          const checkpoint = await sandbox.checkpoint();
+          expect(checkpoint).toMatchObject({ sandboxId: sandbox.id, depth: 'memory' });
+          // it carries on after the checkpoint
+          await sandbox.writeFile('/root/state', 'two');
+          await sandbox.writeFile('/root/later', 'made after');
+          await sandbox.exec(['kill', '-9', holder]);
+          await sandbox.restore(checkpoint);
+          expect((await sandbox.readFile('/root/state')).toString()).toBe('one');
+          expect((await sandbox.exec(['test', '-e', '/root/later'])).exitCode).toBe(1);
+          expect((await sandbox.exec(['kill', '-0', holder])).exitCode).toBe(0);
+          // a checkpoint can be gone back to again
+          await sandbox.writeFile('/root/state', 'three');
+          await sandbox.restore(checkpoint.id);
+          expect((await sandbox.readFile('/root/state')).toString()).toBe('one');
+          // containers fork from their files: the error says so
+          await expect(platform.fork(sandbox, 2, { depth: 'memory' })).rejects.toThrow(/depth 'disk'/);
+        } finally {
+          await sandbox.close();
+        }
+      }
+      await using env = SandboxEnv.create(test.platform, { sandbox: { environment: 'busybox:latest' } });
+      await env.reset();
+      await env.step({ type: 'write_file', path: '/root/step', content: 'before' });
+      const ref = await env.checkpoint();
+      expect(ref.depth).toBe('memory');
+      await env.step({ type: 'write_file', path: '/root/step', content: 'after' });
+      await env.restore(ref);
+      const read = await env.step({ type: 'read_file', path: '/root/step' });
+      expect(read.observation).toMatchObject({ content: 'before' });
+    } finally {
+      await remote.close();
+      await node.close();
     }
   });
 });

@@ -49,7 +49,7 @@ describe('microvm snapshots: checkpoint, restore, fork', () => {
       void origin.execStream(['sh', '-c', HOLDER]).result.catch(() => undefined);
       const before = await waitForFile(origin, '/tmp/before');
       await origin.writeFile('/root/at-checkpoint', 'yes');
-      const snapshot = await origin.checkpoint();
+      const snapshot = await origin.snapshot();
 
       // after the checkpoint, the origin goes on and changes
       await origin.writeFile('/root/after-checkpoint', 'later');
@@ -77,7 +77,7 @@ describe('microvm snapshots: checkpoint, restore, fork', () => {
       }
 
       // the origin goes back to its checkpoint in place: the later file is gone, the process is back
-      await origin.restore(snapshot);
+      await origin.restoreSnapshot(snapshot);
       // other processes find (and can end) the QEMU that now runs it
       const state = JSON.parse(readFileSync(join(dataDir, 'microvms', origin.id, 'state.json'), 'utf8')) as {
         qemu: { pid: number };

@@ -92,6 +92,29 @@ describe('microvm through the platform', () => {
     }
   });
 
+  it('forks a microvm at memory depth: each copy carries on its processes, then goes its own way', async () => {
+    await using env = await createTestPlatform('microvm-fork');
+    const source = await env.platform.createSandbox({ backend: 'microvm', environment: 'busybox:latest' });
+    try {
+      const loop = (
+        await source.exec(['sh', '-c', 'sh -c "while true; do sleep 0.2; done" >/dev/null 2>&1 & echo $!'])
+      ).stdout.trim();
+      await source.writeFile('/root/note', 'from the source');
+      await using group = await env.platform.fork(source, 2, { depth: 'memory' });
+      expect(group.sandboxes.map((s) => s.backend)).toEqual(['microvm', 'microvm']);
+      for (const [i, copy] of group.sandboxes.entries()) {
+        expect((await copy.exec(['kill', '-0', loop])).exitCode).toBe(0);
+        expect((await copy.readFile('/root/note')).toString()).toBe('from the source');
+        await copy.writeFile('/root/note', `copy ${i}`);
+      }
+      expect((await group.sandboxes[0]!.readFile('/root/note')).toString()).toBe('copy 0');
+      expect((await source.readFile('/root/note')).toString()).toBe('from the source');
+      await expect(env.platform.fork(source, 0, { depth: 'memory' })).rejects.toThrow(/count must be 1/);
+    } finally {
+      await source.close();
+    }
+  });
+
   it('lists, measures and kills a microvm like any sandbox', async () => {
     await using env = await createTestPlatform('microvm-platform');
     const sandbox = await env.platform.createSandbox({ backend: 'microvm', environment: 'busybox:latest' });

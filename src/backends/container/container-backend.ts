@@ -50,15 +50,8 @@ import { runProgram } from '../host/run-program.ts';
 import { closedChannel, type AgentChannel } from '../internal/agent-channel.ts';
 import { reclaimExpiredOf } from '../internal/lifetime.ts';
 import { ContainerSandbox, type ContainerMemory } from './container-sandbox.ts';
-import {
-  containerInitOf,
-  detachOverlay,
-  dumpTree,
-  memoryImageAt,
-  mountOverlay,
-  restoreTree,
-  type MemoryImage,
-} from './memory-image.ts';
+import { memoryImageAt, type MemoryImage } from './memory-image.ts';
+import { ContainerMemorySnapshots } from './memory-snapshots.ts';
 import { NOTHING_FILTERED, consumeFiltered, type PrivateCopy } from './private-copy.ts';
 import type { FilterReport } from '../host/diff-filter.ts';
 import { removeContainerResidue } from './residue.ts';
@@ -102,8 +95,6 @@ const SHELL_RESOURCES = { cpu: 1, memoryMib: 512, pids: 512, outputCapBytes: 1 <
 
 /** How long a reopened channel may take to answer its sync before the sandbox counts as lost. */
 const ADOPT_SYNC_TIMEOUT_MS = 3_000;
-/** How long an agent restored from a memory image may take to answer on its new channel. */
-const RESTORE_SYNC_TIMEOUT_MS = 10_000;
 
 const CAPABILITIES: BackendCapabilities = {
   pause: true,
@@ -136,6 +127,7 @@ export class ContainerBackend implements Backend {
   /** Fresh roots for reused containers: warm shells that take a tenant, FnCall workers between calls. */
   readonly reuse: ContainerReuse;
   private readonly records: ContainerRecords;
+  private readonly memory: ContainerMemorySnapshots;
 
   private constructor(
     private readonly options: ContainerBackendOptions,
@@ -175,6 +167,7 @@ export class ContainerBackend implements Backend {
     });
     this.reuse = new ContainerReuse(this.launcher, mounts, this.egress);
     this.records = new ContainerRecords(this.launcher);
+    this.memory = new ContainerMemorySnapshots(criu, this.launcher, helper, this.egress, this.logger);
     const policy = options.warmPool ?? {};
     this.pool = Object.values(policy).some((n) => n > 0)
       ? new WarmPool(
@@ -373,7 +366,7 @@ export class ContainerBackend implements Backend {
       if (!unpacked) this.mounts.release(spec.layers);
       throw error;
     }
-    return this.track(shell, spec, undefined, undefined, this.memoryOf(shell, points));
+    return this.track(shell, spec, undefined, undefined, this.memory.forShell(shell, points));
   }
 
   /** A pooled shell: a container on the empty shared root, ready to take a tenant's layers. */
@@ -441,59 +434,6 @@ export class ContainerBackend implements Backend {
         `No live container sandbox ${sandboxId} in this process to join a group`,
       );
     return this.egress.joinGroup(shell, group);
-  }
-
-  /**
-   * Dumps and restores a container's processes with CRIU, for a container with its own overlay
-   * of `lowers` (a pooled shell's swapped-in root is not one CRIU can stand up again), on hosts
-   * with a CRIU that works.
-   */
-  private memoryOf(shell: WarmShell, lowers: readonly string[]): ContainerMemory | undefined {
-    if (!this.criu.usable) return undefined;
-    const { dir } = this.launcher.pathsOf(shell.slot);
-    return {
-      // its network's veth pair reaches into the node's namespace, which a restore cannot rebuild
-      available: () => !this.egress.isAttached(shell.slot),
-      dump: async (leaveRunning) => {
-        try {
-          const init = await containerInitOf(await shell.cgroup.members());
-          const name = `memory-${randomBytes(6).toString('hex')}`;
-          const image = await dumpTree(init, dir, join(dir, name), { leaveRunning });
-          // a successor adopting this sandbox finds its processes there (see adoptHibernated)
-          if (!leaveRunning) await this.recordMemoryImage(dir, name);
-          return image;
-        } catch (error) {
-          this.logger.warn({ slot: shell.slot, error: messageOf(error) }, 'memory snapshot failed');
-          throw error;
-        }
-      },
-      restore: async (image) => {
-        const rootfs = join(dir, 'rootfs');
-        await mountOverlay(rootfs, lowers, dir);
-        let opened: AgentChannel;
-        try {
-          opened = await restoreTree(image, dir, rootfs, () => this.launcher.openChannel(shell.slot));
-        } finally {
-          await detachOverlay(rootfs);
-        }
-        const channel = await this.launcher.syncChannel(shell.slot, opened, RESTORE_SYNC_TIMEOUT_MS);
-        await this.recordMemoryImage(dir, undefined);
-        shell.channel = channel;
-        shell.exited = channel.closed;
-        delete shell.agentPid;
-        return { channel, exited: channel.closed };
-      },
-      drop: (image) => rm(image.dir, { recursive: true, force: true }),
-    };
-  }
-
-  /** Notes in a sandbox's record where its processes are while it hibernates (or that they run again). */
-  private async recordMemoryImage(dir: string, name: string | undefined): Promise<void> {
-    const state = await readContainerState(dir);
-    if (!state) return;
-    const updated: ContainerState = { ...state, memoryImage: name };
-    if (!name) delete updated.memoryImage;
-    await this.launcher.saveState(dir, updated);
   }
 
   private track(
@@ -681,7 +621,7 @@ export class ContainerBackend implements Backend {
       diskMib: spec.resources.diskMib,
     };
     this.launcher.containers.set(slot, shell);
-    const memory = this.memoryOf(shell, lowers);
+    const memory = this.memory.forShell(shell, lowers);
     const sandbox = this.track(shell, spec, state.baseline, Date.parse(state.createdAt), memory, image);
     this.logger.info({ id: state.id }, 'adopted hibernated sandbox');
     return sandbox;

@@ -1,7 +1,9 @@
 import { SandgymError, messageOf, type FailureReason } from '../../common/index.ts';
 import type {
   CallOptions,
+  CheckpointOptions,
   HibernateReport,
+  SandboxCheckpoint,
   SandboxSpec,
   SandboxStats,
   StepCounters,
@@ -66,12 +68,32 @@ export interface ContainerSandboxParts {
 export interface ContainerMemory {
   /** Whether its processes can be dumped now (not while it is on the node's network). */
   available(): boolean;
-  /** Dumps its processes; they are gone afterwards unless `leaveRunning`. */
-  dump(leaveRunning: boolean): Promise<MemoryImage>;
+  /** Why not, when it is not {@link available}: what to use instead. */
+  unavailableBecause(): string;
+  /** Dumps its processes, which are gone afterwards: hibernation. */
+  dump(): Promise<MemoryImage>;
   /** Starts `image`'s processes as the container's, and a channel to their agent. */
-  restore(image: MemoryImage): Promise<{ channel: AgentChannel; exited: Promise<void> }>;
+  restore(image: MemoryImage): Promise<AgentProcess>;
   /** Deletes an image's files. */
   drop(image: MemoryImage): Promise<void>;
+  /** Dumps its processes, which carry on, with a copy of its files taken at the same instant. */
+  checkpoint(): Promise<ContainerCheckpoint>;
+  /** Ends its processes and puts a checkpoint's processes and files in their place. */
+  restoreCheckpoint(checkpoint: ContainerCheckpoint): Promise<AgentProcess>;
+}
+
+/** A container's agent process as its handle talks to it. */
+export interface AgentProcess {
+  channel: AgentChannel;
+  exited: Promise<void>;
+}
+
+/** A memory image and the copy of the writable layer taken with it. */
+export interface ContainerCheckpoint {
+  image: MemoryImage;
+  /** The copy of its upper dir (in a snapshot of its writable subvolume). */
+  upperCopy: string;
+  public: SandboxCheckpoint;
 }
 
 /** One live container: a handle over its agent channel and its cgroups. */
@@ -88,6 +110,8 @@ export class ContainerSandbox extends AgentSandbox {
   /** Where its processes are while it hibernates by memory image. */
   private hibernatedImage: MemoryImage | undefined;
   private resuming: Promise<void> | undefined;
+  /** Its checkpoints, in its folder: they go with it. */
+  private readonly checkpoints = new Map<string, ContainerCheckpoint>();
 
   constructor(private readonly parts: ContainerSandboxParts) {
     super(parts.spec, parts.createdAt);
@@ -200,7 +224,7 @@ export class ContainerSandbox extends AgentSandbox {
     this.agentGeneration++; // the dumped agent's exit is expected
     let image: MemoryImage;
     try {
-      image = await memory.dump(false);
+      image = await memory.dump();
     } catch (error) {
       this.agent = previous;
       this.watchAgent();
@@ -227,6 +251,61 @@ export class ContainerSandbox extends AgentSandbox {
     await this.parts.cgroup.setFrozen(false);
     this.currentState = 'running';
     if (wasHibernated) await this.checkWholeAfterHibernation();
+  }
+
+  /**
+   * Saves its processes, memory and files (CRIU); it carries on. Containers that CRIU cannot
+   * stand up again (on the node network, started by the warm pool, or on a host without CRIU 4.1)
+   * fail `unsupported`; their files can still become an environment (`platform.packDiff`).
+   */
+  async checkpoint(options: CheckpointOptions = {}): Promise<SandboxCheckpoint> {
+    await this.ready('checkpoint', options.signal);
+    const memory = this.parts.memory;
+    if (!memory?.available()) {
+      const why = memory
+        ? memory.unavailableBecause()
+        : 'this host has no CRIU 4.1 (`sandgym setup --criu` builds it), or the warm pool started it';
+      throw new SandgymError(
+        'unsupported',
+        `Sandbox ${this.id} cannot be checkpointed at memory depth: ${why}. Its files can be: platform.packDiff(sandbox, { name })`,
+      );
+    }
+    if (this.activeCalls > 0)
+      throw new SandgymError(
+        'failed_precondition',
+        `Sandbox ${this.id} has a request in flight: checkpoint it when idle`,
+      );
+    const made = await memory.checkpoint();
+    this.checkpoints.set(made.public.id, made);
+    return made.public;
+  }
+
+  /** Ends its processes and starts a checkpoint's in their place, on the checkpoint's files. */
+  async restore(checkpoint: SandboxCheckpoint | string, options: CallOptions = {}): Promise<void> {
+    throwIfAborted(options.signal, 'Restore');
+    const id = typeof checkpoint === 'string' ? checkpoint : checkpoint.id;
+    const made = this.checkpoints.get(id);
+    const memory = this.parts.memory;
+    if (!made || !memory) {
+      throw new SandgymError(
+        'not_found',
+        `Sandbox ${this.id} has no checkpoint "${id}": a checkpoint lives as long as the sandbox that made it`,
+      );
+    }
+    if (this.currentState === 'paused') await this.parts.cgroup.setFrozen(false);
+    this.agentGeneration++; // its current agent is ended on purpose
+    const previous = this.agent;
+    try {
+      this.agent = await memory.restoreCheckpoint(made);
+    } catch (error) {
+      return this.lose(`its checkpoint could not be restored: ${messageOf(error)}`);
+    }
+    previous.channel.fail(new SandgymError('failed_precondition', `Sandbox ${this.id} was restored`));
+    this.watchAgent();
+    const hibernated = this.hibernatedImage;
+    this.hibernatedImage = undefined;
+    this.currentState = 'running';
+    if (hibernated) await memory.drop(hibernated);
   }
 
   /** Starts the processes of its hibernation image again: the same processes, memory and files. */

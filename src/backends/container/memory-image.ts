@@ -7,6 +7,7 @@ import { SandgymError, parseAt } from '../../common/index.ts';
 import { criuProgram } from '../host/criu.ts';
 import { runProgram } from '../host/run-program.ts';
 import type { AgentChannel } from '../internal/agent-channel.ts';
+import { folderBytes } from '../internal/folder-size.ts';
 
 /**
  * A file the sandbox's agent holds that lives outside the sandbox's mount namespace: its log
@@ -36,16 +37,18 @@ const MOUNTS = ['--ext-mount-map', 'auto', '--enable-external-sharing', '--enabl
 const CRIU_TIMEOUT_MS = 120_000;
 
 /**
- * Dumps the process tree of a container (rooted at `initPid`, its agent) into `imageDir`. With
- * `leaveRunning` the processes carry on (a checkpoint); otherwise they are gone when it returns
- * (hibernation), and all of their memory, kernel memory included, is the host's again. CRIU
- * stops the processes itself, so the cgroup must not be frozen.
+ * Dumps the process tree of a container (rooted at `initPid`, its agent) into `imageDir`. The
+ * processes carry on, stay stopped (SIGSTOP: the caller copies their files at that instant and
+ * continues them), or are gone when it returns (hibernation: all of their memory, kernel memory
+ * included, is the host's again). CRIU stops the processes itself, so the cgroup must not be
+ * frozen.
  */
 export async function dumpTree(
   initPid: number,
   sandboxDir: string,
   imageDir: string,
-  options: { leaveRunning: boolean },
+  /** `running`: a checkpoint; `stopped`: a checkpoint whose caller copies files, then continues them; `gone`: hibernation. */
+  options: { afterwards: 'running' | 'stopped' | 'gone' },
 ): Promise<MemoryImage> {
   await mkdir(imageDir, { recursive: true });
   const externals = await externalFilesOf(initPid, sandboxDir);
@@ -59,7 +62,8 @@ export async function dumpTree(
     'dump.log',
     ...MOUNTS,
     ...externals.flatMap((file) => ['--external', file.key]),
-    ...(options.leaveRunning ? ['--leave-running'] : []),
+    ...(options.afterwards === 'running' ? ['--leave-running'] : []),
+    ...(options.afterwards === 'stopped' ? ['--leave-stopped'] : []),
   ];
   try {
     await runProgram(criuProgram(), args, { timeoutMs: CRIU_TIMEOUT_MS });
@@ -71,7 +75,7 @@ export async function dumpTree(
     });
   }
   await writeFile(join(imageDir, 'sandgym.json'), JSON.stringify({ externals }));
-  return { dir: imageDir, sizeBytes: await sizeOf(imageDir) };
+  return { dir: imageDir, sizeBytes: await folderBytes(imageDir) };
 }
 
 /**
@@ -142,7 +146,7 @@ export async function restoreTree(
 
 /** The image in `dir`, as an earlier dump left it. */
 export async function memoryImageAt(dir: string): Promise<MemoryImage> {
-  return { dir, sizeBytes: await sizeOf(dir) };
+  return { dir, sizeBytes: await folderBytes(dir) };
 }
 
 /** The container's first process (its agent) among the pids of its cgroup: pid 1 of its pid namespace. */
@@ -193,12 +197,6 @@ async function externalFilesOf(initPid: number, sandboxDir: string): Promise<Ext
     found.set(key, { key, name: parsed.data });
   }
   return [...found.values()];
-}
-
-async function sizeOf(dir: string): Promise<number> {
-  let total = 0;
-  for (const name of await readdir(dir)) total += (await stat(join(dir, name))).size;
-  return total;
 }
 
 /** The last lines of a CRIU log, for an error message. */

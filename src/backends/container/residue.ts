@@ -56,7 +56,7 @@ export async function removeContainerResidue(
 }
 
 /** SIGKILLs every process in the sandbox's cgroups (thawing first: v1 frozen tasks ignore it) and waits for them. */
-async function killAll(cgroup: SandboxCgroup): Promise<void> {
+export async function killAll(cgroup: SandboxCgroup): Promise<void> {
   for (let attempt = 0; attempt < 100; attempt++) {
     const pids = await cgroup.processes();
     if (pids.length === 0) return;

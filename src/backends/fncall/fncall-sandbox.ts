@@ -7,6 +7,7 @@ import type {
   ExecResult,
   ExecStream,
   HibernateReport,
+  SandboxCheckpoint,
   LayerImage,
   ReadFileOptions,
   SandboxResources,
@@ -192,6 +193,14 @@ export class FnCallSandbox implements BackendSandbox {
 
   resume(): Promise<void> {
     return this.unsupported('resume');
+  }
+
+  checkpoint(): Promise<SandboxCheckpoint> {
+    return this.unsupported('checkpoint');
+  }
+
+  restore(): Promise<void> {
+    return this.unsupported('restore a checkpoint');
   }
 
   withWritableLayer<T>(): Promise<T> {

@@ -7,6 +7,7 @@ import type {
   BackendName,
   BackendSandbox,
   CallOptions,
+  CheckpointOptions,
   DirEntry,
   ExecChunk,
   ExecOptions,
@@ -15,6 +16,7 @@ import type {
   HibernateReport,
   LayerImage,
   ReadFileOptions,
+  SandboxCheckpoint,
   SandboxResources,
   SandboxSpec,
   SandboxState,
@@ -299,6 +301,8 @@ export abstract class AgentSandbox implements BackendSandbox {
   abstract pause(options?: CallOptions): Promise<void>;
   abstract hibernate(options?: CallOptions): Promise<HibernateReport>;
   abstract resume(options?: CallOptions): Promise<void>;
+  abstract checkpoint(options?: CheckpointOptions): Promise<SandboxCheckpoint>;
+  abstract restore(checkpoint: SandboxCheckpoint | string, options?: CallOptions): Promise<void>;
   abstract stats(options?: CallOptions): Promise<SandboxStats>;
   abstract setNetwork(rules: readonly string[], options?: CallOptions): Promise<void>;
   abstract writtenPaths(prefixes: readonly string[], options?: WrittenPathsOptions): Promise<string[]>;

@@ -236,6 +236,18 @@ export class VmBackend implements Backend {
     }
   }
 
+  /** `specs.length` new VMs from a checkpoint one of this process's VMs made (see VmSandbox.checkpoint). */
+  async forkFrom(checkpointId: string, specs: readonly SandboxSpec[]): Promise<VmSandbox[]> {
+    const owner = this.live().find((vm) => vm.hasCheckpoint(checkpointId));
+    if (!owner) {
+      throw new SandgymError(
+        'not_found',
+        `No VM of this node has checkpoint "${checkpointId}": a checkpoint lives as long as the sandbox that made it`,
+      );
+    }
+    return this.fork(owner.checkpointOf(checkpointId), specs);
+  }
+
   /** Deletes a checkpoint's files. */
   async dropSnapshot(snapshot: VmSnapshot): Promise<void> {
     await rm(snapshot.dir, { recursive: true, force: true });

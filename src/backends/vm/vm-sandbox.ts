@@ -1,6 +1,14 @@
 import { readFile, rm, stat } from 'node:fs/promises';
 import { SandgymError, type Codec } from '../../common/index.ts';
-import type { CallOptions, HibernateReport, SandboxSpec, SandboxStats } from '../contract.ts';
+import type {
+  CallOptions,
+  CheckpointOptions,
+  HibernateReport,
+  SandboxCheckpoint,
+  SandboxSpec,
+  SandboxStats,
+} from '../contract.ts';
+import { folderBytes } from '../internal/folder-size.ts';
 import type { AgentChannel, InFlight } from '../internal/agent-channel.ts';
 import { AgentSandbox } from '../internal/agent-sandbox.ts';
 import { throwIfAborted } from '../internal/checks.ts';
@@ -41,6 +49,8 @@ export class VmSandbox extends AgentSandbox {
   /** Set while its QEMU is being replaced (restore, hibernate), whose exit is then expected. */
   private replacing = false;
   private hibernation: { image: VmSnapshot; inFlight: InFlight } | undefined;
+  /** Its checkpoints, in its own folder: they go with it. */
+  private readonly checkpoints = new Map<string, VmSnapshot>();
 
   constructor(private readonly parts: VmSandboxParts) {
     super(parts.spec, undefined);
@@ -61,16 +71,56 @@ export class VmSandbox extends AgentSandbox {
     return this.current;
   }
 
-  /** Saves its memory, processes and disk; it keeps running. */
-  async checkpoint(options: CallOptions = {}): Promise<VmSnapshot> {
+  /**
+   * Saves its memory, processes and disk in the backend's snapshots folder, where it outlives
+   * the VM (for {@link VmBackend.fork} and restoreAsNew; the caller drops it); it keeps running.
+   */
+  async snapshot(options: CallOptions = {}): Promise<VmSnapshot> {
     await this.ready('checkpoint', options.signal);
     return saveSnapshot(this.current, this.parts.launch, this.parts.snapshotsDir, true);
   }
 
-  /** Goes back to a checkpoint of its own, in place: processes, memory and files as they were then. */
-  async restore(snapshot: VmSnapshot, options: CallOptions = {}): Promise<void> {
+  /** Goes back to a snapshot, in place: processes, memory and files as they were then. */
+  async restoreSnapshot(snapshot: VmSnapshot, options: CallOptions = {}): Promise<void> {
     await this.ready('restore', options.signal);
     await this.replaceWith(snapshot);
+  }
+
+  /** A snapshot in the VM's own folder, which goes with the VM; it keeps running. */
+  async checkpoint(options: CheckpointOptions = {}): Promise<SandboxCheckpoint> {
+    await this.ready('checkpoint', options.signal);
+    const snapshot = await saveSnapshot(this.current, this.parts.launch, this.parts.launch.dir, true);
+    this.checkpoints.set(snapshot.id, snapshot);
+    return {
+      id: snapshot.id,
+      sandboxId: this.id,
+      depth: 'memory',
+      sizeBytes: await folderBytes(snapshot.dir),
+      createdAt: new Date().toISOString(),
+    };
+  }
+
+  async restore(checkpoint: SandboxCheckpoint | string, options: CallOptions = {}): Promise<void> {
+    const snapshot = this.checkpointOf(checkpoint);
+    if (this.currentState === 'hibernated') await this.resume(); // its QEMU must run to be replaced
+    await this.restoreSnapshot(snapshot, options);
+  }
+
+  hasCheckpoint(id: string): boolean {
+    return this.checkpoints.has(id);
+  }
+
+  /** One of its checkpoints, by id. */
+  checkpointOf(checkpoint: SandboxCheckpoint | string): VmSnapshot {
+    const id = typeof checkpoint === 'string' ? checkpoint : checkpoint.id;
+    const snapshot = this.checkpoints.get(id);
+    if (!snapshot) {
+      throw new SandgymError(
+        'not_found',
+        `Sandbox ${this.id} has no checkpoint "${id}": a checkpoint lives as long as the sandbox that made it`,
+      );
+    }
+    return snapshot;
   }
 
   /**

@@ -125,6 +125,14 @@ export class Controller {
       Pause: (request, call) => route(request.sandboxId).call('Pause', request, as(call)),
       Resume: (request, call) => route(request.sandboxId).call('Resume', request, as(call)),
       Hibernate: (request, call) => route(request.sandboxId).call('Hibernate', request, as(call)),
+      Checkpoint: (request, call) => route(request.sandboxId).call('Checkpoint', request, as(call)),
+      RestoreCheckpoint: (request, call) =>
+        route(request.sandboxId).call('RestoreCheckpoint', request, as(call)),
+      ForkInMemory: (request, call) => {
+        // the copies land on the source's node, outside placement, but within the project's quota
+        this.checkQuota(call.principal.project, request.count);
+        return route(request.sandboxId).call('ForkInMemory', request, as(call));
+      },
       Stats: (request, call) => route(request.sandboxId).call('Stats', request, as(call)),
       WrittenPaths: (request, call) => route(request.sandboxId).call('WrittenPaths', request, as(call)),
       SetNetwork: (request, call) => route(request.sandboxId).call('SetNetwork', request, as(call)),
@@ -226,18 +234,23 @@ export class Controller {
   }
 
   /** The quota check, placement, the node's veto, and waiting for room, in that order. */
-  private async create(request: unknown, call: CallContext): Promise<SandboxInfo> {
-    const { project } = call.principal;
-    const resolved = sandboxRequestSchema.parse(request);
+  /** Refuses `adding` more sandboxes for a project its quota has no room for. */
+  private checkQuota(project: string, adding: number): void {
     const grant = Object.values(this.options.grants).find((g) => g.project === project);
     const live = this.watcher.projectCount(project) + (this.inFlight.get(project) ?? 0);
-    if (grant && live >= grant.maxSandboxes) {
+    if (grant && live + adding > grant.maxSandboxes) {
       throw new SandgymError(
         'resource_exhausted',
-        `Project ${project} has ${live} of its ${grant.maxSandboxes} sandboxes; destroy some or raise its quota`,
+        `Project ${project} has ${live} of its ${grant.maxSandboxes} sandboxes${adding > 1 ? ` and asks for ${adding} more` : ''}; destroy some or raise its quota`,
         { retryable: true },
       );
     }
+  }
+
+  private async create(request: unknown, call: CallContext): Promise<SandboxInfo> {
+    const { project } = call.principal;
+    const resolved = sandboxRequestSchema.parse(request);
+    this.checkQuota(project, 1);
     const demand: Demand = { backend: resolved.backend, memoryMib: resolved.resources.memoryMib };
     const deadline = Date.now() + (this.options.queueTimeoutMs ?? 60_000);
     const vetoed = new Set<string>();

@@ -223,6 +223,17 @@ export class NodeAgent {
         return {};
       },
       Hibernate: ({ sandboxId }, call) => this.sandboxOf(sandboxId, call).hibernate({ signal: call.signal }),
+      Checkpoint: ({ sandboxId }, call) =>
+        this.sandboxOf(sandboxId, call).checkpoint({ signal: call.signal }),
+      RestoreCheckpoint: async ({ sandboxId, checkpointId }, call) => {
+        await this.sandboxOf(sandboxId, call).restore(checkpointId, { signal: call.signal });
+        return {};
+      },
+      ForkInMemory: async ({ sandboxId, count }, call) => {
+        const source = this.sandboxOf(sandboxId, call);
+        const copies = await this.platform.forkInMemory(source.id, count, { signal: call.signal });
+        return { sandboxes: copies.map(info) };
+      },
       Stats: ({ sandboxId }, call) => this.sandboxOf(sandboxId, call).stats({ signal: call.signal }),
       WrittenPaths: async ({ sandboxId, prefixes, limit }, call) => ({
         paths: await this.sandboxOf(sandboxId, call).writtenPaths(prefixes, {

@@ -1,11 +1,12 @@
 import type { CallOptions, GcReport, SandboxRecord } from '../../backends/index.ts';
 import type { StepLog } from '../exactly-once.ts';
-import { forkSandbox } from '../fork.ts';
+import { forkSandbox, sandboxGroup } from '../fork.ts';
 import type { HostPlatform, SandboxGroupNetwork } from '../host-platform.ts';
 import type { DockerfileBuildOptions, DockerfileBuildResult } from '../layer-build/dockerfile-build.ts';
 import type { Environment, ProjectStore } from '../store/layer-store.ts';
 import type { LocalPlatform } from '../local-platform.ts';
 import type {
+  ForkOptions,
   LayerGcOptions,
   LayerGcReport,
   PackDiffOptions,
@@ -117,8 +118,12 @@ export class NodeProjectClient implements HostPlatform {
     return this.node.platform.startRunFor(this.project, options);
   }
 
-  fork(sandbox: Sandbox, count: number, options: CallOptions = {}): Promise<SandboxGroup> {
-    return forkSandbox(this, sandbox, count, options);
+  async fork(sandbox: Sandbox, count: number, options: ForkOptions = {}): Promise<SandboxGroup> {
+    if (options.depth !== 'memory') return forkSandbox(this, sandbox, count, options);
+    const source = this.node.sandboxOf(this.project, sandbox.id);
+    const copies = await this.node.platform.forkInMemory(source.id, count, options);
+    for (const copy of copies) this.created.add(copy);
+    return sandboxGroup(copies);
   }
 
   /** Destroys the sandboxes this client created that are still there. */

@@ -132,7 +132,30 @@ export const dirEntries = z.object({
   ),
 });
 
-export const hibernateReport = z.object({ freedBytes: count, swappedBytes: count.default(0) });
+export const hibernateReport = z.object({
+  freedBytes: count,
+  swappedBytes: count.default(0),
+  imageBytes: count.optional(),
+});
+
+const checkpointId = z.string().regex(/^(ckpt|snap)-[0-9a-f]{12,16}$/, 'a checkpoint id from Checkpoint');
+export const checkpointRequest = z.strictObject({
+  sandboxId: sandboxIdField,
+  depth: z.literal('memory').optional(),
+});
+export const sandboxCheckpoint = z.object({
+  id: z.string(),
+  sandboxId: z.string(),
+  depth: z.literal('memory'),
+  sizeBytes: count,
+  createdAt: z.string(),
+});
+export const restoreCheckpointRequest = z.strictObject({ sandboxId: sandboxIdField, checkpointId });
+export const forkInMemoryRequest = z.strictObject({
+  sandboxId: sandboxIdField,
+  count: z.number().int().min(1).max(64),
+});
+export const sandboxInfos = z.object({ sandboxes: z.array(sandboxInfo) });
 
 const runName = z.string().regex(/^[a-z0-9][a-z0-9._-]{0,63}$/, 'run names are a-z, 0-9, ., _ and -');
 const trainingPhase = z.enum(['rollout', 'weight_sync', 'train', 'preempted', 'resumed']);

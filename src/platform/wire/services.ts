@@ -44,6 +44,21 @@ export const SANDBOXES = {
       response: m.hibernateReport,
       summary: 'freeze, then push its memory out; any request resumes it',
     }),
+    Checkpoint: unary({
+      request: m.checkpointRequest,
+      response: m.sandboxCheckpoint,
+      summary: 'save its processes, memory and files on its node (microVMs, VMs, CRIU containers)',
+    }),
+    RestoreCheckpoint: unary({
+      request: m.restoreCheckpointRequest,
+      response: m.empty,
+      summary: 'go back to one of its checkpoints, in place',
+    }),
+    ForkInMemory: unary({
+      request: m.forkInMemoryRequest,
+      response: m.sandboxInfos,
+      summary: 'count new sandboxes on its node that carry on from its processes and memory',
+    }),
     Stats: unary({ request: m.sandboxRef, response: m.sandboxStats, summary: 'measured use' }),
     WrittenPaths: unary({
       request: m.writtenPathsRequest,
