@@ -166,6 +166,12 @@ export interface SandboxCheckpoint {
   createdAt: string;
 }
 
+/**
+ * The checkpoints a sandbox keeps; a newer one past this deletes its oldest. Each holds a copy of
+ * its memory and writes, outside its disk cap, so a client cannot fill its node with them.
+ */
+export const MAX_CHECKPOINTS_PER_SANDBOX = 8;
+
 /** Options for {@link BackendSandbox.checkpoint}. */
 export interface CheckpointOptions extends CallOptions {
   /**

@@ -1,11 +1,14 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ContainerSandbox } from '../../src/backends/container/container-sandbox.ts';
+import { detectCriu } from '../../src/backends/host/criu.ts';
 import { signalProcess } from '../../src/backends/host/processes.ts';
 import { SandboxEnv } from '../../src/env/index.ts';
 import type { Sandbox } from '../../src/platform/index.ts';
 import { expectCode } from '../support/errors.ts';
 import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
 import { attack } from './summary.ts';
+
+const criu = await detectCriu();
 
 /**
  * The sandbox's agent serves one request at a time: what a sandbox plants must never make a file
@@ -86,4 +89,34 @@ describe('the agent API under attack', () => {
         await stuck.close();
       }
     }));
+
+  it.skipIf(!criu.usable)(
+    'keeps a file named like the node channel the tenant file it is, across a memory hibernation',
+    () =>
+      attack('agent-api', 'a lookalike of the agent channel held across a process checkpoint', async () => {
+        // the node's FIFOs are <data>/sandboxes/<id>/agent.*; from outside, a tenant file
+        // /<id>/agent.responses in the container's root reads the same. It must stay the tenant's.
+        const target = await env.platform.createSandbox({ environment: 'busybox:latest' });
+        try {
+          const fake = `/${target.id}/agent.responses`;
+          await target.exec([
+            'sh',
+            '-c',
+            `mkdir -p /${target.id} && sh -c 'exec 7<>${fake}; while true; do if [ -e /tmp/go ]; then echo forged >&7; rm /tmp/go; fi; sleep 0.1; done' >/dev/null 2>&1 &`,
+          ]);
+          const report = await target.hibernate();
+          expect(report.imageBytes).toBeGreaterThan(0);
+          // restored by the next request; the holder then writes through what it holds
+          await target.exec(['touch', '/tmp/go']);
+          for (let i = 0; (await target.exec(['test', '-e', '/tmp/go'])).exitCode === 0; i++) {
+            if (i > 100) throw new Error('the holder never wrote');
+            await new Promise((done) => setTimeout(done, 100));
+          }
+          expect((await target.readFile(fake)).toString()).toBe('forged\n');
+          expect((await target.exec(['echo', 'served'], { timeoutMs: 10_000 })).stdout).toBe('served\n');
+        } finally {
+          await target.close();
+        }
+      }),
+  );
 });

@@ -1,11 +1,13 @@
 import { spawnSync } from 'node:child_process';
-import { rm } from 'node:fs/promises';
+import { readdir, rm } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { describe, expect, it } from 'vitest';
+import { MAX_CHECKPOINTS_PER_SANDBOX } from '../../src/backends/contract.ts';
 import { detectCriu } from '../../src/backends/host/criu.ts';
 import { silentLogger } from '../../src/common/index.ts';
 import { SandboxEnv } from '../../src/env/index.ts';
 import { NodeAgent, Platform, type PlatformClient } from '../../src/platform/index.ts';
+import { expectCode } from '../support/errors.ts';
 import { STORE_DIR, TEST_DATA_ROOT, createTestPlatform } from '../support/platform.ts';
 
 // `npm test` builds CRIU 4.1 (`sandgym setup --criu`); without it, containers hibernate by reclaim
@@ -161,6 +163,23 @@ process.exit(0);
     } finally {
       await remote.close();
       await node.close();
+    }
+  });
+
+  it('keep at most MAX_CHECKPOINTS_PER_SANDBOX checkpoints: a newer one deletes the oldest', async () => {
+    await using test = await createTestPlatform('container-checkpoint-cap');
+    const sandbox = await test.platform.createSandbox({ environment: 'busybox:latest' });
+    try {
+      const made = [];
+      for (let i = 0; i <= MAX_CHECKPOINTS_PER_SANDBOX; i++) made.push(await sandbox.checkpoint());
+      const dir = join(test.dataDir, 'sandboxes', sandbox.id);
+      const kept = (await readdir(dir)).filter((name) => name.startsWith('memory-ckpt-'));
+      expect(kept).toHaveLength(MAX_CHECKPOINTS_PER_SANDBOX);
+      await expectCode(sandbox.restore(made[0]!), 'not_found', /lives as long as/);
+      await sandbox.restore(made[1]!);
+      expect((await sandbox.exec(['echo', 'back'])).stdout).toBe('back\n');
+    } finally {
+      await sandbox.close();
     }
   });
 });

@@ -139,7 +139,8 @@ describe('SandboxEnv and exactly-once steps', () => {
     await using gym = SandboxEnv.create(env.platform, { sandbox: { environment: 'busybox:latest' } });
     await gym.reset();
     await gym.step({ type: 'write_file', path: '/work/kept.txt', content: 'before the checkpoint' });
-    const ref = await gym.checkpoint();
+    // files only, as an environment: what a restore in a new sandbox starts from
+    const ref = await gym.checkpoint({ depth: 'disk' });
     expect(ref).toMatchObject({ stepIndex: 1, depth: 'disk' });
     await gym.step({ type: 'exec', command: 'rm /work/kept.txt && echo later > /work/lost.txt' });
     const first = gym.current!;

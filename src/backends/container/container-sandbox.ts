@@ -10,6 +10,7 @@ import type {
   WritableLayerOptions,
   WrittenPathsOptions,
 } from '../contract.ts';
+import { MAX_CHECKPOINTS_PER_SANDBOX } from '../contract.ts';
 import { NOTHING_FILTERED, consumeFiltered, type PrivateCopy } from './private-copy.ts';
 import type { FilterReport } from '../host/diff-filter.ts';
 import type { SandboxCgroup, UsageBaseline } from '../host/cgroups.ts';
@@ -80,6 +81,8 @@ export interface ContainerMemory {
   checkpoint(): Promise<ContainerCheckpoint>;
   /** Ends its processes and puts a checkpoint's processes and files in their place. */
   restoreCheckpoint(checkpoint: ContainerCheckpoint): Promise<AgentProcess>;
+  /** Deletes a checkpoint's image and files. */
+  dropCheckpoint(checkpoint: ContainerCheckpoint): Promise<void>;
 }
 
 /** A container's agent process as its handle talks to it. */
@@ -91,7 +94,9 @@ export interface AgentProcess {
 /** A memory image and the copy of the writable layer taken with it. */
 export interface ContainerCheckpoint {
   image: MemoryImage;
-  /** The copy of its upper dir (in a snapshot of its writable subvolume). */
+  /** The snapshot of its writable subvolume taken with it. */
+  copy: string;
+  /** The copy of its upper dir, in that snapshot. */
   upperCopy: string;
   public: SandboxCheckpoint;
 }
@@ -277,6 +282,11 @@ export class ContainerSandbox extends AgentSandbox {
       );
     const made = await memory.checkpoint();
     this.checkpoints.set(made.public.id, made);
+    const [oldest] = this.checkpoints.values();
+    if (this.checkpoints.size > MAX_CHECKPOINTS_PER_SANDBOX && oldest) {
+      this.checkpoints.delete(oldest.public.id);
+      await memory.dropCheckpoint(oldest);
+    }
     return made.public;
   }
 

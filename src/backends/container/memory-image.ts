@@ -1,7 +1,7 @@
 import { spawn } from 'node:child_process';
 import { constants, openSync, closeSync } from 'node:fs';
-import { mkdir, readFile, readdir, readlink, rm, stat, writeFile } from 'node:fs/promises';
-import { basename, dirname, join } from 'node:path';
+import { mkdir, readFile, readdir, rm, stat, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
 import { z } from 'zod';
 import { SandgymError, parseAt } from '../../common/index.ts';
 import { criuProgram } from '../host/criu.ts';
@@ -180,21 +180,28 @@ export async function detachOverlay(target: string): Promise<void> {
   await runProgram('umount', ['--lazy', target]);
 }
 
-/** The files of `initPid` that live in `sandboxDir` (outside the container), as CRIU names them. */
+/**
+ * The files of `initPid` that are the sandbox's own files on the node (outside the container),
+ * as CRIU names them. They are told by device and inode, never by path: a tenant's file inside
+ * the container can carry any name, and taking one for the agent's channel would hand the
+ * tenant that channel on restore.
+ */
 async function externalFilesOf(initPid: number, sandboxDir: string): Promise<ExternalFile[]> {
+  const ours = await Promise.all(
+    externalFileSchema.shape.name.options.map(async (name) => {
+      const { dev, ino } = await stat(join(sandboxDir, name));
+      return { name, dev, ino };
+    }),
+  );
   const found = new Map<string, ExternalFile>();
   for (const fd of await readdir(`/proc/${initPid}/fd`)) {
-    const target = await readlink(`/proc/${initPid}/fd/${fd}`).catch(() => '');
-    // the log was opened in the launcher's own mount namespace: its path shows from its mount only
-    if (basename(dirname(target)) !== basename(sandboxDir)) continue;
-    const name = basename(target);
-    const parsed = externalFileSchema.shape.name.safeParse(name);
-    if (!parsed.success) continue;
+    const held = await stat(`/proc/${initPid}/fd/${fd}`).catch(() => undefined);
+    const file = held && ours.find((o) => o.dev === held.dev && o.ino === held.ino);
+    if (!held || !file) continue;
     const fdinfo = await readFile(`/proc/${initPid}/fdinfo/${fd}`, 'utf8');
     const mountId = Number(/^mnt_id:\s*(\d+)/m.exec(fdinfo)?.[1]);
-    const { ino } = await stat(`/proc/${initPid}/fd/${fd}`);
-    const key = `file[${mountId.toString(16)}:${ino.toString(16)}]`;
-    found.set(key, { key, name: parsed.data });
+    const key = `file[${mountId.toString(16)}:${held.ino.toString(16)}]`;
+    found.set(key, { key, name: file.name });
   }
   return [...found.values()];
 }

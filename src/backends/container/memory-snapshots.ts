@@ -75,6 +75,7 @@ export class ContainerMemorySnapshots {
           }
           const made: ContainerCheckpoint = {
             image,
+            copy,
             upperCopy: join(copy, 'upper'),
             public: {
               id,
@@ -86,6 +87,10 @@ export class ContainerMemorySnapshots {
           };
           return made;
         }),
+      dropCheckpoint: async (checkpoint) => {
+        await rm(checkpoint.image.dir, { recursive: true, force: true });
+        await this.helper.deleteSubvolume(checkpoint.copy);
+      },
       restoreCheckpoint: (checkpoint) =>
         logged('checkpoint restore', async () => {
           await killAll(shell.cgroup);

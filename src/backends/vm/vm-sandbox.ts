@@ -8,6 +8,7 @@ import type {
   SandboxSpec,
   SandboxStats,
 } from '../contract.ts';
+import { MAX_CHECKPOINTS_PER_SANDBOX } from '../contract.ts';
 import { folderBytes } from '../internal/folder-size.ts';
 import type { AgentChannel, InFlight } from '../internal/agent-channel.ts';
 import { AgentSandbox } from '../internal/agent-sandbox.ts';
@@ -91,6 +92,11 @@ export class VmSandbox extends AgentSandbox {
     await this.ready('checkpoint', options.signal);
     const snapshot = await saveSnapshot(this.current, this.parts.launch, this.parts.launch.dir, true);
     this.checkpoints.set(snapshot.id, snapshot);
+    const [oldest] = this.checkpoints.values();
+    if (this.checkpoints.size > MAX_CHECKPOINTS_PER_SANDBOX && oldest) {
+      this.checkpoints.delete(oldest.id);
+      await rm(oldest.dir, { recursive: true, force: true });
+    }
     return {
       id: snapshot.id,
       sandboxId: this.id,
