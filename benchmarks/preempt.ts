@@ -24,7 +24,9 @@ const FLEETS: { backend: BackendName; count: number; memoryMib: number }[] = [
  * preempt: N live sandboxes of a run per backend, each with a process holding memory. Times
  * phase('preempted') and the memory it freed (what the sandboxes' own measure shows before and
  * after, kernel memory included), then phase('rollout') plus the first step after it, against
- * the naive answer to preemption: destroying the sandboxes and creating them again.
+ * the naive answer to preemption: destroying the sandboxes and creating them again (which loses
+ * their processes). And for one sandbox: its first request while hibernated, against creating
+ * a fresh one and running that request there.
  */
 export async function benchPreempt(options: BenchOptions): Promise<BenchReport> {
   const base = defaultDataDir();
@@ -73,6 +75,16 @@ async function preemptFleet(
     await run.phase('rollout');
     await sandboxes[0]!.exec(['true']);
     const backMs = performance.now() - started;
+    // one sandbox alone: a request to it while hibernated, against creating a fresh one for it
+    await sandboxes[0]!.hibernate();
+    started = performance.now();
+    await sandboxes[0]!.exec(['true']);
+    const wakeMs = performance.now() - started;
+    started = performance.now();
+    const fresh = await platform.createSandbox(request);
+    await fresh.exec(['true']);
+    const createMs = performance.now() - started;
+    await fresh.close();
     options.progress(`preempt: baseline, destroying and recreating ${count} ${backend} sandboxes`);
     started = performance.now();
     await Promise.all(sandboxes.splice(0).map((s) => s.close()));
@@ -88,6 +100,7 @@ async function preemptFleet(
       [`${backend}_memory_freed_percent`]: { value: round((100 * (before - after)) / before), unit: '%' },
       [`${backend}_hibernated`]: { value: report.hibernated.length, unit: 'sandboxes' },
       [`${backend}_first_step_after_rollout_ms_vs_recreate`]: compared(backMs, recreateMs),
+      [`${backend}_first_step_of_one_hibernated_ms_vs_create`]: compared(wakeMs, createMs),
     };
   } finally {
     await Promise.all(sandboxes.map((s) => s.close().catch(() => undefined)));

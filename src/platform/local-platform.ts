@@ -648,7 +648,7 @@ export class LocalPlatform implements HostPlatform {
     if (!backend.forkFrom) {
       throw new SandgymError(
         'unsupported',
-        `A ${backend.name} sandbox cannot be forked at memory depth; fork it at depth 'disk' (its files), or use a microvm or vm`,
+        `A ${backend.name} sandbox cannot be forked at memory depth; fork it at depth 'disk' (its files), or use a container, microvm or vm`,
       );
     }
     if (!Number.isInteger(count) || count < 1 || count > MAX_MEMORY_FORKS)

@@ -58,7 +58,7 @@ export interface PlatformClient extends AsyncDisposable {
    * fork(n) for group rollouts: n sandboxes from `sandbox`'s current state, admitted all or
    * nothing and cleaned up together. At `depth: 'disk'` (the default) they start from its files
    * and may land on any node; at `depth: 'memory'` they carry on from its processes and memory
-   * too, on its node (microVMs and VMs).
+   * too, on its node (microVMs, VMs, and containers where CRIU works).
    */
   fork(sandbox: Sandbox, count: number, options?: ForkOptions): Promise<SandboxGroup>;
   /** Destroys this client's sandboxes. Idempotent. */

@@ -115,7 +115,7 @@ process.exit(0);
     }
   });
 
-  it('checkpoint and restore in place, embedded and over the wire, and SandboxEnv says memory', async () => {
+  it('checkpoint, restore in place and fork, embedded and over the wire, and SandboxEnv says memory', async () => {
     await using test = await createTestPlatform('container-checkpoint');
     const node = await NodeAgent.start(test.platform, {
       listen: '127.0.0.1:0',
@@ -127,7 +127,10 @@ process.exit(0);
     });
     try {
       for (const platform of [test.platform, remote] as PlatformClient[]) {
-        const sandbox = await platform.createSandbox({ environment: 'busybox:latest' });
+        const sandbox = await platform.createSandbox({
+          environment: 'busybox:latest',
+          resources: { pids: 24 },
+        });
         try {
           const holder = (await sandbox.exec(HOLDER)).stdout.trim();
           await sandbox.writeFile('/root/state', 'one');
@@ -145,8 +148,23 @@ process.exit(0);
           await sandbox.writeFile('/root/state', 'three');
           await sandbox.restore(checkpoint.id);
           expect((await sandbox.readFile('/root/state')).toString()).toBe('one');
-          // containers fork from their files: the error says so
-          await expect(platform.fork(sandbox, 2, { depth: 'memory' })).rejects.toThrow(/depth 'disk'/);
+          // a fork for a GRPO group: each copy carries on the same processes, then goes its own way
+          await using group = await platform.fork(sandbox, 2, { depth: 'memory' });
+          for (const [i, copy] of group.sandboxes.entries()) {
+            expect(copy.id).not.toBe(sandbox.id);
+            expect((await copy.exec(['kill', '-0', holder])).exitCode).toBe(0);
+            expect((await copy.readFile('/root/state')).toString()).toBe('one');
+            await copy.writeFile('/root/state', `copy ${i}`);
+            // its own cgroups, with the source's limits
+            await copy.exec(['sh', '-c', 'for i in $(seq 40); do sleep 2 & done; wait'], {
+              timeoutMs: 20_000,
+            });
+            expect((await copy.stats()).pidsLimitHits).toBeGreaterThan(0);
+          }
+          expect((await group.sandboxes[1]!.readFile('/root/state')).toString()).toBe('copy 1');
+          expect((await sandbox.readFile('/root/state')).toString()).toBe('one');
+          const listed = (await platform.listSandboxes()).map((r) => r.id);
+          expect(listed).toEqual(expect.arrayContaining(group.sandboxes.map((s) => s.id)));
         } finally {
           await sandbox.close();
         }

@@ -48,8 +48,9 @@ import { removeStaleGroups, type GroupNetwork } from '../host/group-network.ts';
 import { ScratchVolume, type ScratchSlot, type VolumeRoom } from '../host/scratch-volume.ts';
 import { runProgram } from '../host/run-program.ts';
 import { closedChannel, type AgentChannel } from '../internal/agent-channel.ts';
+import { throwIfAborted } from '../internal/checks.ts';
 import { reclaimExpiredOf } from '../internal/lifetime.ts';
-import { ContainerSandbox, type ContainerMemory } from './container-sandbox.ts';
+import { ContainerSandbox, type ContainerCheckpoint, type ContainerMemory } from './container-sandbox.ts';
 import { memoryImageAt, type MemoryImage } from './memory-image.ts';
 import { ContainerMemorySnapshots } from './memory-snapshots.ts';
 import { NOTHING_FILTERED, consumeFiltered, type PrivateCopy } from './private-copy.ts';
@@ -591,6 +592,69 @@ export class ContainerBackend implements Backend {
     if (wasFrozen) await sandbox.pause();
     this.logger.info({ id: state.id }, 'adopted sandbox');
     return sandbox;
+  }
+
+  /**
+   * `specs.length` new containers from a checkpoint one of this process's containers made: each
+   * on a copy of the checkpoint's files, its processes started from the checkpoint's image in
+   * cgroups of its own, with its spec's limits. All or none.
+   */
+  async forkFrom(
+    checkpointId: string,
+    specs: readonly SandboxSpec[],
+    options: CallOptions = {},
+  ): Promise<ContainerSandbox[]> {
+    const source = this.live().find((sandbox) => sandbox.checkpointOf(checkpointId));
+    const checkpoint = source?.checkpointOf(checkpointId);
+    if (!source || !checkpoint) {
+      throw new SandgymError(
+        'not_found',
+        `No container of this node has checkpoint "${checkpointId}": a checkpoint lives as long as the sandbox that made it`,
+      );
+    }
+    const made: ContainerSandbox[] = [];
+    try {
+      for (const spec of specs) {
+        throwIfAborted(options.signal, 'Fork');
+        made.push(await this.startFromCheckpoint(checkpoint, spec));
+      }
+      return made;
+    } catch (error) {
+      await Promise.all(made.map((sandbox) => sandbox.close().catch(() => undefined)));
+      throw error;
+    }
+  }
+
+  private async startFromCheckpoint(
+    checkpoint: ContainerCheckpoint,
+    spec: SandboxSpec,
+  ): Promise<ContainerSandbox> {
+    const slot = spec.id;
+    const paths = this.launcher.pathsOf(slot);
+    const lowers = await this.mounts.acquire(spec.layers);
+    const cgroup = new SandboxCgroup(this.layout, this.scope, slot);
+    try {
+      const scratch = await this.scratch.createSlot(slot, mib(spec.resources.diskMib));
+      await this.launcher.saveState(paths.dir, this.launcher.tenantState(spec, slot));
+      const shell: WarmShell = {
+        slot,
+        qos: spec.qos,
+        channel: closedChannel(this.codec),
+        cgroup,
+        exited: Promise.resolve(),
+        scratch,
+        diskMib: spec.resources.diskMib,
+      };
+      await this.memory.startAsNew(shell, lowers, checkpoint);
+      this.launcher.containers.set(slot, shell);
+      await this.reuse.applyLimits(shell, spec);
+      return this.track(shell, spec, undefined, undefined, this.memory.forShell(shell, lowers));
+    } catch (error) {
+      this.launcher.containers.delete(slot);
+      await removeContainerResidue(slot, cgroup, paths).catch(() => undefined);
+      this.mounts.release(spec.layers);
+      throw error;
+    }
   }
 
   /**

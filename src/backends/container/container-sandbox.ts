@@ -290,6 +290,11 @@ export class ContainerSandbox extends AgentSandbox {
     return made.public;
   }
 
+  /** One of its checkpoints, if it has it (what a fork starts from). */
+  checkpointOf(id: string): ContainerCheckpoint | undefined {
+    return this.checkpoints.get(id);
+  }
+
   /** Ends its processes and starts a checkpoint's in their place, on the checkpoint's files. */
   async restore(checkpoint: SandboxCheckpoint | string, options: CallOptions = {}): Promise<void> {
     throwIfAborted(options.signal, 'Restore');

@@ -91,6 +91,8 @@ export async function restoreTree(
   sandboxDir: string,
   rootfs: string,
   openChannel: () => AgentChannel,
+  /** Restore into these cgroups (`/sandgym/…/<id>` in every hierarchy) instead of the dumped ones: a fork. */
+  cgroupRoot?: string,
 ): Promise<AgentChannel> {
   const record = parseAt(
     imageRecordSchema,
@@ -119,6 +121,7 @@ export async function restoreTree(
       ...MOUNTS,
       // the child gets the descriptors in order from fd 3
       ...record.externals.flatMap((file, i) => ['--inherit-fd', `fd[${3 + i}]:${file.key}`]),
+      ...(cgroupRoot ? ['--cgroup-root', cgroupRoot] : []),
     ];
     const code = await new Promise<number | null>((resolve, reject) => {
       const child = spawn(criuProgram(), args, { stdio: ['ignore', 'ignore', 'ignore', ...fds] });

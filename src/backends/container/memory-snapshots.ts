@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { readdir, rm } from 'node:fs/promises';
+import { mkdir, readdir, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { messageOf, type Logger } from '../../common/index.ts';
 import type { CriuSupport } from '../host/criu.ts';
@@ -7,6 +7,7 @@ import type { HostHelper } from '../host/host-helper.ts';
 import { signalProcess } from '../host/processes.ts';
 import { runProgram } from '../host/run-program.ts';
 import type { AgentChannel } from '../internal/agent-channel.ts';
+import { channelFifos } from '../internal/channel-fifos.ts';
 import { folderBytes } from '../internal/folder-size.ts';
 import type { AgentProcess, ContainerCheckpoint, ContainerMemory } from './container-sandbox.ts';
 import type { ContainerEgress } from './egress.ts';
@@ -105,15 +106,40 @@ export class ContainerMemorySnapshots {
     };
   }
 
+  /**
+   * Lays out a new container's folder from another's checkpoint (its files, a log, channel FIFOs)
+   * and starts the checkpoint's processes there, in the new container's cgroups: a fork. Its
+   * cgroup limits are the caller's to write; its scratch slot (`rw`) must exist.
+   */
+  async startAsNew(
+    shell: WarmShell,
+    lowers: readonly string[],
+    checkpoint: ContainerCheckpoint,
+  ): Promise<AgentProcess> {
+    const { dir } = this.launcher.pathsOf(shell.slot);
+    await runProgram('cp', ['-a', '--reflink=auto', `${checkpoint.upperCopy}/.`, join(dir, 'rw', 'upper')]);
+    await Promise.all([mkdir(join(dir, 'rw', 'work')), mkdir(join(dir, 'rootfs'))]);
+    // what the helper makes for a launch, as it makes them (a restore checks their modes)
+    await runProgram('mkfifo', ['-m', '0600', ...Object.values(channelFifos(dir))]);
+    await writeFile(join(dir, 'runtime.log'), '', { mode: 0o644 });
+    await shell.cgroup.prepare();
+    return this.start(shell, lowers, checkpoint.image.dir, `/${shell.cgroup.relativePath}`);
+  }
+
   /** Starts the processes of the image in `imageDir` on the container's overlay; its new agent. */
-  private async start(shell: WarmShell, lowers: readonly string[], imageDir: string): Promise<AgentProcess> {
+  private async start(
+    shell: WarmShell,
+    lowers: readonly string[],
+    imageDir: string,
+    cgroupRoot?: string,
+  ): Promise<AgentProcess> {
     const { dir } = this.launcher.pathsOf(shell.slot);
     const rootfs = join(dir, 'rootfs');
     await mountOverlay(rootfs, lowers, dir);
     let opened: AgentChannel;
     try {
       const image = { dir: imageDir, sizeBytes: 0 };
-      opened = await restoreTree(image, dir, rootfs, () => this.launcher.openChannel(shell.slot));
+      opened = await restoreTree(image, dir, rootfs, () => this.launcher.openChannel(shell.slot), cgroupRoot);
     } finally {
       await detachOverlay(rootfs);
     }

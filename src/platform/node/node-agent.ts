@@ -230,8 +230,9 @@ export class NodeAgent {
         return {};
       },
       ForkInMemory: async ({ sandboxId, count }, call) => {
-        const source = this.sandboxOf(sandboxId, call);
-        const copies = await this.platform.forkInMemory(source.id, count, { signal: call.signal });
+        const copies = await this.forkInMemory(call.principal.project, sandboxId, count, {
+          signal: call.signal,
+        });
         return { sandboxes: copies.map(info) };
       },
       Stats: ({ sandboxId }, call) => this.sandboxOf(sandboxId, call).stats({ signal: call.signal }),
@@ -313,6 +314,43 @@ export class NodeAgent {
     }
   }
 
+  /**
+   * `count` copies of a project's sandbox that carry on from its processes and memory, on this
+   * node: admitted against its capacity and memory as creates are, owned by the same project.
+   */
+  private async forkInMemory(
+    project: string,
+    id: string,
+    count: number,
+    options: { signal?: AbortSignal },
+  ): Promise<BackendSandbox[]> {
+    const source = this.projectSandbox(project, id);
+    const memoryMib = source.resources.memoryMib;
+    this.prune();
+    if (this.owned.size + this.pending + count > this.maxSandboxes) {
+      throw new SandgymError(
+        'admission_rejected',
+        `Node ${this.nodeId} has room for ${this.maxSandboxes - this.owned.size - this.pending} more sandboxes, not ${count}`,
+        { retryable: true },
+      );
+    }
+    this.memory.check(this.nodeId, memoryMib * count);
+    const pendingKey = `pending-${++this.creates}`;
+    this.memory.admit(pendingKey, memoryMib * count);
+    this.pending += count;
+    try {
+      const copies = await this.platform.forkInMemory(source.id, count, definedFields(options));
+      for (const copy of copies) {
+        this.owned.set(copy.id, { sandbox: copy, project });
+        this.memory.admit(copy.id, memoryMib);
+      }
+      return copies;
+    } finally {
+      this.memory.release(pendingKey);
+      this.pending -= count;
+    }
+  }
+
   /** A sandbox of the caller's project; another project's is as missing as one that never was. */
   private sandboxOf(id: string, call: CallContext): BackendSandbox {
     return this.projectSandbox(call.principal.project, id);
@@ -336,6 +374,7 @@ export class NodeAgent {
       {
         platform: this.platform,
         create: (owner, request, options) => this.create(owner, request, options),
+        forkInMemory: (owner, id, count, options) => this.forkInMemory(owner, id, count, options),
         sandboxOf: (owner, id) => this.projectSandbox(owner, id),
         destroy: (owner, id) => this.destroy(id, owner),
       },

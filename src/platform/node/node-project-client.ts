@@ -23,6 +23,8 @@ import type { StepReply, StepRequest } from '../steps/step-types.ts';
 export interface NodeForProject {
   readonly platform: LocalPlatform;
   create(project: string, request: SandboxRequest, options: CallOptions): Promise<Sandbox>;
+  /** Memory-depth copies of a sandbox of `project`, admitted as creates are. */
+  forkInMemory(project: string, id: string, count: number, options: CallOptions): Promise<Sandbox[]>;
   /** A live sandbox of `project`; another project's is `not_found`. */
   sandboxOf(project: string, id: string): Sandbox;
   destroy(project: string, id: string): Promise<void>;
@@ -120,8 +122,7 @@ export class NodeProjectClient implements HostPlatform {
 
   async fork(sandbox: Sandbox, count: number, options: ForkOptions = {}): Promise<SandboxGroup> {
     if (options.depth !== 'memory') return forkSandbox(this, sandbox, count, options);
-    const source = this.node.sandboxOf(this.project, sandbox.id);
-    const copies = await this.node.platform.forkInMemory(source.id, count, options);
+    const copies = await this.node.forkInMemory(this.project, sandbox.id, count, options);
     for (const copy of copies) this.created.add(copy);
     return sandboxGroup(copies);
   }
