@@ -32,9 +32,10 @@ function swapUsedMib(): number {
 /**
  * hibernate: 1,000 idle sandboxes, each with a process holding 2 MB of anonymous memory, on a node
  * with a swap file (made for the run, removed after). Times freezing them all, then hibernating
- * them all (freeze plus pushing their memory out), the share of their memory that left RAM (all
- * of it, and the user part: without the kernel memory charged to them, which swap cannot take),
- * and the first step of a hibernated sandbox (resume included).
+ * them all (by memory image where CRIU works, else freeze plus pushing their memory out), the
+ * share of their memory that left RAM (all of it, and the user part: without the kernel memory
+ * charged to them, which swap cannot take), and the first step of a hibernated sandbox (resume
+ * included).
  */
 export async function benchHibernate(options: BenchOptions): Promise<BenchReport> {
   await using fixture = await BenchFixture.create();
@@ -47,14 +48,13 @@ export async function benchHibernate(options: BenchOptions): Promise<BenchReport
     options.progress(`hibernate: ${SANDBOXES} sandboxes, each holding ${HELD_MB} MB`);
     for (let i = 0; i < SANDBOXES; i++) sandboxes.push(await fixture.platform.createSandbox(REQUEST));
     await forAll(sandboxes, async (sandbox) => {
-      void sandbox
-        // the trailing use keeps the shell (and its variable) alive: sh would exec a last `sleep`
-        .exec([
-          'sh',
-          '-c',
-          `p=$(head -c ${HELD_MB * 1000000} /dev/zero | tr '\\0' a); touch /tmp/held; sleep 1000000; echo \${#p}`,
-        ])
-        .catch(() => undefined);
+      // in the background, so the sandbox is idle (no request in flight) as a preempted one is;
+      // the trailing use keeps the shell (and its variable) alive: sh would exec a last `sleep`
+      await sandbox.exec([
+        'sh',
+        '-c',
+        `sh -c 'p=$(head -c ${HELD_MB * 1000000} /dev/zero | tr "\\0" a); touch /tmp/held; sleep 1000000; echo \${#p}' >/dev/null 2>&1 &`,
+      ]);
       while ((await sandbox.exec(['test', '-e', '/tmp/held'])).exitCode !== 0) {
         await new Promise((resolve) => setTimeout(resolve, 20));
       }
