@@ -9,6 +9,7 @@ export type { LogLevel, Logger, LoggerOptions } from './logger.ts';
 export { ENV_VAR_NAME, parseAt, textWithoutNul } from './validation.ts';
 export { writeFileAtomic } from './atomic-file.ts';
 export { settleAll } from './settle-all.ts';
+export { ConcurrencyLimit } from './concurrency-limit.ts';
 export { AsyncQueue } from './async-queue.ts';
 export { definedFields } from './defined-fields.ts';
 export type { DefinedFields } from './defined-fields.ts';

@@ -23,6 +23,7 @@ import {
   type BackendSandbox,
   type FilterReport,
   type SandboxSpec,
+  callOptionsOf,
 } from '../backends/index.ts';
 import { BackendRegistry } from './backend-registry.ts';
 import {
@@ -639,10 +640,15 @@ export class LocalPlatform implements HostPlatform {
   }
 
   /**
-   * `count` sandboxes on this node that carry on from a fresh checkpoint of sandbox `id`: its
-   * processes, memory and files, its resources, labels and run. All or none.
+   * `count` sandboxes on this node that carry on from a checkpoint of sandbox `id` (a fresh one,
+   * or `options.checkpoint`): its processes, memory and files, its resources, labels and run.
+   * All or none.
    */
-  async forkInMemory(id: string, count: number, options: CallOptions = {}): Promise<BackendSandbox[]> {
+  async forkInMemory(
+    id: string,
+    count: number,
+    options: CallOptions & Pick<ForkOptions, 'checkpoint'> = {},
+  ): Promise<BackendSandbox[]> {
     const backend = await this.registry.ownerOf(id);
     const source = backend.attach(id);
     if (!backend.forkFrom) {
@@ -653,7 +659,13 @@ export class LocalPlatform implements HostPlatform {
     }
     if (!Number.isInteger(count) || count < 1 || count > MAX_MEMORY_FORKS)
       throw new SandgymError('invalid_argument', `count must be 1 to ${MAX_MEMORY_FORKS}, got ${count}`);
-    const checkpoint = await source.checkpoint(options);
+    const given = options.checkpoint;
+    const checkpointId =
+      given === undefined
+        ? (await source.checkpoint(callOptionsOf(options))).id
+        : typeof given === 'string'
+          ? given
+          : given.id;
     const layers = source.layers.map((layer) => layer.digest);
     await this.pins.hold(layers);
     const specs: SandboxSpec[] = Array.from({ length: count }, () => ({
@@ -666,7 +678,7 @@ export class LocalPlatform implements HostPlatform {
       labels: { ...source.labels },
       network: [],
     }));
-    return backend.forkFrom(checkpoint.id, specs, options);
+    return backend.forkFrom(checkpointId, specs, callOptionsOf(options));
   }
 
   async close(): Promise<void> {

@@ -1,4 +1,10 @@
-import type { CallOptions, DroppedEntry, GcReport, SandboxRecord } from '../backends/index.ts';
+import type {
+  CallOptions,
+  DroppedEntry,
+  GcReport,
+  SandboxCheckpoint,
+  SandboxRecord,
+} from '../backends/index.ts';
 import type { Environment, LayerManifest } from './store/layer-store.ts';
 import type { SandboxRequest } from './sandbox-request.ts';
 import type { StepLog } from './exactly-once.ts';
@@ -69,6 +75,11 @@ export interface PlatformClient extends AsyncDisposable {
 export interface ForkOptions extends CallOptions {
   /** What the copies start from: the source's files, or its processes and memory too. @default 'disk' */
   depth?: 'disk' | 'memory';
+  /**
+   * With `depth: 'memory'`: start the copies from this earlier checkpoint of the sandbox (see
+   * `sandbox.checkpoint()`) rather than from a fresh one; a restore as new sandboxes.
+   */
+  checkpoint?: SandboxCheckpoint | string;
 }
 
 /** Sandboxes forked together, cleaned up together. */

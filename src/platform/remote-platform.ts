@@ -192,7 +192,16 @@ export class RemotePlatform implements PlatformClient {
     if (options.depth !== 'memory') return forkSandbox(this, sandbox, count, options);
     const { sandboxes } = await this.client.call(
       'ForkInMemory',
-      { sandboxId: sandbox.id, count },
+      {
+        sandboxId: sandbox.id,
+        count,
+        ...(options.checkpoint === undefined
+          ? {}
+          : {
+              checkpointId:
+                typeof options.checkpoint === 'string' ? options.checkpoint : options.checkpoint.id,
+            }),
+      },
       callOptionsOf(options),
     );
     const copies = sandboxes.map((info) => {

@@ -165,6 +165,11 @@ process.exit(0);
           expect((await sandbox.readFile('/root/state')).toString()).toBe('one');
           const listed = (await platform.listSandboxes()).map((r) => r.id);
           expect(listed).toEqual(expect.arrayContaining(group.sandboxes.map((s) => s.id)));
+          // a restore as new: a branch from the earlier checkpoint, the source left as it is
+          await sandbox.writeFile('/root/state', 'four');
+          await using branch = await platform.fork(sandbox, 1, { depth: 'memory', checkpoint });
+          expect((await branch.sandboxes[0]!.readFile('/root/state')).toString()).toBe('one');
+          expect((await sandbox.readFile('/root/state')).toString()).toBe('four');
         } finally {
           await sandbox.close();
         }

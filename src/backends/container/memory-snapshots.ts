@@ -1,7 +1,8 @@
 import { randomBytes } from 'node:crypto';
 import { mkdir, readdir, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { messageOf, type Logger } from '../../common/index.ts';
+import { availableParallelism } from 'node:os';
+import { ConcurrencyLimit, messageOf, type Logger } from '../../common/index.ts';
 import type { CriuSupport } from '../host/criu.ts';
 import type { HostHelper } from '../host/host-helper.ts';
 import { signalProcess } from '../host/processes.ts';
@@ -26,6 +27,9 @@ const RESTORE_SYNC_TIMEOUT_MS = 10_000;
  * root is not one CRIU can stand up again), on hosts whose CRIU works.
  */
 export class ContainerMemorySnapshots {
+  /** CRIU runs at once: each is a process busy for the sandbox's memory size; a run's preemption starts hundreds. */
+  private readonly criuRuns = new ConcurrencyLimit(2 * availableParallelism());
+
   constructor(
     private readonly criu: CriuSupport,
     private readonly launcher: ContainerLauncher,
@@ -40,7 +44,7 @@ export class ContainerMemorySnapshots {
     const { dir } = this.launcher.pathsOf(shell.slot);
     const logged = async <T>(what: string, work: () => Promise<T>): Promise<T> => {
       try {
-        return await work();
+        return await this.criuRuns.run(work);
       } catch (error) {
         this.logger.warn({ slot: shell.slot, error: messageOf(error) }, `${what} failed`);
         throw error;

@@ -1,6 +1,6 @@
 import { totalmem } from 'node:os';
 import { SandgymError, definedFields, type Logger } from '../../common/index.ts';
-import type { BackendSandbox, ExecOptions, LoadMode } from '../../backends/index.ts';
+import type { BackendSandbox, ExecOptions, LoadMode, SandboxCheckpoint } from '../../backends/index.ts';
 import type { LocalPlatform } from '../local-platform.ts';
 import type { SandboxRequest } from '../sandbox-request.ts';
 import type { StepRequest } from '../steps/step-types.ts';
@@ -229,9 +229,10 @@ export class NodeAgent {
         await this.sandboxOf(sandboxId, call).restore(checkpointId, { signal: call.signal });
         return {};
       },
-      ForkInMemory: async ({ sandboxId, count }, call) => {
+      ForkInMemory: async ({ sandboxId, count, checkpointId }, call) => {
         const copies = await this.forkInMemory(call.principal.project, sandboxId, count, {
           signal: call.signal,
+          ...(checkpointId ? { checkpoint: checkpointId } : {}),
         });
         return { sandboxes: copies.map(info) };
       },
@@ -322,7 +323,7 @@ export class NodeAgent {
     project: string,
     id: string,
     count: number,
-    options: { signal?: AbortSignal },
+    options: { signal?: AbortSignal; checkpoint?: SandboxCheckpoint | string },
   ): Promise<BackendSandbox[]> {
     const source = this.projectSandbox(project, id);
     const memoryMib = source.resources.memoryMib;

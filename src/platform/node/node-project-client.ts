@@ -24,7 +24,7 @@ export interface NodeForProject {
   readonly platform: LocalPlatform;
   create(project: string, request: SandboxRequest, options: CallOptions): Promise<Sandbox>;
   /** Memory-depth copies of a sandbox of `project`, admitted as creates are. */
-  forkInMemory(project: string, id: string, count: number, options: CallOptions): Promise<Sandbox[]>;
+  forkInMemory(project: string, id: string, count: number, options: ForkOptions): Promise<Sandbox[]>;
   /** A live sandbox of `project`; another project's is `not_found`. */
   sandboxOf(project: string, id: string): Sandbox;
   destroy(project: string, id: string): Promise<void>;

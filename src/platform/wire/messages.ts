@@ -154,6 +154,8 @@ export const restoreCheckpointRequest = z.strictObject({ sandboxId: sandboxIdFie
 export const forkInMemoryRequest = z.strictObject({
   sandboxId: sandboxIdField,
   count: z.number().int().min(1).max(64),
+  /** An earlier checkpoint of the sandbox to start from; a fresh one when left out. */
+  checkpointId: checkpointId.optional(),
 });
 export const sandboxInfos = z.object({ sandboxes: z.array(sandboxInfo) });
 

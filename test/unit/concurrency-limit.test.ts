@@ -1,0 +1,25 @@
+import { describe, expect, it } from 'vitest';
+import { ConcurrencyLimit } from '../../src/common/index.ts';
+
+describe('ConcurrencyLimit', () => {
+  it('runs at most its limit at once, in order, and a failed task frees its turn', async () => {
+    const limit = new ConcurrencyLimit(3);
+    let running = 0;
+    let most = 0;
+    const started: number[] = [];
+    const task = (i: number) => async () => {
+      started.push(i);
+      running++;
+      most = Math.max(most, running);
+      await new Promise((done) => setTimeout(done, 10));
+      running--;
+      if (i === 4) throw new Error('task 4 fails');
+      return i;
+    };
+    const results = await Promise.allSettled(Array.from({ length: 10 }, (_, i) => limit.run(task(i))));
+    expect(most).toBe(3);
+    expect(started).toEqual([0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
+    expect(results.filter((r) => r.status === 'rejected')).toHaveLength(1);
+    expect(await limit.run(() => Promise.resolve('after'))).toBe('after');
+  });
+});
