@@ -93,6 +93,8 @@ export interface RunSandboxes {
  */
 export class RunManager {
   private readonly runs = new Map<string, RunRecord>();
+  /** Runs whose sandboxes a renewal is bringing back: no lapse until that is done. */
+  private readonly resuming = new Set<RunRecord>();
   private timer: NodeJS.Timeout | undefined;
   private sweeping: Promise<void> = Promise.resolve();
 
@@ -193,9 +195,6 @@ export class RunManager {
     run.hibernateWhenIdle = [];
     const report: PhaseReport = { phase, paused: [], hibernated: [], resumed: [], busy: [], freedBytes: 0 };
     const members = await this.members(run);
-    if (phase === 'preempted') {
-      run.hibernateWhenIdle = members.filter((s) => s.activeCalls > 0).map((s) => s.id);
-    }
     await this.save();
     await settleAll(
       members.map(async (sandbox) => {
@@ -206,7 +205,9 @@ export class RunManager {
           return;
         }
         if (sandbox.activeCalls > 0) {
-          report.busy.push(sandbox.id); // a step is running in it: leave it be (the sweep hibernates it later)
+          report.busy.push(sandbox.id); // a step is running in it: leave it be
+          // preempted: the sweep hibernates it as soon as its last request ends
+          if (phase === 'preempted') run.hibernateWhenIdle.push(sandbox.id);
           return;
         }
         if (phase === 'preempted') {
@@ -220,6 +221,7 @@ export class RunManager {
       }),
       `Phase ${phase} could not be applied to every sandbox of run ${name}`,
     );
+    if (run.hibernateWhenIdle.length > 0) await this.save();
     return report;
   }
 
@@ -247,12 +249,20 @@ export class RunManager {
     run.hibernateWhenIdle = [];
     await this.save();
     if (run.phase !== 'rollout' && run.phase !== 'resumed') return;
-    await settleAll(
-      (await this.members(run))
-        .filter((s) => s.state === 'paused' || s.state === 'hibernated')
-        .map((s) => s.resume()),
-      `Some sandboxes of run ${run.name} did not resume`,
-    );
+    this.resuming.add(run);
+    try {
+      await settleAll(
+        (await this.members(run))
+          .filter((s) => s.state === 'paused' || s.state === 'hibernated')
+          .map((s) => s.resume()),
+        `Some sandboxes of run ${run.name} did not resume`,
+      );
+    } finally {
+      this.resuming.delete(run);
+      // restores can take longer than a short lease: it counts from when they are done
+      run.expiresAt = Date.now() + run.leaseMs;
+      await this.save();
+    }
   }
 
   /**
@@ -317,7 +327,7 @@ export class RunManager {
         await this.save();
         const { destroyed } = await this.destroyAll(run);
         this.logger.info({ run: run.name, destroyed: destroyed.length }, 'run expired: cleaned up');
-      } else if (now >= run.expiresAt && !run.lapsed) {
+      } else if (now >= run.expiresAt && !run.lapsed && !this.resuming.has(run)) {
         run.lapsed = true;
         await this.save();
         // the trainer is gone: free what its sandboxes hold, and keep them for the grace

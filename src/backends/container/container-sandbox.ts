@@ -1,16 +1,16 @@
 import { SandgymError, messageOf, type FailureReason } from '../../common/index.ts';
-import type {
-  CallOptions,
-  CheckpointOptions,
-  HibernateReport,
-  SandboxCheckpoint,
-  SandboxSpec,
-  SandboxStats,
-  StepCounters,
-  WritableLayerOptions,
-  WrittenPathsOptions,
+import {
+  MAX_CHECKPOINTS_PER_SANDBOX,
+  type CallOptions,
+  type CheckpointOptions,
+  type HibernateReport,
+  type SandboxCheckpoint,
+  type SandboxSpec,
+  type SandboxStats,
+  type StepCounters,
+  type WritableLayerOptions,
+  type WrittenPathsOptions,
 } from '../contract.ts';
-import { MAX_CHECKPOINTS_PER_SANDBOX } from '../contract.ts';
 import { NOTHING_FILTERED, consumeFiltered, type PrivateCopy } from './private-copy.ts';
 import type { FilterReport } from '../host/diff-filter.ts';
 import type { SandboxCgroup, UsageBaseline } from '../host/cgroups.ts';
@@ -203,12 +203,12 @@ export class ContainerSandbox extends AgentSandbox {
     throwIfAborted(options.signal, 'Hibernate');
     if (this.currentState === 'hibernated') return { freedBytes: 0 };
     const memory = this.parts.memory;
-    if (memory?.available() && this.activeCalls === 0 && this.currentState !== 'failed') {
-      const report = await this.hibernateToImage(memory).catch((error: unknown) => {
-        // the processes are still there (CRIU lets them go on when a dump fails): reclaim instead
-        return { failed: messageOf(error) };
-      });
-      if (!('failed' in report)) return report;
+    const idle =
+      this.activeCalls === 0 && (this.currentState === 'running' || this.currentState === 'paused');
+    if (memory?.available() && idle) {
+      // a failed dump (logged by the backend) leaves the processes running: reclaim instead
+      const report = await this.hibernateToImage(memory).catch(() => undefined);
+      if (report) return report;
     }
     await this.pause();
     const freedBytes = await this.parts.cgroup.reclaim();

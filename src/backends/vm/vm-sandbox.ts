@@ -1,14 +1,14 @@
 import { readFile, rm, stat } from 'node:fs/promises';
 import { SandgymError, type Codec } from '../../common/index.ts';
-import type {
-  CallOptions,
-  CheckpointOptions,
-  HibernateReport,
-  SandboxCheckpoint,
-  SandboxSpec,
-  SandboxStats,
+import {
+  MAX_CHECKPOINTS_PER_SANDBOX,
+  type CallOptions,
+  type CheckpointOptions,
+  type HibernateReport,
+  type SandboxCheckpoint,
+  type SandboxSpec,
+  type SandboxStats,
 } from '../contract.ts';
-import { MAX_CHECKPOINTS_PER_SANDBOX } from '../contract.ts';
 import { folderBytes } from '../internal/folder-size.ts';
 import type { AgentChannel, InFlight } from '../internal/agent-channel.ts';
 import { AgentSandbox } from '../internal/agent-sandbox.ts';
