@@ -134,6 +134,12 @@ process.exit(0);
         try {
           const holder = (await sandbox.exec(HOLDER)).stdout.trim();
           await sandbox.writeFile('/root/state', 'one');
+          // a tree deeper than any path the host could name: restores and forks never walk it
+          await sandbox.exec([
+            'sh',
+            '-c',
+            `cd /root && for i in $(seq 40); do mkdir ${'d'.repeat(200)} && cd ${'d'.repeat(200)}; done`,
+          ]);
           const checkpoint = await sandbox.checkpoint();
           expect(checkpoint).toMatchObject({ sandboxId: sandbox.id, depth: 'memory' });
           // it carries on after the checkpoint

@@ -168,7 +168,14 @@ export class ContainerBackend implements Backend {
     });
     this.reuse = new ContainerReuse(this.launcher, mounts, this.egress);
     this.records = new ContainerRecords(this.launcher);
-    this.memory = new ContainerMemorySnapshots(criu, this.launcher, helper, this.egress, this.logger);
+    this.memory = new ContainerMemorySnapshots(
+      criu,
+      this.launcher,
+      helper,
+      scratch,
+      this.egress,
+      this.logger,
+    );
     const policy = options.warmPool ?? {};
     this.pool = Object.values(policy).some((n) => n > 0)
       ? new WarmPool(
@@ -634,7 +641,7 @@ export class ContainerBackend implements Backend {
     const lowers = await this.mounts.acquire(spec.layers);
     const cgroup = new SandboxCgroup(this.layout, this.scope, slot);
     try {
-      const scratch = await this.scratch.createSlot(slot, mib(spec.resources.diskMib));
+      const scratch = await this.memory.writableLayerFrom(checkpoint, slot, spec.resources.diskMib);
       await this.launcher.saveState(paths.dir, this.launcher.tenantState(spec, slot));
       const shell: WarmShell = {
         slot,

@@ -96,8 +96,6 @@ export interface ContainerCheckpoint {
   image: MemoryImage;
   /** The snapshot of its writable subvolume taken with it. */
   copy: string;
-  /** The copy of its upper dir, in that snapshot. */
-  upperCopy: string;
   public: SandboxCheckpoint;
 }
 

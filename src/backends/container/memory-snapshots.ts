@@ -1,15 +1,15 @@
 import { randomBytes } from 'node:crypto';
-import { mkdir, readdir, rm, writeFile } from 'node:fs/promises';
+import { mkdir, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { availableParallelism } from 'node:os';
 import { ConcurrencyLimit, messageOf, type Logger } from '../../common/index.ts';
 import type { CriuSupport } from '../host/criu.ts';
 import type { HostHelper } from '../host/host-helper.ts';
+import type { ScratchSlot, ScratchVolume } from '../host/scratch-volume.ts';
 import { signalProcess } from '../host/processes.ts';
 import { runProgram } from '../host/run-program.ts';
 import type { AgentChannel } from '../internal/agent-channel.ts';
 import { channelFifos } from '../internal/channel-fifos.ts';
-import { folderBytes } from '../internal/folder-size.ts';
 import type { AgentProcess, ContainerCheckpoint, ContainerMemory } from './container-sandbox.ts';
 import type { ContainerEgress } from './egress.ts';
 import type { ContainerLauncher } from './launch.ts';
@@ -34,6 +34,7 @@ export class ContainerMemorySnapshots {
     private readonly criu: CriuSupport,
     private readonly launcher: ContainerLauncher,
     private readonly helper: HostHelper,
+    private readonly scratch: ScratchVolume,
     private readonly egress: ContainerEgress,
     private readonly logger: Logger,
   ) {}
@@ -81,12 +82,12 @@ export class ContainerMemorySnapshots {
           const made: ContainerCheckpoint = {
             image,
             copy,
-            upperCopy: join(copy, 'upper'),
             public: {
               id,
               sandboxId: shell.slot,
               depth: 'memory',
-              sizeBytes: image.sizeBytes + (await folderBytes(join(copy, 'upper'))),
+              // its writes as their quota group counts them: a tenant's tree is never walked here
+              sizeBytes: image.sizeBytes + (this.scratch.usedNow(shell.scratch) ?? 0),
               createdAt: new Date().toISOString(),
             },
           };
@@ -99,21 +100,34 @@ export class ContainerMemorySnapshots {
       restoreCheckpoint: (checkpoint) =>
         logged('checkpoint restore', async () => {
           await killAll(shell.cgroup);
-          // its files as they were: the copy's upper dir, reflinked, in place of the current one
-          const upper = join(dir, 'rw', 'upper');
-          const work = join(dir, 'rw', 'work');
-          await emptyFolder(upper);
-          await emptyFolder(work);
-          await runProgram('cp', ['-a', '--reflink=auto', `${checkpoint.upperCopy}/.`, upper]);
+          // its files as they were: a snapshot of the checkpoint's copy in place of its writable layer
+          shell.scratch = await this.writableLayerFrom(checkpoint, shell.slot, shell.diskMib);
           return this.start(shell, lowers, checkpoint.image.dir);
         }),
     };
   }
 
   /**
-   * Lays out a new container's folder from another's checkpoint (its files, a log, channel FIFOs)
-   * and starts the checkpoint's processes there, in the new container's cgroups: a fork. Its
-   * cgroup limits are the caller's to write; its scratch slot (`rw`) must exist.
+   * Makes `slot`'s writable layer (`rw`) a btrfs snapshot of a checkpoint's copy, capped at the
+   * slot's disk cap: nothing walks the tenant's tree, however deep it is.
+   */
+  async writableLayerFrom(
+    checkpoint: ContainerCheckpoint,
+    slot: string,
+    diskMib: number,
+  ): Promise<ScratchSlot> {
+    const { dir } = this.launcher.pathsOf(slot);
+    const rw = join(dir, 'rw');
+    await mkdir(dir, { recursive: true });
+    await this.helper.deleteSubvolume(rw);
+    await this.helper.snapshot(checkpoint.copy, rw);
+    return this.scratch.createSlot(slot, diskMib * 2 ** 20);
+  }
+
+  /**
+   * Lays out the rest of a new container's folder (a log, channel FIFOs) beside its writable
+   * layer (see {@link writableLayerFrom}) and starts a checkpoint's processes there, in the new
+   * container's cgroups: a fork. Its cgroup limits are the caller's to write.
    */
   async startAsNew(
     shell: WarmShell,
@@ -121,8 +135,7 @@ export class ContainerMemorySnapshots {
     checkpoint: ContainerCheckpoint,
   ): Promise<AgentProcess> {
     const { dir } = this.launcher.pathsOf(shell.slot);
-    await runProgram('cp', ['-a', '--reflink=auto', `${checkpoint.upperCopy}/.`, join(dir, 'rw', 'upper')]);
-    await Promise.all([mkdir(join(dir, 'rw', 'work')), mkdir(join(dir, 'rootfs'))]);
+    await mkdir(join(dir, 'rootfs'));
     // what the helper makes for a launch, as it makes them (a restore checks their modes)
     await runProgram('mkfifo', ['-m', '0600', ...Object.values(channelFifos(dir))]);
     await writeFile(join(dir, 'runtime.log'), '', { mode: 0o644 });
@@ -163,8 +176,4 @@ export class ContainerMemorySnapshots {
     if (!name) delete updated.memoryImage;
     await this.launcher.saveState(dir, updated);
   }
-}
-
-async function emptyFolder(dir: string): Promise<void> {
-  for (const name of await readdir(dir)) await rm(join(dir, name), { recursive: true, force: true });
 }
