@@ -358,15 +358,11 @@ export interface Backend extends AsyncDisposable {
     options?: WritableLayerOptions,
   ): Promise<T>;
   /**
-   * `specs.length` new sandboxes from a checkpoint of one of this process's sandboxes, all or
-   * none; each carries on from there on its own. Backends that cannot fork at memory depth leave
-   * it out.
+   * New sandboxes, one per id, from a checkpoint of one of this process's sandboxes, all or
+   * none: each has that sandbox's spec (layers, resources, QoS, labels, lifetime) and carries on
+   * from the checkpoint on its own. Backends that cannot fork at memory depth leave it out.
    */
-  forkFrom?(
-    checkpointId: string,
-    specs: readonly SandboxSpec[],
-    options?: CallOptions,
-  ): Promise<BackendSandbox[]>;
+  forkFrom?(checkpointId: string, ids: readonly string[], options?: CallOptions): Promise<BackendSandbox[]>;
   /** Removes what dead owners left behind: sandboxes, mounts, cgroups. */
   gc(): Promise<GcReport>;
   /** Unmounts layers no sandbox uses and drops node-local layer copies nothing mounts. */

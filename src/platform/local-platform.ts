@@ -22,7 +22,6 @@ import {
   type BackendName,
   type BackendSandbox,
   type FilterReport,
-  type SandboxSpec,
   callOptionsOf,
 } from '../backends/index.ts';
 import { BackendRegistry } from './backend-registry.ts';
@@ -666,19 +665,10 @@ export class LocalPlatform implements HostPlatform {
         : typeof given === 'string'
           ? given
           : given.id;
-    const layers = source.layers.map((layer) => layer.digest);
-    await this.pins.hold(layers);
-    const specs: SandboxSpec[] = Array.from({ length: count }, () => ({
-      id: newSandboxId(this.nodeId),
-      layers: [...source.layers],
-      env: {},
-      workdir: '/',
-      resources: { ...source.resources },
-      qos: 'latency',
-      labels: { ...source.labels },
-      network: [],
-    }));
-    return backend.forkFrom(checkpointId, specs, callOptionsOf(options));
+    // pinned before the copies mount them, as for any create
+    await this.pins.hold(source.layers.map((layer) => layer.digest));
+    const ids = Array.from({ length: count }, () => newSandboxId(this.nodeId));
+    return backend.forkFrom(checkpointId, ids, callOptionsOf(options));
   }
 
   async close(): Promise<void> {

@@ -48,6 +48,7 @@ import { removeStaleGroups, type GroupNetwork } from '../host/group-network.ts';
 import { ScratchVolume, type ScratchSlot, type VolumeRoom } from '../host/scratch-volume.ts';
 import { runProgram } from '../host/run-program.ts';
 import { closedChannel, type AgentChannel } from '../internal/agent-channel.ts';
+import { holderOf } from '../internal/checkpoint-shelf.ts';
 import { throwIfAborted } from '../internal/checks.ts';
 import { reclaimExpiredOf } from '../internal/lifetime.ts';
 import { ContainerSandbox, type ContainerCheckpoint, type ContainerMemory } from './container-sandbox.ts';
@@ -602,28 +603,22 @@ export class ContainerBackend implements Backend {
   }
 
   /**
-   * `specs.length` new containers from a checkpoint one of this process's containers made: each
-   * on a copy of the checkpoint's files, its processes started from the checkpoint's image in
-   * cgroups of its own, with its spec's limits. All or none.
+   * New containers, one per id, from a checkpoint one of this process's containers made: each
+   * on a snapshot of the checkpoint's files, its processes started from the checkpoint's image
+   * in cgroups of its own, with the source's spec and limits. All or none.
    */
   async forkFrom(
     checkpointId: string,
-    specs: readonly SandboxSpec[],
+    ids: readonly string[],
     options: CallOptions = {},
   ): Promise<ContainerSandbox[]> {
-    const source = this.live().find((sandbox) => sandbox.checkpointOf(checkpointId));
-    const checkpoint = source?.checkpointOf(checkpointId);
-    if (!source || !checkpoint) {
-      throw new SandgymError(
-        'not_found',
-        `No container of this node has checkpoint "${checkpointId}": a checkpoint lives as long as the sandbox that made it`,
-      );
-    }
+    const holder = holderOf(this.live(), checkpointId, 'container');
+    const checkpoint = holder.checkpoints.get(checkpointId);
     const made: ContainerSandbox[] = [];
     try {
-      for (const spec of specs) {
+      for (const id of ids) {
         throwIfAborted(options.signal, 'Fork');
-        made.push(await this.startFromCheckpoint(checkpoint, spec));
+        made.push(await this.startFromCheckpoint(checkpoint, holder.specFor(id)));
       }
       return made;
     } catch (error) {

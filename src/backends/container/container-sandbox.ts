@@ -1,6 +1,5 @@
 import { SandgymError, messageOf, type FailureReason } from '../../common/index.ts';
 import {
-  MAX_CHECKPOINTS_PER_SANDBOX,
   type CallOptions,
   type CheckpointOptions,
   type HibernateReport,
@@ -20,6 +19,7 @@ import { activeSwapAreas, stillActive, type SwapArea } from '../host/swap.ts';
 import { writtenUnder } from '../host/written-paths.ts';
 import type { AgentChannel } from '../internal/agent-channel.ts';
 import { AgentSandbox } from '../internal/agent-sandbox.ts';
+import { CheckpointShelf } from '../internal/checkpoint-shelf.ts';
 import { throwIfAborted } from '../internal/checks.ts';
 import type { MemoryImage } from './memory-image.ts';
 
@@ -114,12 +114,15 @@ export class ContainerSandbox extends AgentSandbox {
   private hibernatedImage: MemoryImage | undefined;
   private resuming: Promise<void> | undefined;
   /** Its checkpoints, in its folder: they go with it. */
-  private readonly checkpoints = new Map<string, ContainerCheckpoint>();
+  readonly checkpoints: CheckpointShelf<ContainerCheckpoint>;
 
   constructor(private readonly parts: ContainerSandboxParts) {
     super(parts.spec, parts.createdAt);
     this.agent = { channel: parts.channel, exited: parts.exited };
     this.watchAgent();
+    this.checkpoints = new CheckpointShelf(parts.spec.id, (made) =>
+      parts.memory ? parts.memory.dropCheckpoint(made) : Promise.resolve(),
+    );
     if (parts.hibernatedImage) {
       // no agent runs until a request restores it: the placeholder channel's end is expected
       this.agentGeneration++;
@@ -279,33 +282,16 @@ export class ContainerSandbox extends AgentSandbox {
         `Sandbox ${this.id} has a request in flight: checkpoint it when idle`,
       );
     const made = await memory.checkpoint();
-    this.checkpoints.set(made.public.id, made);
-    const [oldest] = this.checkpoints.values();
-    if (this.checkpoints.size > MAX_CHECKPOINTS_PER_SANDBOX && oldest) {
-      this.checkpoints.delete(oldest.public.id);
-      await memory.dropCheckpoint(oldest);
-    }
+    await this.checkpoints.add(made.public.id, made);
     return made.public;
-  }
-
-  /** One of its checkpoints, if it has it (what a fork starts from). */
-  checkpointOf(id: string): ContainerCheckpoint | undefined {
-    return this.checkpoints.get(id);
   }
 
   /** Ends its processes and starts a checkpoint's in their place, on the checkpoint's files. */
   async restore(checkpoint: SandboxCheckpoint | string, options: CallOptions = {}): Promise<void> {
     throwIfAborted(options.signal, 'Restore');
-    const id = typeof checkpoint === 'string' ? checkpoint : checkpoint.id;
-    const made = this.checkpoints.get(id);
+    const made = this.checkpoints.get(checkpoint);
     const memory = this.parts.memory;
-    if (!made || !memory) {
-      throw new SandgymError(
-        'not_found',
-        `Sandbox ${this.id} has no checkpoint "${id}": a checkpoint lives as long as the sandbox that made it`,
-      );
-    }
-    if (this.currentState === 'paused') await this.parts.cgroup.setFrozen(false);
+    if (!memory) return; // no checkpoint was made without it: get() threw
     this.agentGeneration++; // its current agent is ended on purpose
     const previous = this.agent;
     try {

@@ -79,15 +79,16 @@ export async function dumpTree(
 }
 
 /**
- * Starts the processes of `image` again, in new namespaces, rooted at `rootfs` (an overlay the
- * caller mounted) and in the cgroups they were dumped from. Their log and channel are the files
+ * Starts the processes of the image in `imageDir` again, in new namespaces, rooted at `rootfs`
+ * (an overlay the caller mounted) and in the cgroups they were dumped from (or under
+ * `cgroupRoot`). Their log and channel are the files
  * of the same names in `sandboxDir`. `openChannel` opens the caller's ends of the channel while
  * the FIFOs are held open here: the agent exits when its request FIFO has no writer, so one
  * must be there before the agent runs. Returns what it opened; the restored processes run
  * detached, with no parent here.
  */
 export async function restoreTree(
-  image: MemoryImage,
+  imageDir: string,
   sandboxDir: string,
   rootfs: string,
   openChannel: () => AgentChannel,
@@ -96,8 +97,8 @@ export async function restoreTree(
 ): Promise<AgentChannel> {
   const record = parseAt(
     imageRecordSchema,
-    JSON.parse(await readFile(join(image.dir, 'sandgym.json'), 'utf8')),
-    `memory image ${image.dir}`,
+    JSON.parse(await readFile(join(imageDir, 'sandgym.json'), 'utf8')),
+    `memory image ${imageDir}`,
   );
   // FIFOs opened for reading and writing never block on a missing peer
   const fds = record.externals.map((file) =>
@@ -112,7 +113,7 @@ export async function restoreTree(
     const args = [
       'restore',
       '--images-dir',
-      image.dir,
+      imageDir,
       '--log-file',
       'restore.log',
       '--root',
@@ -135,7 +136,7 @@ export async function restoreTree(
     if (code !== 0) {
       throw new SandgymError(
         'platform_error',
-        `CRIU could not restore the sandbox (exit ${code}): ${await tailOf(join(image.dir, 'restore.log'))}`,
+        `CRIU could not restore the sandbox (exit ${code}): ${await tailOf(join(imageDir, 'restore.log'))}`,
       );
     }
     return channel;

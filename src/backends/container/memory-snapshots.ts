@@ -155,8 +155,13 @@ export class ContainerMemorySnapshots {
     await mountOverlay(rootfs, lowers, dir);
     let opened: AgentChannel;
     try {
-      const image = { dir: imageDir, sizeBytes: 0 };
-      opened = await restoreTree(image, dir, rootfs, () => this.launcher.openChannel(shell.slot), cgroupRoot);
+      opened = await restoreTree(
+        imageDir,
+        dir,
+        rootfs,
+        () => this.launcher.openChannel(shell.slot),
+        cgroupRoot,
+      );
     } finally {
       await detachOverlay(rootfs);
     }

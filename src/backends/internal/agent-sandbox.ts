@@ -133,6 +133,11 @@ export abstract class AgentSandbox implements BackendSandbox {
     return this.channel.pendingCount;
   }
 
+  /** Its spec under another id: what a copy of it (a memory fork) is created from. */
+  specFor(id: string): SandboxSpec {
+    return { ...this.spec, id };
+  }
+
   get resources(): Readonly<SandboxResources> {
     return this.spec.resources;
   }

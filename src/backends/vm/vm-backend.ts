@@ -27,6 +27,7 @@ import { cpioArchive } from './cpio.ts';
 import { ensureGuestKernel, type GuestKernel } from './guest-kernel.ts';
 import { ensureVmImage, type VmImage } from './vm-image.ts';
 import { QemuVm, type VmLaunch } from './qemu.ts';
+import { holderOf } from '../internal/checkpoint-shelf.ts';
 import { startFromSnapshot, type VmSnapshot } from './snapshots.ts';
 import { VmSandbox } from './vm-sandbox.ts';
 
@@ -236,16 +237,13 @@ export class VmBackend implements Backend {
     }
   }
 
-  /** `specs.length` new VMs from a checkpoint one of this process's VMs made (see VmSandbox.checkpoint). */
-  async forkFrom(checkpointId: string, specs: readonly SandboxSpec[]): Promise<VmSandbox[]> {
-    const owner = this.live().find((vm) => vm.hasCheckpoint(checkpointId));
-    if (!owner) {
-      throw new SandgymError(
-        'not_found',
-        `No VM of this node has checkpoint "${checkpointId}": a checkpoint lives as long as the sandbox that made it`,
-      );
-    }
-    return this.fork(owner.checkpointOf(checkpointId), specs);
+  /** New VMs, one per id, from a checkpoint one of this process's VMs made (see VmSandbox.checkpoint). */
+  async forkFrom(checkpointId: string, ids: readonly string[]): Promise<VmSandbox[]> {
+    const holder = holderOf(this.live(), checkpointId, 'VM');
+    return this.fork(
+      holder.checkpoints.get(checkpointId),
+      ids.map((id) => holder.specFor(id)),
+    );
   }
 
   /** Deletes a checkpoint's files. */

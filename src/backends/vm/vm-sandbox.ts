@@ -1,7 +1,6 @@
 import { readFile, rm, stat } from 'node:fs/promises';
 import { SandgymError, type Codec } from '../../common/index.ts';
 import {
-  MAX_CHECKPOINTS_PER_SANDBOX,
   type CallOptions,
   type CheckpointOptions,
   type HibernateReport,
@@ -9,6 +8,7 @@ import {
   type SandboxSpec,
   type SandboxStats,
 } from '../contract.ts';
+import { CheckpointShelf } from '../internal/checkpoint-shelf.ts';
 import { folderBytes } from '../internal/folder-size.ts';
 import type { AgentChannel, InFlight } from '../internal/agent-channel.ts';
 import { AgentSandbox } from '../internal/agent-sandbox.ts';
@@ -51,13 +51,16 @@ export class VmSandbox extends AgentSandbox {
   private replacing = false;
   private hibernation: { image: VmSnapshot; inFlight: InFlight } | undefined;
   /** Its checkpoints, in its own folder: they go with it. */
-  private readonly checkpoints = new Map<string, VmSnapshot>();
+  readonly checkpoints: CheckpointShelf<VmSnapshot>;
 
   constructor(private readonly parts: VmSandboxParts) {
     super(parts.spec, undefined);
     this.backend = parts.kind;
     this.current = parts.vm;
     this.watchVm(parts.vm);
+    this.checkpoints = new CheckpointShelf(parts.spec.id, (snapshot) =>
+      rm(snapshot.dir, { recursive: true, force: true }),
+    );
   }
 
   private watchVm(vm: QemuVm): void {
@@ -91,12 +94,7 @@ export class VmSandbox extends AgentSandbox {
   async checkpoint(options: CheckpointOptions = {}): Promise<SandboxCheckpoint> {
     await this.ready('checkpoint', options.signal);
     const snapshot = await saveSnapshot(this.current, this.parts.launch, this.parts.launch.dir, true);
-    this.checkpoints.set(snapshot.id, snapshot);
-    const [oldest] = this.checkpoints.values();
-    if (this.checkpoints.size > MAX_CHECKPOINTS_PER_SANDBOX && oldest) {
-      this.checkpoints.delete(oldest.id);
-      await rm(oldest.dir, { recursive: true, force: true });
-    }
+    await this.checkpoints.add(snapshot.id, snapshot);
     return {
       id: snapshot.id,
       sandboxId: this.id,
@@ -107,26 +105,9 @@ export class VmSandbox extends AgentSandbox {
   }
 
   async restore(checkpoint: SandboxCheckpoint | string, options: CallOptions = {}): Promise<void> {
-    const snapshot = this.checkpointOf(checkpoint);
+    const snapshot = this.checkpoints.get(checkpoint);
     if (this.currentState === 'hibernated') await this.resume(); // its QEMU must run to be replaced
     await this.restoreSnapshot(snapshot, options);
-  }
-
-  hasCheckpoint(id: string): boolean {
-    return this.checkpoints.has(id);
-  }
-
-  /** One of its checkpoints, by id. */
-  checkpointOf(checkpoint: SandboxCheckpoint | string): VmSnapshot {
-    const id = typeof checkpoint === 'string' ? checkpoint : checkpoint.id;
-    const snapshot = this.checkpoints.get(id);
-    if (!snapshot) {
-      throw new SandgymError(
-        'not_found',
-        `Sandbox ${this.id} has no checkpoint "${id}": a checkpoint lives as long as the sandbox that made it`,
-      );
-    }
-    return snapshot;
   }
 
   /**

@@ -285,34 +285,11 @@ export class NodeAgent {
     request: SandboxRequest,
     options: { signal?: AbortSignal },
   ): Promise<BackendSandbox> {
-    if (this.closed)
-      throw new SandgymError('admission_rejected', `Node ${this.nodeId} is shutting down`, {
-        retryable: true,
-      });
-    const resolved = sandboxRequestSchema.parse(request);
-    const memoryMib = resolved.resources.memoryMib;
-    this.prune();
-    if (this.owned.size + this.pending >= this.maxSandboxes) {
-      throw new SandgymError(
-        'admission_rejected',
-        `Node ${this.nodeId} is full (${this.owned.size} of ${this.maxSandboxes} sandboxes)`,
-        { retryable: true },
-      );
-    }
-    this.memory.check(this.nodeId, memoryMib);
-    // charge before the slow part, so concurrent creates cannot all pass the check
-    const pendingKey = `pending-${++this.creates}`;
-    this.memory.admit(pendingKey, memoryMib);
-    this.pending++;
-    try {
-      const sandbox = await this.platform.createSandboxFor(project, request, definedFields(options));
-      this.owned.set(sandbox.id, { sandbox, project });
-      this.memory.admit(sandbox.id, memoryMib);
-      return sandbox;
-    } finally {
-      this.memory.release(pendingKey);
-      this.pending--;
-    }
+    const memoryMib = sandboxRequestSchema.parse(request).resources.memoryMib;
+    const [sandbox] = await this.admitted(project, 1, memoryMib, async () => [
+      await this.platform.createSandboxFor(project, request, definedFields(options)),
+    ]);
+    return sandbox!;
   }
 
   /**
@@ -326,12 +303,31 @@ export class NodeAgent {
     options: { signal?: AbortSignal; checkpoint?: SandboxCheckpoint | string },
   ): Promise<BackendSandbox[]> {
     const source = this.projectSandbox(project, id);
-    const memoryMib = source.resources.memoryMib;
+    return this.admitted(project, count, source.resources.memoryMib, () =>
+      this.platform.forkInMemory(source.id, count, definedFields(options)),
+    );
+  }
+
+  /**
+   * Makes `count` sandboxes of `memoryMib` each for `project` if this node has room for them,
+   * and owns them. Their memory is charged before the slow part, so concurrent creates cannot
+   * all pass the check.
+   */
+  private async admitted(
+    project: string,
+    count: number,
+    memoryMib: number,
+    make: () => Promise<BackendSandbox[]>,
+  ): Promise<BackendSandbox[]> {
+    if (this.closed)
+      throw new SandgymError('admission_rejected', `Node ${this.nodeId} is shutting down`, {
+        retryable: true,
+      });
     this.prune();
     if (this.owned.size + this.pending + count > this.maxSandboxes) {
       throw new SandgymError(
         'admission_rejected',
-        `Node ${this.nodeId} has room for ${this.maxSandboxes - this.owned.size - this.pending} more sandboxes, not ${count}`,
+        `Node ${this.nodeId} is full (${this.owned.size} of ${this.maxSandboxes} sandboxes${count > 1 ? `; ${count} asked for` : ''})`,
         { retryable: true },
       );
     }
@@ -340,12 +336,12 @@ export class NodeAgent {
     this.memory.admit(pendingKey, memoryMib * count);
     this.pending += count;
     try {
-      const copies = await this.platform.forkInMemory(source.id, count, definedFields(options));
-      for (const copy of copies) {
-        this.owned.set(copy.id, { sandbox: copy, project });
-        this.memory.admit(copy.id, memoryMib);
+      const made = await make();
+      for (const sandbox of made) {
+        this.owned.set(sandbox.id, { sandbox, project });
+        this.memory.admit(sandbox.id, memoryMib);
       }
-      return copies;
+      return made;
     } finally {
       this.memory.release(pendingKey);
       this.pending -= count;
