@@ -1,7 +1,8 @@
 import { spawnSync } from 'node:child_process';
-import { readdir, rm } from 'node:fs/promises';
+import { readFile, readdir, rm } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { describe, expect, it } from 'vitest';
+import type { ContainerSandbox } from '../../src/backends/container/container-sandbox.ts';
 import { MAX_CHECKPOINTS_PER_SANDBOX } from '../../src/backends/contract.ts';
 import { detectCriu } from '../../src/backends/host/criu.ts';
 import { silentLogger } from '../../src/common/index.ts';
@@ -211,4 +212,33 @@ process.exit(0);
       await sandbox.close();
     }
   });
+
+  it("fork with the source's whole spec: a best-effort source makes best-effort copies", async () => {
+    await using test = await createTestPlatform('container-fork-qos');
+    const source = (await test.platform.createSandbox({
+      environment: 'busybox:latest',
+      qos: 'best_effort',
+    })) as ContainerSandbox;
+    try {
+      await using group = await test.platform.fork(source, 1, { depth: 'memory' });
+      const copy = group.sandboxes[0] as ContainerSandbox;
+      const shares = await cpuWeightOf(source);
+      expect(shares).toBeDefined();
+      expect(await cpuWeightOf(copy)).toBe(shares);
+      expect(copy.resources).toEqual(source.resources);
+    } finally {
+      await source.close();
+    }
+  });
 });
+
+/** The CPU weight its cgroup gives it (v1 cpu.shares, v2 cpu.weight): what its QoS class sets. */
+async function cpuWeightOf(sandbox: ContainerSandbox): Promise<string | undefined> {
+  for (const dir of sandbox.cgroup.allPaths()) {
+    for (const file of ['cpu.shares', 'cpu.weight']) {
+      const text = await readFile(join(dir, file), 'utf8').catch(() => undefined);
+      if (text !== undefined) return text.trim();
+    }
+  }
+  return undefined;
+}
