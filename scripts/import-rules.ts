@@ -12,6 +12,12 @@ const RESTRICTED: { module: RegExp; allowed: RegExp; why: string }[] = [
     allowed: /^src\/(rollout|platform)\//,
     why: 'rxjs lives in src/rollout and src/platform',
   },
+  { module: /^etcd3$/, allowed: /^src\/platform\/etcd\//, why: 'etcd lives in src/platform/etcd' },
+  {
+    module: /^prom-client$/,
+    allowed: /^src\/platform\/metrics\//,
+    why: 'Prometheus metrics live in src/platform/metrics',
+  },
   {
     module: /^node:child_process$/,
     allowed: /^src\/backends\//,

@@ -95,9 +95,11 @@ class Platform:
         self._wire = wire
 
     @classmethod
-    def connect(cls, url, token, project=None, connect_timeout=10.0):
-        """Connects to `grpc://HOST:PORT` with a token; `project` applies with a node token."""
-        return cls(Wire(url, token, project, connect_timeout))
+    def connect(cls, url, token, project=None, connect_timeout=10.0, tls=None):
+        """Connects to `grpc://HOST:PORT` with a token; `project` applies with a node token.
+        `tls` is `sandgym.tls_credentials(ca, cert, key)`; by default $SANDGYM_TLS_CA (and
+        $SANDGYM_TLS_CERT, $SANDGYM_TLS_KEY) turn TLS on."""
+        return cls(Wire(url, token, project, connect_timeout, tls))
 
     def create_sandbox(self, request=None):
         """A new sandbox; `request` is a SandboxRequest map (docs/wire.md), e.g. {"environment": "busybox:latest"}."""

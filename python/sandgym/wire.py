@@ -1,5 +1,7 @@
 """The wire under the client: gRPC with msgpack messages, as docs/wire.md describes."""
 
+import os
+
 import grpc
 import msgpack
 
@@ -25,19 +27,48 @@ def parse_url(url):
     return target
 
 
+def _read_pem(path, what):
+    try:
+        with open(path, "rb") as file:
+            return file.read()
+    except OSError as error:
+        raise SandgymError("invalid_argument", f"cannot read the TLS {what} {path}: {error}") from None
+
+
+def tls_credentials(ca=None, cert=None, key=None):
+    """TLS to the server, from PEM file paths; defaults to $SANDGYM_TLS_CA, $SANDGYM_TLS_CERT and
+    $SANDGYM_TLS_KEY. Returns None (plaintext) when no CA is given. The certificate and key are
+    what a server that asks for mutual TLS checks."""
+    ca = ca or os.environ.get("SANDGYM_TLS_CA")
+    cert = cert or os.environ.get("SANDGYM_TLS_CERT")
+    key = key or os.environ.get("SANDGYM_TLS_KEY")
+    if not ca:
+        return None
+    if bool(cert) != bool(key):
+        raise SandgymError("invalid_argument", "give the TLS certificate and its key together")
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read_pem(ca, "CA certificate"),
+        private_key=_read_pem(key, "key") if key else None,
+        certificate_chain=_read_pem(cert, "certificate") if cert else None,
+    )
+
+
 class Wire:
     """One channel to a node agent or a controller; every call carries the token."""
 
-    def __init__(self, url, token, project=None, connect_timeout=10.0):
-        self._channel = grpc.insecure_channel(
-            parse_url(url),
-            options=[
-                ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
-                # a restarted node is back within seconds: do not back off for minutes
-                ("grpc.initial_reconnect_backoff_ms", 200),
-                ("grpc.max_reconnect_backoff_ms", 2000),
-            ],
+    def __init__(self, url, token, project=None, connect_timeout=10.0, tls=None):
+        credentials = tls if tls is not None else tls_credentials()
+        options = [
+            ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+            # a restarted node is back within seconds: do not back off for minutes
+            ("grpc.initial_reconnect_backoff_ms", 200),
+            ("grpc.max_reconnect_backoff_ms", 2000),
+        ]
+        self._channel = (
+            grpc.secure_channel(parse_url(url), credentials, options=options)
+            if credentials is not None
+            else grpc.insecure_channel(parse_url(url), options=options)
         )
         self._metadata = [("authorization", f"Bearer {token}")]
         if project:

@@ -3,6 +3,7 @@ import { auditCommand } from './commands/audit.ts';
 import { benchCommand } from './commands/bench.ts';
 import { checkCommand } from './commands/check.ts';
 import { controllerCommand, nodeCommand } from './commands/cluster.ts';
+import { certsCommand } from './commands/certs.ts';
 import { evalCommand } from './commands/eval.ts';
 import { envCommand, layerCommand } from './commands/layers.ts';
 import { mcpCommand } from './commands/mcp.ts';
@@ -56,14 +57,22 @@ const USAGE = `usage: sandgym COMMAND [ARGS]
        [--net-rules FILE]   (JSON: {"mirror:debian": ["IP[/N][:PORT]", ...]}; or $SANDGYM_NET_RULES)
        [--task-root DIR]    (tasks the Envs service may serve, by path under DIR)
        [--trajectory-retention 7d]  (how long an ended sandbox's step log stays for audit)
+       [--etcd URL,... [--advertise HOST:PORT] [--lease-ttl 10s]]  (join through etcd)
+       [--tls-ca F --tls-cert F --tls-key F]  (mutual TLS)  [--metrics-listen HOST:PORT]
        [--log-level debug|info|warn|error|silent]
                                           a node agent (cluster mode); token in $SANDGYM_NODE_TOKEN
                                           or --node-token-file; logs JSON lines on stderr
-  controller --listen ADDR --nodes ADDR,... --grants FILE [--poll-ms N] [--queue-timeout-ms N]
+  node drain --node HOST:PORT [--hibernate-idle]
+                                          stop placement on a node; wait until its sandboxes ended or
+                                          hibernated (node undrain --node HOST:PORT takes it back)
+  controller --listen ADDR (--nodes ADDR,... | --etcd URL,...) --grants FILE [--poll-ms N]
+       [--queue-timeout-ms N] [--tls-ca F --tls-cert F --tls-key F] [--metrics-listen HOST:PORT]
        [--log-level LEVEL]                a controller replica (cluster mode)
+  certs --out DIR [--hosts localhost,127.0.0.1,...] [--days 365]
+                                          a development CA and certificates, made with openssl
 
-run, ps, kill, gc, audit, eval and check work on the cluster at $SANDGYM_PLATFORM (grpc://HOST:PORT, with $SANDGYM_TOKEN)
-when it is set, else on this host.
+run, ps, kill, gc, audit, eval and check work on the cluster at $SANDGYM_PLATFORM (grpc://HOST:PORT, with $SANDGYM_TOKEN,
+and $SANDGYM_TLS_CA, $SANDGYM_TLS_CERT, $SANDGYM_TLS_KEY for TLS) when it is set, else on this host.
 
 Exit codes: 0 success, 1 the command failed, 2 bad usage or input, 3 infrastructure failure.`;
 
@@ -81,6 +90,7 @@ const COMMANDS: Record<string, (args: string[]) => Promise<number>> = {
   check: checkCommand,
   node: nodeCommand,
   controller: controllerCommand,
+  certs: certsCommand,
   mcp: mcpCommand,
 };
 

@@ -9,6 +9,8 @@ export interface AtomicWriteOptions {
    * a crash of the writing process still leaves old or new content, never a torn file.
    */
   sync?: boolean;
+  /** Permission bits of the new file (default 0o644; 0o600 for secrets). */
+  mode?: number;
 }
 
 /**
@@ -18,10 +20,10 @@ export interface AtomicWriteOptions {
 export async function writeFileAtomic(
   path: string,
   data: string | Uint8Array,
-  { sync = true }: AtomicWriteOptions = {},
+  { sync = true, mode = 0o644 }: AtomicWriteOptions = {},
 ): Promise<void> {
   const temp = join(dirname(path), `.${basename(path)}.${randomBytes(6).toString('hex')}.tmp`);
-  const file = await open(temp, 'w', 0o644);
+  const file = await open(temp, 'w', mode);
   try {
     await file.writeFile(data);
     if (sync) await file.sync();

@@ -16,7 +16,7 @@ import type {
   SandboxGroup,
 } from './platform-client.ts';
 import { sandboxRequestSchema, type SandboxRequest } from './sandbox-request.ts';
-import { RUNS, SANDBOXES, WireClient, type WireClientOptions } from './wire/index.ts';
+import { RUNS, SANDBOXES, WireClient, type TlsFiles, type WireClientOptions } from './wire/index.ts';
 import { remoteRun, runOptionsSchema } from './run-handles.ts';
 import { forkSandbox, sandboxGroup } from './fork.ts';
 import { RemoteSandbox, type SandboxesClient } from './remote-sandbox.ts';
@@ -29,6 +29,11 @@ export interface ConnectOptions {
   connectTimeoutMs?: number;
   /** Extra metadata on every call (a controller uses it to say which project it acts for). */
   metadata?: Record<string, string>;
+  /**
+   * TLS: the CA that signed the controller's certificate, and this client's pair where the
+   * controller requires mutual TLS (`readTlsFiles` reads them). Plaintext without.
+   */
+  tls?: TlsFiles;
 }
 
 type Client = SandboxesClient;
@@ -72,16 +77,14 @@ export class RemotePlatform implements PlatformClient {
     options: ConnectOptions,
     clientOptions: Partial<WireClientOptions> = {},
   ): Promise<RemotePlatform> {
-    const client = new WireClient(parseGrpcUrl(url), SANDBOXES, {
+    const shared: WireClientOptions = {
       token: options.token,
       ...(options.metadata ? { metadata: options.metadata } : {}),
+      ...(options.tls ? { tls: options.tls } : {}),
       ...clientOptions,
-    });
-    const runs = new WireClient(parseGrpcUrl(url), RUNS, {
-      token: options.token,
-      ...(options.metadata ? { metadata: options.metadata } : {}),
-      ...clientOptions,
-    });
+    };
+    const client = new WireClient(parseGrpcUrl(url), SANDBOXES, shared);
+    const runs = new WireClient(parseGrpcUrl(url), RUNS, shared);
     try {
       await client.waitForReady(options.connectTimeoutMs ?? 10_000);
     } catch (error) {

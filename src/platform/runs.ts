@@ -77,6 +77,14 @@ const runRecordSchema = z.object({
 type RunRecord = z.infer<typeof runRecordSchema>;
 const runFileSchema = z.object({ runs: z.array(runRecordSchema) });
 
+/** A run as the cluster's shared state (etcd) describes it. */
+export interface SharedRun {
+  name: string;
+  leaseMs: number;
+  ttlMs: number;
+  phase: TrainingPhase;
+}
+
 /** How a run manager reaches the sandboxes it governs. */
 export interface RunSandboxes {
   live(): Promise<BackendSandbox[]>;
@@ -97,6 +105,11 @@ export class RunManager {
   private readonly resuming = new Set<RunRecord>();
   private timer: NodeJS.Timeout | undefined;
   private sweeping: Promise<void> = Promise.resolve();
+  /**
+   * Set when leases live in etcd: this node then lapses a run only when etcd says its lease
+   * ended, never by its own clock, and reports a run whose grace ran out here.
+   */
+  private sharedLeases: { expired: (project: string, name: string) => Promise<void> } | undefined;
 
   private constructor(
     private readonly file: string,
@@ -225,6 +238,68 @@ export class RunManager {
     return report;
   }
 
+  /**
+   * Leases are kept in etcd from now on: {@link follow} and {@link lapse} bring what etcd says,
+   * and `expired` is told when a lapsed run's grace ends here.
+   */
+  useSharedLeases(expired: (project: string, name: string) => Promise<void>): void {
+    this.sharedLeases = { expired };
+  }
+
+  /** The runs this node knows, as project and name. */
+  known(): { project: string; name: string }[] {
+    return [...this.runs.values()].map(({ project, name }) => ({ project, name }));
+  }
+
+  /**
+   * Brings this node in line with a run as etcd has it: known (so sandboxes may join it here even
+   * if this node missed the StartRun), in its phase, and lapsed or not as its lease is.
+   */
+  async follow(project: string, shared: SharedRun, leaseAlive: boolean): Promise<void> {
+    let run = this.runs.get(key(project, shared.name));
+    if (!run) {
+      run = {
+        project,
+        name: shared.name,
+        leaseMs: shared.leaseMs,
+        ttlMs: shared.ttlMs,
+        expiresAt: Date.now() + shared.leaseMs,
+        phase: shared.phase,
+        lapsed: false,
+        snapshots: [],
+        hibernateWhenIdle: [],
+      };
+      this.runs.set(key(project, run.name), run);
+      await this.save();
+    } else if (run.leaseMs !== shared.leaseMs || run.ttlMs !== shared.ttlMs) {
+      run.leaseMs = shared.leaseMs;
+      run.ttlMs = shared.ttlMs;
+      await this.save();
+    }
+    if (run.phase !== shared.phase) await this.setPhase(project, shared.name, shared.phase);
+    if (!leaseAlive) await this.lapse(project, shared.name);
+    else if (run.lapsed) await this.renew(project, shared.name);
+  }
+
+  /** The run's lease ended (etcd says so): hibernate its sandboxes and start its grace. */
+  async lapse(project: string, name: string): Promise<void> {
+    const run = this.runs.get(key(project, name));
+    if (!run || run.lapsed) return;
+    run.lapsed = true;
+    run.expiresAt = Date.now();
+    await this.save();
+    const hibernated = await this.hibernateIdle(run, await this.members(run));
+    this.logger.info(
+      { run: run.name, hibernated: hibernated.length, graceMs: run.ttlMs },
+      'run lease lapsed in etcd: sandboxes hibernated',
+    );
+  }
+
+  /** Ends a run here if this node knows it (another node or replica ended it in etcd). */
+  async endIfKnown(project: string, name: string): Promise<void> {
+    if (this.runs.has(key(project, name))) await this.end(project, name);
+  }
+
   /** Records a snapshot (an environment) made from one of the run's sandboxes, so the run owns it. */
   async addSnapshot(sandbox: Pick<BackendSandbox, 'labels'>, environment: string): Promise<void> {
     const name = sandbox.labels[RUN_LABEL];
@@ -322,12 +397,15 @@ export class RunManager {
             'run: sandboxes hibernated once their request ended',
           );
       }
-      if (now >= run.expiresAt + run.ttlMs) {
+      // with leases in etcd, only a lapse etcd reported starts the grace
+      const shared = this.sharedLeases;
+      if (now >= run.expiresAt + run.ttlMs && (!shared || run.lapsed)) {
         this.runs.delete(key(run.project, run.name));
         await this.save();
         const { destroyed } = await this.destroyAll(run);
         this.logger.info({ run: run.name, destroyed: destroyed.length }, 'run expired: cleaned up');
-      } else if (now >= run.expiresAt && !run.lapsed && !this.resuming.has(run)) {
+        await shared?.expired(run.project, run.name);
+      } else if (!shared && now >= run.expiresAt && !run.lapsed && !this.resuming.has(run)) {
         run.lapsed = true;
         await this.save();
         // the trainer is gone: free what its sandboxes hold, and keep them for the grace

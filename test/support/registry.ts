@@ -1,10 +1,10 @@
 import { spawn, execFile, type ChildProcess } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { mkdir, readFile, writeFile } from 'node:fs/promises';
-import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { tarArchive, type TestTarEntry } from './tar-writer.ts';
+import { freePort } from './ports.ts';
 
 const run = promisify(execFile);
 
@@ -12,17 +12,6 @@ const run = promisify(execFile);
 export const REGISTRY_USER = { name: 'tester', password: 'registry-test-password-0123456789' };
 /** bcrypt of {@link REGISTRY_USER}'s password, as the registry's htpasswd file wants it. */
 const REGISTRY_USER_BCRYPT = '$2b$10$fLzqbkS/LKp614duyjTLgOMAI0ah9GAuwzJcUS00lTJ988cND21.K';
-
-async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.on('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const address = server.address();
-      server.close(() => resolve(typeof address === 'object' && address ? address.port : 0));
-    });
-  });
-}
 
 /** Debian's docker-registry on loopback with basic auth, its storage in `dir`. */
 export class TestRegistry implements AsyncDisposable {

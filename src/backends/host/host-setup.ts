@@ -42,14 +42,19 @@ const REQUIRED_PROGRAMS: Record<string, string> = {
   cc: 'gcc',
   make: 'make',
   '/usr/lib/x86_64-linux-gnu/libc.a': 'libc6-dev',
+  // the development CA of `sandgym certs`
+  openssl: 'openssl',
 };
 
 /**
- * What only the test suite needs: a real OCI registry on loopback for image pulls, and Debian's
- * Python with the gRPC and msgpack modules the Python client imports (its tests and benchmark).
+ * What only the test suite needs: a real OCI registry on loopback for image pulls, Debian's
+ * Python with the gRPC and msgpack modules the Python client imports (its tests and benchmark),
+ * and the cluster's engines: an etcd cluster and a Prometheus the tests start on loopback.
  */
 export const TEST_PROGRAMS: Record<string, string> = {
   'docker-registry': 'docker-registry',
+  etcd: 'etcd-server',
+  prometheus: 'prometheus',
   '/usr/lib/python3/dist-packages/grpc/__init__.py': 'python3-grpcio',
   '/usr/lib/python3/dist-packages/msgpack/__init__.py': 'python3-msgpack',
 };

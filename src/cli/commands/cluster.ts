@@ -22,6 +22,8 @@ import {
   text,
 } from '../args.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
+import { CLUSTER_SERVER_OPTIONS, clientTls, etcdOption, nodeToken, serverTls } from './cluster-options.ts';
+import { nodeDrainCommand } from './node-drain.ts';
 
 /** Where a cluster client points: `SANDGYM_PLATFORM=grpc://controller:7443` plus `SANDGYM_TOKEN`. */
 const PLATFORM_VARIABLE = 'SANDGYM_PLATFORM';
@@ -36,18 +38,8 @@ export async function openPlatform(local: LocalPlatformOptions = {}): Promise<Pl
   const token = process.env['SANDGYM_TOKEN'];
   if (!token)
     throw new UsageError(`${PLATFORM_VARIABLE} is set: also set SANDGYM_TOKEN to your project's token`);
-  return Platform.connect(url, { token });
-}
-
-/** The node token: from a file (so it stays out of `ps`), else $SANDGYM_NODE_TOKEN. */
-async function nodeToken(command: string, file: string | undefined): Promise<string> {
-  const token = file ? (await readFile(file, 'utf8')).trim() : process.env['SANDGYM_NODE_TOKEN'];
-  if (!token) {
-    throw new UsageError(
-      `sandgym ${command}: no node token; set SANDGYM_NODE_TOKEN or pass --node-token-file FILE (the same on every node and controller)`,
-    );
-  }
-  return token;
+  const tls = await clientTls();
+  return Platform.connect(url, { token, ...(tls ? { tls } : {}) });
 }
 
 /** A default node id from the host name: lowercase letters and digits, as sandbox ids need. */
@@ -82,25 +74,32 @@ function serveUntilSignalled(close: () => Promise<void>): Promise<number> {
 /** Warm latency-class shells a node keeps by default: enough to absorb a small burst. */
 const DEFAULT_NODE_WARM_POOL = 8;
 
+/** The options of `sandgym node` (the Kubernetes manifests are checked against them). */
+export const NODE_OPTIONS = {
+  ...LOG_OPTIONS,
+  ...CLUSTER_SERVER_OPTIONS,
+  advertise: { type: 'string' },
+  'lease-ttl': { type: 'string' },
+  listen: { type: 'string' },
+  'data-dir': { type: 'string' },
+  'trajectory-retention': { type: 'string' },
+  store: { type: 'string' },
+  'node-id': { type: 'string' },
+  'node-token-file': { type: 'string' },
+  'max-sandboxes': { type: 'string' },
+  'memory-mib': { type: 'string' },
+  overcommit: { type: 'string' },
+  'free-floor-mib': { type: 'string' },
+  'warm-pool': { type: 'string' },
+  'warm-pool-best-effort': { type: 'string' },
+  'net-rules': { type: 'string' },
+  'task-root': { type: 'string' },
+} as const;
+
 /** `sandgym node --listen ADDR [--data-dir D] [--store S] ...`: a node agent. */
 export async function nodeCommand(args: string[]): Promise<number> {
-  const parsed = parseCommandArgs('node', args, {
-    ...LOG_OPTIONS,
-    listen: { type: 'string' },
-    'data-dir': { type: 'string' },
-    'trajectory-retention': { type: 'string' },
-    store: { type: 'string' },
-    'node-id': { type: 'string' },
-    'node-token-file': { type: 'string' },
-    'max-sandboxes': { type: 'string' },
-    'memory-mib': { type: 'string' },
-    overcommit: { type: 'string' },
-    'free-floor-mib': { type: 'string' },
-    'warm-pool': { type: 'string' },
-    'warm-pool-best-effort': { type: 'string' },
-    'net-rules': { type: 'string' },
-    'task-root': { type: 'string' },
-  });
+  if (args[0] === 'drain' || args[0] === 'undrain') return nodeDrainCommand(args[0], args.slice(1));
+  const parsed = parseCommandArgs('node', args, NODE_OPTIONS);
   const listen = text(parsed, 'listen');
   if (!listen) throw new UsageError('sandgym node: give --listen HOST:PORT (port 0 picks a free one)');
   const token = await nodeToken('node', text(parsed, 'node-token-file'));
@@ -120,6 +119,13 @@ export async function nodeCommand(args: string[]): Promise<number> {
     best_effort: nonNegativeInt('warm-pool-best-effort', text(parsed, 'warm-pool-best-effort')) ?? 0,
   };
   const logger = serverLogger(parsed, 'node');
+  const tls = await serverTls('node', parsed);
+  const etcd = etcdOption(parsed, tls);
+  const leaseTtlMs = durationMs('lease-ttl', text(parsed, 'lease-ttl'));
+  const advertise = text(parsed, 'advertise');
+  if (!etcd && (leaseTtlMs || advertise))
+    throw new UsageError('sandgym node: --advertise and --lease-ttl are for joining through --etcd');
+  const metricsListen = text(parsed, 'metrics-listen');
   const storeDir = text(parsed, 'store');
   const trajectoryRetentionMs = durationMs('trajectory-retention', text(parsed, 'trajectory-retention'));
   const platform = await Platform.local({
@@ -142,6 +148,17 @@ export async function nodeCommand(args: string[]): Promise<number> {
     ...(memoryCapacityMib ? { memoryCapacityMib } : {}),
     ...(overcommit ? { overcommit } : {}),
     ...(freeFloorMib ? { freeFloorMib } : {}),
+    ...(tls ? { tls } : {}),
+    ...(metricsListen ? { metricsListen } : {}),
+    ...(etcd
+      ? {
+          etcd: {
+            ...etcd,
+            ...(advertise ? { advertise } : {}),
+            ...(leaseTtlMs ? { leaseTtlSeconds: Math.max(1, Math.ceil(leaseTtlMs / 1000)) } : {}),
+          },
+        }
+      : {}),
     // gym environments served to clients in any language (the Envs service)
     services: (agent) => {
       const taskRoot = text(parsed, 'task-root');
@@ -168,22 +185,33 @@ const grantsFileSchema = z.strictObject({
   ),
 });
 
-/** `sandgym controller --listen ADDR --nodes ADDR,... --grants FILE`: a controller replica. */
+/** The options of `sandgym controller`. */
+export const CONTROLLER_OPTIONS = {
+  ...LOG_OPTIONS,
+  ...CLUSTER_SERVER_OPTIONS,
+  listen: { type: 'string' },
+  nodes: { type: 'string' },
+  grants: { type: 'string' },
+  'node-token-file': { type: 'string' },
+  'poll-ms': { type: 'string' },
+  'queue-timeout-ms': { type: 'string' },
+} as const;
+
+/** `sandgym controller --listen ADDR (--nodes ADDR,... | --etcd URL,...) --grants FILE`: a controller replica. */
 export async function controllerCommand(args: string[]): Promise<number> {
-  const parsed = parseCommandArgs('controller', args, {
-    ...LOG_OPTIONS,
-    listen: { type: 'string' },
-    nodes: { type: 'string' },
-    grants: { type: 'string' },
-    'node-token-file': { type: 'string' },
-    'poll-ms': { type: 'string' },
-    'queue-timeout-ms': { type: 'string' },
-  });
+  const parsed = parseCommandArgs('controller', args, CONTROLLER_OPTIONS);
   const listen = text(parsed, 'listen');
   const nodes = (text(parsed, 'nodes') ?? '').split(',').filter(Boolean);
   const grantsFile = text(parsed, 'grants');
   if (!listen) throw new UsageError('sandgym controller: give --listen HOST:PORT');
-  if (nodes.length === 0) throw new UsageError('sandgym controller: give --nodes HOST:PORT,HOST:PORT,...');
+  const tls = await serverTls('controller', parsed);
+  const etcd = etcdOption(parsed, tls);
+  if ((nodes.length === 0) === !etcd) {
+    throw new UsageError(
+      'sandgym controller: give either --nodes HOST:PORT,HOST:PORT,... (one controller, a fixed set) or --etcd URL,... (membership and quotas in etcd)',
+    );
+  }
+  const metricsListen = text(parsed, 'metrics-listen');
   if (!grantsFile) {
     throw new UsageError(
       'sandgym controller: give --grants FILE, JSON like {"tokens": {"<token>": {"project": "p", "maxSandboxes": 100}}}',
@@ -203,7 +231,9 @@ export async function controllerCommand(args: string[]): Promise<number> {
   const queueTimeoutMs = positiveInt('queue-timeout-ms', text(parsed, 'queue-timeout-ms'));
   const controller = await Controller.start({
     listen,
-    nodes,
+    ...(etcd ? { etcd } : { nodes }),
+    ...(tls ? { tls } : {}),
+    ...(metricsListen ? { metricsListen } : {}),
     nodeToken: await nodeToken('controller', text(parsed, 'node-token-file')),
     grants,
     logger: serverLogger(parsed, 'controller'),

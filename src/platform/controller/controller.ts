@@ -5,6 +5,7 @@ import { Placer, type Demand } from './placement.ts';
 import { sandboxRequestSchema } from '../sandbox-request.ts';
 import {
   PROJECT_KEY,
+  QUOTA_KEY,
   RUNS,
   SANDBOXES,
   WireServer,
@@ -12,10 +13,16 @@ import {
   tokenAuthenticator,
   type CallContext,
   type SandboxInfo,
+  type TlsFiles,
   type WireCallOptions,
   type WireClient,
 } from '../wire/index.ts';
 import type { RunStatus as RunStatusMessage } from '../runs.ts';
+import { connectEtcd, type EtcdClient, type EtcdOptions } from '../etcd/etcd-connection.ts';
+import { watchMembership } from '../etcd/node-membership.ts';
+import { RunLedger } from '../etcd/shared-runs.ts';
+import { ControllerMetrics } from '../metrics/controller-metrics.ts';
+import { serveMetrics, type MetricsServer } from '../metrics/metrics-server.ts';
 
 /** A project a token maps to, and its quota. */
 export interface ProjectGrant {
@@ -27,8 +34,17 @@ export interface ProjectGrant {
 /** Options for {@link Controller.start}. */
 export interface ControllerOptions {
   listen: string;
-  /** Node agent addresses, host:port. */
-  nodes: string[];
+  /** Node agent addresses, host:port: a fixed cluster, for one controller without etcd. */
+  nodes?: string[];
+  /**
+   * Follow membership in etcd instead: nodes come and go with their leases, and quotas are
+   * enforced there, exactly, however many replicas admit.
+   */
+  etcd?: EtcdOptions;
+  /** Serve clients over mutual TLS, and call nodes over it with the same pair. */
+  tls?: TlsFiles;
+  /** host:port to serve Prometheus metrics on, at /metrics. */
+  metricsListen?: string;
   /** The token node agents accept. */
   nodeToken: string;
   /** Client tokens and what each may do. */
@@ -57,6 +73,9 @@ export class Controller {
   private readonly inFlight = new Map<string, number>();
   /** Per node, placements to forget once a poll that started after them completes. */
   private readonly settled = new Map<string, { at: number; release: () => void }[]>();
+  readonly metrics: ControllerMetrics;
+  private metricsServer: MetricsServer | undefined;
+  private etcd: { client: EtcdClient; membership: { close(): Promise<void> }; runs: RunLedger } | undefined;
 
   private constructor(
     private readonly options: ControllerOptions,
@@ -64,14 +83,67 @@ export class Controller {
     private server: WireServer | undefined,
   ) {
     this.placer = new Placer(options.sampleK ?? 2);
+    this.metrics = new ControllerMetrics({
+      queueDepths: () => this.queue.depths(),
+      nodes: () => {
+        const loads = this.watcher.loads();
+        return {
+          healthy: loads.filter((n) => n.healthy).length,
+          draining: loads.filter((n) => n.draining).length,
+          unhealthy: loads.filter((n) => !n.healthy && !n.draining).length,
+        };
+      },
+    });
   }
 
   static async start(options: ControllerOptions): Promise<Controller> {
     const logger = options.logger.child({ component: 'controller' });
-    const watcher = new NodeWatcher(options.nodes, options.nodeToken, options.pollMs ?? 500, logger);
+    const nodes = options.nodes ?? [];
+    if (nodes.length > 0 === Boolean(options.etcd)) {
+      throw new SandgymError(
+        'invalid_argument',
+        'Give a controller either its nodes (--nodes HOST:PORT,...) or etcd to find them in (--etcd URL,...), not both or neither',
+      );
+    }
+    const watcher = new NodeWatcher(
+      nodes,
+      { token: options.nodeToken, tls: options.tls },
+      options.pollMs ?? 500,
+      logger,
+    );
     const controller = new Controller(options, watcher, undefined);
     watcher.onPolled((nodeId, polledAt) => controller.polled(nodeId, polledAt));
-    await watcher.start();
+    try {
+      if (options.etcd) {
+        const client = await connectEtcd(options.etcd);
+        controller.etcd = {
+          client,
+          membership: { close: () => Promise.resolve() },
+          runs: new RunLedger(client),
+        };
+        controller.etcd.membership = await watchMembership(
+          client,
+          {
+            joined: (record) => watcher.join(record.nodeId, record.address),
+            left: (nodeId) => {
+              watcher.leave(nodeId);
+              controller.queue.wake();
+            },
+          },
+          logger,
+        );
+      }
+      await watcher.start();
+      if (options.metricsListen)
+        controller.metricsServer = await serveMetrics(
+          options.metricsListen,
+          controller.metrics.registry,
+          logger,
+        );
+    } catch (error) {
+      await controller.close();
+      throw error;
+    }
     const projects = Object.fromEntries(
       Object.entries(options.grants).map(([token, grant]) => [token, grant.project]),
     );
@@ -81,10 +153,28 @@ export class Controller {
       {
         authenticate: tokenAuthenticator(projects),
         logger,
+        ...(options.tls ? { tls: options.tls } : {}),
       },
     );
-    logger.info({ port: controller.server.port, nodes: options.nodes.length }, 'controller listening');
+    logger.info(
+      {
+        port: controller.server.port,
+        nodes: options.etcd ? 'etcd' : nodes.length,
+        tls: Boolean(options.tls),
+      },
+      'controller listening',
+    );
     return controller;
+  }
+
+  /** The port /metrics is served on (with `metricsListen`). */
+  get metricsPort(): number {
+    if (!this.metricsServer)
+      throw new SandgymError(
+        'failed_precondition',
+        'The controller serves no metrics: give it metricsListen',
+      );
+    return this.metricsServer.port;
   }
 
   get port(): number {
@@ -131,7 +221,10 @@ export class Controller {
       ForkInMemory: (request, call) => {
         // the copies land on the source's node, outside placement, but within the project's quota
         this.checkQuota(call.principal.project, request.count);
-        return route(request.sandboxId).call('ForkInMemory', request, as(call));
+        return route(request.sandboxId).call('ForkInMemory', request, {
+          ...as(call),
+          metadata: this.nodeMetadata(call.principal.project),
+        });
       },
       Stats: (request, call) => route(request.sandboxId).call('Stats', request, as(call)),
       WrittenPaths: (request, call) => route(request.sandboxId).call('WrittenPaths', request, as(call)),
@@ -172,7 +265,9 @@ export class Controller {
 
   /**
    * Runs live on the nodes: each run call goes to every reachable node. A node that does not
-   * know the run has none of its sandboxes; a run no node knows is `not_found`.
+   * know the run has none of its sandboxes; a run no node knows is `not_found`. With etcd, the
+   * run and its lease are also written there, in transactions, so a node that missed a call (or
+   * joined later) catches up from etcd, and a lease lapses when etcd says so, for every node.
    */
   private runService() {
     const everywhere = async <T>(
@@ -199,13 +294,20 @@ export class Controller {
       lapsed: answers.some((a) => a.lapsed),
       sandboxes: answers.reduce((sum, a) => sum + a.sandboxes, 0),
     });
+    const shared = this.etcd?.runs;
     return register(RUNS, {
-      StartRun: async (request, call) =>
-        status(await everywhere(call, (node, o) => node.call('StartRun', request, o))),
-      RenewLease: async (request, call) =>
-        status(await everywhere(call, (node, o) => node.call('RenewLease', request, o))),
+      StartRun: async (request, call) => {
+        await shared?.start(call.principal.project, request);
+        return status(await everywhere(call, (node, o) => node.call('StartRun', request, o)));
+      },
+      RenewLease: async (request, call) => {
+        await shared?.renew(call.principal.project, request.name);
+        return status(await everywhere(call, (node, o) => node.call('RenewLease', request, o)));
+      },
       SetPhase: async (request, call) => {
         const reports = await everywhere(call, (node, o) => node.call('SetPhase', request, o));
+        // after the nodes: one that missed the call applies the phase when etcd shows it
+        await shared?.setPhase(call.principal.project, request.name, request.phase);
         return {
           phase: request.phase,
           paused: reports.flatMap((r) => r.paused),
@@ -215,11 +317,11 @@ export class Controller {
           freedBytes: reports.reduce((sum, r) => sum + r.freedBytes, 0),
         };
       },
-      EndRun: async (request, call) => ({
-        destroyed: (await everywhere(call, (node, o) => node.call('EndRun', request, o))).flatMap(
-          (r) => r.destroyed,
-        ),
-      }),
+      EndRun: async (request, call) => {
+        const reports = await everywhere(call, (node, o) => node.call('EndRun', request, o));
+        await shared?.end(call.principal.project, request.name);
+        return { destroyed: reports.flatMap((r) => r.destroyed) };
+      },
     });
   }
 
@@ -233,10 +335,30 @@ export class Controller {
     return first;
   }
 
-  /** The quota check, placement, the node's veto, and waiting for room, in that order. */
-  /** Refuses `adding` more sandboxes for a project its quota has no room for. */
+  private grantOf(project: string): ProjectGrant | undefined {
+    return Object.values(this.options.grants).find((g) => g.project === project);
+  }
+
+  /**
+   * What a node is told with a create: the project, and with etcd its quota, which the node
+   * enforces in a transaction (the only place that sees every replica's creates).
+   */
+  private nodeMetadata(project: string): Record<string, string> {
+    const grant = this.grantOf(project);
+    return {
+      [PROJECT_KEY]: project,
+      ...(this.options.etcd && grant ? { [QUOTA_KEY]: String(grant.maxSandboxes) } : {}),
+    };
+  }
+
+  /**
+   * Refuses `adding` more sandboxes for a project its quota has no room for, by what this replica
+   * sees. Without etcd this is the quota; with it, the nodes enforce it exactly, so this replica
+   * stays out of the way.
+   */
   private checkQuota(project: string, adding: number): void {
-    const grant = Object.values(this.options.grants).find((g) => g.project === project);
+    if (this.options.etcd) return;
+    const grant = this.grantOf(project);
     const live = this.watcher.projectCount(project) + (this.inFlight.get(project) ?? 0);
     if (grant && live + adding > grant.maxSandboxes) {
       throw new SandgymError(
@@ -248,6 +370,24 @@ export class Controller {
   }
 
   private async create(request: unknown, call: CallContext): Promise<SandboxInfo> {
+    const { project } = call.principal;
+    const timer = this.metrics.createSeconds.startTimer();
+    try {
+      const info = await this.place(request, call);
+      timer({ outcome: 'created' });
+      this.metrics.creates.inc({ project, outcome: 'created' });
+      return info;
+    } catch (error) {
+      const reason = refusalOf(error);
+      timer({ outcome: reason ? 'refused' : 'failed' });
+      this.metrics.creates.inc({ project, outcome: reason ? 'refused' : 'failed' });
+      if (reason) this.metrics.admissions.inc({ project, result: 'refused', reason });
+      throw error;
+    }
+  }
+
+  /** The quota check, placement, the node's veto, and waiting for room, in that order. */
+  private async place(request: unknown, call: CallContext): Promise<SandboxInfo> {
     const { project } = call.principal;
     const resolved = sandboxRequestSchema.parse(request);
     this.checkQuota(project, 1);
@@ -285,8 +425,9 @@ export class Controller {
       try {
         const info = await this.watcher
           .clientOf(node.nodeId, 'node')
-          .call('Create', { request }, { signal: call.signal, metadata: { [PROJECT_KEY]: project } });
+          .call('Create', { request }, { signal: call.signal, metadata: this.nodeMetadata(project) });
         this.settleAfterNextPoll(node.nodeId, release);
+        this.metrics.admissions.inc({ project, result: 'admitted', reason: '' });
         return info;
       } catch (error) {
         release();
@@ -325,6 +466,17 @@ export class Controller {
 
   async close(): Promise<void> {
     await this.server?.close();
+    await this.metricsServer?.close();
+    await this.etcd?.membership.close();
+    this.etcd?.client.close();
     this.watcher.close();
   }
+}
+
+/** Why a create was refused, as the metrics label it; undefined for failures that are not refusals. */
+function refusalOf(error: unknown): string | undefined {
+  if (isSandgymError(error, 'resource_exhausted'))
+    return /quota/.test(error.message) ? 'quota' : 'queue_timeout';
+  if (isSandgymError(error, 'admission_rejected')) return 'never_fits';
+  return undefined;
 }

@@ -21,6 +21,11 @@ export class FairQueue {
     return total;
   }
 
+  /** Creates waiting, per project. */
+  depths(): Map<string, number> {
+    return new Map([...this.lines].map(([project, line]) => [project, line.length]));
+  }
+
   /**
    * Waits for a turn. Rejects with `resource_exhausted` at the deadline and `cancelled` on abort,
    * naming what the caller can change.

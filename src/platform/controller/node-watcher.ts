@@ -1,9 +1,11 @@
 import { SandgymError, type Logger } from '../../common/index.ts';
 import type { NodeLoad } from './placement.ts';
-import { NODE, RUNS, SANDBOXES, WireClient, type NodeStatus } from '../wire/index.ts';
+import { NODE, RUNS, SANDBOXES, WireClient, type NodeStatus, type TlsFiles } from '../wire/index.ts';
 
 interface Watched {
   address: string;
+  /** The id etcd registered it under; polled statuses must agree. */
+  registeredAs: string | undefined;
   status: NodeStatus | undefined;
   reachable: boolean;
   node: WireClient<typeof NODE>;
@@ -14,28 +16,74 @@ interface Watched {
 /**
  * A controller replica's view of the nodes: it polls each node agent's status, so a restarted
  * replica rebuilds everything it knows from the nodes alone. A node that stops answering is
- * marked unhealthy (no placements) and its sandboxes' calls fail with `node_lost`.
+ * marked unhealthy (no placements) and its sandboxes' calls fail with `node_lost`. The nodes are
+ * a fixed list, or come and go as etcd membership says ({@link join}, {@link leave}).
  */
 export class NodeWatcher {
-  private readonly watched: Watched[];
+  private readonly watched: Watched[] = [];
+  /** Nodes that left the cluster, so their sandboxes' calls say so rather than "unknown". */
+  private readonly departed = new Set<string>();
   private timer: NodeJS.Timeout | undefined;
   private closed = false;
   private readonly listeners: ((nodeId: string, polledAt: number) => void)[] = [];
 
   constructor(
     addresses: string[],
-    token: string,
+    private readonly connection: { token: string; tls?: TlsFiles | undefined },
     private readonly pollMs: number,
     private readonly logger: Logger,
   ) {
-    this.watched = addresses.map((address) => ({
+    for (const address of addresses) this.watched.push(this.watch(address, undefined));
+  }
+
+  private watch(address: string, registeredAs: string | undefined): Watched {
+    const options = {
+      token: this.connection.token,
+      unreachable: 'node_lost' as const,
+      ...(this.connection.tls ? { tls: this.connection.tls } : {}),
+    };
+    return {
       address,
+      registeredAs,
       status: undefined,
       reachable: false,
-      node: new WireClient(address, NODE, { token, unreachable: 'node_lost' }),
-      sandboxes: new WireClient(address, SANDBOXES, { token, unreachable: 'node_lost' }),
-      runs: new WireClient(address, RUNS, { token, unreachable: 'node_lost' }),
-    }));
+      node: new WireClient(address, NODE, options),
+      sandboxes: new WireClient(address, SANDBOXES, options),
+      runs: new WireClient(address, RUNS, options),
+    };
+  }
+
+  /** A node etcd says is a member (again, or with a new address): watched, and polled at once. */
+  join(nodeId: string, address: string): void {
+    this.departed.delete(nodeId);
+    let watched = this.watched.find((entry) => entry.registeredAs === nodeId);
+    if (watched && watched.address !== address) {
+      this.unwatch(watched);
+      watched = undefined;
+    }
+    if (!watched) {
+      watched = this.watch(address, nodeId);
+      this.watched.push(watched);
+      this.logger.info({ node: nodeId, address }, 'node joined');
+    }
+    // a changed record (draining, say) shows in the node's status: look now, not at the next tick
+    void this.poll(watched);
+  }
+
+  /** A node whose etcd lease is gone: no placements, and its sandboxes' calls fail `node_lost`. */
+  leave(nodeId: string): void {
+    const watched = this.watched.find((entry) => entry.registeredAs === nodeId);
+    if (!watched) return;
+    this.unwatch(watched);
+    this.departed.add(nodeId);
+    this.logger.warn({ node: nodeId }, 'node left the cluster (its etcd lease ended)');
+  }
+
+  private unwatch(watched: Watched): void {
+    this.watched.splice(this.watched.indexOf(watched), 1);
+    watched.node.close();
+    watched.sandboxes.close();
+    watched.runs.close();
   }
 
   /** Polls once (so the first view is complete), then keeps polling. */
@@ -61,6 +109,13 @@ export class NodeWatcher {
     const polledAt = Date.now();
     try {
       const status = await watched.node.call('Status', {}, { timeoutMs: Math.max(1000, this.pollMs * 2) });
+      if (!this.watched.includes(watched)) return;
+      if (watched.registeredAs !== undefined && status.nodeId !== watched.registeredAs) {
+        throw new SandgymError(
+          'failed_precondition',
+          `${watched.address} answers as node ${status.nodeId}, but etcd registered it as ${watched.registeredAs}`,
+        );
+      }
       if (!watched.reachable)
         this.logger.info({ address: watched.address, node: status.nodeId }, 'node is up');
       watched.status = status;
@@ -92,6 +147,11 @@ export class NodeWatcher {
   /** The client for a node's sandboxes. An unknown node is `not_found`, like an unknown sandbox. */
   clientOf(nodeId: string, what: string): WireClient<typeof SANDBOXES> {
     const watched = this.watched.find((entry) => entry.status?.nodeId === nodeId);
+    if (!watched && this.departed.has(nodeId)) {
+      throw new SandgymError('node_lost', `Node ${nodeId} left the cluster: its etcd lease ended`, {
+        retryable: true,
+      });
+    }
     if (!watched) throw new SandgymError('not_found', `No ${what}: no node "${nodeId}" is known`);
     return watched.sandboxes;
   }
@@ -109,10 +169,6 @@ export class NodeWatcher {
   close(): void {
     this.closed = true;
     clearTimeout(this.timer);
-    for (const watched of this.watched) {
-      watched.node.close();
-      watched.sandboxes.close();
-      watched.runs.close();
-    }
+    for (const watched of [...this.watched]) this.unwatch(watched);
   }
 }

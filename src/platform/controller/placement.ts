@@ -4,6 +4,8 @@ import type { BackendName } from '../../backends/index.ts';
 export interface NodeLoad {
   nodeId: string;
   healthy: boolean;
+  /** Draining nodes are unhealthy too; this says why. */
+  draining?: boolean;
   backends: readonly BackendName[];
   sandboxes: number;
   capacity: number;

@@ -44,6 +44,20 @@ export class MemoryAdmission {
     return Math.ceil(total);
   }
 
+  /** What the node's sandboxes asked for, in MiB: what it has committed to. */
+  get requestedMib(): number {
+    let total = 0;
+    for (const charge of this.charges.values()) total += charge.requestedMib;
+    return total;
+  }
+
+  /** What the node's sandboxes were last measured to use, in MiB (unmeasured ones count 0). */
+  get measuredMib(): number {
+    let total = 0;
+    for (const charge of this.charges.values()) total += charge.measuredMib ?? 0;
+    return total;
+  }
+
   /** Throws a clear error unless a sandbox asking for `requestedMib` may start now. */
   check(nodeId: string, requestedMib: number): void {
     const { capacityMib, overcommit, freeFloorMib } = this.policy;

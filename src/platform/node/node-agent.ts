@@ -15,13 +15,22 @@ import {
   register,
   checkTokenStrength,
   tokenAuthenticator,
+  quotaOf,
   type CallContext,
+  type DrainProgress,
   type ExecRequest,
+  type TlsFiles,
   type NodeStatus,
   type Registration,
   type SandboxInfo,
 } from '../wire/index.ts';
 import { NodeProjectClient } from './node-project-client.ts';
+import { connectEtcd, type EtcdClient, type EtcdOptions } from '../etcd/etcd-connection.ts';
+import { NodeMembership } from '../etcd/node-membership.ts';
+import { ProjectQuotaLedger } from '../etcd/project-quota.ts';
+import { followSharedRuns } from '../etcd/shared-runs.ts';
+import { NodeMetrics } from '../metrics/node-metrics.ts';
+import { serveMetrics, type MetricsServer } from '../metrics/metrics-server.ts';
 
 /** Options for {@link NodeAgent.start}. */
 export interface NodeAgentOptions {
@@ -41,7 +50,32 @@ export interface NodeAgentOptions {
   loadMode?: LoadMode;
   /** More services to serve beside the node's own (the Envs service, from the env layer). */
   services?: (agent: NodeAgent) => ServedService[];
+  /** Serve over mutual TLS: callers must present a certificate this CA signed. */
+  tls?: TlsFiles;
+  /** Join the cluster through etcd: membership under a lease, and quotas kept there. */
+  etcd?: NodeEtcdOptions;
+  /** host:port to serve Prometheus metrics on, at /metrics. */
+  metricsListen?: string;
 }
+
+/** How a node agent joins a cluster that keeps its state in etcd. */
+export interface NodeEtcdOptions extends EtcdOptions {
+  /** host:port controllers dial. Default: 127.0.0.1 and the port it listens on. */
+  advertise?: string;
+  /** Seconds without a keepalive before etcd drops the node from placement. Default 10. */
+  leaseTtlSeconds?: number;
+}
+
+/** The node's link to etcd, when it has one. */
+interface ClusterLink {
+  etcd: EtcdClient;
+  membership: NodeMembership;
+  quota: ProjectQuotaLedger;
+  runs: { close(): Promise<void> };
+}
+
+/** Why admission said no, as the metrics label it. */
+type Refusal = 'draining' | 'full' | 'memory' | 'quota';
 
 /** A service a node serves for a layer above it, closed when the node closes. */
 export interface ServedService {
@@ -70,6 +104,10 @@ export class NodeAgent {
   private closed = false;
   private readonly measuring: NodeJS.Timeout;
   private readonly served: ServedService[] = [];
+  private draining = false;
+  private cluster: ClusterLink | undefined;
+  private metricsServer: MetricsServer | undefined;
+  readonly metrics: NodeMetrics;
 
   private constructor(
     readonly nodeId: string,
@@ -81,6 +119,16 @@ export class NodeAgent {
   ) {
     this.measuring = setInterval(() => void this.measure(), MEASURE_EVERY_MS);
     this.measuring.unref();
+    this.metrics = new NodeMetrics(nodeId, {
+      sandboxes: () => [...this.owned.values()].map(({ sandbox }) => sandbox),
+      memory: () => ({
+        committedMib: this.memory.requestedMib,
+        chargedMib: this.memory.chargedMib,
+        measuredMib: this.memory.measuredMib,
+        capacityMib: Math.floor(this.memory.policy.capacityMib * this.memory.policy.overcommit),
+      }),
+      draining: () => this.draining,
+    });
   }
 
   /** Refreshes what each sandbox uses, for admission by measured use. */
@@ -136,13 +184,61 @@ export class NodeAgent {
       {
         authenticate: tokenAuthenticator({ [options.token]: 'default' }, { trustProjectHeader: true }),
         logger: agent.logger,
+        ...(options.tls ? { tls: options.tls } : {}),
       },
     );
-    agent.logger.info({ port: agent.server.port }, 'node agent listening');
+    agent.logger.info({ port: agent.server.port, tls: Boolean(options.tls) }, 'node agent listening');
+    try {
+      if (options.metricsListen)
+        agent.metricsServer = await serveMetrics(options.metricsListen, agent.metrics.registry, agent.logger);
+      if (options.etcd) agent.cluster = await agent.joinCluster(options.etcd);
+    } catch (error) {
+      await agent.close();
+      throw error;
+    }
     return agent;
   }
 
+  /** Registers in etcd and counts the sandboxes it adopted against their projects' quotas. */
+  private async joinCluster(options: NodeEtcdOptions): Promise<ClusterLink> {
+    const etcd = await connectEtcd(options);
+    try {
+      const status = this.status();
+      const membership = await NodeMembership.join(
+        etcd,
+        {
+          nodeId: this.nodeId,
+          address: options.advertise ?? `127.0.0.1:${this.port}`,
+          backends: status.backends,
+          capacity: status.capacity,
+          memoryCapacityMib: status.memoryCapacityMib,
+          draining: this.draining,
+        },
+        options.leaseTtlSeconds ?? 10,
+        this.logger,
+      );
+      const quota = new ProjectQuotaLedger(etcd, membership);
+      for (const [id, { project }] of this.owned) await quota.hold(project, id);
+      const runs = await followSharedRuns(etcd, this.platform.runManager, this.logger);
+      this.logger.info({ endpoints: options.endpoints }, 'joined the cluster through etcd');
+      return { etcd, membership, quota, runs };
+    } catch (error) {
+      etcd.close();
+      throw error;
+    }
+  }
+
   /** The port it listens on (useful with port 0). */
+  /** The port /metrics is served on (with `metricsListen`). */
+  get metricsPort(): number {
+    if (!this.metricsServer)
+      throw new SandgymError(
+        'failed_precondition',
+        'The node agent serves no metrics: give it metricsListen',
+      );
+    return this.metricsServer.port;
+  }
+
   get port(): number {
     if (!this.server) throw new SandgymError('failed_precondition', 'The node agent is not listening');
     return this.server.port;
@@ -161,7 +257,8 @@ export class NodeAgent {
     return {
       nodeId: this.nodeId,
       backends: [...this.platform.backends],
-      healthy: !this.closed,
+      healthy: !this.closed && !this.draining,
+      draining: this.draining,
       sandboxes: this.owned.size,
       capacity: this.maxSandboxes,
       memoryCommittedMib: this.memory.chargedMib,
@@ -185,13 +282,63 @@ export class NodeAgent {
   }
 
   private nodeService() {
-    return register(NODE, { Status: () => Promise.resolve(this.status()) });
+    return register(NODE, {
+      Status: () => Promise.resolve(this.status()),
+      Drain: ({ hibernateIdle }, call) => this.drain(hibernateIdle, call.signal),
+      Undrain: async () => {
+        await this.setDraining(false);
+        return this.status();
+      },
+    });
+  }
+
+  private async setDraining(draining: boolean): Promise<void> {
+    if (this.draining === draining) return;
+    this.draining = draining;
+    this.logger.info({ draining }, draining ? 'draining: no new sandboxes' : 'taking sandboxes again');
+    await this.cluster?.membership.update({ draining });
+  }
+
+  /**
+   * Stops placement here, then reports, every second, what is still running, until every sandbox
+   * has ended or hibernated. With `hibernateIdle`, idle sandboxes are hibernated at once instead.
+   */
+  private async *drain(hibernateIdle: boolean, signal: AbortSignal): AsyncGenerator<DrainProgress> {
+    await this.setDraining(true);
+    for (;;) {
+      this.prune();
+      const sandboxes = [...this.owned.values()].map(({ sandbox }) => sandbox);
+      if (hibernateIdle) {
+        for (const sandbox of sandboxes) {
+          if (sandbox.state !== 'running' && sandbox.state !== 'paused') continue;
+          if (sandbox.activeCalls > 0) continue;
+          await sandbox.hibernate({ signal }).catch((error: unknown) => {
+            this.logger.debug({ sandbox: sandbox.id, err: error }, 'drain could not hibernate a sandbox');
+          });
+        }
+      }
+      const waiting = sandboxes.filter(
+        (sandbox) => sandbox.state !== 'hibernated' && sandbox.state !== 'stopped',
+      );
+      yield {
+        remaining: waiting.length,
+        hibernated: sandboxes.filter((sandbox) => sandbox.state === 'hibernated').length,
+        waitingFor: waiting.slice(0, 20).map((sandbox) => sandbox.id),
+      };
+      if (waiting.length === 0 || signal.aborted) return;
+      await new Promise((resolve) => setTimeout(resolve, 1_000));
+    }
   }
 
   private sandboxService() {
     return register(SANDBOXES, {
       Create: async ({ request }, call) =>
-        info(await this.create(call.principal.project, request, { signal: call.signal })),
+        info(
+          await this.create(call.principal.project, request, {
+            signal: call.signal,
+            quota: quotaOf(call.metadata),
+          }),
+        ),
       Describe: ({ sandboxId }, call) => Promise.resolve(info(this.sandboxOf(sandboxId, call))),
       Exec: (request, call) => this.exec(request, call),
       ExecCollected: (request, call) => {
@@ -232,6 +379,7 @@ export class NodeAgent {
       ForkInMemory: async ({ sandboxId, count, checkpointId }, call) => {
         const copies = await this.forkInMemory(call.principal.project, sandboxId, count, {
           signal: call.signal,
+          quota: quotaOf(call.metadata),
           ...(checkpointId ? { checkpoint: checkpointId } : {}),
         });
         return { sandboxes: copies.map(info) };
@@ -266,10 +414,20 @@ export class NodeAgent {
         environments: await this.platform.storeFor(call.principal.project).listEnvironments(),
       }),
       GetEnvironment: ({ ref }, call) => this.platform.storeFor(call.principal.project).getEnvironment(ref),
-      Step: ({ sandboxId, ...request }, call) =>
-        this.platform.step(this.sandboxOf(sandboxId, call), definedFields(request) as StepRequest, {
-          signal: call.signal,
-        }),
+      Step: async ({ sandboxId, ...request }, call) => {
+        const sandbox = this.sandboxOf(sandboxId, call);
+        const timer = this.metrics.stepSeconds.startTimer();
+        try {
+          const reply = await this.platform.step(sandbox, definedFields(request) as StepRequest, {
+            signal: call.signal,
+          });
+          timer({ outcome: 'ok' });
+          return reply;
+        } catch (error) {
+          timer({ outcome: 'error' });
+          throw error;
+        }
+      },
       Trajectory: async ({ sandboxId }, call) => ({
         records: [...(await (await this.stepLogOf(sandboxId, call)).records())],
       }),
@@ -283,12 +441,17 @@ export class NodeAgent {
   private async create(
     project: string,
     request: SandboxRequest,
-    options: { signal?: AbortSignal },
+    options: { signal?: AbortSignal; quota?: number | undefined },
   ): Promise<BackendSandbox> {
-    const memoryMib = sandboxRequestSchema.parse(request).resources.memoryMib;
-    const [sandbox] = await this.admitted(project, 1, memoryMib, async () => [
-      await this.platform.createSandboxFor(project, request, definedFields(options)),
-    ]);
+    const { backend, resources } = sandboxRequestSchema.parse(request);
+    const timer = this.metrics.createSeconds.startTimer({ backend });
+    const [sandbox] = await this.admitted(
+      { project, count: 1, memoryMib: resources.memoryMib, backend, quota: options.quota },
+      async () => [
+        await this.platform.createSandboxFor(project, request, definedFields({ signal: options.signal })),
+      ],
+    );
+    timer();
     return sandbox!;
   }
 
@@ -300,47 +463,88 @@ export class NodeAgent {
     project: string,
     id: string,
     count: number,
-    options: { signal?: AbortSignal; checkpoint?: SandboxCheckpoint | string },
+    options: { signal?: AbortSignal; checkpoint?: SandboxCheckpoint | string; quota?: number | undefined },
   ): Promise<BackendSandbox[]> {
     const source = this.projectSandbox(project, id);
-    return this.admitted(project, count, source.resources.memoryMib, () =>
-      this.platform.forkInMemory(source.id, count, definedFields(options)),
+    const { quota, ...forkOptions } = options;
+    return this.admitted(
+      { project, count, memoryMib: source.resources.memoryMib, backend: source.backend, quota },
+      () => this.platform.forkInMemory(source.id, count, definedFields(forkOptions)),
     );
   }
 
   /**
-   * Makes `count` sandboxes of `memoryMib` each for `project` if this node has room for them,
-   * and owns them. Their memory is charged before the slow part, so concurrent creates cannot
-   * all pass the check.
+   * Makes `count` sandboxes of `memoryMib` each for `project` if this node has room for them (and,
+   * with etcd and a `quota` from the controller, if the project's quota across the cluster has),
+   * and owns them. Their memory is charged before the slow part, so concurrent creates cannot all
+   * pass the check.
    */
   private async admitted(
-    project: string,
-    count: number,
-    memoryMib: number,
+    demand: { project: string; count: number; memoryMib: number; backend: string; quota: number | undefined },
     make: () => Promise<BackendSandbox[]>,
   ): Promise<BackendSandbox[]> {
-    if (this.closed)
-      throw new SandgymError('admission_rejected', `Node ${this.nodeId} is shutting down`, {
-        retryable: true,
-      });
-    this.prune();
-    if (this.owned.size + this.pending + count > this.maxSandboxes) {
-      throw new SandgymError(
-        'admission_rejected',
-        `Node ${this.nodeId} is full (${this.owned.size} of ${this.maxSandboxes} sandboxes${count > 1 ? `; ${count} asked for` : ''})`,
-        { retryable: true },
+    const { project, count, memoryMib, backend } = demand;
+    const refuse = (reason: Refusal, error: unknown): never => {
+      this.metrics.admissions.inc({ result: 'refused', reason });
+      this.metrics.creates.inc({ backend, outcome: 'refused' }, count);
+      throw error;
+    };
+    if (this.closed || this.draining) {
+      refuse(
+        'draining',
+        new SandgymError(
+          'admission_rejected',
+          `Node ${this.nodeId} is ${this.closed ? 'shutting down' : 'draining'}`,
+          { retryable: true },
+        ),
       );
     }
-    this.memory.check(this.nodeId, memoryMib * count);
+    this.prune();
+    if (this.owned.size + this.pending + count > this.maxSandboxes) {
+      refuse(
+        'full',
+        new SandgymError(
+          'admission_rejected',
+          `Node ${this.nodeId} is full (${this.owned.size} of ${this.maxSandboxes} sandboxes${count > 1 ? `; ${count} asked for` : ''})`,
+          { retryable: true },
+        ),
+      );
+    }
+    try {
+      this.memory.check(this.nodeId, memoryMib * count);
+    } catch (error) {
+      refuse('memory', error);
+    }
     const pendingKey = `pending-${++this.creates}`;
     this.memory.admit(pendingKey, memoryMib * count);
     this.pending += count;
     try {
-      const made = await make();
-      for (const sandbox of made) {
+      const quota = this.cluster?.quota;
+      const claims =
+        quota && demand.quota !== undefined
+          ? await quota.claim(project, count, demand.quota).catch((error: unknown) => refuse('quota', error))
+          : [];
+      this.metrics.admissions.inc({ result: 'admitted', reason: '' });
+      let made: BackendSandbox[];
+      try {
+        made = await make();
+      } catch (error) {
+        this.metrics.creates.inc({ backend, outcome: 'failed' }, count);
+        for (const claim of claims) await quota?.release(project, claim).catch(() => undefined);
+        throw error;
+      }
+      this.metrics.creates.inc({ backend, outcome: 'created' }, made.length);
+      for (const [index, sandbox] of made.entries()) {
         this.owned.set(sandbox.id, { sandbox, project });
         this.memory.admit(sandbox.id, memoryMib);
+        const claim = claims[index];
+        await (claim ? quota?.settle(project, claim, sandbox.id) : quota?.hold(project, sandbox.id))?.catch(
+          (error: unknown) =>
+            this.logger.warn({ sandbox: sandbox.id, err: error }, 'etcd did not record a sandbox'),
+        );
       }
+      for (const claim of claims.slice(made.length))
+        await quota?.release(project, claim).catch(() => undefined);
       return made;
     } finally {
       this.memory.release(pendingKey);
@@ -407,6 +611,11 @@ export class NodeAgent {
     if (!found) return;
     this.owned.delete(id);
     this.memory.release(id);
+    this.cluster?.quota
+      .release(found.project, id)
+      .catch((error: unknown) =>
+        this.logger.warn({ sandbox: id, err: error }, 'etcd still counts a gone sandbox'),
+      );
   }
 
   /** Stops serving and destroys every sandbox it runs. */
@@ -414,9 +623,14 @@ export class NodeAgent {
     if (this.closed) return;
     this.closed = true;
     clearInterval(this.measuring);
+    // leave first, so controllers stop placing here before the listener goes
+    await this.cluster?.runs.close();
+    await this.cluster?.membership.leave();
     await this.server?.close();
+    await this.metricsServer?.close();
     for (const served of this.served) await served.close().catch(() => undefined);
     this.owned.clear();
+    this.cluster?.etcd.close();
     await this.platform.close();
   }
 }

@@ -6,7 +6,23 @@ import type { Authenticate, Principal } from './principal.ts';
 /** The metadata key a trusted caller (a controller) uses to say which project it acts for. */
 export const PROJECT_KEY = 'sandgym-project';
 
+/**
+ * The metadata key a controller uses to pass the project's quota to a node, which enforces it
+ * with an etcd transaction when the cluster keeps its state in etcd.
+ */
+export const QUOTA_KEY = 'sandgym-quota';
+
 const PROJECT_NAME = /^[a-z0-9][a-z0-9_-]{0,63}$/;
+
+/** The quota a trusted caller passed with a call, if any; anything but a count is refused. */
+export function quotaOf(metadata: Metadata): number | undefined {
+  const value = metadata.get(QUOTA_KEY)[0];
+  if (value === undefined) return undefined;
+  if (typeof value !== 'string' || !/^\d{1,9}$/.test(value)) {
+    throw new SandgymError('invalid_argument', `${QUOTA_KEY} must be a whole number of sandboxes`);
+  }
+  return Number(value);
+}
 
 /** The least a node token may be: it gives its holder every project's sandboxes on the node. */
 const MIN_TOKEN_CHARS = 32;

@@ -1,16 +1,11 @@
-import {
-  Client,
-  Metadata,
-  credentials,
-  type CallOptions as GrpcCallOptions,
-  type ServiceError,
-} from '@grpc/grpc-js';
+import { Client, Metadata, type CallOptions as GrpcCallOptions, type ServiceError } from '@grpc/grpc-js';
 import { SandgymError, type SandgymErrorCode } from '../../common/index.ts';
 import type { CallOptions } from '../../backends/index.ts';
 import { decodeMessage, encodeMessage } from './decode.ts';
 import { TRANSPORT_MAX_BYTES } from './server.ts';
 import { methodPath, type MethodDef, type ResponseOf, type ServiceDef } from './service.ts';
 import { fromStatus } from './status.ts';
+import { channelCredentials, type TlsFiles } from './tls.ts';
 
 /** Options for {@link WireClient}. */
 export interface WireClientOptions {
@@ -20,6 +15,8 @@ export interface WireClientOptions {
   metadata?: Record<string, string>;
   /** What UNAVAILABLE means to this caller: `node_lost` when talking to a node agent. */
   unreachable?: SandgymErrorCode;
+  /** TLS to the server (and this client's certificate, for mutual TLS); plaintext without. */
+  tls?: TlsFiles;
 }
 
 /** Call options, plus metadata for this call only. */
@@ -50,7 +47,7 @@ export class WireClient<S extends ServiceDef> {
     private readonly service: S,
     private readonly options: WireClientOptions = {},
   ) {
-    this.client = new Client(address, credentials.createInsecure(), {
+    this.client = new Client(address, channelCredentials(options.tls), {
       'grpc.max_receive_message_length': TRANSPORT_MAX_BYTES,
       'grpc.max_send_message_length': TRANSPORT_MAX_BYTES,
       // a restarted peer is back within seconds: do not back off for minutes

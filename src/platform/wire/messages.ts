@@ -321,5 +321,20 @@ export const nodeStatus = z.object({
   memoryCapacityMib: count,
   /** Live sandboxes per project, for quotas. */
   projects: z.record(z.string(), count),
+  /** Draining: it takes no new sandboxes and waits for its own to end or hibernate. */
+  draining: z.boolean().default(false),
 });
+
+/** Drain a node: optionally hibernate its idle sandboxes now rather than wait for them. */
+export const drainRequest = z.object({ hibernateIdle: z.boolean().default(false) });
+
+/** Progress of a drain, streamed until nothing on the node is left running. */
+export const drainProgress = z.object({
+  /** Sandboxes still running or paused: what the drain waits for. */
+  remaining: count,
+  hibernated: count,
+  /** Ids of the sandboxes still running, at most 20. */
+  waitingFor: z.array(z.string()),
+});
+export type DrainProgress = z.infer<typeof drainProgress>;
 export type NodeStatus = z.infer<typeof nodeStatus>;

@@ -1,6 +1,5 @@
 import {
   Server,
-  ServerCredentials,
   type Metadata,
   type ServerUnaryCall,
   type ServerWritableStream,
@@ -20,6 +19,7 @@ import {
 import { toStatus } from './status.ts';
 import { callGuard } from './call-guard.ts';
 import type { Authenticate, Principal } from './principal.ts';
+import { serverCredentials, type TlsFiles } from './tls.ts';
 
 export type { Authenticate, Principal };
 
@@ -67,7 +67,7 @@ export class WireServer {
   static async listen(
     address: string,
     registrations: Registration[],
-    options: { authenticate: Authenticate; logger: Logger },
+    options: { authenticate: Authenticate; logger: Logger; tls?: TlsFiles },
   ): Promise<WireServer> {
     const caps = new Map<string, number>();
     for (const { service } of registrations)
@@ -137,7 +137,7 @@ export class WireServer {
       server.addService(definition, implementation);
     }
     const port = await new Promise<number>((resolve, reject) =>
-      server.bindAsync(address, ServerCredentials.createInsecure(), (error, bound) =>
+      server.bindAsync(address, serverCredentials(options.tls), (error, bound) =>
         error
           ? reject(new SandgymError('platform_error', `Cannot listen on ${address}: ${error.message}`))
           : resolve(bound),

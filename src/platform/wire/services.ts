@@ -142,6 +142,12 @@ export const NODE = {
   name: 'sandgym.v1.Node',
   methods: {
     Status: unary({ request: m.empty, response: m.nodeStatus, summary: 'load, capacity and health' }),
+    Drain: serverStream({
+      request: m.drainRequest,
+      response: m.drainProgress,
+      summary: 'stop placement here; stream progress until no sandbox is left running',
+    }),
+    Undrain: unary({ request: m.empty, response: m.nodeStatus, summary: 'take new sandboxes again' }),
   },
 } satisfies ServiceDef;
 
