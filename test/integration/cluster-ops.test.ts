@@ -3,9 +3,9 @@ import { readFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { nodeOfSandboxId, silentLogger } from '../../src/common/index.ts';
+import type { NodeAgent } from '../../src/platform/index.ts';
 import {
   Controller,
-  NodeAgent,
   Platform,
   readTlsFiles,
   type ControllerOptions,
@@ -14,7 +14,8 @@ import {
   type TlsFiles,
 } from '../../src/platform/index.ts';
 import { expectCode } from '../support/errors.ts';
-import { createTestPlatform, TEST_DATA_ROOT } from '../support/platform.ts';
+import { startTestNode } from '../support/in-process-cluster.ts';
+import { TEST_DATA_ROOT } from '../support/platform.ts';
 import { waitUntil } from '../support/ports.ts';
 import { startPrometheus } from '../support/prometheus.ts';
 import { PYTHON } from '../../benchmarks/python-client.ts';
@@ -34,17 +35,8 @@ describe('cluster operations', () => {
     cleanup.length = 0;
   });
 
-  async function node(name: string, options: Partial<NodeAgentOptions> = {}): Promise<NodeAgent> {
-    const test = await createTestPlatform(`ops-${name}`, { nodeId: name });
-    cleanup.push(async () => test[Symbol.asyncDispose]());
-    const agent = await NodeAgent.start(test.platform, {
-      listen: '127.0.0.1:0',
-      token: NODE_TOKEN,
-      logger: silentLogger(),
-      ...options,
-    });
-    cleanup.push(() => agent.close());
-    return agent;
+  function node(name: string, options: Partial<NodeAgentOptions> = {}): Promise<NodeAgent> {
+    return startTestNode(cleanup, name, { token: NODE_TOKEN, ...options });
   }
 
   async function controller(
@@ -235,6 +227,46 @@ describe('cluster operations', () => {
       'histogram_quantile(0.5, sum by (le) (sandgym_controller_create_seconds_bucket{outcome="created"}))',
       (v) => v > 0,
     );
+  });
+
+  it('refuses cluster command lines that cannot work, naming what to change', () => {
+    const sandgym = (...args: string[]) =>
+      spawnSync('node', [CLI, ...args], {
+        env: { ...process.env, SANDGYM_NODE_TOKEN: NODE_TOKEN },
+        encoding: 'utf8',
+      });
+    const both = sandgym(
+      'controller',
+      '--listen',
+      '127.0.0.1:0',
+      '--nodes',
+      '127.0.0.1:1',
+      '--etcd',
+      'http://127.0.0.1:2',
+      '--grants',
+      'g.json',
+    );
+    expect(both.status).toBe(2);
+    expect(both.stderr).toMatch(/either --nodes .* or --etcd/);
+    const halfTls = sandgym(
+      'controller',
+      '--listen',
+      '127.0.0.1:0',
+      '--nodes',
+      '127.0.0.1:1',
+      '--grants',
+      'g.json',
+      '--tls-ca',
+      'ca.pem',
+    );
+    expect(halfTls.status).toBe(2);
+    expect(halfTls.stderr).toMatch(/--tls-ca, --tls-cert and --tls-key together/);
+    const wildcard = sandgym('node', '--listen', '0.0.0.0:0', '--etcd', 'http://127.0.0.1:2');
+    expect(wildcard.status).toBe(2);
+    expect(wildcard.stderr).toMatch(/give --advertise HOST:PORT/);
+    const badEtcd = sandgym('node', '--listen', '127.0.0.1:0', '--etcd', '127.0.0.1:2379');
+    expect(badEtcd.status).toBe(2);
+    expect(badEtcd.stderr).toMatch(/etcd endpoints must be URLs like http:\/\/10\.0\.0\.5:2379/);
   });
 
   it('drains a node: no new placements, and done once its sandboxes ended or hibernated', async () => {

@@ -1,15 +1,15 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { nodeOfSandboxId, silentLogger } from '../../src/common/index.ts';
+import type { NodeAgent } from '../../src/platform/index.ts';
 import {
   Controller,
-  NodeAgent,
   Platform,
   type ControllerOptions,
   type PlatformClient,
   type Sandbox,
 } from '../../src/platform/index.ts';
 import { expectCode } from '../support/errors.ts';
-import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
+import { startTestNode } from '../support/in-process-cluster.ts';
 
 const NODE_TOKEN = 'controller-test-node-token-3f9a1c7e5b2d4086';
 const SMALL = { environment: 'busybox:latest', resources: { memoryMib: 64 } };
@@ -22,18 +22,8 @@ describe('controller admission', () => {
     cleanup.length = 0;
   });
 
-  async function node(name: string, maxSandboxes: number, memoryCapacityMib = 4096): Promise<NodeAgent> {
-    const test: TestPlatform = await createTestPlatform(`ctl-${name}`, { nodeId: name });
-    cleanup.push(async () => test[Symbol.asyncDispose]());
-    const agent = await NodeAgent.start(test.platform, {
-      listen: '127.0.0.1:0',
-      token: NODE_TOKEN,
-      logger: silentLogger(),
-      maxSandboxes,
-      memoryCapacityMib,
-    });
-    cleanup.push(() => agent.close());
-    return agent;
+  function node(name: string, maxSandboxes: number, memoryCapacityMib = 4096): Promise<NodeAgent> {
+    return startTestNode(cleanup, name, { token: NODE_TOKEN, maxSandboxes, memoryCapacityMib });
   }
 
   async function controller(

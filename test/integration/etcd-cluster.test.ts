@@ -1,16 +1,20 @@
-import { join } from 'node:path';
+import { spawnSync } from 'node:child_process';
+import { rm } from 'node:fs/promises';
+import { join, resolve } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { isSandgymError, nodeOfSandboxId, silentLogger } from '../../src/common/index.ts';
+import type { NodeAgent } from '../../src/platform/index.ts';
 import {
   Controller,
-  NodeAgent,
   Platform,
+  readTlsFiles,
   type PlatformClient,
   type Sandbox,
 } from '../../src/platform/index.ts';
 import { startEtcdCluster, type EtcdCluster } from '../support/etcd.ts';
 import { expectCode } from '../support/errors.ts';
-import { createTestPlatform, TEST_DATA_ROOT } from '../support/platform.ts';
+import { startTestNode } from '../support/in-process-cluster.ts';
+import { TEST_DATA_ROOT } from '../support/platform.ts';
 import { waitUntil } from '../support/ports.ts';
 
 const NODE_TOKEN = 'etcd-test-node-token-8c1e5a7f3b9d2046';
@@ -33,18 +37,12 @@ describe('a cluster on a real three-member etcd', () => {
     cleanup.length = 0;
   });
 
-  async function node(name: string, endpoints: string[], maxSandboxes = 20): Promise<NodeAgent> {
-    const test = await createTestPlatform(`etcd-${name}`, { nodeId: name });
-    cleanup.push(async () => test[Symbol.asyncDispose]());
-    const agent = await NodeAgent.start(test.platform, {
-      listen: '127.0.0.1:0',
+  function node(name: string, endpoints: string[], maxSandboxes = 20): Promise<NodeAgent> {
+    return startTestNode(cleanup, name, {
       token: NODE_TOKEN,
-      logger: silentLogger(),
       maxSandboxes,
       etcd: { endpoints, leaseTtlSeconds: 2 },
     });
-    cleanup.push(() => agent.close());
-    return agent;
   }
 
   async function controller(): Promise<Controller> {
@@ -172,5 +170,48 @@ describe('a cluster on a real three-member etcd', () => {
     );
     expect(again.filter((o) => o.status === 'fulfilled')).toHaveLength(2);
     await expectCode(clients[0]!.createSandbox(SMALL), 'resource_exhausted', /6 of its 6/);
+  });
+
+  it('speaks mutual TLS to an https etcd, and cannot join it without a certificate of its CA', async () => {
+    const dir = join(TEST_DATA_ROOT, `etcd-tls-${process.pid}`);
+    const made = spawnSync('node', [resolve('dist/src/cli/main.js'), 'certs', '--out', join(dir, 'certs')], {
+      encoding: 'utf8',
+    });
+    expect(made.status, made.stderr).toBe(0);
+    const files = JSON.parse(made.stdout) as Record<'ca' | 'server' | 'serverKey', string>;
+    cleanup.push(() => rm(dir, { recursive: true, force: true }));
+    const secure = await startEtcdCluster(join(dir, 'etcd'), 1, {
+      ca: files.ca,
+      cert: files.server,
+      key: files.serverKey,
+    });
+    cleanup.push(async () => secure[Symbol.asyncDispose]());
+    const tls = await readTlsFiles({ ca: files.ca, cert: files.server, key: files.serverKey });
+    await startTestNode(cleanup, 'tlsnode', {
+      token: NODE_TOKEN,
+      etcd: { endpoints: secure.endpoints, tls },
+    });
+    const replica = await Controller.start({
+      listen: '127.0.0.1:0',
+      etcd: { endpoints: secure.endpoints, tls },
+      nodeToken: NODE_TOKEN,
+      grants: GRANTS,
+      logger: silentLogger(),
+      pollMs: 200,
+    });
+    cleanup.push(() => replica.close());
+    const client = await connect(replica, 'token-a');
+    expect(nodeOfSandboxId((await client.createSandbox(SMALL)).id)).toBe('tlsnode');
+
+    // without a client certificate the controller cannot reach that etcd, and says where it failed
+    await expect(
+      Controller.start({
+        listen: '127.0.0.1:0',
+        etcd: { endpoints: secure.endpoints, tls: { ca: tls.ca } },
+        nodeToken: NODE_TOKEN,
+        grants: GRANTS,
+        logger: silentLogger(),
+      }),
+    ).rejects.toThrow(/etcd at https:\/\/127\.0\.0\.1:\d+ does not answer/);
   });
 });

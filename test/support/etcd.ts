@@ -1,7 +1,10 @@
-import { spawn, type ChildProcess } from 'node:child_process';
+import { execFile, spawn, type ChildProcess } from 'node:child_process';
+import { promisify } from 'node:util';
 import { mkdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { freePort, waitUntil } from './ports.ts';
+
+const run = promisify(execFile);
 
 /** One member of a test etcd cluster. */
 export interface EtcdMember {
@@ -18,8 +21,27 @@ export interface EtcdCluster extends AsyncDisposable {
   endpoints: string[];
 }
 
-/** Starts `size` etcd members on loopback ports as one cluster and waits until it has a leader. */
-export async function startEtcdCluster(dir: string, size = 3): Promise<EtcdCluster> {
+/** PEM files for an etcd that serves clients over TLS and requires their certificates. */
+export interface EtcdTlsFiles {
+  ca: string;
+  cert: string;
+  key: string;
+}
+
+/**
+ * Starts `size` etcd members on loopback ports as one cluster and waits until it has a leader.
+ * With `tls`, clients must speak https and show a certificate the CA signed.
+ */
+export async function startEtcdCluster(dir: string, size = 3, tls?: EtcdTlsFiles): Promise<EtcdCluster> {
+  const scheme = tls ? 'https' : 'http';
+  const tlsArgs = tls
+    ? [
+        `--cert-file=${tls.cert}`,
+        `--key-file=${tls.key}`,
+        `--trusted-ca-file=${tls.ca}`,
+        '--client-cert-auth',
+      ]
+    : [];
   await mkdir(dir, { recursive: true });
   const ports: { client: number; peer: number }[] = [];
   for (let i = 0; i < size; i++) ports.push({ client: await freePort(), peer: await freePort() });
@@ -33,8 +55,9 @@ export async function startEtcdCluster(dir: string, size = 3): Promise<EtcdClust
       [
         `--name=${name}`,
         `--data-dir=${join(dir, name)}`,
-        `--listen-client-urls=http://127.0.0.1:${client}`,
-        `--advertise-client-urls=http://127.0.0.1:${client}`,
+        `--listen-client-urls=${scheme}://127.0.0.1:${client}`,
+        `--advertise-client-urls=${scheme}://127.0.0.1:${client}`,
+        ...tlsArgs,
         `--listen-peer-urls=http://127.0.0.1:${peer}`,
         `--initial-advertise-peer-urls=http://127.0.0.1:${peer}`,
         `--initial-cluster=${initialCluster}`,
@@ -48,7 +71,7 @@ export async function startEtcdCluster(dir: string, size = 3): Promise<EtcdClust
     children.push(child);
     return {
       name,
-      endpoint: `http://127.0.0.1:${client}`,
+      endpoint: `${scheme}://127.0.0.1:${client}`,
       kill: () => stop(child),
     };
   });
@@ -64,10 +87,7 @@ export async function startEtcdCluster(dir: string, size = 3): Promise<EtcdClust
     for (const member of members) {
       await waitUntil(
         async () => {
-          const health = await fetch(`${member.endpoint}/health`).then(
-            (r) => r.json() as Promise<{ health?: string }>,
-          );
-          return health.health === 'true';
+          return (await etcdHealth(member.endpoint, tls)) === 'true';
         },
         `etcd member ${member.name} becoming healthy`,
         30_000,
@@ -78,6 +98,23 @@ export async function startEtcdCluster(dir: string, size = 3): Promise<EtcdClust
     throw error;
   }
   return cluster;
+}
+
+/** A member's /health answer, through etcdctl when it wants a client certificate. */
+async function etcdHealth(endpoint: string, tls: EtcdTlsFiles | undefined): Promise<string | undefined> {
+  if (!tls) {
+    const body = (await (await fetch(`${endpoint}/health`)).json()) as { health?: string };
+    return body.health;
+  }
+  const { stdout, stderr } = await run('etcdctl', [
+    `--endpoints=${endpoint}`,
+    `--cacert=${tls.ca}`,
+    `--cert=${tls.cert}`,
+    `--key=${tls.key}`,
+    'endpoint',
+    'health',
+  ]).catch(() => ({ stdout: '', stderr: '' }));
+  return `${stdout}${stderr}`.includes('is healthy') ? 'true' : undefined;
 }
 
 function stop(child: ChildProcess): Promise<void> {

@@ -6,8 +6,10 @@ import {
   NodeAgent,
   Platform,
   type LocalPlatform,
+  type NodeAgentOptions,
   type ProjectGrant,
 } from '../../src/platform/index.ts';
+import { createTestPlatform } from './platform.ts';
 
 /** The node token of in-process test clusters: long and random enough for a node to accept it. */
 export const IN_PROCESS_NODE_TOKEN = 'in-process-node-token-6e8a0c2f4b1d3957';
@@ -74,4 +76,24 @@ export async function startInProcessCluster(options: {
       }
     },
   };
+}
+
+/**
+ * A node agent on a fresh test platform whose sandbox ids carry `name`, listening on a loopback
+ * port of its own; its close and the platform's disposal are pushed onto `cleanup`.
+ */
+export async function startTestNode(
+  cleanup: (() => Promise<unknown>)[],
+  name: string,
+  options: Partial<NodeAgentOptions> & { token: string },
+): Promise<NodeAgent> {
+  const test = await createTestPlatform(`node-${name}`, { nodeId: name });
+  cleanup.push(async () => test[Symbol.asyncDispose]());
+  const agent = await NodeAgent.start(test.platform, {
+    listen: '127.0.0.1:0',
+    logger: silentLogger(),
+    ...options,
+  });
+  cleanup.push(() => agent.close());
+  return agent;
 }

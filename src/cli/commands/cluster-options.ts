@@ -1,5 +1,5 @@
 import { readFile } from 'node:fs/promises';
-import { readTlsFiles, type EtcdOptions, type TlsFiles } from '../../platform/index.ts';
+import { checkEtcdEndpoints, readTlsFiles, type EtcdOptions, type TlsFiles } from '../../platform/index.ts';
 import { text, type ParsedCommandArgs } from '../args.ts';
 import { UsageError } from '../exit-codes.ts';
 
@@ -52,6 +52,7 @@ export async function clientTls(): Promise<TlsFiles | undefined> {
 export function etcdOption(parsed: ParsedCommandArgs, tls: TlsFiles | undefined): EtcdOptions | undefined {
   const endpoints = (text(parsed, 'etcd') ?? '').split(',').filter(Boolean);
   if (endpoints.length === 0) return undefined;
+  checkEtcdEndpoints(endpoints);
   return { endpoints, ...(tls ? { tls } : {}) };
 }
 

@@ -125,6 +125,11 @@ export async function nodeCommand(args: string[]): Promise<number> {
   const advertise = text(parsed, 'advertise');
   if (!etcd && (leaseTtlMs || advertise))
     throw new UsageError('sandgym node: --advertise and --lease-ttl are for joining through --etcd');
+  if (etcd && !advertise && /^(0\.0\.0\.0|\[::\]|):/.test(listen)) {
+    throw new UsageError(
+      'sandgym node: it listens on every address; give --advertise HOST:PORT, the address controllers dial',
+    );
+  }
   const metricsListen = text(parsed, 'metrics-listen');
   const storeDir = text(parsed, 'store');
   const trajectoryRetentionMs = durationMs('trajectory-retention', text(parsed, 'trajectory-retention'));

@@ -1,12 +1,12 @@
 import { SandgymError, isSandgymError, nodeOfSandboxId, type Logger } from '../../common/index.ts';
 import { FairQueue } from './fair-queue.ts';
 import { NodeWatcher } from './node-watcher.ts';
+import { runService } from './run-service.ts';
 import { Placer, type Demand } from './placement.ts';
 import { sandboxRequestSchema } from '../sandbox-request.ts';
 import {
   PROJECT_KEY,
   QUOTA_KEY,
-  RUNS,
   SANDBOXES,
   WireServer,
   register,
@@ -14,10 +14,8 @@ import {
   type CallContext,
   type SandboxInfo,
   type TlsFiles,
-  type WireCallOptions,
   type WireClient,
 } from '../wire/index.ts';
-import type { RunStatus as RunStatusMessage } from '../runs.ts';
 import { connectEtcd, type EtcdClient, type EtcdOptions } from '../etcd/etcd-connection.ts';
 import { watchMembership } from '../etcd/node-membership.ts';
 import { RunLedger } from '../etcd/shared-runs.ts';
@@ -149,7 +147,7 @@ export class Controller {
     );
     controller.server = await WireServer.listen(
       options.listen,
-      [controller.service(), controller.runService()],
+      [controller.service(), runService(controller.watcher, controller.etcd?.runs)],
       {
         authenticate: tokenAuthenticator(projects),
         logger,
@@ -259,68 +257,6 @@ export class Controller {
           removedLayers: reports.flatMap((r) => r.removedLayers),
           freedBytes: reports.reduce((sum, r) => sum + r.freedBytes, 0),
         };
-      },
-    });
-  }
-
-  /**
-   * Runs live on the nodes: each run call goes to every reachable node. A node that does not
-   * know the run has none of its sandboxes; a run no node knows is `not_found`. With etcd, the
-   * run and its lease are also written there, in transactions, so a node that missed a call (or
-   * joined later) catches up from etcd, and a lease lapses when etcd says so, for every node.
-   */
-  private runService() {
-    const everywhere = async <T>(
-      call: CallContext,
-      work: (node: WireClient<typeof RUNS>, options: WireCallOptions) => Promise<T>,
-    ): Promise<T[]> => {
-      const options = { signal: call.signal, metadata: { [PROJECT_KEY]: call.principal.project } };
-      const answers = await Promise.all(
-        this.watcher.reachableRunClients().map((node) =>
-          work(node, options).catch((error: unknown) => {
-            if (isSandgymError(error, 'not_found')) return undefined;
-            throw error;
-          }),
-        ),
-      );
-      const known = answers.filter((answer): answer is Awaited<T> => answer !== undefined);
-      if (known.length === 0)
-        throw new SandgymError('not_found', 'No node knows this run: start it with platform.startRun()');
-      return known;
-    };
-    const status = (answers: RunStatusMessage[]): RunStatusMessage => ({
-      name: answers[0]!.name,
-      phase: answers[0]!.phase,
-      lapsed: answers.some((a) => a.lapsed),
-      sandboxes: answers.reduce((sum, a) => sum + a.sandboxes, 0),
-    });
-    const shared = this.etcd?.runs;
-    return register(RUNS, {
-      StartRun: async (request, call) => {
-        await shared?.start(call.principal.project, request);
-        return status(await everywhere(call, (node, o) => node.call('StartRun', request, o)));
-      },
-      RenewLease: async (request, call) => {
-        await shared?.renew(call.principal.project, request.name);
-        return status(await everywhere(call, (node, o) => node.call('RenewLease', request, o)));
-      },
-      SetPhase: async (request, call) => {
-        const reports = await everywhere(call, (node, o) => node.call('SetPhase', request, o));
-        // after the nodes: one that missed the call applies the phase when etcd shows it
-        await shared?.setPhase(call.principal.project, request.name, request.phase);
-        return {
-          phase: request.phase,
-          paused: reports.flatMap((r) => r.paused),
-          hibernated: reports.flatMap((r) => r.hibernated),
-          resumed: reports.flatMap((r) => r.resumed),
-          busy: reports.flatMap((r) => r.busy),
-          freedBytes: reports.reduce((sum, r) => sum + r.freedBytes, 0),
-        };
-      },
-      EndRun: async (request, call) => {
-        const reports = await everywhere(call, (node, o) => node.call('EndRun', request, o));
-        await shared?.end(call.principal.project, request.name);
-        return { destroyed: reports.flatMap((r) => r.destroyed) };
       },
     });
   }

@@ -16,20 +16,28 @@ export type EtcdClient = Etcd3;
 /** Every key sandgym writes lives under this prefix, so one etcd can serve other users too. */
 export const ETCD_PREFIX = '/sandgym/';
 
+/** How long one etcd call may take before it fails. */
+const CALL_TIMEOUT_MS = 5_000;
+
 const ENDPOINT = /^https?:\/\/[^/\s]+:\d{1,5}\/?$/;
+
+/** Refuses endpoints etcd clients cannot dial, naming the first bad one. */
+export function checkEtcdEndpoints(endpoints: string[]): void {
+  const bad = endpoints.find((endpoint) => !ENDPOINT.test(endpoint));
+  if (endpoints.length === 0 || bad !== undefined) {
+    throw new SandgymError(
+      'invalid_argument',
+      `etcd endpoints must be URLs like http://10.0.0.5:2379 (https:// with TLS); got "${bad ?? ''}"`,
+    );
+  }
+}
 
 /**
  * Connects to etcd and proves it answers, so a wrong endpoint fails at start-up with a message
  * naming it rather than at the first placement.
  */
 export async function connectEtcd(options: EtcdOptions, timeoutMs = 10_000): Promise<Etcd3> {
-  const bad = options.endpoints.find((endpoint) => !ENDPOINT.test(endpoint));
-  if (options.endpoints.length === 0 || bad !== undefined) {
-    throw new SandgymError(
-      'invalid_argument',
-      `etcd endpoints must be URLs like http://10.0.0.5:2379 (https:// with TLS); got "${bad ?? ''}"`,
-    );
-  }
+  checkEtcdEndpoints(options.endpoints);
   const secure = options.endpoints.some((endpoint) => endpoint.startsWith('https://'));
   if (secure && !options.tls) {
     throw new SandgymError(
@@ -40,6 +48,9 @@ export async function connectEtcd(options: EtcdOptions, timeoutMs = 10_000): Pro
   const settings: IOptions = {
     hosts: options.endpoints,
     dialTimeout: timeoutMs,
+    // a call to an etcd that stopped answering fails rather than holding a create forever;
+    // watches and keepalives are streams and reconnect by themselves
+    defaultCallOptions: (context) => (context.isStream ? {} : { deadline: Date.now() + CALL_TIMEOUT_MS }),
     ...(secure && options.tls
       ? {
           credentials: {

@@ -1,6 +1,6 @@
 import type { Etcd3, Lease, Watcher } from 'etcd3';
 import { z } from 'zod';
-import type { Logger } from '../../common/index.ts';
+import { SandgymError, type Logger } from '../../common/index.ts';
 import { BACKEND_NAMES } from '../../backends/index.ts';
 import { ETCD_PREFIX } from './etcd-connection.ts';
 
@@ -31,7 +31,6 @@ export class NodeMembership {
   private leaseId: string | undefined;
   private readonly held = new Map<string, string>();
   private closed = false;
-  private rejoining: Promise<void> | undefined;
 
   private constructor(
     private readonly etcd: Etcd3,
@@ -51,11 +50,17 @@ export class NodeMembership {
     return membership;
   }
 
-  /** The lease keys of this node hang off, for transactions that write them. */
-  async currentLease(): Promise<string> {
-    await this.rejoining;
-    if (!this.leaseId) await this.grant();
-    return this.leaseId!;
+  /**
+   * The lease keys of this node hang off, for transactions that write them. Between losing a
+   * lease and rejoining there is none, and callers fail at once rather than wait for etcd.
+   */
+  currentLease(): Promise<string> {
+    if (this.leaseId) return Promise.resolve(this.leaseId);
+    return Promise.reject(
+      new SandgymError('admission_rejected', 'This node has lost etcd and is rejoining; place elsewhere', {
+        retryable: true,
+      }),
+    );
   }
 
   /** Writes a key that lives as long as this node's membership, and again after a rejoin. */
@@ -95,7 +100,7 @@ export class NodeMembership {
       this.logger.warn({ err: error }, 'etcd lease lost: placement skips this node until it rejoins');
       this.lease = undefined;
       this.leaseId = undefined;
-      this.rejoining = this.rejoin();
+      void this.rejoin();
     });
     this.leaseId = await lease.grant();
     this.lease = lease;

@@ -29,6 +29,20 @@ export class ProjectQuotaLedger {
    * be {@link settle}d into the sandboxes made or {@link release}d if none are.
    */
   async claim(project: string, count: number, max: number): Promise<string[]> {
+    try {
+      return await this.tryClaim(project, count, max);
+    } catch (error) {
+      if (error instanceof SandgymError) throw error;
+      // etcd did not answer: another node (or this one, later) may do better
+      throw new SandgymError(
+        'admission_rejected',
+        `The node could not reach etcd to claim project ${project}'s quota: ${error instanceof Error ? error.message : String(error)}`,
+        { retryable: true, cause: error },
+      );
+    }
+  }
+
+  private async tryClaim(project: string, count: number, max: number): Promise<string[]> {
     const keys = Array.from({ length: count }, () => `${heldPrefix(project)}claim-${randomUUID()}`);
     for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
       // the guard first, then the count: a claim that lands after the guard read moves the guard

@@ -25,10 +25,8 @@ import {
   type SandboxInfo,
 } from '../wire/index.ts';
 import { NodeProjectClient } from './node-project-client.ts';
-import { connectEtcd, type EtcdClient, type EtcdOptions } from '../etcd/etcd-connection.ts';
-import { NodeMembership } from '../etcd/node-membership.ts';
-import { ProjectQuotaLedger } from '../etcd/project-quota.ts';
-import { followSharedRuns } from '../etcd/shared-runs.ts';
+import { drainProgress } from './drain.ts';
+import { NodeClusterLink, type NodeEtcdOptions } from '../etcd/node-cluster-link.ts';
 import { NodeMetrics } from '../metrics/node-metrics.ts';
 import { serveMetrics, type MetricsServer } from '../metrics/metrics-server.ts';
 
@@ -56,22 +54,6 @@ export interface NodeAgentOptions {
   etcd?: NodeEtcdOptions;
   /** host:port to serve Prometheus metrics on, at /metrics. */
   metricsListen?: string;
-}
-
-/** How a node agent joins a cluster that keeps its state in etcd. */
-export interface NodeEtcdOptions extends EtcdOptions {
-  /** host:port controllers dial. Default: 127.0.0.1 and the port it listens on. */
-  advertise?: string;
-  /** Seconds without a keepalive before etcd drops the node from placement. Default 10. */
-  leaseTtlSeconds?: number;
-}
-
-/** The node's link to etcd, when it has one. */
-interface ClusterLink {
-  etcd: EtcdClient;
-  membership: NodeMembership;
-  quota: ProjectQuotaLedger;
-  runs: { close(): Promise<void> };
 }
 
 /** Why admission said no, as the metrics label it. */
@@ -105,7 +87,7 @@ export class NodeAgent {
   private readonly measuring: NodeJS.Timeout;
   private readonly served: ServedService[] = [];
   private draining = false;
-  private cluster: ClusterLink | undefined;
+  private cluster: NodeClusterLink | undefined;
   private metricsServer: MetricsServer | undefined;
   readonly metrics: NodeMetrics;
 
@@ -191,7 +173,7 @@ export class NodeAgent {
     try {
       if (options.metricsListen)
         agent.metricsServer = await serveMetrics(options.metricsListen, agent.metrics.registry, agent.logger);
-      if (options.etcd) agent.cluster = await agent.joinCluster(options.etcd);
+      if (options.etcd) agent.cluster = await agent.joinCluster(options.etcd, options.listen);
     } catch (error) {
       await agent.close();
       throw error;
@@ -200,35 +182,24 @@ export class NodeAgent {
   }
 
   /** Registers in etcd and counts the sandboxes it adopted against their projects' quotas. */
-  private async joinCluster(options: NodeEtcdOptions): Promise<ClusterLink> {
-    const etcd = await connectEtcd(options);
-    try {
-      const status = this.status();
-      const membership = await NodeMembership.join(
-        etcd,
-        {
-          nodeId: this.nodeId,
-          address: options.advertise ?? `127.0.0.1:${this.port}`,
-          backends: status.backends,
-          capacity: status.capacity,
-          memoryCapacityMib: status.memoryCapacityMib,
-          draining: this.draining,
-        },
-        options.leaseTtlSeconds ?? 10,
-        this.logger,
-      );
-      const quota = new ProjectQuotaLedger(etcd, membership);
-      for (const [id, { project }] of this.owned) await quota.hold(project, id);
-      const runs = await followSharedRuns(etcd, this.platform.runManager, this.logger);
-      this.logger.info({ endpoints: options.endpoints }, 'joined the cluster through etcd');
-      return { etcd, membership, quota, runs };
-    } catch (error) {
-      etcd.close();
-      throw error;
-    }
+  private joinCluster(options: NodeEtcdOptions, listen: string): Promise<NodeClusterLink> {
+    const status = this.status();
+    return NodeClusterLink.join(
+      options,
+      {
+        nodeId: this.nodeId,
+        address: options.advertise ?? `${advertisedHost(listen)}:${this.port}`,
+        backends: status.backends,
+        capacity: status.capacity,
+        memoryCapacityMib: status.memoryCapacityMib,
+        draining: this.draining,
+      },
+      [...this.owned].map(([id, { project }]) => ({ id, project })),
+      this.platform.runManager,
+      this.logger,
+    );
   }
 
-  /** The port it listens on (useful with port 0). */
   /** The port /metrics is served on (with `metricsListen`). */
   get metricsPort(): number {
     if (!this.metricsServer)
@@ -239,6 +210,7 @@ export class NodeAgent {
     return this.metricsServer.port;
   }
 
+  /** The port it listens on (useful with port 0). */
   get port(): number {
     if (!this.server) throw new SandgymError('failed_precondition', 'The node agent is not listening');
     return this.server.port;
@@ -246,7 +218,7 @@ export class NodeAgent {
 
   /** Drops sandboxes that are gone without a Destroy call (a run's cleanup, a lease expiry). */
   private prune(): void {
-    for (const [id, { sandbox }] of this.owned) if (sandbox.state === 'stopped') this.forget(id);
+    for (const [id, { sandbox }] of this.owned) if (sandbox.state === 'stopped') void this.forget(id);
   }
 
   /** What controllers' watchers see. */
@@ -275,7 +247,7 @@ export class NodeAgent {
       SetPhase: ({ name, phase }, call) => runs.setPhase(call.principal.project, name, phase),
       EndRun: async ({ name }, call) => {
         const report = await runs.end(call.principal.project, name);
-        for (const id of report.destroyed) this.forget(id);
+        await Promise.all(report.destroyed.map((id) => this.forget(id)));
         return report;
       },
     });
@@ -296,38 +268,19 @@ export class NodeAgent {
     if (this.draining === draining) return;
     this.draining = draining;
     this.logger.info({ draining }, draining ? 'draining: no new sandboxes' : 'taking sandboxes again');
-    await this.cluster?.membership.update({ draining });
+    await this.cluster?.setDraining(draining, this.logger);
   }
 
-  /**
-   * Stops placement here, then reports, every second, what is still running, until every sandbox
-   * has ended or hibernated. With `hibernateIdle`, idle sandboxes are hibernated at once instead.
-   */
+  /** Stops placement here, then reports what is still running until nothing is (see {@link drainProgress}). */
   private async *drain(hibernateIdle: boolean, signal: AbortSignal): AsyncGenerator<DrainProgress> {
     await this.setDraining(true);
-    for (;;) {
-      this.prune();
-      const sandboxes = [...this.owned.values()].map(({ sandbox }) => sandbox);
-      if (hibernateIdle) {
-        for (const sandbox of sandboxes) {
-          if (sandbox.state !== 'running' && sandbox.state !== 'paused') continue;
-          if (sandbox.activeCalls > 0) continue;
-          await sandbox.hibernate({ signal }).catch((error: unknown) => {
-            this.logger.debug({ sandbox: sandbox.id, err: error }, 'drain could not hibernate a sandbox');
-          });
-        }
-      }
-      const waiting = sandboxes.filter(
-        (sandbox) => sandbox.state !== 'hibernated' && sandbox.state !== 'stopped',
-      );
-      yield {
-        remaining: waiting.length,
-        hibernated: sandboxes.filter((sandbox) => sandbox.state === 'hibernated').length,
-        waitingFor: waiting.slice(0, 20).map((sandbox) => sandbox.id),
-      };
-      if (waiting.length === 0 || signal.aborted) return;
-      await new Promise((resolve) => setTimeout(resolve, 1_000));
-    }
+    yield* drainProgress(
+      () => {
+        this.prune();
+        return [...this.owned.values()].map(({ sandbox }) => sandbox);
+      },
+      { hibernateIdle, signal, logger: this.logger },
+    );
   }
 
   private sandboxService() {
@@ -601,21 +554,21 @@ export class NodeAgent {
     // another project's sandbox is as missing as one that never was
     if (found?.project !== project)
       throw new SandgymError('not_found', `No sandbox ${id} on node ${this.nodeId}`);
-    this.forget(id);
+    const released = this.forget(id);
     await found.sandbox.close();
+    // the Destroy call returns once etcd counts the room it made
+    await released;
   }
 
   /** Stops counting a sandbox that is gone (destroyed here, or by its run's cleanup). */
-  private forget(id: string): void {
+  private forget(id: string): Promise<void> {
     const found = this.owned.get(id);
-    if (!found) return;
+    if (!found) return Promise.resolve();
     this.owned.delete(id);
     this.memory.release(id);
-    this.cluster?.quota
-      .release(found.project, id)
-      .catch((error: unknown) =>
-        this.logger.warn({ sandbox: id, err: error }, 'etcd still counts a gone sandbox'),
-      );
+    return (this.cluster?.quota.release(found.project, id) ?? Promise.resolve()).catch((error: unknown) =>
+      this.logger.warn({ sandbox: id, err: error }, 'etcd still counts a gone sandbox'),
+    );
   }
 
   /** Stops serving and destroys every sandbox it runs. */
@@ -624,13 +577,11 @@ export class NodeAgent {
     this.closed = true;
     clearInterval(this.measuring);
     // leave first, so controllers stop placing here before the listener goes
-    await this.cluster?.runs.close();
-    await this.cluster?.membership.leave();
+    await this.cluster?.close();
     await this.server?.close();
     await this.metricsServer?.close();
     for (const served of this.served) await served.close().catch(() => undefined);
     this.owned.clear();
-    this.cluster?.etcd.close();
     await this.platform.close();
   }
 }
@@ -642,6 +593,12 @@ function execArguments(
 ): { sandboxId: string; argv: string[]; options: ExecOptions } {
   const { sandboxId, argv, ...rest } = request;
   return { sandboxId, argv, options: { ...definedFields(rest), signal: call.signal } };
+}
+
+/** The host of a listen address controllers can dial: itself, or loopback for a wildcard. */
+function advertisedHost(listen: string): string {
+  const host = listen.replace(/:\d+$/, '');
+  return host === '0.0.0.0' || host === '[::]' || host === '' ? '127.0.0.1' : host;
 }
 
 function info(sandbox: BackendSandbox): SandboxInfo {
