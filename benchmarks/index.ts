@@ -12,6 +12,7 @@ import { benchFnCall } from './fncall.ts';
 import { benchHibernate } from './hibernate.ts';
 import { benchVm } from './vm.ts';
 import { benchTasks } from './tasks.ts';
+import { benchControlPlane } from './control-plane.ts';
 import type { BenchOptions, BenchReport } from './report.ts';
 
 /** Every benchmark by name, in the order `sandgym bench` runs them. */
@@ -22,6 +23,7 @@ export const BENCHMARKS: Record<string, (options: BenchOptions) => Promise<Bench
   replay: benchReplay,
   placement: benchPlacement,
   'remote-step': benchRemoteStep,
+  'control-plane': benchControlPlane,
   preempt: benchPreempt,
   qos: benchQos,
   burst: benchBurst,

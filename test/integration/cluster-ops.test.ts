@@ -16,7 +16,7 @@ import {
 import { expectCode } from '../support/errors.ts';
 import { startTestNode } from '../support/in-process-cluster.ts';
 import { TEST_DATA_ROOT } from '../support/platform.ts';
-import { waitUntil } from '../support/ports.ts';
+import { waitUntil } from '../../benchmarks/loopback.ts';
 import { startPrometheus } from '../support/prometheus.ts';
 import { PYTHON } from '../../benchmarks/python-client.ts';
 

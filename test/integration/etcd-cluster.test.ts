@@ -11,11 +11,11 @@ import {
   type PlatformClient,
   type Sandbox,
 } from '../../src/platform/index.ts';
-import { startEtcdCluster, type EtcdCluster } from '../support/etcd.ts';
+import { startEtcdCluster, type EtcdCluster } from '../../benchmarks/etcd-cluster.ts';
 import { expectCode } from '../support/errors.ts';
 import { startTestNode } from '../support/in-process-cluster.ts';
 import { TEST_DATA_ROOT } from '../support/platform.ts';
-import { waitUntil } from '../support/ports.ts';
+import { waitUntil } from '../../benchmarks/loopback.ts';
 
 const NODE_TOKEN = 'etcd-test-node-token-8c1e5a7f3b9d2046';
 const SMALL = { environment: 'busybox:latest', resources: { memoryMib: 32 } };

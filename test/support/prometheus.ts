@@ -1,7 +1,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdir, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { freePort, waitUntil } from './ports.ts';
+import { freePort, waitUntil } from '../../benchmarks/loopback.ts';
 
 /** Debian's Prometheus on loopback, scraping the given targets every second. */
 export interface TestPrometheus extends AsyncDisposable {

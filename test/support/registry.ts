@@ -4,7 +4,7 @@ import { mkdir, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { tarArchive, type TestTarEntry } from './tar-writer.ts';
-import { freePort } from './ports.ts';
+import { freePort } from '../../benchmarks/loopback.ts';
 
 const run = promisify(execFile);
 

@@ -59,8 +59,10 @@ export const TEST_PROGRAMS: Record<string, string> = {
   '/usr/lib/python3/dist-packages/msgpack/__init__.py': 'python3-msgpack',
 };
 
-/** What only the benchmarks need: baseline timing, and the shaped network store of `layers`. */
+/** What only the benchmarks need: baseline timing, the shaped network store of `layers`, and etcd. */
 export const BENCHMARK_PROGRAMS: Record<string, string> = {
+  // the control-plane benchmark's etcd
+  etcd: 'etcd-server',
   hyperfine: 'hyperfine',
   sshfs: 'sshfs',
   sshd: 'openssh-server',

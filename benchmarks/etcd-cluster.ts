@@ -1,12 +1,10 @@
-import { execFile, spawn, type ChildProcess } from 'node:child_process';
-import { promisify } from 'node:util';
-import { mkdir, rm } from 'node:fs/promises';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { get as httpsGet } from 'node:https';
+import { mkdir, readFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
-import { freePort, waitUntil } from './ports.ts';
+import { freePort, waitUntil } from './loopback.ts';
 
-const run = promisify(execFile);
-
-/** One member of a test etcd cluster. */
+/** One member of an etcd cluster on loopback (tests and benchmarks start them). */
 export interface EtcdMember {
   name: string;
   /** Its client URL, http://127.0.0.1:PORT. */
@@ -100,21 +98,22 @@ export async function startEtcdCluster(dir: string, size = 3, tls?: EtcdTlsFiles
   return cluster;
 }
 
-/** A member's /health answer, through etcdctl when it wants a client certificate. */
+/** A member's /health answer; over https with a client certificate when it wants one. */
 async function etcdHealth(endpoint: string, tls: EtcdTlsFiles | undefined): Promise<string | undefined> {
   if (!tls) {
     const body = (await (await fetch(`${endpoint}/health`)).json()) as { health?: string };
     return body.health;
   }
-  const { stdout, stderr } = await run('etcdctl', [
-    `--endpoints=${endpoint}`,
-    `--cacert=${tls.ca}`,
-    `--cert=${tls.cert}`,
-    `--key=${tls.key}`,
-    'endpoint',
-    'health',
-  ]).catch(() => ({ stdout: '', stderr: '' }));
-  return `${stdout}${stderr}`.includes('is healthy') ? 'true' : undefined;
+  const [ca, cert, key] = await Promise.all([readFile(tls.ca), readFile(tls.cert), readFile(tls.key)]);
+  const text = await new Promise<string>((resolve, reject) => {
+    const request = httpsGet(`${endpoint}/health`, { ca, cert, key }, (response) => {
+      let body = '';
+      response.on('data', (chunk: Buffer) => (body += chunk.toString()));
+      response.on('end', () => resolve(body));
+    });
+    request.on('error', reject);
+  });
+  return (JSON.parse(text) as { health?: string }).health;
 }
 
 function stop(child: ChildProcess): Promise<void> {
