@@ -1,5 +1,5 @@
-import { Counter, Gauge, Histogram, Registry } from 'prom-client';
-import { LATENCY_BUCKETS } from './node-metrics.ts';
+import { Registry, type Counter, type Histogram } from 'prom-client';
+import { counter, latency, sampledGauge } from './metric-kinds.ts';
 
 /** What a controller replica tells Prometheus at scrape time. */
 export interface ControllerGaugeSource {
@@ -17,44 +17,34 @@ export class ControllerMetrics {
   readonly admissions: Counter<'project' | 'result' | 'reason'>;
 
   constructor(source: ControllerGaugeSource) {
-    const registers = [this.registry];
-    this.creates = new Counter({
-      name: 'sandgym_controller_creates_total',
-      help: 'Creates this replica handled, by project and outcome (created, refused, failed)',
-      labelNames: ['project', 'outcome'],
-      registers,
-    });
-    this.createSeconds = new Histogram({
-      name: 'sandgym_controller_create_seconds',
-      help: 'Time of a create through this replica, waiting in the queue included',
-      labelNames: ['outcome'],
-      buckets: LATENCY_BUCKETS,
-      registers,
-    });
-    this.admissions = new Counter({
-      name: 'sandgym_controller_admissions_total',
-      help: 'Admission decisions: admitted, or refused with the reason (quota, never_fits, queue_timeout)',
-      labelNames: ['project', 'result', 'reason'],
-      registers,
-    });
-    new Gauge({
-      name: 'sandgym_controller_queue_depth',
-      help: 'Creates waiting for room, per project',
-      labelNames: ['project'],
-      registers,
-      collect() {
-        this.reset();
-        for (const [project, depth] of source.queueDepths()) this.set({ project }, depth);
-      },
-    });
-    new Gauge({
-      name: 'sandgym_controller_nodes',
-      help: 'Nodes this replica knows, by state',
-      labelNames: ['state'],
-      registers,
-      collect() {
-        for (const [state, count] of Object.entries(source.nodes())) this.set({ state }, count);
-      },
-    });
+    const registry = this.registry;
+    this.creates = counter(
+      registry,
+      'sandgym_controller_creates_total',
+      'Creates this replica handled, by project and outcome (created, refused, failed)',
+      ['project', 'outcome'],
+    );
+    this.createSeconds = latency(
+      registry,
+      'sandgym_controller_create_seconds',
+      'Time of a create through this replica, waiting in the queue included',
+      ['outcome'],
+    );
+    this.admissions = counter(
+      registry,
+      'sandgym_controller_admissions_total',
+      'Admission decisions: admitted, or refused with the reason (quota, never_fits, queue_timeout)',
+      ['project', 'result', 'reason'],
+    );
+    sampledGauge(
+      registry,
+      'sandgym_controller_queue_depth',
+      'Creates waiting for room, per project',
+      ['project'],
+      () => [...source.queueDepths()].map(([project, value]) => ({ labels: { project }, value })),
+    );
+    sampledGauge(registry, 'sandgym_controller_nodes', 'Nodes this replica knows, by state', ['state'], () =>
+      Object.entries(source.nodes()).map(([state, value]) => ({ labels: { state }, value })),
+    );
   }
 }
