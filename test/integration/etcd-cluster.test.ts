@@ -1,6 +1,7 @@
 import { spawnSync } from 'node:child_process';
 import { rm } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
+import { Etcd3 } from 'etcd3';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { isSandgymError, nodeOfSandboxId, silentLogger } from '../../src/common/index.ts';
 import type { NodeAgent } from '../../src/platform/index.ts';
@@ -146,6 +147,28 @@ describe('a cluster on a real three-member etcd', () => {
     for (const member of members) expect((await member.exec(['echo', 'back'])).stdout).toBe('back\n');
     expect((await run.end()).destroyed.sort()).toEqual(members.map((m) => m.id).sort());
     await expectCode(second.renew(), 'not_found', /No run/);
+  });
+
+  it('rejoins when its lease is lost, and counts its sandboxes against the quota again', async () => {
+    await node('rejoin', etcd.endpoints);
+    const client = await connect(await controller(), 'token-q');
+    const kept = [await client.createSandbox(SMALL), await client.createSandbox(SMALL)];
+    const admin = new Etcd3({ hosts: etcd.endpoints });
+    cleanup.push(() => Promise.resolve(admin.close()));
+    const held = () => admin.getAll().prefix('/sandgym/quota/q/held/').count();
+    const record = await admin.get('/sandgym/nodes/rejoin').exec();
+    expect(await held()).toBe(2);
+    // etcd forgets the node's lease, as after a partition longer than its TTL
+    await admin.leaseClient.leaseRevoke({ ID: record.kvs[0]!.lease });
+    await waitUntil(
+      async () => (await admin.get('/sandgym/nodes/rejoin').string()) !== null && (await held()) === 2,
+      'the node rejoining with its quota keys',
+      15_000,
+    );
+    const more = await Promise.allSettled(Array.from({ length: 6 }, () => client.createSandbox(SMALL)));
+    expect(more.filter((o) => o.status === 'fulfilled')).toHaveLength(4);
+    for (const sandbox of kept)
+      expect((await sandbox.exec(['echo', 'still here'])).stdout).toBe('still here\n');
   });
 
   it("admits exactly a project's quota across two replicas under a concurrent burst", async () => {
