@@ -1,24 +1,11 @@
-import { readFileSync } from 'node:fs';
 import { BenchFixture } from './fixture.ts';
-import { compared, hostInfo, quantile, type BenchOptions, type BenchReport } from './report.ts';
+import { compared, hostInfo, quantile, usedKib, type BenchOptions, type BenchReport } from './report.ts';
 import type { LocalPlatform, Sandbox } from '../src/platform/index.ts';
 
 const LIVE = Number(process.env['SANDGYM_BENCH_DENSITY'] ?? 2_000);
 const CONCURRENCY = 8;
 const LATENCY_SAMPLES = 30;
 const REQUEST = { environment: 'busybox:latest' };
-
-/** Host memory in use, in KiB, as `free` counts it: neither free nor reclaimable cache. */
-function usedKib(): number {
-  const info = Object.fromEntries(
-    readFileSync('/proc/meminfo', 'utf8')
-      .split('\n')
-      .map((line) => line.split(/:\s+/))
-      .map(([key, value]) => [key, Number.parseInt(value ?? '0', 10)]),
-  ) as Record<string, number>;
-  const reclaimable = (info['Buffers'] ?? 0) + (info['Cached'] ?? 0) + (info['SReclaimable'] ?? 0);
-  return (info['MemTotal'] ?? 0) - (info['MemFree'] ?? 0) - reclaimable;
-}
 
 async function settle(): Promise<void> {
   await new Promise((resolve) => setTimeout(resolve, 3_000));

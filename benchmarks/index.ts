@@ -13,6 +13,7 @@ import { benchHibernate } from './hibernate.ts';
 import { benchVm } from './vm.ts';
 import { benchTasks } from './tasks.ts';
 import { benchControlPlane } from './control-plane.ts';
+import { benchPeers } from './peers.ts';
 import type { BenchOptions, BenchReport } from './report.ts';
 
 /** Every benchmark by name, in the order `sandgym bench` runs them. */
@@ -32,6 +33,7 @@ export const BENCHMARKS: Record<string, (options: BenchOptions) => Promise<Bench
   hibernate: benchHibernate,
   vm: benchVm,
   tasks: benchTasks,
+  peers: benchPeers,
 };
 
 export type { BenchReport, BenchOptions, Metric } from './report.ts';

@@ -1,3 +1,4 @@
+import { readFileSync } from 'node:fs';
 import { cpus, release, totalmem } from 'node:os';
 
 /** One measured figure; `ratio = value / baseline` for a baseline measured in the same run. */
@@ -60,4 +61,16 @@ export function quantilesAgainst(
 export interface BenchOptions {
   /** Progress lines go here (stderr), so stdout stays one JSON document. */
   progress(message: string): void;
+}
+
+/** Host memory in use, in KiB, as `free` counts it: neither free nor reclaimable cache. */
+export function usedKib(): number {
+  const info = Object.fromEntries(
+    readFileSync('/proc/meminfo', 'utf8')
+      .split('\n')
+      .map((line) => line.split(/:\s+/))
+      .map(([key, value]) => [key, Number.parseInt(value ?? '0', 10)]),
+  ) as Record<string, number>;
+  const reclaimable = (info['Buffers'] ?? 0) + (info['Cached'] ?? 0) + (info['SReclaimable'] ?? 0);
+  return (info['MemTotal'] ?? 0) - (info['MemFree'] ?? 0) - reclaimable;
 }

@@ -59,10 +59,13 @@ export const TEST_PROGRAMS: Record<string, string> = {
   '/usr/lib/python3/dist-packages/msgpack/__init__.py': 'python3-msgpack',
 };
 
-/** What only the benchmarks need: baseline timing, the shaped network store of `layers`, and etcd. */
+/** What only the benchmarks need: baselines (crun's peers Docker and Podman too), the shaped network store of `layers`, and etcd. */
 export const BENCHMARK_PROGRAMS: Record<string, string> = {
   // the control-plane benchmark's etcd
   etcd: 'etcd-server',
+  // the peers benchmark's Docker and Podman (started by it with no iptables rules and no bridge)
+  '/usr/sbin/dockerd': 'docker.io',
+  '/usr/bin/podman': 'podman',
   hyperfine: 'hyperfine',
   sshfs: 'sshfs',
   sshd: 'openssh-server',
