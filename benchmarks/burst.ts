@@ -1,6 +1,5 @@
 import { BenchFixture } from './fixture.ts';
-import { compared, hostInfo, type BenchOptions, type BenchReport } from './report.ts';
-import type { Sandbox } from '../src/platform/index.ts';
+import { atATime, compared, hostInfo, type BenchOptions, type BenchReport } from './report.ts';
 
 const SANDBOXES = 1_000;
 const CONCURRENCY = 16;
@@ -25,17 +24,8 @@ export async function benchBurst(options: BenchOptions): Promise<BenchReport> {
   await platform.warmPool.filled();
 
   options.progress(`burst: ${SANDBOXES} creates, ${CONCURRENCY} at a time`);
-  const sandboxes: Sandbox[] = [];
   started = performance.now();
-  let next = 0;
-  await Promise.all(
-    Array.from({ length: CONCURRENCY }, async () => {
-      while (next < SANDBOXES) {
-        next++;
-        sandboxes.push(await platform.createSandbox(REQUEST));
-      }
-    }),
-  );
+  const sandboxes = await atATime(SANDBOXES, CONCURRENCY, () => platform.createSandbox(REQUEST));
   const burstMs = performance.now() - started;
   const fromPool = SANDBOXES - platform.warmPool.ready.latency;
   options.progress(`burst: closing ${SANDBOXES} sandboxes`);

@@ -3,7 +3,7 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { BenchFixture } from './fixture.ts';
 import { timeCommand } from './hyperfine.ts';
-import { compared, hostInfo, quantile, type BenchOptions, type BenchReport } from './report.ts';
+import { atATime, compared, hostInfo, quantile, type BenchOptions, type BenchReport } from './report.ts';
 
 const CALLS = 500;
 const SPAWNS = 300;
@@ -13,16 +13,8 @@ const CONCURRENCY = 4;
 const perSecond = (count: number, ms: number): number => (count / ms) * 1000;
 
 async function rate(count: number, concurrency: number, call: () => Promise<unknown>): Promise<number> {
-  let next = 0;
   const started = performance.now();
-  await Promise.all(
-    Array.from({ length: concurrency }, async () => {
-      while (next < count) {
-        next++;
-        await call();
-      }
-    }),
-  );
+  await atATime(count, concurrency, call);
   return perSecond(count, performance.now() - started);
 }
 

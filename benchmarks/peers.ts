@@ -5,6 +5,7 @@ import type { Sandbox } from '../src/platform/index.ts';
 import { BenchFixture } from './fixture.ts';
 import { startDocker, startPodman, type PeerEngine } from './peer-engines.ts';
 import {
+  atATime,
   compared,
   hostInfo,
   quantile,
@@ -66,17 +67,8 @@ async function measure(name: string, driver: Driver, options: BenchOptions): Pro
   await box.close();
 
   options.progress(`peers: ${name}: ${BURST} creates, ${CONCURRENCY} at a time`);
-  const burst: { close(): Promise<void> }[] = [];
-  let next = 0;
   const started = performance.now();
-  await Promise.all(
-    Array.from({ length: CONCURRENCY }, async () => {
-      while (next < BURST) {
-        next++;
-        burst.push(await driver.create());
-      }
-    }),
-  );
+  const burst = await atATime(BURST, CONCURRENCY, () => driver.create());
   const burstMs = performance.now() - started;
   await Promise.all(burst.map((b) => b.close()));
 

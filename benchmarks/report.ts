@@ -74,3 +74,18 @@ export function usedKib(): number {
   const reclaimable = (info['Buffers'] ?? 0) + (info['Cached'] ?? 0) + (info['SReclaimable'] ?? 0);
   return (info['MemTotal'] ?? 0) - (info['MemFree'] ?? 0) - reclaimable;
 }
+
+/** Runs `call` `count` times, `concurrency` at a time; its results, in the order they came. */
+export async function atATime<T>(count: number, concurrency: number, call: () => Promise<T>): Promise<T[]> {
+  const results: T[] = [];
+  let next = 0;
+  await Promise.all(
+    Array.from({ length: concurrency }, async () => {
+      while (next < count) {
+        next++;
+        results.push(await call());
+      }
+    }),
+  );
+  return results;
+}
