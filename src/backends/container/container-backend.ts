@@ -32,8 +32,8 @@ import {
   removeIdleParents,
   cgroupScope,
   type CgroupLayout,
-  type CgroupUsage,
   type UsageBaseline,
+  baselineOf,
 } from '../host/cgroups.ts';
 import { LayerMounts } from '../host/layer-mounts.ts';
 import { LayerTarballs } from '../host/layer-tarballs.ts';
@@ -392,7 +392,21 @@ export class ContainerBackend implements Backend {
       network: [],
     };
     const scratch = await this.scratch.createSlot(slot, mib(spec.resources.diskMib));
-    return this.launcher.startContainer(slot, spec, this.launcher.pooledState(slot), {}, scratch, undefined);
+    const shell = await this.launcher.startContainer(
+      slot,
+      spec,
+      this.launcher.pooledState(slot),
+      {},
+      scratch,
+      undefined,
+    );
+    try {
+      shell.pooledBaseline = baselineOf(await shell.cgroup.usage());
+    } catch (error) {
+      await this.launcher.teardown(shell).catch(() => undefined);
+      throw error;
+    }
+    return shell;
   }
 
   /**
@@ -403,29 +417,39 @@ export class ContainerBackend implements Backend {
   private async occupy(shell: WarmShell, spec: SandboxSpec): Promise<ContainerSandbox> {
     const paths = this.launcher.pathsOf(shell.slot);
     // a pooled shell was checked to hold its agent alone when it was scrubbed, and its /dev is fresh
-    shell.agentPid ??= await soleProcess(shell);
-    await this.reuse.swapInOverlay(shell, shell.agentPid, spec.layers, '', 'keep');
-    let baseline: CgroupUsage;
-    try {
-      await shell.channel.call({ op: 'reset' }, { timeoutMs: RESET_TIMEOUT_MS });
-      await this.reuse.applyLimits(shell, spec);
-      if (shell.diskMib !== spec.resources.diskMib) {
-        await this.scratch.setLimit(shell.slot, mib(spec.resources.diskMib));
-        shell.diskMib = spec.resources.diskMib;
-      }
-      baseline = await shell.cgroup.usage();
-      await this.launcher.saveState(paths.dir, {
-        ...this.launcher.tenantState(spec, shell.slot),
-        baseline: {
-          cpuUsageMs: baseline.cpuUsageMs,
-          oomKills: baseline.oomKills,
-          pidsLimitHits: baseline.pidsLimitHits,
-          memoryLimitHits: baseline.memoryLimitHits,
-        },
-      });
-    } catch (error) {
-      this.mounts.release(spec.layers);
-      throw error;
+    const agentPid = (shell.agentPid ??= await soleProcess(shell));
+    // the root swap is the only step that needs the others done; the limits, the baseline and the
+    // saved state go alongside it (the shell's agent is idle, so the baseline is the same before
+    // or after, and no tenant process can run before this create returns)
+    let swapped = false;
+    let baseline: UsageBaseline | undefined;
+    const [root, limits, state] = await Promise.allSettled([
+      (async () => {
+        await this.reuse.swapInOverlay(shell, agentPid, spec.layers, '', 'keep');
+        swapped = true;
+        await shell.channel.call({ op: 'reset' }, { timeoutMs: RESET_TIMEOUT_MS });
+      })(),
+      (async () => {
+        await this.reuse.applyLimits(shell, spec);
+        if (shell.diskMib !== spec.resources.diskMib) {
+          await this.scratch.setLimit(shell.slot, mib(spec.resources.diskMib));
+          shell.diskMib = spec.resources.diskMib;
+        }
+      })(),
+      (async () => {
+        baseline = shell.pooledBaseline ?? baselineOf(await shell.cgroup.usage());
+        delete shell.pooledBaseline;
+        await this.launcher.saveState(paths.dir, {
+          ...this.launcher.tenantState(spec, shell.slot),
+          baseline,
+        });
+      })(),
+    ]);
+    for (const step of [root, limits, state]) {
+      if (step.status === 'fulfilled') continue;
+      // a failed swap let go of the layers itself
+      if (swapped) this.mounts.release(spec.layers);
+      throw step.reason;
     }
     return this.track(shell, spec, baseline);
   }

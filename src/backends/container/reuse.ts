@@ -2,7 +2,7 @@ import { readdir, mkdir, rm } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { SandgymError, messageOf } from '../../common/index.ts';
 import type { LayerImage, SandboxSpec } from '../contract.ts';
-import { cgroupLimitsOf } from '../host/cgroups.ts';
+import { baselineOf, cgroupLimitsOf } from '../host/cgroups.ts';
 import type { LayerMounts } from '../host/layer-mounts.ts';
 import type { ContainerSandbox } from './container-sandbox.ts';
 import type { ContainerEgress } from './egress.ts';
@@ -41,9 +41,17 @@ export class ContainerReuse {
     const dir = this.launcher.pathsOf(shell.slot).dir;
     const upper = join(dir, 'rw', `upper${suffix}`);
     const work = join(dir, 'rw', `work${suffix}`);
-    await Promise.all([upper, work].map((d) => mkdir(d, { recursive: true })));
-    const points = await this.mounts.acquire(layers);
+    const made = Promise.all([upper, work].map((d) => mkdir(d, { recursive: true })));
+    let points: string[];
     try {
+      points = await this.mounts.acquire(layers);
+    } catch (error) {
+      await made.catch(() => undefined);
+      await Promise.all([upper, work].map((d) => rm(d, { recursive: true, force: true })));
+      throw error;
+    }
+    try {
+      await made;
       // overlay lists lower dirs top first; layers come base first
       const lowers = [...points].reverse();
       await this.launcher.options.helper.swap(agentPid, {
@@ -86,9 +94,14 @@ export class ContainerReuse {
       await this.checkAgentUnchanged(shell);
       await shell.cgroup.resetMemoryWatermark();
       await this.launcher.options.helper.swap(shell.agentPid, { kind: 'bind', dir: this.launcher.shellRoot });
+      // the agent lets go of the tenant's root here: its handle on it is the last reference to
+      // the detached overlay, and dropping that tears the overlay down (1-2 ms), which belongs
+      // in this destroy rather than in the next tenant's create
+      await shell.channel.call({ op: 'reset' }, { timeoutMs: RESET_TIMEOUT_MS });
       const paths = this.launcher.pathsOf(shell.slot);
       await removeWritableLayers(paths.dir);
       await this.launcher.saveState(paths.dir, this.launcher.pooledState(shell.slot));
+      shell.pooledBaseline = baselineOf(await shell.cgroup.usage());
       return true;
     } catch (error) {
       this.launcher.options.logger.warn(

@@ -1,6 +1,6 @@
 import { messageOf, type Logger } from '../../common/index.ts';
 import type { QosClass } from '../contract.ts';
-import type { SandboxCgroup } from '../host/cgroups.ts';
+import type { SandboxCgroup, UsageBaseline } from '../host/cgroups.ts';
 import type { ScratchSlot } from '../host/scratch-volume.ts';
 import type { AgentChannel } from '../internal/agent-channel.ts';
 
@@ -25,6 +25,11 @@ export interface WarmShell {
   /** What is known of it, so that taking it costs no lookups: its agent's host pid, its limits. */
   agentPid?: number;
   limits?: string;
+  /**
+   * The counters it had run up when it was pooled, read then so that taking it costs no reads: a
+   * pooled shell's agent is idle, so they still hold when a tenant takes it.
+   */
+  pooledBaseline?: UsageBaseline;
   /** Its subvolume on the node's scratch volume, and the disk cap set on it (MiB). */
   scratch: ScratchSlot;
   diskMib: number;

@@ -132,6 +132,16 @@ export type UsageBaseline = Pick<
   'cpuUsageMs' | 'oomKills' | 'pidsLimitHits' | 'memoryLimitHits'
 >;
 
+/** The counters of a reading that a later tenant's stats start from. */
+export function baselineOf(usage: CgroupUsage): UsageBaseline {
+  return {
+    cpuUsageMs: usage.cpuUsageMs,
+    oomKills: usage.oomKills,
+    pidsLimitHits: usage.pidsLimitHits,
+    memoryLimitHits: usage.memoryLimitHits,
+  };
+}
+
 /**
  * The cgroups of one sandbox. The OCI runtime creates and limits them from the bundle's
  * `cgroupsPath`; this class reads them, freezes them and removes what a crash left behind.

@@ -25,10 +25,14 @@ async function isErofsMount(path: string): Promise<boolean> {
  * layer that a live overlay uses, but a layer mounted for a create whose overlay is not made yet
  * is idle to it: so a process counts a layer as used before it mounts it, and marks it held (a
  * file per process under `.held/`) for other processes on the node, whose gc then leaves it.
+ * The mark stays while the layer is mounted, used or not, until this process's own gc unmounts
+ * it: a create then writes no file for a layer it mounted before.
  */
 export class LayerMounts {
   private readonly mounting = new SingleFlight<string>();
   private readonly users = new Map<string, number>();
+  /** Layers this process has its mark on (or is writing it for). */
+  private readonly marked = new Map<string, Promise<void>>();
 
   private readonly verifier: LayerVerifier;
   private readonly copies: LayerCopies | undefined;
@@ -47,14 +51,9 @@ export class LayerMounts {
   /** Mount points for the layers, base first; mounts what is not mounted yet. */
   async acquire(layers: readonly LayerImage[]): Promise<string[]> {
     // counted (and marked held) first: no gc may unmount them between the mount and its use
-    const fresh: LayerImage[] = [];
-    for (const layer of layers) {
-      const users = this.users.get(layer.digest) ?? 0;
-      if (users === 0) fresh.push(layer);
-      this.users.set(layer.digest, users + 1);
-    }
+    for (const layer of layers) this.users.set(layer.digest, (this.users.get(layer.digest) ?? 0) + 1);
     try {
-      await Promise.all(fresh.map((layer) => this.markHeld(layer.digest)));
+      await Promise.all(layers.map((layer) => this.mark(layer.digest)));
       return await Promise.all(layers.map((layer) => this.mountOnce(layer)));
     } catch (error) {
       this.release(layers);
@@ -62,15 +61,12 @@ export class LayerMounts {
     }
   }
 
-  /** Drops this process's use of the layers. */
+  /** Drops this process's use of the layers (its mark stays until {@link unmountIdle}). */
   release(layers: readonly LayerImage[]): void {
     for (const layer of layers) {
       const left = (this.users.get(layer.digest) ?? 1) - 1;
       if (left > 0) this.users.set(layer.digest, left);
-      else {
-        this.users.delete(layer.digest);
-        rm(this.heldMarker(layer.digest), { force: true }).catch(() => undefined);
-      }
+      else this.users.delete(layer.digest);
     }
   }
 
@@ -82,6 +78,16 @@ export class LayerMounts {
       digest.replace(/^sha256:/, ''),
       `${this.self.pid}-${this.self.startTime}`,
     );
+  }
+
+  private mark(digest: string): Promise<void> {
+    let marking = this.marked.get(digest);
+    if (!marking) {
+      marking = this.markHeld(digest);
+      this.marked.set(digest, marking);
+      marking.catch(() => this.marked.delete(digest));
+    }
+    return marking;
   }
 
   private async markHeld(digest: string): Promise<void> {
@@ -144,11 +150,14 @@ export class LayerMounts {
     }
     const removed: string[] = [];
     for (const name of names) {
-      if (!/^[0-9a-f]{64}$/.test(name) || this.users.has(`sha256:${name}`)) continue;
+      const digest = `sha256:${name}`;
+      if (!/^[0-9a-f]{64}$/.test(name) || this.users.has(digest)) continue;
+      if (this.marked.delete(digest)) await rm(this.heldMarker(digest), { force: true });
       if (await this.heldElsewhere(name)) continue;
       const point = join(this.mountsDir, name);
       let busy = false;
-      while (!busy && (await isErofsMount(point))) {
+      // a create of this process may have taken it up meanwhile (and marked it again)
+      while (!busy && !this.users.has(digest) && (await isErofsMount(point))) {
         try {
           await runProgram('umount', [point], { timeoutMs: 30_000 });
           removed.push(point);
