@@ -13,6 +13,12 @@ export class EngineApi {
 
   /** One API call; the JSON it answers, or a clear error with the engine's message. */
   async call<T = unknown>(method: string, path: string, body?: unknown): Promise<T> {
+    const text = await this.callText(method, path, body);
+    return (text && /^\s*[[{]/.test(text) ? JSON.parse(text) : text) as T;
+  }
+
+  /** One API call; the text it answers (a stream of JSON lines for a build), or a clear error. */
+  private async callText(method: string, path: string, body?: unknown): Promise<string> {
     const payload =
       body === undefined ? undefined : Buffer.isBuffer(body) ? body : Buffer.from(JSON.stringify(body));
     const { status, data } = await new Promise<{ status: number; data: Buffer }>((resolve, reject) => {
@@ -39,8 +45,7 @@ export class EngineApi {
       call.end(payload);
     });
     if (status >= 400) throw new Error(`${this.name} ${method} ${path}: ${status} ${data.toString().trim()}`);
-    const text = data.toString();
-    return (text && /^\s*[[{]/.test(text) ? JSON.parse(text) : text) as T;
+    return data.toString();
   }
 
   async ping(): Promise<boolean> {
@@ -52,8 +57,27 @@ export class EngineApi {
     await this.call('POST', `/images/create?fromSrc=-&repo=${repo}&tag=${tag}`, tar);
   }
 
+  /**
+   * Builds the Dockerfile at the root of a context tarball as `tag`, from local images only. A
+   * failed step answers 200 with an `error` line in the stream, which is turned into a throw.
+   */
+  async build(context: Buffer, tag: string, dockerfile = 'Dockerfile'): Promise<void> {
+    const query = `t=${encodeURIComponent(tag)}&dockerfile=${encodeURIComponent(dockerfile)}&rm=1&forcerm=1`;
+    const stream = await this.callText('POST', `/build?${query}`, context);
+    for (const line of stream.split('\n')) {
+      if (!line.trim().startsWith('{')) continue;
+      const message = JSON.parse(line) as { error?: string };
+      if (message.error) throw new Error(`${this.name} build of ${tag}: ${message.error.trim()}`);
+    }
+  }
+
+  /** Unpacks a tarball into a container at `path`. */
+  async putArchive(id: string, path: string, tar: Buffer): Promise<void> {
+    await this.callText('PUT', `/containers/${id}/archive?path=${encodeURIComponent(path)}`, tar);
+  }
+
   /** Creates and starts an idle container without a network; its id. */
-  async run(image: string, options: { memoryMib?: number } = {}): Promise<string> {
+  async run(image: string, options: { memoryMib?: number; cpus?: number } = {}): Promise<string> {
     const { Id } = await this.call<{ Id: string }>('POST', '/containers/create', {
       Image: image,
       Cmd: ['/bin/sleep', '1000000'],
@@ -66,6 +90,7 @@ export class EngineApi {
           { Name: 'nproc', Soft: 1024, Hard: 1024 },
         ],
         ...(options.memoryMib ? { Memory: options.memoryMib * 1024 * 1024 } : {}),
+        ...(options.cpus ? { NanoCpus: Math.round(options.cpus * 1e9) } : {}),
       },
     });
     await this.call('POST', `/containers/${Id}/start`);

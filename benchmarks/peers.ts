@@ -4,6 +4,7 @@ import { runProgram } from '../src/backends/index.ts';
 import type { Sandbox } from '../src/platform/index.ts';
 import { BenchFixture } from './fixture.ts';
 import { startDocker, startPodman, type PeerEngine } from './peer-engines.ts';
+import { EVAL_EPISODES, engineEval, evalEpisodes, sandgymEval, type EvalOutcome } from './peer-eval.ts';
 import {
   atATime,
   compared,
@@ -99,7 +100,8 @@ function engineDriver(engine: PeerEngine): Driver {
 /**
  * peers: the same work through sandgym (embedded, cold creates) and through Debian's Docker
  * (`docker.io`) and Podman, each driven through its API socket as an SDK would, in one run:
- * create→ready, `true` round trip, 100 creates 16 at a time, and host memory per idle sandbox.
+ * create→ready, `true` round trip, 100 creates 16 at a time, host memory per idle sandbox, and a
+ * 20-episode eval of the example tasks (sandgym's runner against a Docker harness's steps).
  * The engines run in folders of their own, without iptables or a bridge, and everything they
  * made is removed at the end.
  */
@@ -118,6 +120,9 @@ export async function benchPeers(options: BenchOptions): Promise<BenchReport> {
     },
     options,
   );
+  const episodes = await evalEpisodes();
+  options.progress(`peers: sandgym: eval of ${episodes.length} example-task episodes, oracle agent`);
+  const evals: Record<string, EvalOutcome> = { sandgym: await sandgymEval(fixture.platform, episodes) };
   const tarFile = join(fixture.dir, 'busybox.tar');
   await runProgram('tar', ['-C', fixture.rootfs, '-cf', tarFile, '.']);
   const tar = await readFile(tarFile);
@@ -130,6 +135,10 @@ export async function benchPeers(options: BenchOptions): Promise<BenchReport> {
     await using engine = await start(join(fixture.dir, name));
     await engine.api.importImage(tar, 'sandgym-bench/busybox', 'latest');
     peers[name] = await measure(name, engineDriver(engine), options);
+    options.progress(
+      `peers: ${name}: eval of ${episodes.length} example-task episodes, as a Docker harness runs them`,
+    );
+    evals[name] = await engineEval(engine, fixture.platform, episodes);
   }
   const p50 = (samples: number[]): number => quantile(samples, 0.5);
   const perSecond = (ms: number): number => (BURST / ms) * 1000;
@@ -143,6 +152,14 @@ export async function benchPeers(options: BenchOptions): Promise<BenchReport> {
       'sandboxes/s',
     );
     metrics[`idle_memory_vs_${name}`] = compared(sandgym.idleKib / 1024, side.idleKib / 1024, 'MiB');
+    metrics[`eval_${EVAL_EPISODES}_episodes_s_vs_${name}`] = compared(
+      (evals['sandgym']?.ms ?? NaN) / 1000,
+      (evals[name]?.ms ?? NaN) / 1000,
+      's',
+    );
+  }
+  for (const [name, outcome] of Object.entries(evals)) {
+    metrics[`eval_solved_${name}`] = { value: outcome.solved, unit: `of ${EVAL_EPISODES}` };
   }
   return { bench: 'peers', host: hostInfo(), metrics };
 }

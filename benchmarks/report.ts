@@ -76,14 +76,17 @@ export function usedKib(): number {
 }
 
 /** Runs `call` `count` times, `concurrency` at a time; its results, in the order they came. */
-export async function atATime<T>(count: number, concurrency: number, call: () => Promise<T>): Promise<T[]> {
+export async function atATime<T>(
+  count: number,
+  concurrency: number,
+  call: (index: number) => Promise<T>,
+): Promise<T[]> {
   const results: T[] = [];
   let next = 0;
   await Promise.all(
     Array.from({ length: concurrency }, async () => {
       while (next < count) {
-        next++;
-        results.push(await call());
+        results.push(await call(next++));
       }
     }),
   );

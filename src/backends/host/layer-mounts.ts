@@ -31,6 +31,8 @@ async function isErofsMount(path: string): Promise<boolean> {
 export class LayerMounts {
   private readonly mounting = new SingleFlight<string>();
   private readonly users = new Map<string, number>();
+  /** Layers this process found or made mounted; its own gc alone unmounts them while its mark is on them. */
+  private readonly mounted = new Set<string>();
   /** Layers this process has its mark on (or is writing it for). */
   private readonly marked = new Map<string, Promise<void>>();
 
@@ -114,7 +116,11 @@ export class LayerMounts {
 
   private async mount(layer: LayerImage): Promise<string> {
     const point = join(this.mountsDir, layer.digest.replace(/^sha256:/, ''));
-    if (await isErofsMount(point)) return point;
+    if (this.mounted.has(layer.digest)) return point;
+    if (await isErofsMount(point)) {
+      this.mounted.add(layer.digest);
+      return point;
+    }
     const source = this.copies ? await this.copies.local(layer) : layer;
     if (!this.copies) await this.verifier.verify(layer, this.loading.verify);
     await mkdir(point, { recursive: true });
@@ -125,6 +131,7 @@ export class LayerMounts {
         cause: error,
       });
     }
+    this.mounted.add(layer.digest);
     return point;
   }
 
@@ -152,6 +159,7 @@ export class LayerMounts {
     for (const name of names) {
       const digest = `sha256:${name}`;
       if (!/^[0-9a-f]{64}$/.test(name) || this.users.has(digest)) continue;
+      this.mounted.delete(digest);
       if (this.marked.delete(digest)) await rm(this.heldMarker(digest), { force: true });
       if (await this.heldElsewhere(name)) continue;
       const point = join(this.mountsDir, name);

@@ -1,7 +1,7 @@
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
-import { parseAt, writeFileAtomic } from '../../common/index.ts';
+import { parseAt, writeFileAtomic, writeSmallFileAtomicNow } from '../../common/index.ts';
 import type { BackendName, SandboxRecord } from '../contract.ts';
 import { isAlive } from './processes.ts';
 
@@ -24,8 +24,11 @@ export type NodeRecord = z.infer<typeof nodeRecordSchema>;
 const RECORD_FILE = 'state.json';
 
 /** Writes a sandbox's record into its folder, crash-safe; `sync` also survives a power loss. */
-export function writeNodeRecord(dir: string, record: NodeRecord, sync: boolean): Promise<void> {
-  return writeFileAtomic(join(dir, RECORD_FILE), JSON.stringify(record, null, 2), { sync });
+export async function writeNodeRecord(dir: string, record: NodeRecord, sync: boolean): Promise<void> {
+  const path = join(dir, RECORD_FILE);
+  const text = JSON.stringify(record, null, 2);
+  if (sync) await writeFileAtomic(path, text, { sync });
+  else writeSmallFileAtomicNow(path, text);
 }
 
 /** A sandbox's record, or undefined for a folder whose creation never got that far (or garbage). */

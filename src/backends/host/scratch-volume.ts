@@ -46,6 +46,8 @@ export interface ScratchUsage {
  * device per sandbox.
  */
 export class ScratchVolume {
+  private reading: Promise<VolumeRoom> | undefined;
+
   private constructor(
     readonly mountPoint: string,
     private readonly image: string,
@@ -115,7 +117,13 @@ export class ScratchVolume {
    * fails writes with EIO, which would break every sandbox on the node, not just the one that
    * filled it. So the host's free space (less its reserve) bounds both numbers.
    */
-  async room(): Promise<VolumeRoom> {
+  room(): Promise<VolumeRoom> {
+    // creates that arrive together (a burst) share one reading: it is as fresh for each of them
+    this.reading ??= this.readRoom().finally(() => (this.reading = undefined));
+    return this.reading;
+  }
+
+  private async readRoom(): Promise<VolumeRoom> {
     const [volume, host, allocated] = await Promise.all([
       statfs(this.mountPoint),
       statfs(dirname(this.image)),

@@ -10,6 +10,7 @@ import {
   type LayerImage,
 } from '../../backends/index.ts';
 import { SandgymError, parseAt, writeFileAtomic } from '../../common/index.ts';
+import { ManifestCache } from './manifest-cache.ts';
 
 const DIGEST = /^sha256:[0-9a-f]{64}$/;
 /** A project's name, as tokens map to them (the same rule as the wire's). */
@@ -89,6 +90,12 @@ export function parseEnvironmentRef(ref: string): { name: string; version: strin
  * temp file and a rename, so concurrent writers of the same layer and crashes are both safe.
  */
 export class LayerStore {
+  /** Layer manifests by digest: a digest names fixed bytes, so a manifest read once holds. */
+  private readonly layerManifests = new Map<string, LayerManifest>();
+  readonly environmentManifests = new ManifestCache((json, path) =>
+    parseAt(environmentSchema, json, `environment manifest ${path}`),
+  );
+
   private constructor(readonly root: string) {}
 
   /** Opens (creating if needed) the store at `root`. */
@@ -190,18 +197,15 @@ export class LayerStore {
   /** An environment by "name:version". */
   async getEnvironment(ref: string): Promise<Environment> {
     const { name, version } = parseEnvironmentRef(ref);
-    const path = join(this.root, 'envs', name, `${version}.json`);
-    let text: string;
-    try {
-      text = await readFile(path, 'utf8');
-    } catch {
-      const known = (await this.listEnvironments()).map((e) => `${e.name}:${e.version}`);
-      throw new SandgymError(
-        'not_found',
-        `Unknown environment "${ref}"; known: ${known.join(', ') || 'none (run "sandgym setup")'}`,
-      );
-    }
-    return parseAt(environmentSchema, JSON.parse(text), `environment manifest ${path}`);
+    const environment = await this.environmentManifests.read(
+      join(this.root, 'envs', name, `${version}.json`),
+    );
+    if (environment) return environment;
+    const known = (await this.listEnvironments()).map((e) => `${e.name}:${e.version}`);
+    throw new SandgymError(
+      'not_found',
+      `Unknown environment "${ref}"; known: ${known.join(', ') || 'none (run "sandgym setup")'}`,
+    );
   }
 
   /** Every recorded environment version. */
@@ -246,6 +250,7 @@ export class LayerStore {
         if (owners.length > 1) continue; // another project made it too: theirs to collect
       }
       const image = this.layerPath(layer.digest);
+      this.layerManifests.delete(layer.digest);
       await rm(image.replace(/\.erofs$/, '.json'), { force: true });
       for (const file of [image, image.replace(/\.erofs$/, '.tar.gz')]) {
         freedBytes += (await stat(file).catch(() => undefined))?.size ?? 0;
@@ -394,7 +399,11 @@ export class LayerStore {
   async imagesOf(digests: readonly string[]): Promise<LayerImage[]> {
     return Promise.all(
       digests.map(async (digest) => {
-        const manifest = await this.getLayer(digest);
+        let manifest = this.layerManifests.get(digest);
+        if (!manifest) {
+          manifest = await this.getLayer(digest);
+          this.layerManifests.set(digest, manifest);
+        }
         return { digest, path: this.layerPath(digest), sizeBytes: manifest.sizeBytes };
       }),
     );
@@ -470,10 +479,8 @@ export class ProjectStore {
   /** The project's environment of that name, else the shared one. */
   async getEnvironment(ref: string): Promise<Environment> {
     const { name, version } = parseEnvironmentRef(ref);
-    const path = this.envPath(name, version);
-    const text = await readFile(path, 'utf8').catch(() => undefined);
-    if (text !== undefined)
-      return parseAt(environmentSchema, JSON.parse(text), `environment manifest ${path}`);
+    const own = await this.layers.environmentManifests.read(this.envPath(name, version));
+    if (own) return own;
     if (this.layers.hasEnvironment(ref)) return this.layers.getEnvironment(ref);
     const known = (await this.listEnvironments()).map((e) => `${e.name}:${e.version}`);
     throw new SandgymError(
