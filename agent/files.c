@@ -26,6 +26,25 @@ static int root_fd = -1;
 
 void files_init(void) { root_fd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC); }
 
+/* Whether root_fd is still the agent's own root. The host may swap the sandbox's root under the
+ * agent at any time between requests (see helper.c): pivot_root moves the agent's root, not this
+ * handle. The mount id tells two mounts of one folder apart (a shell's empty root is bind-mounted
+ * afresh on every scrub). */
+static bool root_is_current(void) {
+  struct statx now, held;
+  if (root_fd < 0) return false;
+  if (statx(AT_FDCWD, "/", 0, STATX_INO | STATX_MNT_ID, &now) < 0) return false;
+  if (statx(root_fd, "", AT_EMPTY_PATH, STATX_INO | STATX_MNT_ID, &held) < 0) return false;
+  if (!(now.stx_mask & held.stx_mask & STATX_MNT_ID)) return false;
+  return now.stx_mnt_id == held.stx_mnt_id && now.stx_ino == held.stx_ino;
+}
+
+/* Paths resolve in the agent's current root: a file request right after a swap finds the new one
+ * without the host asking for it (what saves a create a round trip). */
+static void follow_root(void) {
+  if (!root_is_current()) files_reopen_root();
+}
+
 bool files_reopen_root(void) {
   int fd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return false;
@@ -65,6 +84,7 @@ static int open_in_root(const char *rel, int flags, mode_t mode) {
 }
 
 void file_read(uint32_t id, const mp_item *path, uint64_t max_bytes) {
+  follow_root();
   char rel[4096];
   const char *why = checked_path(path, rel, sizeof rel);
   if (why) return send_error(id, "invalid_path", why);
@@ -161,6 +181,7 @@ static int create_temp_beside(const char *rel, char *tmp, size_t size, uint32_t 
 }
 
 void file_write(uint32_t id, const mp_item *path, const mp_item *data, uint32_t mode) {
+  follow_root();
   char rel[4096], tmp[4200];
   const char *why = checked_path(path, rel, sizeof rel);
   if (why) return send_error(id, "invalid_path", why);
@@ -200,6 +221,7 @@ static const char *type_name(mode_t mode) {
 }
 
 void file_list(uint32_t id, const mp_item *path) {
+  follow_root();
   char rel[4096];
   const char *why = checked_path(path, rel, sizeof rel);
   if (why) return send_error(id, "invalid_path", why);

@@ -72,6 +72,27 @@ describe('warm pool', () => {
     expect(stats.pids).toBe(1);
   });
 
+  it("resolves a new tenant's very first file request in its own root", async () => {
+    await using test = await createTestPlatform('warm-files', { warmPool: { latency: 1 } });
+    const { platform } = test;
+    await platform.warmPool.filled();
+    const first = await platform.createSandbox({ environment: 'debian:bookworm' });
+    try {
+      // file requests first, no command before them: the agent must find the swapped root itself
+      expect((await first.readFile('/etc/debian_version')).length).toBeGreaterThan(0);
+      await first.writeFile('/root/secret', 'first tenant');
+    } finally {
+      await first.close();
+    }
+    // the same shell, scrubbed, now on busybox's layers
+    await using second = await platform.createSandbox({ environment: 'busybox:latest' });
+    await expect(second.readFile('/root/secret')).rejects.toMatchObject({ code: 'not_found' });
+    await expect(second.readFile('/etc/debian_version')).rejects.toMatchObject({ code: 'not_found' });
+    expect((await second.listDir('/bin')).map((e) => e.name)).toContain('busybox');
+    await second.writeFile('/tmp/mine', 'second tenant');
+    expect((await second.exec(['cat', '/tmp/mine'])).stdout).toBe('second tenant');
+  });
+
   it('serves a burst from the pool first, then cold, and refills', async () => {
     await using test = await createTestPlatform('warm-burst', { warmPool: { latency: 2 } });
     const { platform } = test;

@@ -62,7 +62,7 @@ import { WarmPool, type WarmPoolPolicy, type WarmShell } from './warm-pool.ts';
 import { ContainerEgress } from './egress.ts';
 import { ContainerLauncher } from './launch.ts';
 import { ContainerRecords } from './node-records.ts';
-import { ContainerReuse, RESET_TIMEOUT_MS, soleProcess } from './reuse.ts';
+import { ContainerReuse, soleProcess } from './reuse.ts';
 
 /** Options for {@link ContainerBackend.create}. */
 export interface ContainerBackendOptions {
@@ -401,7 +401,10 @@ export class ContainerBackend implements Backend {
       undefined,
     );
     try {
+      // known now, so that taking the shell costs no lookups
+      shell.agentPid = await soleProcess(shell);
       shell.pooledBaseline = baselineOf(await shell.cgroup.usage());
+      await this.reuse.prepareWritableDirs(shell);
     } catch (error) {
       await this.launcher.teardown(shell).catch(() => undefined);
       throw error;
@@ -424,11 +427,8 @@ export class ContainerBackend implements Backend {
     let swapped = false;
     let baseline: UsageBaseline | undefined;
     const [root, limits, state] = await Promise.allSettled([
-      (async () => {
-        await this.reuse.swapInOverlay(shell, agentPid, spec.layers, '', 'keep');
-        swapped = true;
-        await shell.channel.call({ op: 'reset' }, { timeoutMs: RESET_TIMEOUT_MS });
-      })(),
+      // the agent's file requests follow its root by themselves (agent/files.c): no call needed
+      this.reuse.swapInOverlay(shell, agentPid, spec.layers, '', 'keep').then(() => void (swapped = true)),
       (async () => {
         await this.reuse.applyLimits(shell, spec);
         if (shell.diskMib !== spec.resources.diskMib) {

@@ -10,7 +10,7 @@ import type { ContainerLauncher } from './launch.ts';
 import type { WarmShell } from './warm-pool.ts';
 
 /** How long an agent may take to end a tenant's processes and take its new root. */
-export const RESET_TIMEOUT_MS = 10_000;
+const RESET_TIMEOUT_MS = 10_000;
 
 /**
  * Reusing a container for another tenant, or for the next call of the same one: a fresh overlay
@@ -41,7 +41,11 @@ export class ContainerReuse {
     const dir = this.launcher.pathsOf(shell.slot).dir;
     const upper = join(dir, 'rw', `upper${suffix}`);
     const work = join(dir, 'rw', `work${suffix}`);
-    const made = Promise.all([upper, work].map((d) => mkdir(d, { recursive: true })));
+    const made =
+      suffix === '' && shell.writableDirsReady
+        ? Promise.resolve()
+        : Promise.all([upper, work].map((d) => mkdir(d, { recursive: true })));
+    shell.writableDirsReady = false;
     let points: string[];
     try {
       points = await this.mounts.acquire(layers);
@@ -68,6 +72,13 @@ export class ContainerReuse {
       await Promise.all([upper, work].map((d) => rm(d, { recursive: true, force: true })));
       throw error;
     }
+  }
+
+  /** Makes a pooled shell's empty upper and work dirs ahead of its next tenant, who then waits for neither. */
+  async prepareWritableDirs(shell: WarmShell): Promise<void> {
+    const rw = join(this.launcher.pathsOf(shell.slot).dir, 'rw');
+    await Promise.all(['upper', 'work'].map((d) => mkdir(join(rw, d), { recursive: true })));
+    shell.writableDirsReady = true;
   }
 
   /** Writes the tenant's cgroup limits, unless the container has them already. */
@@ -100,6 +111,7 @@ export class ContainerReuse {
       await shell.channel.call({ op: 'reset' }, { timeoutMs: RESET_TIMEOUT_MS });
       const paths = this.launcher.pathsOf(shell.slot);
       await removeWritableLayers(paths.dir);
+      await this.prepareWritableDirs(shell);
       await this.launcher.saveState(paths.dir, this.launcher.pooledState(shell.slot));
       shell.pooledBaseline = baselineOf(await shell.cgroup.usage());
       return true;

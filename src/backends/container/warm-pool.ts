@@ -30,6 +30,8 @@ export interface WarmShell {
    * pooled shell's agent is idle, so they still hold when a tenant takes it.
    */
   pooledBaseline?: UsageBaseline;
+  /** Whether its `rw/upper` and `rw/work` are made and empty, ready for its next tenant's overlay. */
+  writableDirsReady?: boolean;
   /** Its subvolume on the node's scratch volume, and the disk cap set on it (MiB). */
   scratch: ScratchSlot;
   diskMib: number;
