@@ -58,14 +58,17 @@ export class ShapedStore implements AsyncDisposable {
     return store;
   }
 
-  /** (Re)mounts the store, so a run starts with nothing of it cached on the client. */
+  /**
+   * (Re)mounts the store, so a run starts with nothing of it cached on the client. Writable, as a
+   * node's shared store is: a node checks that it may write its store (its layer pins go there).
+   */
   async mount(): Promise<void> {
     await this.unmount();
     await mkdir(this.mountPoint, { recursive: true });
     const key = join(this.dir, 'keys', 'client');
     await runProgram('sshfs', [
       '-o',
-      `ro,port=${ShapedStore.PORT},IdentityFile=${key},StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,Ciphers=aes128-gcm@openssh.com`,
+      `port=${ShapedStore.PORT},IdentityFile=${key},StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,Ciphers=aes128-gcm@openssh.com`,
       `root@127.0.0.1:${this.exportDir}`,
       this.mountPoint,
     ]);
