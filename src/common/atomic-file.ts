@@ -14,6 +14,11 @@ export interface AtomicWriteOptions {
   mode?: number;
 }
 
+/** A fresh hidden temp file name in the same folder as `path`, so a rename moves it into place. */
+function tempPathBeside(path: string): string {
+  return join(dirname(path), `.${basename(path)}.${randomBytes(6).toString('hex')}.tmp`);
+}
+
 /**
  * Writes a file so that a crash leaves either the old content or the new, never a torn file:
  * write to a temp file beside it, fsync, rename over the target, fsync the directory.
@@ -23,7 +28,7 @@ export async function writeFileAtomic(
   data: string | Uint8Array,
   { sync = true, mode = 0o644 }: AtomicWriteOptions = {},
 ): Promise<void> {
-  const temp = join(dirname(path), `.${basename(path)}.${randomBytes(6).toString('hex')}.tmp`);
+  const temp = tempPathBeside(path);
   const file = await open(temp, 'w', mode);
   try {
     await file.writeFile(data);
@@ -50,7 +55,7 @@ export async function writeFileAtomic(
  * round trip for each of open, write, close and rename costs more than the writes themselves.
  */
 export function writeSmallFileAtomicNow(path: string, data: string, mode = 0o644): void {
-  const temp = join(dirname(path), `.${basename(path)}.${randomBytes(6).toString('hex')}.tmp`);
+  const temp = tempPathBeside(path);
   try {
     writeFileSync(temp, data, { mode });
     renameSync(temp, path);
