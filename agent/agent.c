@@ -103,7 +103,7 @@ static void send_ready(void) {
 typedef struct {
   mp_item op, path, data, cwd, stdin_data;
   uint32_t id;
-  uint64_t timeout_ms, cap_bytes, max_bytes, mode, target, time_ms;
+  uint64_t timeout_ms, cap_bytes, max_bytes, mode, target, time_ms, report_fd;
   int64_t uid, gid;
   char **argv, **env;
   bool bad;
@@ -167,6 +167,7 @@ static bool parse_request(const uint8_t *p, size_t n, request *req) {
     else if (mp_item_is(&key, "timeMs")) req->time_ms = as_uint(&value, &req->bad);
     else if (mp_item_is(&key, "uid")) req->uid = (int64_t)as_uint(&value, &req->bad);
     else if (mp_item_is(&key, "gid")) req->gid = (int64_t)as_uint(&value, &req->bad);
+    else if (mp_item_is(&key, "reportFd")) req->report_fd = as_uint(&value, &req->bad);
   }
   return true;
 }
@@ -201,6 +202,11 @@ static void handle_exec(request *req) {
   ex.cap_bytes = req->cap_bytes;
   ex.uid = req->uid;
   ex.gid = req->gid;
+  if (req->report_fd > REPORT_FD_MAX) {
+    exec_request_free(&ex);
+    return send_error(req->id, "bad_request", "reportFd must be a descriptor number from 3 to 1023");
+  }
+  ex.report_fd = (uint32_t)req->report_fd;
   job_start(&ex);
   exec_request_free(&ex);
 }
@@ -415,9 +421,10 @@ static _Noreturn void agent_main(const agent_options *options) {
   sigprocmask(SIG_BLOCK, &chld, NULL);
   int sigfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
   send_ready();
-  struct pollfd fds[2 + 3 * MAX_JOBS];
-  job *owners[2 + 3 * MAX_JOBS];
-  int streams[2 + 3 * MAX_JOBS];
+  /* per job: its output streams, and its stdin (marked by the stream number JOB_STREAMS) */
+  struct pollfd fds[2 + (JOB_STREAMS + 1) * MAX_JOBS];
+  job *owners[2 + (JOB_STREAMS + 1) * MAX_JOBS];
+  int streams[2 + (JOB_STREAMS + 1) * MAX_JOBS];
   for (;;) {
     int n = 0;
     fds[n++] = (struct pollfd){.fd = request_fd, .events = POLLIN};
@@ -425,13 +432,13 @@ static _Noreturn void agent_main(const agent_options *options) {
     for (int i = 0; i < MAX_JOBS; i++) {
       job *j = &jobs[i];
       if (!j->used) continue;
-      for (int s = 0; s < 2; s++) {
+      for (int s = 0; s < JOB_STREAMS; s++) {
         if (j->fds[s] < 0) continue;
         owners[n] = j, streams[n] = s;
         fds[n++] = (struct pollfd){.fd = j->fds[s], .events = POLLIN};
       }
       if (j->stdin_fd >= 0) {
-        owners[n] = j, streams[n] = 2;
+        owners[n] = j, streams[n] = JOB_STREAMS;
         fds[n++] = (struct pollfd){.fd = j->stdin_fd, .events = POLLOUT};
       }
     }
@@ -444,7 +451,7 @@ static _Noreturn void agent_main(const agent_options *options) {
     if (poll(fds, (nfds_t)n, timeout) < 0 && errno != EINTR) shutdown_sandbox();
     for (int k = 2; k < n; k++) {
       if (!fds[k].revents) continue;
-      if (streams[k] == 2) job_feed_stdin(owners[k]);
+      if (streams[k] == JOB_STREAMS) job_feed_stdin(owners[k]);
       else job_pump(owners[k], streams[k], 4);
     }
     if (fds[1].revents) {

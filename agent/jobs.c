@@ -1,5 +1,11 @@
 /* Commands run by the agent: fork, exec (our own PATH search, never a shell), stream capped
- * output back, enforce the deadline on the whole process group, report how the command ended. */
+ * output back, enforce the deadline on the whole process group, report how the command ended.
+ *
+ * A command may also get a report channel: the write end of a pipe on an fd number of the
+ * caller's choosing, read here as a third stream. A grader's test harness writes its results
+ * there as it goes; whatever a process writes is read at once, so nothing started later (the
+ * code under test) can take it back or rewrite it, and a harness that never finishes its report
+ * shows as one that never finished. */
 #define _GNU_SOURCE
 #include "jobs.h"
 
@@ -129,7 +135,7 @@ static void exec_path(char **argv, char **env) {
   errno = saved;
 }
 
-static void child_main(exec_request *req, int out_w, int err_w, int in_r, char **env) {
+static void child_main(exec_request *req, int out_w, int err_w, int in_r, int report_w, char **env) {
   sigset_t all;
   sigemptyset(&all);
   sigprocmask(SIG_SETMASK, &all, NULL);
@@ -140,6 +146,11 @@ static void child_main(exec_request *req, int out_w, int err_w, int in_r, char *
   dup2(in_r, 0);
   dup2(out_w, 1);
   dup2(err_w, 2);
+  /* dup2 clears close-on-exec: the command and whatever it starts inherit the report channel */
+  if (report_w >= 0 && dup2(report_w, (int)req->report_fd) < 0) {
+    dprintf(2, "sandgym-agent: cannot open the report channel on fd %u: %s\n", req->report_fd, strerror(errno));
+    _exit(126);
+  }
   if (req->gid >= 0 && (setgroups(0, NULL) < 0 || setgid((gid_t)req->gid) < 0)) {
     dprintf(2, "sandgym-agent: cannot switch to group %lld: %s\n", (long long)req->gid, strerror(errno));
     _exit(126);
@@ -164,10 +175,16 @@ void job_start(exec_request *req) {
   job *j = free_slot();
   if (!j) return send_error(req->id, "busy", "too many commands are running in this sandbox");
   if (job_by_id(req->id)) return send_error(req->id, "bad_request", "request id is already in use");
-  int out[2], err[2], in[2] = {-1, -1};
+  if (req->report_fd && (req->report_fd < REPORT_FD_MIN || req->report_fd > REPORT_FD_MAX))
+    return send_error(req->id, "bad_request", "reportFd must be a descriptor number from 3 to 1023");
+  int out[2], err[2], in[2] = {-1, -1}, report[2] = {-1, -1};
   if (pipe2(out, O_CLOEXEC) < 0) return send_errno(req->id, errno, "cannot create pipe");
   if (pipe2(err, O_CLOEXEC) < 0) {
     close(out[0]), close(out[1]);
+    return send_errno(req->id, errno, "cannot create pipe");
+  }
+  if (req->report_fd && pipe2(report, O_CLOEXEC) < 0) {
+    close(out[0]), close(out[1]), close(err[0]), close(err[1]);
     return send_errno(req->id, errno, "cannot create pipe");
   }
   if (req->stdin_len > 0) {
@@ -177,14 +194,16 @@ void job_start(exec_request *req) {
   }
   char **env = merged_env(req->env);
   pid_t pid = env && in[0] >= 0 ? fork() : -1;
-  if (pid == 0) child_main(req, out[1], err[1], in[0], env);
+  if (pid == 0) child_main(req, out[1], err[1], in[0], report[1], env);
   int fork_errno = errno;
   free(env);
   close(out[1]);
   close(err[1]);
+  if (report[1] >= 0) close(report[1]);
   if (in[0] >= 0) close(in[0]);
   if (pid < 0) {
     close(out[0]), close(err[0]);
+    if (report[0] >= 0) close(report[0]);
     if (in[1] >= 0) close(in[1]);
     return send_errno(req->id, fork_errno, "cannot start command");
   }
@@ -194,6 +213,8 @@ void job_start(exec_request *req) {
   j->pid = pid;
   j->fds[0] = out[0];
   j->fds[1] = err[0];
+  j->fds[2] = report[0];
+  j->has_report = report[0] >= 0;
   j->stdin_fd = in[1];
   j->stdin_data = req->stdin_data;
   j->stdin_len = req->stdin_len;
@@ -203,6 +224,7 @@ void job_start(exec_request *req) {
   j->deadline_us = req->timeout_ms > 0 ? j->start_us + (int64_t)req->timeout_ms * 1000 : 0;
   set_nonblock(out[0]);
   set_nonblock(err[0]);
+  if (report[0] >= 0) set_nonblock(report[0]);
   if (j->stdin_fd >= 0) set_nonblock(j->stdin_fd);
 }
 
@@ -262,7 +284,7 @@ void job_feed_stdin(job *j) {
 static void job_finish(job *j) {
   /* What the command wrote before it exited is in the pipes already. A background descendant
    * that still holds them must not keep the result waiting, so this drain is bounded. */
-  for (int s = 0; s < 2; s++) {
+  for (int s = 0; s < JOB_STREAMS; s++) {
     if (j->fds[s] >= 0) job_pump(j, s, 64);
     if (j->fds[s] >= 0) close(j->fds[s]);
   }
@@ -272,7 +294,7 @@ static void job_finish(job *j) {
    * command: its state now is what a reuse check needs, sent along so the host skips asking. */
   bool alone = getpid() == 1 && selfstate_others() == 0;
   mp_writer w;
-  reply_begin(&w, "exit", j->id, alone ? 10 : 9);
+  reply_begin(&w, "exit", j->id, (alone ? 10 : 9) + (j->has_report ? 2 : 0));
   mp_str(&w, "exitCode");
   if (WIFEXITED(j->status)) mp_int(&w, WEXITSTATUS(j->status));
   else mp_nil(&w);
@@ -293,6 +315,12 @@ static void job_finish(job *j) {
   mp_bool(&w, j->bytes[0] > j->cap_bytes);
   mp_str(&w, "stderrTruncated");
   mp_bool(&w, j->bytes[1] > j->cap_bytes);
+  if (j->has_report) {
+    mp_str(&w, "reportBytes");
+    mp_uint(&w, j->bytes[2]);
+    mp_str(&w, "reportTruncated");
+    mp_bool(&w, j->bytes[2] > j->cap_bytes);
+  }
   if (alone) {
     char state[2048];
     selfstate_describe(state, sizeof state);

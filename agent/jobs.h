@@ -9,6 +9,11 @@
 #include "msgpack.h"
 
 #define MAX_JOBS 256
+/* The streams a job's output comes on: stdout, stderr, and the report channel. */
+#define JOB_STREAMS 3
+/* The lowest and highest fd number a report channel may take. */
+#define REPORT_FD_MIN 3
+#define REPORT_FD_MAX 1023
 
 typedef struct {
   uint32_t id;
@@ -20,18 +25,23 @@ typedef struct {
   uint64_t timeout_ms; /* 0: no deadline */
   uint64_t cap_bytes;  /* captured per stream; the rest is counted and dropped */
   int64_t uid, gid;    /* -1: keep the agent's (root) */
+  /* When non-zero, the command inherits the write end of a pipe on this fd number, and what is
+   * written there comes back as a third stream: a channel only the command's own processes can
+   * write and none can take back (see jobs.c). */
+  uint32_t report_fd;
 } exec_request;
 
 typedef struct {
   bool used;
   uint32_t id;
   pid_t pid;
-  int fds[2]; /* stdout, stderr read ends; -1 once closed */
+  int fds[3]; /* stdout, stderr and report read ends; -1 once closed (or never opened) */
   int stdin_fd;
   uint8_t *stdin_data;
   size_t stdin_len, stdin_off;
   uint64_t cap_bytes;
-  uint64_t bytes[2];
+  uint64_t bytes[3];
+  bool has_report;
   int64_t start_us, end_us, deadline_us;
   bool timed_out, cancelled;
   int status;

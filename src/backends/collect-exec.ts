@@ -23,13 +23,13 @@ export function streamExec(run: (onChunk: (chunk: ExecChunk) => void) => Promise
 
 /** Runs a streamed command to its end and returns its result with the captured output filled in. */
 export async function collectExec(running: ExecStream): Promise<ExecResult> {
-  const out: Buffer[] = [];
-  const err: Buffer[] = [];
-  for await (const chunk of running.output) (chunk.stream === 'stdout' ? out : err).push(chunk.data);
+  const streams: Record<ExecChunk['stream'], Buffer[]> = { stdout: [], stderr: [], report: [] };
+  for await (const chunk of running.output) streams[chunk.stream].push(chunk.data);
   const result = await running.result;
   return {
     ...result,
-    stdout: Buffer.concat(out).toString('utf8'),
-    stderr: Buffer.concat(err).toString('utf8'),
+    stdout: Buffer.concat(streams.stdout).toString('utf8'),
+    stderr: Buffer.concat(streams.stderr).toString('utf8'),
+    ...(result.reportBytes === undefined ? {} : { report: Buffer.concat(streams.report).toString('utf8') }),
   };
 }

@@ -105,7 +105,17 @@ export interface ExecOptions extends CallOptions {
   stdin?: string | Uint8Array;
   /** Bytes captured per stream; defaults to the sandbox's cap. */
   outputCapBytes?: number;
+  /**
+   * Give the command a report channel: the write end of a pipe on fd {@link REPORT_FD} (named in
+   * `$SANDGYM_REPORT_FD`), inherited by everything it starts. What is written there comes back
+   * as the result's `report`: read as it is written, so no later process can take it back. A
+   * grader's test harness reports through it (see docs/security.md).
+   */
+  reportChannel?: boolean;
 }
+
+/** The fd number of a command's report channel (see {@link ExecOptions.reportChannel}). */
+export const REPORT_FD = 200;
 
 /** How a command ended. `stdout`/`stderr` hold at most the output cap, decoded as UTF-8. */
 export interface ExecResult {
@@ -122,11 +132,15 @@ export interface ExecResult {
   /** Killed by the kernel's OOM killer at the sandbox's memory limit. */
   oomKilled: boolean;
   durationMs: number;
+  /** With {@link ExecOptions.reportChannel}: what was written to the report channel (at most the output cap). */
+  report?: string | undefined;
+  reportBytes?: number | undefined;
+  reportTruncated?: boolean | undefined;
 }
 
 /** A piece of a running command's output. */
 export interface ExecChunk {
-  stream: 'stdout' | 'stderr';
+  stream: 'stdout' | 'stderr' | 'report';
   data: Buffer;
 }
 

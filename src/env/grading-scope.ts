@@ -67,11 +67,26 @@ const HOOK_PATTERNS = [
   HOME_TOOL_DIRS,
 ];
 
+/**
+ * What only a grader holds: the tests, the solution, the logs (the reward among them) and
+ * sandgym's own harness. A link of the agent's into any of them is left out of its diff.
+ */
+const HIDDEN = ['tests', 'solution', 'logs', 'sandgym-runner'];
+
+/**
+ * Modules of the test harness (beside the standard library, which the grader's import guard
+ * covers the same way): one the agent leaves in its workdir, where `python -m pytest` would find
+ * it first, never runs in the harness (see harness/sandgym_import_guard.py) and is reported as
+ * tampering.
+ */
+const HARNESS_MODULES = ['pytest', '_pytest', 'pluggy', 'py', 'iniconfig', 'unittest', 'doctest'];
+
 /** What packDiff takes out of an agent's diff for grading, and what it reports as tampering. */
 export interface GradingScope {
   excludePaths: string[];
   excludeRegexes: string[];
   reportPaths: string[];
+  hiddenPaths: string[];
 }
 
 /** The scope before anything is known of the environment's interpreters. */
@@ -79,7 +94,16 @@ export const BASE_SCOPE: GradingScope = {
   excludePaths: PROTECTED,
   excludeRegexes: HOOK_PATTERNS,
   reportPaths: PROTECTED,
+  hiddenPaths: HIDDEN,
 };
+
+/** The workdir paths where a module of the harness would shadow the real one. */
+function shadowingPaths(workdir: string): string[] {
+  const dir = workdir.replace(/^\/+|\/+$/g, '');
+  return HARNESS_MODULES.flatMap((name) => [`${name}.py`, name]).map((entry) =>
+    dir ? `${dir}/${entry}` : entry,
+  );
+}
 
 /**
  * The grading scope of an environment: the fixed protected paths and hooks, plus what a probe of a
@@ -102,8 +126,10 @@ export function gradingScope(
   const python = facts?.python;
   if (python) {
     const sites = [...new Set(python.sitePaths.filter(outsideWork).map(relative))];
-    if (sites.length && python.modules.length) {
-      regexes.push(`^(${sites.map(escapeRegex).join('|')})/(${python.modules.join('|')})(\\.[^/]*)?(/|$)`);
+    // the harness's own too, where the clean sandbox lacks them (a test script installs pytest)
+    const modules = [...new Set([...python.modules, ...HARNESS_MODULES])];
+    if (sites.length) {
+      regexes.push(`^(${sites.map(escapeRegex).join('|')})/(${modules.join('|')})(\\.[^/]*)?(/|$)`);
     }
     if (python.missingStartupModules.length) {
       regexes.push(`(^|/)(${python.missingStartupModules.join('|')})(\\.[^/]*)?(/|$)`);
@@ -112,7 +138,8 @@ export function gradingScope(
   return {
     excludePaths,
     excludeRegexes: regexes,
-    reportPaths: [...new Set([...PROTECTED, ...pathDirs])],
+    reportPaths: [...new Set([...PROTECTED, ...pathDirs, ...shadowingPaths(workdir)])],
+    hiddenPaths: HIDDEN,
   };
 }
 

@@ -3,7 +3,11 @@ export type PytestOutcome = 'PASSED' | 'FAILED' | 'ERROR' | 'SKIPPED' | 'XFAIL' 
 
 const OUTCOMES = new Set<string>(['PASSED', 'FAILED', 'ERROR', 'SKIPPED', 'XFAIL', 'XPASS']);
 /** Outcomes Terminal-Bench counts as a pass: the test ran as it meant to, or was meant to be left. */
-const PASSING = new Set<PytestOutcome>(['PASSED', 'XFAIL', 'SKIPPED']);
+export const PASSING_OUTCOMES: ReadonlySet<PytestOutcome> = new Set<PytestOutcome>([
+  'PASSED',
+  'XFAIL',
+  'SKIPPED',
+]);
 
 /** One line of the summary: the test (its node id without the file) and its outcome. */
 export interface PytestResult {
@@ -33,7 +37,11 @@ export function parsePytestSummary(output: string): PytestResult[] | undefined {
       .split(' - ')[0]!
       .trim();
     const test = nodeId.includes('::') ? nodeId.slice(nodeId.indexOf('::') + 2) : nodeId;
-    results.push({ test, outcome: outcome as PytestOutcome, passed: PASSING.has(outcome as PytestOutcome) });
+    results.push({
+      test,
+      outcome: outcome as PytestOutcome,
+      passed: PASSING_OUTCOMES.has(outcome as PytestOutcome),
+    });
   }
   return results;
 }

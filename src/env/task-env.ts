@@ -20,7 +20,13 @@ import { TaskError, taskStorageStem, type Task } from './tasks/task.ts';
 import { Deadline } from './deadline.ts';
 import { BASE_SCOPE, PROTECTED_PATHS, gradingScope, type GradingScope } from './grading-scope.ts';
 import { probeInterpreters, type InterpreterFacts } from './python-probe.ts';
-import { defaultVerifier, runVerifiers, type Verifier, type VerifierResult } from './verifiers/index.ts';
+import {
+  GradingAnomaly,
+  defaultVerifier,
+  runVerifiers,
+  type Verifier,
+  type VerifierResult,
+} from './verifiers/index.ts';
 import { workspaceEnvironment, workspaceEnvironmentName } from './tasks/workspace.ts';
 import { TaskServices } from './task-services.ts';
 
@@ -490,22 +496,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
       verdict = withDiff.verdict;
     } else {
       if (isSandgymError(withDiff.error, ...INFRA_CODES)) throw withDiff.error;
-      const anomaly = messageOf(withDiff.error);
-      await this.judge(clean, []).catch((error: unknown) => {
-        throw new SandgymError(
-          'failed_precondition',
-          `The verifier of task ${this.task.id} failed with the agent's changes (${anomaly}) and without them too (${messageOf(error)}): the verifier is at fault`,
-          { cause: error },
-        );
-      });
-      verdict = {
-        reward: 0,
-        details: {
-          reason: `the agent's changes broke grading: ${anomaly}`,
-          anomaly,
-          control: "the verifier runs soundly without the agent's changes, so they caused it",
-        },
-      };
+      verdict = await this.blame(clean, withDiff.error);
     }
     // Tampering is reported, not punished: the protected paths came from the task's own layers,
     // so the verifier judged the real work.
@@ -515,6 +506,48 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
       deniedEgress,
       details: { ...verdict.details, ...(dropped.length ? { droppedFromDiff: dropped } : {}) },
     };
+  }
+
+  /**
+   * Decides who caused an anomaly of the run with the agent's changes, by running the verifier
+   * on `clean` without them: sound there, the agent's changes caused it (reward 0); the same
+   * anomaly there, where the first run had a verdict, is the verifier's habit (that verdict
+   * stands); anything else there, the verifier is at fault.
+   */
+  private async blame(clean: string, error: unknown): Promise<VerifierResult> {
+    const anomaly = messageOf(error);
+    const control = await this.judge(clean, []).then(
+      () => undefined,
+      (failure: unknown) => failure,
+    );
+    if (control === undefined)
+      return {
+        reward: 0,
+        details: {
+          reason: `the agent's changes broke grading: ${anomaly}`,
+          anomaly,
+          control: "the verifier runs soundly without the agent's changes, so they caused it",
+        },
+      };
+    if (
+      error instanceof GradingAnomaly &&
+      error.verdict &&
+      control instanceof GradingAnomaly &&
+      control.kind === error.kind
+    )
+      return {
+        ...error.verdict,
+        details: {
+          ...error.verdict.details,
+          anomaly,
+          control: "the verifier shows the same without the agent's changes: it is the verifier's way",
+        },
+      };
+    throw new SandgymError(
+      'failed_precondition',
+      `The verifier of task ${this.task.id} failed with the agent's changes (${anomaly}) and without them too (${messageOf(control)}): the verifier is at fault`,
+      { cause: control },
+    );
   }
 
   /** Runs the verifiers in a fresh grader of `environment` plus `extraLayers`, within the grading deadline. */
@@ -537,6 +570,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
         workdir: this.workdir(),
         platform: this.platform,
         environment,
+        imageEnv: this.built?.config.env ?? {},
         ...this.userOf(this.task.verifierUser),
         deadline: Deadline.after(
           this.task.verifierTimeoutMs + GRADING_OVERHEAD_MS,

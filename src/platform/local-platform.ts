@@ -557,10 +557,12 @@ export class LocalPlatform implements HostPlatform {
     const ref = options.name === undefined ? undefined : parseEnvironmentRef(options.name);
     const id = typeof sandbox === 'string' ? sandbox : sandbox.id;
     // Always a private copy, pruned: what a layer cannot hold (too-long names and paths), what no
-    // layer should (FIFOs, sockets, devices), the excluded paths and whatever stands in for them.
+    // layer should (FIFOs, sockets, devices), the excluded paths and whatever stands in for them,
+    // links into hidden paths.
     const filter = {
       ...(options.excludePaths ? { excludePaths: options.excludePaths } : {}),
       ...(options.reportPaths ? { reportPaths: options.reportPaths } : {}),
+      ...(options.hiddenPaths ? { hiddenPaths: options.hiddenPaths } : {}),
     };
     const pack = async (dir: string, found: Pick<Sandbox, 'layers' | 'labels'>, report: FilterReport) => {
       // what a sandbox is packed into belongs to the sandbox's project

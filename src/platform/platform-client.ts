@@ -107,6 +107,11 @@ export interface PackDiffOptions extends CallOptions {
   excludeRegexes?: string[];
   /** Paths (relative to /) whose presence in the sandbox's changes is reported in `present`. */
   reportPaths?: string[];
+  /**
+   * Paths (relative to /) that only a grader will hold: symlinks of the changes that lead into
+   * them (as the sandbox resolves them) are left out and listed in `dropped`.
+   */
+  hiddenPaths?: string[];
 }
 
 /** The layer and environment that {@link PlatformClient.packDiff} made. */
@@ -118,7 +123,8 @@ export interface PackDiffResult {
   present: string[];
   /**
    * What was left out besides the excluded paths: FIFOs, sockets and device nodes, names and paths
-   * too long for a layer, and whatever stood in place of an excluded path's folder.
+   * too long for a layer, whatever stood in place of an excluded path's folder, and links into
+   * hidden paths.
    */
   dropped: DroppedEntry[];
 }

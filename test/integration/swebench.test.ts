@@ -165,7 +165,7 @@ describe('SWE-bench tasks', () => {
       const grade = await taskEnv.grade();
       expect(grade.reward, name).toBe(0);
       if (name === 'rewire') expect(grade.details['harnessTampered']).toEqual(['TestCase.assertEqual']);
-      else expect(grade.details['runner']).toMatch(/did not finish/);
+      else expect(grade.details['anomaly']).toMatch(/ended without finishing|did not finish/);
     }
   });
 

@@ -202,7 +202,12 @@ export class ContainerBackend implements Backend {
    * duration (its lower dirs named relative to the mounts' folder, so a deep stack fits the
    * mount options' page).
    */
-  async withLayerStack<T>(layers: readonly LayerImage[], consume: (root: string) => Promise<T>): Promise<T> {
+  async withLayerStack<T>(
+    layers: readonly LayerImage[],
+    consume: (root: string) => Promise<T>,
+    options: { above?: string } = {},
+  ): Promise<T> {
+    if (layers.length === 0 && options.above) return consume(options.above);
     if (layers.length === 0) {
       const empty = join(this.options.dataDir, 'stacks', this.stackViewName());
       await mkdir(empty, { recursive: true });
@@ -214,10 +219,13 @@ export class ContainerBackend implements Backend {
     }
     const points = await this.mounts.acquire(layers);
     try {
-      if (points.length === 1) return await consume(points[0] ?? '');
+      if (points.length === 1 && !options.above) return await consume(points[0] ?? '');
       const view = join(this.options.dataDir, 'stacks', this.stackViewName());
       await mkdir(view, { recursive: true });
-      const lowers = [...points].reverse().map((point) => basename(point));
+      const lowers = [
+        ...(options.above ? [options.above] : []),
+        ...[...points].reverse().map((point) => basename(point)),
+      ];
       await runProgram('mount', ['-t', 'overlay', 'overlay', '-o', `ro,lowerdir=${lowers.join(':')}`, view], {
         cwd: dirname(points[0] ?? ''),
       });
@@ -492,7 +500,7 @@ export class ContainerBackend implements Backend {
         attached: () => this.egress.isAttached(shell.slot),
       },
       destroy: (s) => this.destroy(s),
-      privateCopy: (upperDir) => this.privateCopy(shell.slot, upperDir),
+      privateCopy: (upperDir) => this.privateCopy(shell.slot, upperDir, spec.layers),
       ...(baseline ? { baseline } : {}),
       ...(createdAt === undefined ? {} : { createdAt }),
       ...(memory ? { memory } : {}),
@@ -744,7 +752,8 @@ export class ContainerBackend implements Backend {
     let copy: PrivateCopy | undefined;
     try {
       if (!options.filter) return await consume(upper, found, NOTHING_FILTERED);
-      copy = await this.privateCopy(slot, upper);
+      // its layers are not this process's to mount: links are resolved within the copy alone
+      copy = await this.privateCopy(slot, upper, []);
     } finally {
       if (!wasFrozen) await cgroup.setFrozen(false);
     }
@@ -756,14 +765,20 @@ export class ContainerBackend implements Backend {
    * one instant and in one ioctl, for a packer to prune (see {@link filterDiffTree}) without
    * touching the sandbox. Counts against no sandbox's cap; deleted when the packer is done.
    */
-  private async privateCopy(slot: string, upperDir: string): Promise<PrivateCopy> {
+  private async privateCopy(
+    slot: string,
+    upperDir: string,
+    layers: readonly LayerImage[],
+  ): Promise<PrivateCopy> {
     const rw = join(this.launcher.pathsOf(slot).dir, 'rw');
     const snapshot = join(this.launcher.pathsOf(slot).dir, `diff-${randomBytes(6).toString('hex')}`);
     await this.helper.snapshot(rw, snapshot);
+    const tree = join(snapshot, relative(rw, upperDir));
     return {
-      tree: join(snapshot, relative(rw, upperDir)),
+      tree,
       trash: join(snapshot, '.dropped'),
       clearOpaque: (dirs) => this.helper.clearOpaque(dirs),
+      withMergedView: (consume) => this.withLayerStack(layers, consume, { above: tree }),
       dispose: () => this.helper.deleteSubvolume(snapshot),
     };
   }

@@ -1,13 +1,10 @@
-import { filterDiffTree, type DiffFilter, type FilterReport } from '../host/diff-filter.ts';
+import { filterDiffTree, type DiffFilter, type DiffTree, type FilterReport } from '../host/diff-filter.ts';
 
-/** A private copy of a container's writable layer: a btrfs snapshot of its `rw` subvolume. */
-export interface PrivateCopy {
-  /** The copy of the upper dir: what the sandbox wrote. */
-  tree: string;
-  /** A folder beside it, in the same copy, where pruned entries go. */
-  trash: string;
-  /** Removes overlay opaque marks of folders in the copy; returns those that had one. */
-  clearOpaque(dirs: string[]): Promise<string[]>;
+/**
+ * A private copy of a container's writable layer: a btrfs snapshot of its `rw` subvolume, whose
+ * `tree` is the copy of the upper dir (what the sandbox wrote).
+ */
+export interface PrivateCopy extends DiffTree {
   /** Deletes the copy. */
   dispose(): Promise<void>;
 }
@@ -22,7 +19,7 @@ export async function consumeFiltered<T>(
   consume: (dir: string, report: FilterReport) => Promise<T>,
 ): Promise<T> {
   try {
-    const report = await filterDiffTree(copy.tree, copy.trash, filter, (dirs) => copy.clearOpaque(dirs));
+    const report = await filterDiffTree(copy, filter);
     return await consume(copy.tree, report);
   } finally {
     await copy.dispose();

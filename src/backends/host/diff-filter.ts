@@ -1,6 +1,7 @@
 import { Buffer } from 'node:buffer';
 import { lstat, mkdir, readdir, rename } from 'node:fs/promises';
 import { join } from 'node:path';
+import { resolveInRoot } from './resolve-in-root.ts';
 
 /**
  * What to take out of a sandbox's writable layer before it becomes a layer (a grader's diff, a
@@ -16,11 +17,23 @@ export interface DiffFilter {
   excludePaths?: readonly string[];
   /** Paths whose presence in the diff is reported: written, deleted, or replaced through an ancestor. */
   reportPaths?: readonly string[];
+  /**
+   * Folders only a grader holds (tests, solutions, logs): a symlink of the diff that leads into
+   * one, resolved as the sandbox would resolve it over the layers below, is left out, so a test
+   * that compares the agent's file with its hidden expected one never compares that file with
+   * itself. So is a link through a process's magic links in /proc (`/proc/self/root/tests`).
+   */
+  hiddenPaths?: readonly string[];
 }
 
 /** Why an entry did not make it into the layer. */
 export type DropReason =
-  'excluded' | 'replaces_an_excluded_folder' | 'special_file' | 'name_too_long' | 'path_too_long';
+  | 'excluded'
+  | 'replaces_an_excluded_folder'
+  | 'special_file'
+  | 'name_too_long'
+  | 'path_too_long'
+  | 'links_into_hidden';
 
 /** An entry taken out of a diff (excluded paths themselves are not listed). */
 export interface DroppedEntry {
@@ -45,21 +58,32 @@ const MAX_PATH_BYTES = 4095 - (MAX_NAME_BYTES + 2);
 /** An overlay whiteout: a character device 0:0, which marks a deletion and is kept. */
 const WHITEOUT_RDEV = 0;
 
+/** What {@link filterDiffTree} works on: a private copy of a writable layer, and what it can do there. */
+export interface DiffTree {
+  tree: string;
+  /** A folder beside it, on the same filesystem, where pruned entries go. */
+  trash: string;
+  /** Removes the opaque mark of the folders it is given; returns those that had one. */
+  clearOpaque(dirs: string[]): Promise<string[]>;
+  /**
+   * Hands `consume` the tree as the sandbox sees it (the copy over the sandbox's layers), read
+   * only; where the layers cannot be had, the copy alone.
+   */
+  withMergedView<T>(consume: (root: string) => Promise<T>): Promise<T>;
+}
+
 /**
  * Prunes a private copy of a writable layer (a snapshot nobody else writes) so that it packs, and
  * packs only what it should: excluded paths and what stands in for them, FIFOs, sockets and device
- * nodes (nothing a grader or a restore should meet, and what a planted FIFO would make hang), and
- * names or paths too long for a layer image. Nothing is deleted in place: each entry is renamed
- * into `trash` (outside `tree`, on the same filesystem), which costs one rename whatever it holds
- * and works at any depth; the caller discards the whole copy afterwards. No symlink is followed.
- * `clearOpaque` removes the opaque mark of the folders it is given and returns those that had it.
+ * nodes (nothing a grader or a restore should meet, and what a planted FIFO would make hang), names
+ * or paths too long for a layer image, and links into hidden paths. Nothing is deleted in place:
+ * each entry is renamed into `trash` (outside `tree`, on the same filesystem), which costs one
+ * rename whatever it holds and works at any depth; the caller discards the whole copy afterwards.
+ * No symlink is followed.
  */
-export async function filterDiffTree(
-  tree: string,
-  trash: string,
-  filter: DiffFilter,
-  clearOpaque: (dirs: string[]) => Promise<string[]>,
-): Promise<FilterReport> {
+export async function filterDiffTree(copy: DiffTree, filter: DiffFilter): Promise<FilterReport> {
+  const { tree, trash } = copy;
+  const clearOpaque = (dirs: string[]) => copy.clearOpaque(dirs);
   await mkdir(trash, { recursive: true });
   let trashed = 0;
   const discard = (rel: string): Promise<void> => rename(join(tree, rel), join(trash, String(trashed++)));
@@ -96,6 +120,7 @@ export async function filterDiffTree(
 
   // then everything else that cannot or should not be packed, in one walk
   const rootBytes = Buffer.byteLength(tree) + 1;
+  const links: string[] = [];
   const pending: string[] = [''];
   while (pending.length > 0) {
     const dir = pending.pop() ?? '';
@@ -112,10 +137,37 @@ export async function filterDiffTree(
         dropped.push({ path: rel, reason });
       } else if (entry.isDirectory()) {
         pending.push(rel);
+      } else if (entry.isSymbolicLink()) {
+        links.push(rel);
       }
     }
   }
+  const hidden = filter.hiddenPaths ?? [];
+  if (hidden.length && links.length) {
+    // resolved while the view is mounted, pruned after, so no lower of a mounted overlay changes
+    const leaking = await copy.withMergedView(async (root) => {
+      const found: string[] = [];
+      for (const rel of links) {
+        const target = await resolveInRoot(root, `/${rel}`);
+        if (target === undefined || leadsInto(target, hidden)) found.push(rel);
+      }
+      return found;
+    });
+    for (const rel of leaking) {
+      await discard(rel);
+      dropped.push({ path: rel, reason: 'links_into_hidden' });
+    }
+  }
   return { present: [...present], dropped };
+}
+
+/** Magic links of /proc that lead to another root or to open files, wherever they are. */
+const MAGIC_LINK = /^\/proc\/[^/]+\/(task\/[^/]+\/)?(root|cwd|fd|map_files)(\/|$)/;
+
+/** Whether a resolved path is in a hidden folder, or goes on through a magic link. */
+function leadsInto(target: string, hidden: readonly string[]): boolean {
+  if (MAGIC_LINK.test(target) || target.startsWith('/dev/fd/') || target === '/dev/fd') return true;
+  return hidden.some((path) => isWithin(components(target).join('/'), components(path).join('/')));
 }
 
 function components(path: string): string[] {

@@ -6,7 +6,7 @@ import {
   type Codec,
   type SandgymErrorCode,
 } from '../../common/index.ts';
-import type { CallOptions } from '../contract.ts';
+import type { CallOptions, ExecChunk } from '../contract.ts';
 import {
   MAX_FRAME_BYTES,
   agentMessageSchema,
@@ -16,7 +16,10 @@ import {
 } from './agent-protocol.ts';
 import { FrameReader, frame } from './frame-reader.ts';
 
-type OutputHandler = (stream: 'stdout' | 'stderr', data: Buffer) => void;
+type OutputHandler = (stream: ExecChunk['stream'], data: Buffer) => void;
+
+/** The stream each output fd of the agent's `out` messages carries. */
+const OUTPUT_STREAMS = { 1: 'stdout', 2: 'stderr', 3: 'report' } as const;
 
 interface Pending {
   resolve(message: AgentOk | AgentExit): void;
@@ -250,7 +253,7 @@ export class AgentChannel {
     if (!pending) return; // the caller gave up on it (abort); a late answer is dropped
     switch (message.t) {
       case 'out':
-        pending.onOutput?.(message.fd === 1 ? 'stdout' : 'stderr', Buffer.from(message.data));
+        pending.onOutput?.(OUTPUT_STREAMS[message.fd], Buffer.from(message.data));
         return;
       case 'error':
         this.pending.delete(message.id);

@@ -22,7 +22,8 @@ export const agentReadySchema = z.object({
 const agentOutputSchema = z.object({
   t: z.literal('out'),
   id: count,
-  fd: z.union([z.literal(1), z.literal(2)]),
+  /** 1 stdout, 2 stderr, 3 the command's report channel (see ExecOptions.reportChannel). */
+  fd: z.union([z.literal(1), z.literal(2), z.literal(3)]),
   data: bytes,
 });
 
@@ -38,6 +39,9 @@ export const agentExitSchema = z.object({
   stderrBytes: count,
   stdoutTruncated: z.boolean(),
   stderrTruncated: z.boolean(),
+  /** Sent for a command that had a report channel: what it wrote there, and whether past the cap. */
+  reportBytes: count.optional(),
+  reportTruncated: z.boolean().optional(),
   /**
    * The agent's process state when the command ended, sent only when no other process was left in
    * the sandbox then (so nothing could change it afterwards): see AgentReady.state.

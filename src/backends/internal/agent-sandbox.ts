@@ -3,6 +3,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { SandgymError, type FailureReason } from '../../common/index.ts';
 import { callOptionsOf } from '../call-options.ts';
 import { collectExec, streamExec } from '../collect-exec.ts';
+import { REPORT_FD } from '../contract.ts';
 import type {
   BackendName,
   BackendSandbox,
@@ -212,7 +213,12 @@ export abstract class AgentSandbox implements BackendSandbox {
     const stdin = typeof options.stdin === 'string' ? Buffer.from(options.stdin) : options.stdin;
     const user = options.user && options.user !== 'root' ? await this.lookUpUser(options.user) : undefined;
     // the spec's environment travels with every command: a warm sandbox's agent started without it
-    const env = { ...this.spec.env, ...(user?.home ? { HOME: user.home } : {}), ...options.env };
+    const env = {
+      ...this.spec.env,
+      ...(user?.home ? { HOME: user.home } : {}),
+      ...options.env,
+      ...(options.reportChannel ? { SANDGYM_REPORT_FD: String(REPORT_FD) } : {}),
+    };
     const { id, exit } = this.channel.exec(
       {
         op: 'exec',
@@ -224,6 +230,7 @@ export abstract class AgentSandbox implements BackendSandbox {
         stdin: stdin && stdin.length > 0 ? stdin : undefined,
         timeoutMs: options.timeoutMs ?? 0,
         outputCapBytes: options.outputCapBytes ?? this.spec.resources.outputCapBytes,
+        reportFd: options.reportChannel ? REPORT_FD : undefined,
       },
       (stream, data) => onChunk({ stream, data }),
     );
@@ -263,6 +270,9 @@ export abstract class AgentSandbox implements BackendSandbox {
       timedOut: ended.timedOut,
       oomKilled,
       durationMs: ended.durationUs / 1000,
+      ...(ended.reportBytes === undefined
+        ? {}
+        : { reportBytes: ended.reportBytes, reportTruncated: ended.reportTruncated ?? false }),
     };
   }
 

@@ -12,6 +12,8 @@ export interface VerifyContext {
   platform: PlatformClient;
   /** The clean environment the grader was built on, without the agent's changes. */
   environment: string;
+  /** That environment's own variables (its image's ENV), under the task's. */
+  imageEnv: Record<string, string>;
   /** What is left of the grading's time: every call in the grader takes its timeout from it. */
   deadline: Deadline;
   /**
@@ -47,11 +49,36 @@ export async function asTestUser(
  */
 export class GradingAnomaly extends SandgymError {
   constructor(
-    readonly kind: 'timeout' | 'no_reward' | 'bad_reward' | 'no_report',
+    readonly kind:
+      | 'timeout'
+      | 'no_reward'
+      | 'bad_reward'
+      | 'no_report'
+      | 'killed'
+      | 'runner_ended_early'
+      | 'forged_report'
+      | 'forged_output'
+      | 'harness_rewired'
+      | 'reward_contradicts_tests',
     message: string,
+    /**
+     * What the run would have scored, for an anomaly that a verifier may show by habit (a reward
+     * its own tests contradict): when the run without the agent's changes shows the same
+     * anomaly, it is the verifier's way and this verdict stands.
+     */
+    readonly verdict?: VerifierResult,
   ) {
     super('failed_precondition', message);
   }
+}
+
+/**
+ * Ends every process a verifier's run left in the grader (a daemon the code under test started
+ * could otherwise rewrite the reward file between the run's end and its reading). The sandbox
+ * agent is its namespace's pid 1, which `kill -1` never reaches.
+ */
+export async function endLeftoverProcesses(grader: Sandbox, deadline: Deadline): Promise<void> {
+  await grader.exec(['sh', '-c', 'kill -KILL -1 2>/dev/null; exit 0'], deadline.call());
 }
 
 /** A verifier's verdict: the reward and what led to it. */

@@ -1,5 +1,10 @@
 import { stageFolder } from '../stage-folder.ts';
-import { GradingAnomaly, asTestUser, outputTails, type Verifier } from './chain.ts';
+import { GradingAnomaly, asTestUser, endLeftoverProcesses, outputTails, type Verifier } from './chain.ts';
+import { harnessEnv, stageHarness } from './harness.ts';
+import { checkRunSound, harnessDetails, readHarnessReport, reportsFailures } from './harness-report.ts';
+
+/** What a test run may print, and its harness report hold, and still be read whole. */
+const RUN_OUTPUT_CAP_BYTES = 16 << 20;
 
 /** A reward and, from a reward.json, each named metric. */
 interface ParsedReward {
@@ -57,28 +62,37 @@ export function parseReward(
 export const DEFAULT_REWARD_RANGE: readonly [number, number] = [0, 1];
 
 /**
- * Harbor: stages the task's tests at /tests (in the grader only), makes /logs/verifier anew and
- * empty, runs /tests/test.sh through bash (executable or not), and reads reward.txt or
- * reward.json over the agent channel. Every step takes its time from the grading's deadline.
+ * Harbor: stages the task's tests at /tests and sandgym's harness (in the grader only), makes
+ * /logs/verifier anew and empty, runs /tests/test.sh through bash (executable or not) with a
+ * report channel, ends whatever it left running, and reads reward.txt or reward.json over the
+ * agent channel. A test.sh killed by a signal, or a pytest in it that never finished, is an
+ * anomaly whatever the reward file says. Every step takes its time from the grading's deadline.
  */
 export function rewardFileVerifier(testsDir: string, timeoutMs: number): Verifier {
-  return async ({ grader, workdir, deadline, task, user }) => {
+  return async (context) => {
+    const { grader, workdir, deadline, task, user } = context;
     await stageFolder(grader, testsDir, '/tests', deadline);
+    await stageHarness(grader, deadline);
     await grader.exec(['rm', '-rf', '--', '/logs/verifier'], deadline.call());
     await grader.exec(['mkdir', '-p', '/logs/verifier'], deadline.call());
-    const env = task.verifierEnv ?? {};
+    const env = harnessEnv(context, task.verifierEnv ?? {});
     const runAs = await asTestUser(grader, user, deadline);
     const runTests = (shell: string) =>
       grader.exec([shell, '/tests/test.sh'], {
         ...deadline.call(timeoutMs),
         ...runAs,
         cwd: workdir,
-        ...(Object.keys(env).length ? { env } : {}),
+        env,
+        reportChannel: true,
+        outputCapBytes: RUN_OUTPUT_CAP_BYTES,
       });
     let run = await runTests('bash');
     // an image without bash (busybox) runs the script with its sh
     if (run.exitCode === 127 && /cannot run bash/.test(run.stderr)) run = await runTests('sh');
+    await endLeftoverProcesses(grader, deadline);
     if (run.timedOut) throw new GradingAnomaly('timeout', `The tests ran out of their ${timeoutMs} ms`);
+    const harness = readHarnessReport(run);
+    checkRunSound('tests/test.sh', run, harness);
     const files = (await grader.listDir('/logs/verifier', deadline.call())).map((e) => e.name);
     const json = files.includes('reward.json');
     if (!json && !files.includes('reward.txt')) {
@@ -89,8 +103,9 @@ export function rewardFileVerifier(testsDir: string, timeoutMs: number): Verifie
     }
     const path = json ? '/logs/verifier/reward.json' : '/logs/verifier/reward.txt';
     const text = (await grader.readFile(path, { ...deadline.call(), maxBytes: 1 << 20 })).toString();
-    const { reward, metrics } = parseReward(text, json, task.rewardRange ?? DEFAULT_REWARD_RANGE);
-    return {
+    const range = task.rewardRange ?? DEFAULT_REWARD_RANGE;
+    const { reward, metrics } = parseReward(text, json, range);
+    const verdict = {
       reward,
       details: {
         reason: `tests/test.sh (exit ${run.exitCode ?? run.signal}) wrote ${json ? `reward.json ${text.trim().slice(0, 200)}` : `reward.txt ${text.trim()}`}`,
@@ -98,7 +113,17 @@ export function rewardFileVerifier(testsDir: string, timeoutMs: number): Verifie
         ...outputTails(run),
         rewardFile: true,
         ...(metrics ? { metrics } : {}),
+        ...harnessDetails(harness),
       },
     };
+    // A full reward that the run's own tests contradict may have been written by a process of the
+    // code under test racing test.sh; the run without the agent's changes decides (see GradingAnomaly).
+    if (reward === range[1] && reportsFailures(harness))
+      throw new GradingAnomaly(
+        'reward_contradicts_tests',
+        `The reward file says ${reward}, the most a run can score, while pytest reported failing tests`,
+        verdict,
+      );
+    return verdict;
   };
 }

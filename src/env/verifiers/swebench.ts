@@ -1,42 +1,41 @@
 import { readFileSync } from 'node:fs';
-import { z } from 'zod';
 import { SandgymError } from '../../common/index.ts';
 import type { Sandbox } from '../../platform/index.ts';
 import type { Deadline } from '../deadline.ts';
 import { parseDjangoLog, parseSympyLog } from '../repo-test-logs.ts';
 import type { TaskGrading } from '../tasks/task.ts';
 import type { RepoTestRunner } from '../tasks/swebench-repos.ts';
-import { GradingAnomaly, outputTails, type Verifier, type VerifierResult } from './chain.ts';
+import type { PytestOutcome } from '../pytest-summary.ts';
+import {
+  GradingAnomaly,
+  endLeftoverProcesses,
+  outputTails,
+  type Verifier,
+  type VerifierResult,
+  type VerifyContext,
+} from './chain.ts';
+import { harnessEnv, stageHarness } from './harness.ts';
+import { checkRunSound, readHarnessReport } from './harness-report.ts';
 
 /**
  * The test runner staged into the grader for SWE-bench tasks. Ids are unittest names
  * (`tests.test_ops.OpsTest.test_mean`) or pytest node ids (`tests/test_ops.py::test_mean[1]`).
- * Python runs isolated (-I: no current folder, script folder or PYTHON* variables on the path),
- * and unittest and pytest are imported before the repository joins the path, so a planted
- * unittest.py or pytest.py cannot stand in for them. Every requested id gets an explicit status
- * in a JSON report; a missing id counts as failed.
+ * Python runs isolated (-I: no current folder, script folder or PYTHON* variables on the path)
+ * with sandgym's import guard installed first, so a planted unittest.py or pytest.py cannot stand
+ * in for them. Every test's outcome goes out on the run's report channel as it is known, and the
+ * runner says it finished there; a requested id without an outcome counts as failed.
  */
 const SWEBENCH_RUNNER = readFileSync(new URL('./swebench_runner.py', import.meta.url), 'utf8');
 
-const runnerReportSchema = z.object({
-  complete: z.literal(true),
-  statuses: z.record(z.string(), z.string()),
-  harnessTampered: z.array(z.string()),
-});
-
-/** The runner's report, or undefined when it never wrote a whole one. */
-async function runnerReport(
-  grader: Sandbox,
-  deadline: Deadline,
-): Promise<z.infer<typeof runnerReportSchema> | undefined> {
-  try {
-    return runnerReportSchema.parse(
-      JSON.parse((await grader.readFile('/logs/verifier/report.json', deadline.call())).toString()),
-    );
-  } catch {
-    return undefined;
-  }
-}
+/** What SWE-bench calls each outcome pytest's summary would show. */
+const SWEBENCH_STATUS: Record<PytestOutcome, string> = {
+  PASSED: 'passed',
+  XPASS: 'passed',
+  FAILED: 'failed',
+  ERROR: 'error',
+  SKIPPED: 'skipped',
+  XFAIL: 'skipped',
+};
 
 /**
  * Files that steer how tests run and that an agent could plant or edit to make them pass: every
@@ -96,7 +95,8 @@ export function sweBenchVerifier(
   grading: Extract<TaskGrading, { kind: 'swebench' }>,
   timeoutMs: number,
 ): Verifier {
-  return async ({ grader, deadline }) => {
+  return async (context) => {
+    const { grader, deadline } = context;
     const repo = grading.repoPath;
     const git = gitIn(grader, repo, deadline);
     const dirs = [
@@ -118,40 +118,36 @@ export function sweBenchVerifier(
       );
     const ids = [...grading.failToPass, ...grading.passToPass];
     if (grading.runner) {
-      const run = await runRepoTests(grader, grading, grading.runner, deadline, timeoutMs);
+      const run = await runRepoTests(context, grading, grading.runner, timeoutMs);
       const parse = grading.runner.parser === 'django' ? parseDjangoLog : parseSympyLog;
       const logged = parse(`${run.stdout}\n${run.stderr}`);
       return sweBenchVerdict(grading, (id) => logged.get(id) ?? 'missing', restored, [], run);
     }
+    await stageHarness(grader, deadline);
     await grader.writeFile('/sandgym-runner/run_tests.py', SWEBENCH_RUNNER, deadline.call());
-    await grader.exec(['rm', '-rf', '--', '/logs/verifier'], deadline.call());
-    await grader.exec(['mkdir', '-p', '/logs/verifier'], deadline.call());
-    const run = await grader.exec(
-      ['python3', '-I', '/sandgym-runner/run_tests.py', repo, '/logs/verifier/report.json', ...ids],
-      { ...deadline.call(timeoutMs), cwd: repo },
-    );
+    const run = await grader.exec(['python3', '-I', '/sandgym-runner/run_tests.py', repo, ...ids], {
+      ...deadline.call(timeoutMs),
+      cwd: repo,
+      reportChannel: true,
+      outputCapBytes: 16 << 20,
+    });
+    await endLeftoverProcesses(grader, deadline);
     if (run.timedOut) throw new GradingAnomaly('timeout', `The tests ran out of their ${timeoutMs} ms`);
-    const report = await runnerReport(grader, deadline);
+    const report = readHarnessReport(run);
+    checkRunSound('the test runner', run, report);
     // the runner always finishes and says so: if it did not, the code under test ended it
-    if (!report || run.exitCode !== 0) {
-      return {
-        reward: 0,
-        details: {
-          reason: `the test runner did not finish (exit ${run.exitCode ?? run.signal})`,
-          resolved: false,
-          runner: `did not finish (exit ${run.exitCode ?? run.signal})`,
-          restoredHarnessFiles: restored,
-          ...outputTails(run),
-        },
-      };
-    }
-    return sweBenchVerdict(
-      grading,
-      (id) => report.statuses[id] ?? 'missing',
-      restored,
-      report.harnessTampered,
-      run,
-    );
+    const runner = report.runners.find((r) => r.name === 'swebench');
+    if (!runner)
+      throw new GradingAnomaly(
+        'runner_ended_early',
+        `the test runner did not finish (exit ${run.exitCode ?? run.signal}) and never said it had`,
+      );
+    const status = (id: string): string => {
+      if (runner.tampered.length) return 'error';
+      const outcome = report.tests.get(id);
+      return outcome ? SWEBENCH_STATUS[outcome] : 'missing';
+    };
+    return sweBenchVerdict(grading, status, restored, runner.tampered, run);
   };
 }
 
@@ -170,24 +166,29 @@ function runnerTargets(runner: RepoTestRunner, testPatch: string): string[] {
  * as they were at the base commit (an agent's edit to the runner would judge its own work).
  */
 async function runRepoTests(
-  grader: Sandbox,
+  context: VerifyContext,
   grading: Extract<TaskGrading, { kind: 'swebench' }>,
   runner: RepoTestRunner,
-  deadline: Deadline,
   timeoutMs: number,
 ): Promise<Awaited<ReturnType<Sandbox['exec']>>> {
+  const { grader, deadline } = context;
   const git = gitIn(grader, grading.repoPath, deadline);
   for (const file of runner.harness) {
     if ((await git('cat-file', '-e', `${grading.baseCommit}:${file}`)).exitCode === 0)
       await git('checkout', '-q', grading.baseCommit, '--', file);
   }
   const targets = runnerTargets(runner, grading.testPatch).map((t) => `'${t.replaceAll("'", "'\\''")}'`);
+  await stageHarness(grader, deadline);
   const run = await grader.exec(['bash', '-c', runner.command.replace('{tests}', targets.join(' '))], {
     ...deadline.call(timeoutMs),
     cwd: grading.repoPath,
+    env: harnessEnv(context, {}),
     outputCapBytes: 16 << 20,
+    reportChannel: true,
   });
+  await endLeftoverProcesses(grader, deadline);
   if (run.timedOut) throw new GradingAnomaly('timeout', `The tests ran out of their ${timeoutMs} ms`);
+  checkRunSound("the repository's test runner", run, readHarnessReport(run));
   return run;
 }
 

@@ -76,6 +76,8 @@ export const execRequest = z.strictObject({
     .optional(),
   /** The command's own time limit: when it passes, its process group is killed and timedOut set. */
   timeoutMs: z.number().int().positive().optional(),
+  /** A report channel for the command (fd 200, `$SANDGYM_REPORT_FD`); what it gets comes back as `report`. */
+  reportChannel: z.boolean().optional(),
 });
 
 export type ExecRequest = z.output<typeof execRequest>;
@@ -92,11 +94,14 @@ export const execResult = z.object({
   timedOut: z.boolean(),
   oomKilled: z.boolean(),
   durationMs: z.number().nonnegative(),
+  report: z.string().optional(),
+  reportBytes: count.optional(),
+  reportTruncated: z.boolean().optional(),
 });
 
 /** Exec streams output chunks as they arrive, then exactly one result. */
 export const execEvent = z.discriminatedUnion('type', [
-  z.object({ type: z.literal('chunk'), stream: z.enum(['stdout', 'stderr']), data: bytes }),
+  z.object({ type: z.literal('chunk'), stream: z.enum(['stdout', 'stderr', 'report']), data: bytes }),
   z.object({ type: z.literal('result'), result: execResult }),
 ]);
 export type ExecEvent = z.infer<typeof execEvent>;
@@ -237,6 +242,7 @@ export const packDiffRequest = z.strictObject({
   excludePaths: relativePaths.optional(),
   excludeRegexes: relativePaths.optional(),
   reportPaths: relativePaths.optional(),
+  hiddenPaths: relativePaths.optional(),
 });
 export const packDiffResult = z.object({
   layer: layerManifestSchema,
@@ -246,7 +252,13 @@ export const packDiffResult = z.object({
     .array(
       z.object({
         path: z.string(),
-        reason: z.enum(['replaces_an_excluded_folder', 'special_file', 'name_too_long', 'path_too_long']),
+        reason: z.enum([
+          'replaces_an_excluded_folder',
+          'special_file',
+          'name_too_long',
+          'path_too_long',
+          'links_into_hidden',
+        ]),
       }),
     )
     .default([]),
