@@ -668,7 +668,7 @@ export class LocalPlatform implements HostPlatform {
     // pinned before the copies mount them, as for any create
     await this.pins.hold(source.layers.map((layer) => layer.digest));
     const ids = Array.from({ length: count }, () => newSandboxId(this.nodeId));
-    return backend.forkFrom(checkpointId, ids, callOptionsOf(options));
+    return backend.forkFrom(id, checkpointId, ids, callOptionsOf(options));
   }
 
   async close(): Promise<void> {
