@@ -520,8 +520,21 @@ export class LocalPlatform implements HostPlatform {
     };
   }
 
+  /** Reaps what dead owners left on this node, every project's: sandboxes, mounts, cgroups. */
   gc(): Promise<GcReport> {
     return this.registry.gc();
+  }
+
+  /**
+   * {@link gc} as `project` may do it: its own sandboxes whose owner died. The node's residue
+   * (mounts, cgroups, other projects' sandboxes) stays for its operator's gc.
+   */
+  async gcFor(project: string): Promise<GcReport> {
+    const orphans = (await this.listSandboxes()).filter(
+      (record) => record.state === 'orphaned' && record.labels[PROJECT_LABEL] === project,
+    );
+    for (const { id } of orphans) await this.killSandbox(id);
+    return { sandboxes: orphans.map((record) => record.id), mounts: [], cgroups: [] };
   }
 
   async layerGc(options: LayerGcOptions = {}): Promise<LayerGcReport> {

@@ -384,7 +384,9 @@ export class NodeAgent {
       Trajectory: async ({ sandboxId }, call) => ({
         records: [...(await (await this.stepLogOf(sandboxId, call)).records())],
       }),
-      Gc: () => this.platform.gc(),
+      // node-wide for its operator; a tenant reaps its own project's residue only
+      Gc: (_request, call) =>
+        call.principal.isOperator ? this.platform.gc() : this.platform.gcFor(call.principal.project),
       // a project collects only what it made, never what another's sandboxes or graders use
       LayerGc: ({ minAgeMs }, call) =>
         this.platform.layerGcFor(call.principal.project, minAgeMs === undefined ? {} : { minAgeMs }),

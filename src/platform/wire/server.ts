@@ -18,6 +18,7 @@ import {
 } from './service.ts';
 import { toStatus } from './status.ts';
 import { callGuard } from './call-guard.ts';
+import { PROJECT_KEY } from './auth.ts';
 import type { Authenticate, Principal } from './principal.ts';
 import { serverCredentials, type TlsFiles } from './tls.ts';
 
@@ -173,6 +174,12 @@ function prepareCall(
   authenticate: Authenticate,
 ): { request: never; context: CallContext } {
   const principal = authenticate(call.metadata, path);
+  if (method.access === 'operator' && !principal.isOperator) {
+    throw new SandgymError(
+      'permission_denied',
+      `${path} is for the node's operator: call it with the node token and no ${PROJECT_KEY} (sandgym node drain|undrain --node HOST:PORT), never for a project`,
+    );
+  }
   const request = decodeMessage(
     method.request,
     call.request,
