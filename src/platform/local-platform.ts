@@ -359,7 +359,10 @@ export class LocalPlatform implements HostPlatform {
         'A FnCall sandbox keeps no state for a run to govern: leave out "run", or use backend "container", "microvm" or "vm"',
       );
     }
-    const named = await this.storeFor(project).getEnvironment(resolved.environment);
+    // the environment and every layer stacked over it are ones the project may use
+    const store = this.storeFor(project);
+    const named = await store.getEnvironment(resolved.environment);
+    for (const digest of resolved.extraLayers ?? []) await store.requireLayer(digest);
     const environment = resolved.extraLayers?.length
       ? { ...named, layers: [...named.layers, ...resolved.extraLayers] }
       : named;
