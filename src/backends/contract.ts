@@ -372,11 +372,17 @@ export interface Backend extends AsyncDisposable {
     options?: WritableLayerOptions,
   ): Promise<T>;
   /**
-   * New sandboxes, one per id, from a checkpoint of one of this process's sandboxes, all or
-   * none: each has that sandbox's spec (layers, resources, QoS, labels, lifetime) and carries on
-   * from the checkpoint on its own. Backends that cannot fork at memory depth leave it out.
+   * New sandboxes, one per id, from checkpoint `checkpointId` of this process's sandbox
+   * `sourceId` (one on its own shelf: any other sandbox's is `not_found`), all or none: each has
+   * the source's spec (layers, resources, QoS, labels, lifetime) and carries on from the
+   * checkpoint on its own. Backends that cannot fork at memory depth leave it out.
    */
-  forkFrom?(checkpointId: string, ids: readonly string[], options?: CallOptions): Promise<BackendSandbox[]>;
+  forkFrom?(
+    sourceId: string,
+    checkpointId: string,
+    ids: readonly string[],
+    options?: CallOptions,
+  ): Promise<BackendSandbox[]>;
   /** Removes what dead owners left behind: sandboxes, mounts, cgroups. */
   gc(): Promise<GcReport>;
   /** Unmounts layers no sandbox uses and drops node-local layer copies nothing mounts. */

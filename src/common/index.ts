@@ -7,6 +7,8 @@ export type { Codec } from './codec.ts';
 export { LOG_LEVELS, createLogger, silentLogger } from './logger.ts';
 export type { LogLevel, Logger, LoggerOptions } from './logger.ts';
 export { ENV_VAR_NAME, parseAt, textWithoutNul } from './validation.ts';
+export { ID_KINDS, ids, names, notAnId, requestFields } from './id-fields.ts';
+export type { FieldRole, IdKind, RequestField } from './id-fields.ts';
 export { writeFileAtomic, writeSmallFileAtomicNow } from './atomic-file.ts';
 export { settleAll } from './settle-all.ts';
 export { ConcurrencyLimit } from './concurrency-limit.ts';

@@ -7,6 +7,7 @@ import {
   register,
   sandboxActionSchema,
   type EnvSpec,
+  type Handlers,
   type HostPlatform,
   type ServedService,
 } from '../platform/index.ts';
@@ -83,11 +84,24 @@ export function envService(
   );
   reaper.unref();
 
-  /** The caller's env, with `work` queued behind its other calls; another project's is missing. */
-  const withEnv = <T>(envId: string, project: string, work: (served: Served) => Promise<T>): Promise<T> => {
+  /** The caller's env; another project's is as missing as one never made. */
+  const envOf = (envId: string, project: string): Served => {
     const served = envs.get(envId);
     if (served?.project !== project)
       throw new SandgymError('not_found', `No env ${envId} on node ${options.nodeId}`);
+    return served;
+  };
+  /** The caller's env checkpoint; another project's is as missing as one never made. */
+  const checkpointOf = (checkpointId: string, project: string): Saved => {
+    const found = saved.get(checkpointId);
+    if (found?.project !== project)
+      throw new SandgymError('not_found', `No checkpoint ${checkpointId} on node ${options.nodeId}`);
+    return found;
+  };
+
+  /** The caller's env, with `work` queued behind its other calls. */
+  const withEnv = <T>(envId: string, project: string, work: (served: Served) => Promise<T>): Promise<T> => {
+    const served = envOf(envId, project);
     served.lastUsed = Date.now();
     const result = served.queue.then(() => work(served));
     served.queue = result.catch(() => undefined);
@@ -106,7 +120,7 @@ export function envService(
     return TaskEnv.create(client, task);
   };
 
-  const registration = register(ENVS, {
+  const handlers: Handlers<typeof ENVS> = {
     Make: async ({ spec }, call) => {
       const project = call.principal.project;
       const held = [...envs.values()].filter((served) => served.project === project).length;
@@ -173,8 +187,8 @@ export function envService(
       }),
     Restore: ({ envId, checkpointId }, call) =>
       withEnv(envId, call.principal.project, async (served) => {
-        const found = saved.get(checkpointId);
-        if (found?.project !== served.project || found.kind !== served.kind)
+        const found = checkpointOf(checkpointId, served.project);
+        if (found.kind !== served.kind)
           throw new SandgymError(
             'not_found',
             `No checkpoint ${checkpointId} of a ${served.kind} env on node ${options.nodeId}`,
@@ -193,6 +207,11 @@ export function envService(
         await closeEnv(envId);
         return {};
       }),
+  };
+  // the ids only this service knows; sandboxes, layers, environments and runs are the node's
+  const registration = register(ENVS, handlers, {
+    env: (envId, { project }) => envOf(envId, project),
+    envCheckpoint: (checkpointId, { project }) => checkpointOf(checkpointId, project),
   });
 
   return {

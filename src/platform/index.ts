@@ -12,7 +12,15 @@ export type { PhaseReport, Run, RunOptions, RunStatus, TrainingPhase } from './r
 export type { NodeAgentOptions, ServedService } from './node/node-agent.ts';
 export type { NodeEtcdOptions } from './etcd/node-cluster-link.ts';
 export { ENVS, NODE, WireClient, readTlsFiles, register } from './wire/index.ts';
-export type { CallContext, DrainProgress, EnvSpec, Registration, TlsFiles, TlsPaths } from './wire/index.ts';
+export type {
+  CallContext,
+  DrainProgress,
+  EnvSpec,
+  Handlers,
+  Registration,
+  TlsFiles,
+  TlsPaths,
+} from './wire/index.ts';
 export { checkEtcdEndpoints } from './etcd/etcd-connection.ts';
 export type { EtcdOptions } from './etcd/etcd-connection.ts';
 export { Controller } from './controller/controller.ts';

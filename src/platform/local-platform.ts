@@ -359,7 +359,10 @@ export class LocalPlatform implements HostPlatform {
         'A FnCall sandbox keeps no state for a run to govern: leave out "run", or use backend "container", "microvm" or "vm"',
       );
     }
-    const named = await this.storeFor(project).getEnvironment(resolved.environment);
+    // the environment and every layer stacked over it are ones the project may use
+    const store = this.storeFor(project);
+    const named = await store.getEnvironment(resolved.environment);
+    for (const digest of resolved.extraLayers ?? []) await store.requireLayer(digest);
     const environment = resolved.extraLayers?.length
       ? { ...named, layers: [...named.layers, ...resolved.extraLayers] }
       : named;
@@ -520,8 +523,21 @@ export class LocalPlatform implements HostPlatform {
     };
   }
 
+  /** Reaps what dead owners left on this node, every project's: sandboxes, mounts, cgroups. */
   gc(): Promise<GcReport> {
     return this.registry.gc();
+  }
+
+  /**
+   * {@link gc} as `project` may do it: its own sandboxes whose owner died. The node's residue
+   * (mounts, cgroups, other projects' sandboxes) stays for its operator's gc.
+   */
+  async gcFor(project: string): Promise<GcReport> {
+    const orphans = (await this.listSandboxes()).filter(
+      (record) => record.state === 'orphaned' && record.labels[PROJECT_LABEL] === project,
+    );
+    for (const { id } of orphans) await this.killSandbox(id);
+    return { sandboxes: orphans.map((record) => record.id), mounts: [], cgroups: [] };
   }
 
   async layerGc(options: LayerGcOptions = {}): Promise<LayerGcReport> {
@@ -670,7 +686,7 @@ export class LocalPlatform implements HostPlatform {
     // pinned before the copies mount them, as for any create
     await this.pins.hold(source.layers.map((layer) => layer.digest));
     const ids = Array.from({ length: count }, () => newSandboxId(this.nodeId));
-    return backend.forkFrom(checkpointId, ids, callOptionsOf(options));
+    return backend.forkFrom(id, checkpointId, ids, callOptionsOf(options));
   }
 
   async close(): Promise<void> {

@@ -151,6 +151,11 @@ export class RunManager {
     return run;
   }
 
+  /** Throws `not_found` unless `project` has the run: another project's of that name is another run. */
+  resolve(project: string, name: string): void {
+    this.find(project, name);
+  }
+
   /** Checks that a sandbox may join the run, before it is created. */
   require(project: string, name: string): void {
     const run = this.find(project, name);

@@ -1,13 +1,13 @@
 import { z } from 'zod';
 import { BACKEND_NAMES } from '../backends/index.ts';
-import { ENV_VAR_NAME, textWithoutNul } from '../common/index.ts';
+import { ENV_VAR_NAME, ids, notAnId, textWithoutNul } from '../common/index.ts';
 import { DEFAULT_ENVIRONMENT } from './store/base-environments.ts';
 
 /** Below this the agent, the runtime's setup and a shell do not fit. */
 const MIN_MEMORY_MIB = 16;
 
 /** A sandbox's network rules, by name. */
-export const networkRulesSchema = z.array(z.string().min(1).max(256)).max(64);
+export const networkRulesSchema = notAnId(z.array(z.string().min(1).max(256)).max(64));
 
 /** What a sandbox may write unless it asks for more or less (or the node's volume holds less). */
 export const DEFAULT_DISK_MIB = 10 * 1024;
@@ -18,7 +18,7 @@ export const DEFAULT_DISK_MIB = 10 * 1024;
  */
 export const sandboxRequestSchema = z.strictObject({
   backend: z.enum(BACKEND_NAMES).default('container'),
-  environment: z.string().default(DEFAULT_ENVIRONMENT),
+  environment: ids.environment().default(DEFAULT_ENVIRONMENT),
   resources: z
     .strictObject({
       cpu: z.number().positive().max(1024).default(1),
@@ -43,23 +43,23 @@ export const sandboxRequestSchema = z.strictObject({
     })
     .prefault({}),
   qos: z.enum(['latency', 'best_effort']).default('latency'),
-  env: z
-    .record(z.string().regex(ENV_VAR_NAME, 'env names are letters, digits and _'), textWithoutNul())
-    .default({}),
-  workdir: textWithoutNul().startsWith('/', 'workdir must be absolute').optional(),
-  labels: z
-    .record(
+  env: notAnId(
+    z.record(z.string().regex(ENV_VAR_NAME, 'env names are letters, digits and _'), textWithoutNul()),
+  ).default({}),
+  workdir: notAnId(textWithoutNul().startsWith('/', 'workdir must be absolute')).optional(),
+  labels: notAnId(
+    z.record(
       z
         .string()
         .refine((name) => !name.startsWith('sandgym.'), 'labels starting with "sandgym." are reserved'),
       z.string(),
-    )
-    .default({}),
-  /** Layers (sha256 digests) stacked over the environment's own: an agent's diff, a checkpoint. */
-  extraLayers: z
-    .array(z.string().regex(/^sha256:[0-9a-f]{64}$/, 'extraLayers are layer digests, sha256:<64 hex>'))
-    .max(64)
-    .optional(),
+    ),
+  ).default({}),
+  /**
+   * Layers (sha256 digests) stacked over the environment's own: an agent's diff, a checkpoint.
+   * Each must be one the project made or one of an environment it can boot.
+   */
+  extraLayers: z.array(ids.layer()).max(64).optional(),
   /** When the platform reclaims it: after `idleTtlMs` without a request, `deadlineMs` after creation. */
   lifetime: z
     .strictObject({
@@ -73,7 +73,7 @@ export const sandboxRequestSchema = z.strictObject({
    */
   network: networkRulesSchema.default([]),
   /** The run (see startRun) that owns the sandbox: its lease and phases govern it. */
-  run: z.string().optional(),
+  run: ids.run().optional(),
 });
 
 /** The caller's form of a sandbox request. */

@@ -48,7 +48,7 @@ import { removeStaleGroups, type GroupNetwork } from '../host/group-network.ts';
 import { ScratchVolume, type ScratchSlot, type VolumeRoom } from '../host/scratch-volume.ts';
 import { runProgram } from '../host/run-program.ts';
 import { closedChannel, type AgentChannel } from '../internal/agent-channel.ts';
-import { holderOf } from '../internal/checkpoint-shelf.ts';
+import { checkpointOf } from '../internal/checkpoint-shelf.ts';
 import { throwIfAborted } from '../internal/checks.ts';
 import { reclaimExpiredOf } from '../internal/lifetime.ts';
 import { ContainerSandbox, type ContainerCheckpoint, type ContainerMemory } from './container-sandbox.ts';
@@ -635,22 +635,22 @@ export class ContainerBackend implements Backend {
   }
 
   /**
-   * New containers, one per id, from a checkpoint one of this process's containers made: each
+   * New containers, one per id, from a checkpoint this process's container `sourceId` made: each
    * on a snapshot of the checkpoint's files, its processes started from the checkpoint's image
    * in cgroups of its own, with the source's spec and limits. All or none.
    */
   async forkFrom(
+    sourceId: string,
     checkpointId: string,
     ids: readonly string[],
     options: CallOptions = {},
   ): Promise<ContainerSandbox[]> {
-    const holder = holderOf(this.live(), checkpointId, 'container');
-    const checkpoint = holder.checkpoints.get(checkpointId);
+    const { source, checkpoint } = checkpointOf(this.live(), sourceId, checkpointId, 'container');
     const made: ContainerSandbox[] = [];
     try {
       for (const id of ids) {
         throwIfAborted(options.signal, 'Fork');
-        made.push(await this.startFromCheckpoint(checkpoint, holder.specFor(id)));
+        made.push(await this.startFromCheckpoint(checkpoint, source.specFor(id)));
       }
       return made;
     } catch (error) {

@@ -23,31 +23,31 @@ export class CheckpointShelf<T> {
     }
   }
 
-  has(id: string): boolean {
-    return this.kept.has(id);
-  }
-
   /** One of them; `not_found`, saying how long checkpoints live, for any other. */
   get(checkpoint: SandboxCheckpoint | string): T {
     const id = typeof checkpoint === 'string' ? checkpoint : checkpoint.id;
     const made = this.kept.get(id);
     if (made === undefined)
-      throw new SandgymError('not_found', `Sandbox ${this.sandboxId} ${NO_CHECKPOINT(id)}`);
+      throw new SandgymError(
+        'not_found',
+        `Sandbox ${this.sandboxId} has no checkpoint "${id}": a checkpoint lives as long as the sandbox that made it`,
+      );
     return made;
   }
 }
 
-/** Why a checkpoint is not there, for a sandbox or a node. */
-const NO_CHECKPOINT = (id: string): string =>
-  `has no checkpoint "${id}": a checkpoint lives as long as the sandbox that made it`;
-
-/** The live sandbox of a backend that holds checkpoint `id`: what a fork from it starts from. */
-export function holderOf<S extends { checkpoints: Pick<CheckpointShelf<unknown>, 'has'> }>(
+/**
+ * The live sandbox `sourceId` of a backend and its checkpoint `checkpointId`: what a fork from it
+ * starts from. Only the source's own shelf is looked at, so the id of another sandbox's
+ * checkpoint (another project's) is as missing here as one never made.
+ */
+export function checkpointOf<S extends { id: string; checkpoints: Pick<CheckpointShelf<unknown>, 'get'> }>(
   sandboxes: readonly S[],
-  id: string,
+  sourceId: string,
+  checkpointId: string,
   backend: string,
-): S {
-  const holder = sandboxes.find((sandbox) => sandbox.checkpoints.has(id));
-  if (!holder) throw new SandgymError('not_found', `No ${backend} of this node ${NO_CHECKPOINT(id)}`);
-  return holder;
+): { source: S; checkpoint: ReturnType<S['checkpoints']['get']> } {
+  const source = sandboxes.find((sandbox) => sandbox.id === sourceId);
+  if (!source) throw new SandgymError('not_found', `No live ${backend} "${sourceId}" of this process`);
+  return { source, checkpoint: source.checkpoints.get(checkpointId) as ReturnType<S['checkpoints']['get']> };
 }

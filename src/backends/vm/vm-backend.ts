@@ -27,7 +27,7 @@ import { cpioArchive } from './cpio.ts';
 import { ensureGuestKernel, type GuestKernel } from './guest-kernel.ts';
 import { ensureVmImage, type VmImage } from './vm-image.ts';
 import { QemuVm, type VmLaunch } from './qemu.ts';
-import { holderOf } from '../internal/checkpoint-shelf.ts';
+import { checkpointOf } from '../internal/checkpoint-shelf.ts';
 import { startFromSnapshot, type VmSnapshot } from './snapshots.ts';
 import { VmSandbox } from './vm-sandbox.ts';
 
@@ -237,12 +237,12 @@ export class VmBackend implements Backend {
     }
   }
 
-  /** New VMs, one per id, from a checkpoint one of this process's VMs made (see VmSandbox.checkpoint). */
-  async forkFrom(checkpointId: string, ids: readonly string[]): Promise<VmSandbox[]> {
-    const holder = holderOf(this.live(), checkpointId, 'VM');
+  /** New VMs, one per id, from a checkpoint this process's VM `sourceId` made (see VmSandbox.checkpoint). */
+  async forkFrom(sourceId: string, checkpointId: string, ids: readonly string[]): Promise<VmSandbox[]> {
+    const { source, checkpoint } = checkpointOf(this.live(), sourceId, checkpointId, 'VM');
     return this.fork(
-      holder.checkpoints.get(checkpointId),
-      ids.map((id) => holder.specFor(id)),
+      checkpoint,
+      ids.map((id) => source.specFor(id)),
     );
   }
 

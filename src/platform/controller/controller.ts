@@ -1,4 +1,4 @@
-import { SandgymError, isSandgymError, nodeOfSandboxId, type Logger } from '../../common/index.ts';
+import { ID_KINDS, SandgymError, isSandgymError, nodeOfSandboxId, type Logger } from '../../common/index.ts';
 import { FairQueue } from './fair-queue.ts';
 import { NodeWatcher } from './node-watcher.ts';
 import { runService } from './run-service.ts';
@@ -12,6 +12,7 @@ import {
   register,
   tokenAuthenticator,
   type CallContext,
+  type IdResolvers,
   type SandboxInfo,
   type TlsFiles,
   type WireClient,
@@ -57,6 +58,13 @@ export interface ControllerOptions {
 }
 
 type SandboxClient = WireClient<typeof SANDBOXES>;
+
+/**
+ * A controller owns nothing an id names: every call it takes reaches a node with the caller's
+ * project in `sandgym-project` (see `as` in {@link Controller.service} and runService), and that
+ * node's resolvers look each id up for the project before its handlers run.
+ */
+const RESOLVED_BY_NODES: IdResolvers = Object.fromEntries(ID_KINDS.map((kind) => [kind, () => undefined]));
 
 /**
  * A controller replica. It keeps no state of its own: it authenticates clients, places creates
@@ -150,6 +158,7 @@ export class Controller {
       [controller.service(), runService(controller.watcher, controller.etcd?.runs)],
       {
         authenticate: tokenAuthenticator(projects),
+        resolvers: RESOLVED_BY_NODES,
         logger,
         ...(options.tls ? { tls: options.tls } : {}),
       },

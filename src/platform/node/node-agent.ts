@@ -19,6 +19,7 @@ import {
   type CallContext,
   type DrainProgress,
   type ExecRequest,
+  type IdResolvers,
   type TlsFiles,
   type NodeStatus,
   type Registration,
@@ -165,6 +166,7 @@ export class NodeAgent {
       ],
       {
         authenticate: tokenAuthenticator({ [options.token]: 'default' }, { trustProjectHeader: true }),
+        resolvers: agent.idResolvers(),
         logger: agent.logger,
         ...(options.tls ? { tls: options.tls } : {}),
       },
@@ -236,6 +238,20 @@ export class NodeAgent {
       memoryCommittedMib: this.memory.chargedMib,
       memoryCapacityMib: Math.floor(this.memory.policy.capacityMib * this.memory.policy.overcommit),
       projects,
+    };
+  }
+
+  /**
+   * How this node looks up the ids a request carries, for the caller's project, before any
+   * handler runs: its sandboxes by owner, the store by the project's view of it, runs by project.
+   * The same lookups guard the node's in-process clients (served envs), which skip the wire.
+   */
+  private idResolvers(): IdResolvers {
+    return {
+      sandbox: (id, { project }) => this.projectSandbox(project, id),
+      layer: (digest, { project }) => this.platform.storeFor(project).requireLayer(digest),
+      environment: (ref, { project }) => this.platform.storeFor(project).getEnvironment(ref),
+      run: (name, { project }) => this.platform.runManager.resolve(project, name),
     };
   }
 
@@ -384,7 +400,9 @@ export class NodeAgent {
       Trajectory: async ({ sandboxId }, call) => ({
         records: [...(await (await this.stepLogOf(sandboxId, call)).records())],
       }),
-      Gc: () => this.platform.gc(),
+      // node-wide for its operator; a tenant reaps its own project's residue only
+      Gc: (_request, call) =>
+        call.principal.isOperator ? this.platform.gc() : this.platform.gcFor(call.principal.project),
       // a project collects only what it made, never what another's sandboxes or graders use
       LayerGc: ({ minAgeMs }, call) =>
         this.platform.layerGcFor(call.principal.project, minAgeMs === undefined ? {} : { minAgeMs }),

@@ -87,7 +87,7 @@ export class NodeProjectClient implements HostPlatform {
   }
 
   gc(): Promise<GcReport> {
-    return this.node.platform.gc();
+    return this.node.platform.gcFor(this.project);
   }
 
   layerGc(options: LayerGcOptions = {}): Promise<LayerGcReport> {

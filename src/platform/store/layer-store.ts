@@ -523,6 +523,21 @@ export class ProjectStore {
     return this.layers.getLayer(digest);
   }
 
+  /**
+   * Checks that the project may stack a layer by its digest: one it made (a grader's diff, a
+   * build step, a checkpoint) or one of an environment it can boot, its own or a shared one
+   * (`sandgym setup`'s bases). Digests leak through environments, logs and reports, so any other
+   * is `not_found`, worded as for a digest never stored: it must open no other project's files.
+   */
+  async requireLayer(digest: string): Promise<void> {
+    if (existsSync(join(this.root, 'owners', this.project, digest.slice('sha256:'.length)))) return;
+    for (const environment of await this.listEnvironments()) if (environment.layers.includes(digest)) return;
+    throw new SandgymError(
+      'not_found',
+      `No layer ${digest} for project ${this.project}: stack layers the project made (packDiff, builds) or its environments hold`,
+    );
+  }
+
   /** The layers the project made. */
   async listLayers(): Promise<LayerManifest[]> {
     const mine = await readdir(join(this.root, 'owners', this.project)).catch(() => [] as string[]);

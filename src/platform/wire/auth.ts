@@ -61,7 +61,8 @@ function unauthenticated(path: string, why: string): SandgymError {
 /**
  * Authenticates calls by bearer token. `tokens` maps each token to its project. With
  * `trustProjectHeader`, a caller holding a valid token may act for the project it names in
- * `sandgym-project` (how controllers call node agents).
+ * `sandgym-project` (how controllers call node agents), and one that names none is the node's
+ * operator.
  */
 export function tokenAuthenticator(
   tokens: Record<string, string>,
@@ -75,15 +76,16 @@ export function tokenAuthenticator(
     const hash = digest(token);
     const match = known.find((entry) => timingSafeEqual(entry.hash, hash));
     if (!match) throw unauthenticated(path, 'the token is not valid');
-    if (!options.trustProjectHeader) return { project: match.project };
+    if (!options.trustProjectHeader) return { project: match.project, isOperator: false };
     const named = metadata.get(PROJECT_KEY)[0];
-    if (named === undefined) return { project: match.project };
+    // the node token itself, acting for no project: the node's operator
+    if (named === undefined) return { project: match.project, isOperator: true };
     if (typeof named !== 'string' || !PROJECT_NAME.test(named)) {
       throw new SandgymError(
         'invalid_argument',
         `${path}: ${PROJECT_KEY} must be a project name (a-z, 0-9, _ and -)`,
       );
     }
-    return { project: named };
+    return { project: named, isOperator: false };
   };
 }

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { textWithoutNul } from '../../common/index.ts';
+import { ids, notAnId, textWithoutNul } from '../../common/index.ts';
 import { sandboxRequestSchema } from '../sandbox-request.ts';
 
 /**
@@ -9,23 +9,23 @@ import { sandboxRequestSchema } from '../sandbox-request.ts';
  */
 
 const count = z.number().int().nonnegative();
-const absolutePath = textWithoutNul().min(1).max(4096).startsWith('/', 'paths are absolute');
-const envIdField = z.string().regex(/^env-[a-z0-9]{1,32}-[a-z0-9]{12}$/, 'an env id, env-<node>-<12 chars>');
+const absolutePath = notAnId(textWithoutNul().min(1).max(4096).startsWith('/', 'paths are absolute'));
+const envIdField = ids.env();
 
 /** What to make: an env over a fresh sandbox per episode, or a task's env graded on the node. */
 export const envSpec = z.discriminatedUnion('kind', [
   z.strictObject({
     kind: z.literal('sandbox'),
     sandbox: sandboxRequestSchema.optional(),
-    user: textWithoutNul().max(64).optional(),
+    user: notAnId(textWithoutNul().max(64)).optional(),
     protectedPaths: z.array(absolutePath).max(256).optional(),
   }),
   z.strictObject({
     kind: z.literal('task'),
-    /** A task file or folder, relative to the node's task root (`sandgym node --task-root`). */
-    path: textWithoutNul().min(1).max(4096),
+    /** A task file or folder, resolved beneath the node's task root (`sandgym node --task-root`). */
+    path: notAnId(textWithoutNul().min(1).max(4096)),
     /** Which task, when the path holds several (a JSONL file, a folder of tasks). */
-    task: textWithoutNul().min(1).max(256).optional(),
+    task: notAnId(textWithoutNul().min(1).max(256)).optional(),
   }),
 ]);
 export type EnvSpec = z.output<typeof envSpec>;
@@ -37,7 +37,7 @@ export const envResetRequest = z.strictObject({
   envId: envIdField,
   seed: z.number().int().optional(),
   /** `episodeId` names the episode (default: a random one). */
-  options: z.strictObject({ episodeId: textWithoutNul().min(1).max(256).optional() }).optional(),
+  options: z.strictObject({ episodeId: ids.episode('env').optional() }).optional(),
 });
 const observation = z.record(z.string(), z.unknown());
 const info = z.record(z.string(), z.unknown());
@@ -46,7 +46,8 @@ export const envStepRequest = z.strictObject({
   envId: envIdField,
   /** The step's index in its episode: a retried index answers with that step's result again. */
   stepIndex: count,
-  action: z.unknown(),
+  /** Parsed by the node's action schema and run in the env's sandbox: it names nothing outside. */
+  action: notAnId(z.unknown()),
 });
 export const envStepReply = z.object({
   observation,
@@ -68,5 +69,5 @@ export const envCheckpointReply = z.object({
 });
 export const envRestoreRequest = z.strictObject({
   envId: envIdField,
-  checkpointId: z.string().regex(/^ckpt-[a-z0-9]{16}$/, 'a checkpoint id from Checkpoint'),
+  checkpointId: ids.envCheckpoint(),
 });

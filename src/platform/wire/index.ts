@@ -1,6 +1,6 @@
 /** The wire protocol: gRPC services defined in TypeScript, msgpack messages validated by zod. */
 export { WireServer, register } from './server.ts';
-export type { Authenticate, CallContext, Handlers, Principal, Registration } from './server.ts';
+export type { Authenticate, CallContext, Handlers, IdResolvers, Principal, Registration } from './server.ts';
 export { WireClient } from './client.ts';
 export type { WireCallOptions, WireClientOptions } from './client.ts';
 export { checkTokenStrength, tokenAuthenticator, quotaOf, PROJECT_KEY, QUOTA_KEY } from './auth.ts';

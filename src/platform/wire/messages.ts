@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { BACKEND_NAMES } from '../../backends/index.ts';
-import { textWithoutNul } from '../../common/index.ts';
+import { ids, names, notAnId, textWithoutNul } from '../../common/index.ts';
 import { environmentSchema, layerManifestSchema } from '../store/layer-store.ts';
 import { networkRulesSchema, sandboxRequestSchema } from '../sandbox-request.ts';
 
@@ -12,21 +12,15 @@ import { networkRulesSchema, sandboxRequestSchema } from '../sandbox-request.ts'
 
 const count = z.number().int().nonnegative();
 const bytes = z.instanceof(Uint8Array);
-const absolutePath = textWithoutNul().min(1).max(4096).startsWith('/', 'paths are absolute');
-const sandboxIdField = z
-  .string()
-  .regex(/^sg-[a-z0-9]{1,32}-[a-z0-9]{12}$/, 'a sandbox id, sg-<node>-<12 chars>');
+const absolutePath = notAnId(textWithoutNul().min(1).max(4096).startsWith('/', 'paths are absolute'));
+const sandboxIdField = ids.sandbox();
 
 export const empty = z.strictObject({});
 export const sandboxRef = z.strictObject({ sandboxId: sandboxIdField });
 
 export const setNetworkRequest = z.strictObject({ sandboxId: sandboxIdField, rules: networkRulesSchema });
 
-export const createRequest = z.strictObject({
-  request: sandboxRequestSchema,
-  /** All or nothing: the group is admitted whole or not at all (fork groups). */
-  runName: z.string().max(128).optional(),
-});
+export const createRequest = z.strictObject({ request: sandboxRequestSchema });
 
 /** A layer under a sandbox as clients see it: never its path on the node. */
 const sandboxLayer = z.object({ digest: z.string(), sizeBytes: count.optional() });
@@ -61,12 +55,12 @@ export type SandboxInfo = z.infer<typeof sandboxInfo>;
 export const execRequest = z.strictObject({
   sandboxId: sandboxIdField,
   argv: z
-    .array(textWithoutNul().max(128 * 1024))
+    .array(notAnId(textWithoutNul().max(128 * 1024)))
     .min(1, 'argv needs a program')
     .max(4096),
   cwd: absolutePath.optional(),
-  user: textWithoutNul().max(64).optional(),
-  env: z.record(textWithoutNul().min(1).max(256), textWithoutNul().max(128 * 1024)).optional(),
+  user: notAnId(textWithoutNul().max(64)).optional(),
+  env: notAnId(z.record(textWithoutNul().min(1).max(256), textWithoutNul().max(128 * 1024))).optional(),
   stdin: bytes.optional(),
   outputCapBytes: z
     .number()
@@ -143,7 +137,7 @@ export const hibernateReport = z.object({
   imageBytes: count.optional(),
 });
 
-const checkpointId = z.string().regex(/^(ckpt|snap)-[0-9a-f]{12,16}$/, 'a checkpoint id from Checkpoint');
+const checkpointId = ids.checkpoint();
 export const checkpointRequest = z.strictObject({
   sandboxId: sandboxIdField,
   depth: z.literal('memory').optional(),
@@ -164,10 +158,10 @@ export const forkInMemoryRequest = z.strictObject({
 });
 export const sandboxInfos = z.object({ sandboxes: z.array(sandboxInfo) });
 
-const runName = z.string().regex(/^[a-z0-9][a-z0-9._-]{0,63}$/, 'run names are a-z, 0-9, ., _ and -');
 const trainingPhase = z.enum(['rollout', 'weight_sync', 'train', 'preempted', 'resumed']);
 export const startRunRequest = z.strictObject({
-  name: runName,
+  /** A run of the caller's project: another project's of the same name is another run. */
+  name: names.run(),
   leaseMs: z
     .number()
     .int()
@@ -181,8 +175,8 @@ export const startRunRequest = z.strictObject({
     .max(7 * 24 * 3600_000)
     .optional(),
 });
-export const runRef = z.strictObject({ name: runName });
-export const setPhaseRequest = z.strictObject({ name: runName, phase: trainingPhase });
+export const runRef = z.strictObject({ name: ids.run() });
+export const setPhaseRequest = z.strictObject({ name: ids.run(), phase: trainingPhase });
 export const runStatus = z.object({
   name: z.string(),
   phase: trainingPhase,
@@ -234,11 +228,12 @@ export const sandboxRecords = z.object({
   ),
 });
 
-const relativePaths = z.array(z.string().min(1).max(4096)).max(256);
+const relativePaths = notAnId(z.array(z.string().min(1).max(4096)).max(256));
 export const packDiffRequest = z.strictObject({
   sandboxId: sandboxIdField,
-  name: z.string().min(1).max(160).optional(),
-  description: z.string().max(4096).optional(),
+  /** An environment of the caller's project, written under it. */
+  name: names.environment().optional(),
+  description: notAnId(z.string().max(4096)).optional(),
   excludePaths: relativePaths.optional(),
   excludeRegexes: relativePaths.optional(),
   reportPaths: relativePaths.optional(),
@@ -263,7 +258,7 @@ export const packDiffResult = z.object({
     )
     .default([]),
 });
-export const environmentRef = z.strictObject({ ref: z.string().min(1).max(160) });
+export const environmentRef = z.strictObject({ ref: ids.environment() });
 export const environmentMessage = environmentSchema;
 export const environments = z.object({ environments: z.array(environmentSchema) });
 
@@ -295,12 +290,13 @@ const trajectoryRecord = z.object({
  */
 export const stepRequest = z.strictObject({
   sandboxId: sandboxIdField,
-  episodeId: z.string().min(1).max(256),
+  episodeId: ids.episode('sandbox'),
   stepIndex: count,
-  action: z.unknown(),
+  /** Parsed where it runs (the node's action schema), inside the sandbox: it names nothing outside. */
+  action: notAnId(z.unknown()),
   options: z
     .strictObject({
-      user: textWithoutNul().max(64).optional(),
+      user: notAnId(textWithoutNul().max(64)).optional(),
       protectedPaths: z.array(absolutePath).max(256).optional(),
       commandTimeoutCapMs: z.number().int().positive().optional(),
     })

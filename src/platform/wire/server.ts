@@ -18,10 +18,12 @@ import {
 } from './service.ts';
 import { toStatus } from './status.ts';
 import { callGuard } from './call-guard.ts';
+import { PROJECT_KEY } from './auth.ts';
+import { requestResolution, type IdResolvers, type RequestResolution } from './id-resolution.ts';
 import type { Authenticate, Principal } from './principal.ts';
 import { serverCredentials, type TlsFiles } from './tls.ts';
 
-export type { Authenticate, Principal };
+export type { Authenticate, IdResolvers, Principal };
 
 /** Largest frame the transport accepts; each method then applies its own, smaller, limit. */
 export const TRANSPORT_MAX_BYTES = 96 * 1024 * 1024;
@@ -45,11 +47,30 @@ export type Handlers<S extends ServiceDef> = { [K in keyof S['methods']]: Handle
 export interface Registration {
   service: ServiceDef;
   handlers: Record<string, (request: never, call: CallContext) => AsyncIterable<unknown> | Promise<unknown>>;
+  /** Resolvers of the ids only this service knows (a served env's), beside the server's own. */
+  resolvers: IdResolvers;
 }
 
-/** Pairs a service with its handlers, checking their types. */
-export function register<S extends ServiceDef>(service: S, handlers: Handlers<S>): Registration {
-  return { service, handlers: handlers as Registration['handlers'] };
+/** Pairs a service with its handlers, checking their types, and the resolvers of its own kinds of id. */
+export function register<S extends ServiceDef>(
+  service: S,
+  handlers: Handlers<S>,
+  resolvers: IdResolvers = {},
+): Registration {
+  return { service, handlers: handlers as Registration['handlers'], resolvers };
+}
+
+/** Options for {@link WireServer.listen}. */
+export interface WireServerOptions {
+  authenticate: Authenticate;
+  /**
+   * How the ids requests carry are looked up for the caller's project, per kind: every id of a
+   * request is resolved before its handler runs, and a server whose methods carry a kind of id
+   * that nothing resolves does not start.
+   */
+  resolvers: IdResolvers;
+  logger: Logger;
+  tls?: TlsFiles;
 }
 
 const identity = (bytes: Buffer): Buffer => bytes;
@@ -67,7 +88,7 @@ export class WireServer {
   static async listen(
     address: string,
     registrations: Registration[],
-    options: { authenticate: Authenticate; logger: Logger; tls?: TlsFiles },
+    options: WireServerOptions,
   ): Promise<WireServer> {
     const caps = new Map<string, number>();
     for (const { service } of registrations)
@@ -79,13 +100,19 @@ export class WireServer {
       // the token is checked and the body capped before a byte of the body is read
       interceptors: [callGuard(options.authenticate, caps)],
     });
-    for (const { service, handlers } of registrations) {
+    for (const { service, handlers, resolvers } of registrations) {
+      const clash = Object.keys(resolvers).find((kind) => kind in options.resolvers);
+      if (clash) throw new Error(`${service.name} and its server both resolve ${clash} ids: keep one`);
       const definition: Record<string, ServiceDefinition[string]> = {};
       const implementation: UntypedServiceImplementation = {};
       for (const [name, method] of Object.entries(service.methods)) {
         const handler = handlers[name];
         if (!handler) throw new Error(`No handler for ${service.name}.${name}`);
         const path = methodPath(service, name);
+        const resolution = requestResolution(`${service.name}.${name}`, method, {
+          ...options.resolvers,
+          ...resolvers,
+        });
         definition[name] = {
           path,
           requestStream: false,
@@ -97,12 +124,12 @@ export class WireServer {
           originalName: name,
         };
         const prepare = (call: ServerUnaryCall<Buffer, Buffer> | ServerWritableStream<Buffer, Buffer>) =>
-          prepareCall(call, method, path, options.authenticate);
+          prepareCall(call, method, path, options.authenticate, resolution);
         implementation[name] =
           method.kind === 'unary'
             ? (call: ServerUnaryCall<Buffer, Buffer>, callback: sendUnaryData<Buffer>) => {
                 void (async () => {
-                  const { request, context } = prepare(call);
+                  const { request, context } = await prepare(call);
                   return encodeMessage(
                     await (handler as (r: never, c: CallContext) => Promise<unknown>)(request, context),
                   );
@@ -116,7 +143,7 @@ export class WireServer {
               }
             : (call: ServerWritableStream<Buffer, Buffer>) => {
                 void (async () => {
-                  const { request, context } = prepare(call);
+                  const { request, context } = await prepare(call);
                   const stream = (handler as (r: never, c: CallContext) => AsyncIterable<unknown>)(
                     request,
                     context,
@@ -166,19 +193,31 @@ export class WireServer {
   }
 }
 
-function prepareCall(
+/**
+ * What a handler gets: the caller (one allowed to call the method), and the request, decoded,
+ * validated and with every id in it resolved against the caller's project.
+ */
+async function prepareCall(
   call: ServerUnaryCall<Buffer, Buffer> | ServerWritableStream<Buffer, Buffer>,
   method: MethodDef,
   path: string,
   authenticate: Authenticate,
-): { request: never; context: CallContext } {
+  resolution: RequestResolution,
+): Promise<{ request: never; context: CallContext }> {
   const principal = authenticate(call.metadata, path);
+  if (method.access === 'operator' && !principal.isOperator) {
+    throw new SandgymError(
+      'permission_denied',
+      `${path} is for the node's operator: call it with the node token and no ${PROJECT_KEY} (sandgym node drain|undrain --node HOST:PORT), never for a project`,
+    );
+  }
   const request = decodeMessage(
     method.request,
     call.request,
     method.maxRequestBytes ?? DEFAULT_MAX_REQUEST_BYTES,
     `request to ${path}`,
   ) as never;
+  await resolution(request, principal);
   const controller = new AbortController();
   call.on('cancelled', () => controller.abort(new SandgymError('cancelled', `The client cancelled ${path}`)));
   if (call.cancelled) controller.abort(new SandgymError('cancelled', `The client cancelled ${path}`));

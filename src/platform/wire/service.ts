@@ -11,6 +11,11 @@ export interface MethodDef<Req extends z.ZodType = z.ZodType, Res extends z.ZodT
   response: Res;
   /** Default {@link DEFAULT_MAX_REQUEST_BYTES}. */
   maxRequestBytes?: number;
+  /**
+   * Who may call it: any authenticated `project` (the default), or only the node's `operator`
+   * (see Principal.isOperator); a tenant gets `permission_denied`.
+   */
+  access?: 'project' | 'operator';
   /** One line for docs/wire.md and --help. */
   summary: string;
 }

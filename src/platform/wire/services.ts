@@ -102,7 +102,12 @@ export const SANDBOXES = {
       response: m.trajectory,
       summary: "a sandbox's trajectory log",
     }),
-    Gc: unary({ request: m.empty, response: m.gcReport, summary: 'reap what crashed owners left' }),
+    Gc: unary({
+      request: m.empty,
+      response: m.gcReport,
+      summary:
+        "reap what crashed owners left: the caller's project's sandboxes (all of the node's residue for its operator)",
+    }),
     LayerGc: unary({
       request: m.layerGcRequest,
       response: m.layerGcReport,
@@ -137,17 +142,31 @@ export const RUNS = {
   },
 } satisfies ServiceDef;
 
-/** Node: what controllers ask a node agent besides sandbox calls. */
+/**
+ * Node: what controllers' watchers and the node's operator ask a node agent besides sandbox calls.
+ * Node-wide, so the operator's alone (the node token, acting for no project).
+ */
 export const NODE = {
   name: 'sandgym.v1.Node',
   methods: {
-    Status: unary({ request: m.empty, response: m.nodeStatus, summary: 'load, capacity and health' }),
+    Status: unary({
+      request: m.empty,
+      response: m.nodeStatus,
+      access: 'operator',
+      summary: 'load, capacity and health',
+    }),
     Drain: serverStream({
       request: m.drainRequest,
       response: m.drainProgress,
+      access: 'operator',
       summary: 'stop placement here; stream progress until no sandbox is left running',
     }),
-    Undrain: unary({ request: m.empty, response: m.nodeStatus, summary: 'take new sandboxes again' }),
+    Undrain: unary({
+      request: m.empty,
+      response: m.nodeStatus,
+      access: 'operator',
+      summary: 'take new sandboxes again',
+    }),
   },
 } satisfies ServiceDef;
 
