@@ -6,7 +6,7 @@ export { createMsgpackCodec } from './codec.ts';
 export type { Codec } from './codec.ts';
 export { LOG_LEVELS, createLogger, silentLogger } from './logger.ts';
 export type { LogLevel, Logger, LoggerOptions } from './logger.ts';
-export { ENV_VAR_NAME, parseAt, textWithoutNul } from './validation.ts';
+export { ENV_VAR_NAME, climbsOut, parseAt, pathInTree, textWithoutNul } from './validation.ts';
 export { ID_KINDS, ids, names, notAnId, requestFields } from './id-fields.ts';
 export type { FieldRole, IdKind, RequestField } from './id-fields.ts';
 export { writeFileAtomic, writeSmallFileAtomicNow } from './atomic-file.ts';

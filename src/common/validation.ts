@@ -22,5 +22,25 @@ export function textWithoutNul(): z.ZodString {
   return z.string().regex(/^[^\0]*$/, 'must not contain a NUL byte');
 }
 
+/** Whether a path has a `..` component, the one way a path relative to a root can climb out of it. */
+export function climbsOut(path: string): boolean {
+  return path.split('/').includes('..');
+}
+
+/**
+ * A path inside a sandbox's tree, as requests name them: relative to its root (`usr/local/bin`) or
+ * absolute (`/app`), never with a `..` component. Code joins these to host folders (a diff's copy,
+ * an upper dir): refused here, such a path can never climb out to the host's.
+ */
+export function pathInTree(form: 'relative' | 'absolute'): z.ZodString {
+  const path = textWithoutNul()
+    .min(1)
+    .max(4096)
+    .refine((value) => !climbsOut(value), 'must not contain a ".." component');
+  return form === 'absolute'
+    ? path.refine((value) => value.startsWith('/'), 'paths are absolute')
+    : path.refine((value) => !value.startsWith('/'), 'paths are relative to the root, without a leading /');
+}
+
 /** An environment variable's name as shells and Docker take it: letters, digits and _, not first a digit. */
 export const ENV_VAR_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;

@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { realpath } from 'node:fs/promises';
-import { resolve, sep } from 'node:path';
-import { SandgymError, messageOf, nodeScopedId, parseAt } from '../common/index.ts';
+import { isAbsolute, resolve, sep } from 'node:path';
+import { SandgymError, climbsOut, nodeScopedId, parseAt } from '../common/index.ts';
 import {
   ENVS,
   register,
@@ -230,15 +230,18 @@ async function taskOf(spec: Extract<EnvSpec, { kind: 'task' }>, taskRoot: string
       'failed_precondition',
       'This node serves no task envs: start it with `sandgym node --task-root DIR`',
     );
-  const root = await realpath(taskRoot);
-  const path = await realpath(resolve(root, spec.path)).catch((error: unknown) => {
+  if (isAbsolute(spec.path) || climbsOut(spec.path))
     throw new SandgymError(
-      'not_found',
-      `No task at ${spec.path} under the node's task root: ${messageOf(error)}`,
+      'invalid_argument',
+      `Task path ${spec.path} must be relative to the node's task root, without a ".." component`,
     );
+  const root = await realpath(taskRoot);
+  // missing, or leading out through a link: one answer, so a path outside says nothing of the host
+  const missing = new SandgymError('not_found', `No task at ${spec.path} under the node's task root`);
+  const path = await realpath(resolve(root, spec.path)).catch(() => {
+    throw missing;
   });
-  if (path !== root && !path.startsWith(root + sep))
-    throw new SandgymError('permission_denied', `Task path ${spec.path} leaves the node's task root`);
+  if (path !== root && !path.startsWith(root + sep)) throw missing;
   const tasks = await loadTasks([path]);
   const task = spec.task ? tasks.find((t) => t.id === spec.task) : tasks.length === 1 ? tasks[0] : undefined;
   if (!task)

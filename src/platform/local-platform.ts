@@ -381,18 +381,19 @@ export class LocalPlatform implements HostPlatform {
       'sandbox request',
     );
     const stack: Environment = { name: 'build', version: 'step', layers, config, description: '' };
-    return this.launch(stack, resolved, {});
+    // a build step's stack is no stored environment: its sandbox carries no environment label
+    return this.launch(stack, resolved, { stored: false });
   }
 
   private async launch(
     environment: Environment,
     resolved: ResolvedSandboxRequest,
-    options: CallOptions,
+    options: CallOptions & { stored?: boolean },
   ): Promise<BackendSandbox> {
     const id = newSandboxId(this.nodeId);
     this.logger.debug({ id, environment: `${environment.name}:${environment.version}` }, 'creating sandbox');
     const labels: Record<string, string> = { ...resolved.labels };
-    if (environment.name !== 'build') labels['environment'] = `${environment.name}:${environment.version}`;
+    if (options.stored !== false) labels['environment'] = `${environment.name}:${environment.version}`;
     const backend = await this.registry.get(resolved.backend);
     const diskMib = await this.admitDisk(resolved.backend, resolved.resources.diskMib);
     // pinned before they are mounted: no layer gc may take them from under this create
@@ -409,7 +410,7 @@ export class LocalPlatform implements HostPlatform {
         network: resolved.network,
         ...(resolved.lifetime ? { lifetime: definedFields(resolved.lifetime) } : {}),
       },
-      options,
+      callOptionsOf(options),
     );
   }
 
@@ -434,7 +435,7 @@ export class LocalPlatform implements HostPlatform {
     if (room.freeBytes < floor) {
       throw new SandgymError(
         'admission_rejected',
-        `Node ${this.nodeId}'s sandbox volume is full (${Math.floor(room.freeBytes / MIB)} of ${capacityMib} MiB free): retry when sandboxes end, or on another node`,
+        `Node ${this.nodeId}'s sandbox volume is full: retry when sandboxes end, or on another node`,
         { retryable: true },
       );
     }
@@ -549,13 +550,23 @@ export class LocalPlatform implements HostPlatform {
    * none that an environment of any project references or any process sharing the store pinned.
    * Without a project, the node's admin collects every project's.
    */
-  async layerGcFor(project: string | undefined, options: LayerGcOptions = {}): Promise<LayerGcReport> {
-    const node = await this.container.gcLayers();
+  /**
+   * Layer gc for `project` (every project's when undefined). Unmounting idle layer mounts and
+   * sweeping the store's scratch folders are node-wide: only the node's operator (`nodeWide`) does
+   * them, and only their report names other projects' layers and the node's paths.
+   */
+  async layerGcFor(
+    project: string | undefined,
+    options: LayerGcOptions & { nodeWide?: boolean } = {},
+  ): Promise<LayerGcReport> {
+    const nodeWide = options.nodeWide ?? true;
+    const node = nodeWide ? await this.container.gcLayers() : { unmounted: [], removedCopies: [] };
     await this.pins.refresh();
     const pinned = new Set([...this.pins.current(), ...(await this.layers.livePins(pinIsLive(isAlive)))]);
     const store = await this.layers.collectGarbage({
       minAgeMs: options.minAgeMs ?? 60 * 60_000,
       pinned,
+      sweepScratch: nodeWide,
       ...(project === undefined ? {} : { owner: project }),
     });
     return { ...node, removedLayers: store.removed, freedBytes: store.freedBytes };

@@ -33,6 +33,8 @@ export async function startInProcessCluster(options: {
   grants: Record<string, ProjectGrant>;
   /** Serve the Envs service too, with task envs from this folder. */
   envs?: { taskRoot: string };
+  /** Most sandboxes the node runs at once (the node's default otherwise). */
+  maxSandboxes?: number;
 }): Promise<InProcessCluster> {
   const nodePlatform = await Platform.local({
     dataDir: join(options.dataDir, 'node'),
@@ -44,6 +46,7 @@ export async function startInProcessCluster(options: {
     listen: '127.0.0.1:0',
     token: IN_PROCESS_NODE_TOKEN,
     logger: silentLogger(),
+    ...(options.maxSandboxes === undefined ? {} : { maxSandboxes: options.maxSandboxes }),
     ...(options.envs
       ? {
           services: (agent: NodeAgent) => [

@@ -49,7 +49,7 @@ describe('memory admission by measured use', () => {
     expect(refusal(() => memory.check('n1', 64))).toMatchObject({
       code: 'admission_rejected',
       retryable: true,
-      message: expect.stringMatching(/300 MiB free, and keeps at least 256 MiB free/) as unknown,
+      message: expect.stringMatching(/short of free memory \(it keeps at least 256 MiB free\)/) as unknown,
     });
   });
 });

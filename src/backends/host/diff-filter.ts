@@ -1,6 +1,7 @@
 import { Buffer } from 'node:buffer';
 import { lstat, mkdir, readdir, rename } from 'node:fs/promises';
 import { join } from 'node:path';
+import { SandgymError, climbsOut } from '../../common/index.ts';
 import { resolveInRoot } from './resolve-in-root.ts';
 
 /**
@@ -83,6 +84,10 @@ export interface DiffTree {
  */
 export async function filterDiffTree(copy: DiffTree, filter: DiffFilter): Promise<FilterReport> {
   const { tree, trash } = copy;
+  // every path is joined to the copy: one that climbs out would name a folder of the host's
+  for (const path of [...(filter.excludePaths ?? []), ...(filter.reportPaths ?? [])])
+    if (climbsOut(path))
+      throw new SandgymError('invalid_argument', `Diff path "${path}" must not contain a ".." component`);
   const clearOpaque = (dirs: string[]) => copy.clearOpaque(dirs);
   await mkdir(trash, { recursive: true });
   let trashed = 0;

@@ -72,7 +72,8 @@ export class MemoryAdmission {
     if (this.chargedMib + requestedMib > limit) {
       throw new SandgymError(
         'admission_rejected',
-        `Node ${nodeId} has promised ${this.chargedMib} of ${Math.floor(limit)} MiB (measured use plus headroom, ${overcommit}x overcommit)`,
+        // no figures: the node is shared, and what it promised is every tenant's use together
+        `Node ${nodeId} has no memory left to promise ${requestedMib} MiB (measured use plus headroom, ${overcommit}x overcommit); try again or ask for less`,
         { retryable: true },
       );
     }
@@ -80,7 +81,7 @@ export class MemoryAdmission {
     if (available - Math.min(requestedMib, 64) < freeFloorMib) {
       throw new SandgymError(
         'admission_rejected',
-        `Node ${nodeId} has ${available} MiB free, and keeps at least ${freeFloorMib} MiB free`,
+        `Node ${nodeId} is short of free memory (it keeps at least ${freeFloorMib} MiB free); try again later`,
         { retryable: true },
       );
     }

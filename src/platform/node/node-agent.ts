@@ -405,7 +405,10 @@ export class NodeAgent {
         call.principal.isOperator ? this.platform.gc() : this.platform.gcFor(call.principal.project),
       // a project collects only what it made, never what another's sandboxes or graders use
       LayerGc: ({ minAgeMs }, call) =>
-        this.platform.layerGcFor(call.principal.project, minAgeMs === undefined ? {} : { minAgeMs }),
+        this.platform.layerGcFor(call.principal.project, {
+          nodeWide: call.principal.isOperator,
+          ...(minAgeMs === undefined ? {} : { minAgeMs }),
+        }),
     });
   }
 
@@ -476,7 +479,8 @@ export class NodeAgent {
         'full',
         new SandgymError(
           'admission_rejected',
-          `Node ${this.nodeId} is full (${this.owned.size} of ${this.maxSandboxes} sandboxes${count > 1 ? `; ${count} asked for` : ''})`,
+          // no figures: how many sandboxes the node runs counts every tenant's
+          `Node ${this.nodeId} has no room for ${count > 1 ? `${count} more sandboxes` : 'another sandbox'} (it runs at most ${this.maxSandboxes})`,
           { retryable: true },
         ),
       );

@@ -91,7 +91,7 @@ export class NodeProjectClient implements HostPlatform {
   }
 
   layerGc(options: LayerGcOptions = {}): Promise<LayerGcReport> {
-    return this.node.platform.layerGcFor(this.project, options);
+    return this.node.platform.layerGcFor(this.project, { ...options, nodeWide: false });
   }
 
   listEnvironments(): Promise<Environment[]> {

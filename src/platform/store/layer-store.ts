@@ -233,6 +233,8 @@ export class LayerStore {
     minAgeMs: number;
     pinned: ReadonlySet<string>;
     owner?: string;
+    /** Also remove scratch folders older than an hour: another project's may still be building. */
+    sweepScratch?: boolean;
   }): Promise<{ removed: string[]; freedBytes: number }> {
     const referenced = new Set(options.pinned);
     for (const environment of await this.allEnvironments())
@@ -259,7 +261,7 @@ export class LayerStore {
       for (const owner of owners) await rm(join(this.root, 'owners', owner, hex), { force: true });
       removed.push(layer.digest);
     }
-    for (const name of await readdir(join(this.root, 'tmp'))) {
+    for (const name of options.sweepScratch === false ? [] : await readdir(join(this.root, 'tmp'))) {
       const path = join(this.root, 'tmp', name);
       const info = await stat(path).catch(() => undefined);
       if (info && now - info.mtimeMs >= Math.max(options.minAgeMs, 60 * 60_000))

@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { BACKEND_NAMES } from '../../backends/index.ts';
-import { ids, names, notAnId, textWithoutNul } from '../../common/index.ts';
+import { ids, names, notAnId, pathInTree, textWithoutNul } from '../../common/index.ts';
 import { environmentSchema, layerManifestSchema } from '../store/layer-store.ts';
 import { networkRulesSchema, sandboxRequestSchema } from '../sandbox-request.ts';
 
@@ -12,7 +12,7 @@ import { networkRulesSchema, sandboxRequestSchema } from '../sandbox-request.ts'
 
 const count = z.number().int().nonnegative();
 const bytes = z.instanceof(Uint8Array);
-const absolutePath = notAnId(textWithoutNul().min(1).max(4096).startsWith('/', 'paths are absolute'));
+const absolutePath = notAnId(pathInTree('absolute'));
 const sandboxIdField = ids.sandbox();
 
 export const empty = z.strictObject({});
@@ -228,14 +228,15 @@ export const sandboxRecords = z.object({
   ),
 });
 
-const relativePaths = notAnId(z.array(z.string().min(1).max(4096)).max(256));
+const relativePaths = notAnId(z.array(pathInTree('relative')).max(256));
+const regexes = notAnId(z.array(textWithoutNul().min(1).max(4096)).max(256));
 export const packDiffRequest = z.strictObject({
   sandboxId: sandboxIdField,
   /** An environment of the caller's project, written under it. */
   name: names.environment().optional(),
   description: notAnId(z.string().max(4096)).optional(),
   excludePaths: relativePaths.optional(),
-  excludeRegexes: relativePaths.optional(),
+  excludeRegexes: regexes.optional(),
   reportPaths: relativePaths.optional(),
   hiddenPaths: relativePaths.optional(),
 });
