@@ -151,7 +151,18 @@ async function fetchUpstream(sandbox: Sandbox, port: number): Promise<string> {
     ['sh', '-c', `timeout 5 wget -q -O - http://${UPSTREAM}:${port}/id 2>/dev/null || echo refused`],
     { timeoutMs: 15_000 },
   );
-  return result.stdout.trim();
+  const answer = result.stdout.trim();
+  if (answer === 'refused') expectUpstreamStanding();
+  return answer;
+}
+
+/** Fails, saying so, when the upstream's namespace is gone: a refusal then proves nothing. */
+function expectUpstreamStanding(): void {
+  const namespaces = execFileSync('ip', ['netns', 'list'], { encoding: 'utf8' });
+  expect(
+    namespaces,
+    `the upstream's namespace is gone (did another test run's clean-up remove it?)`,
+  ).toContain(`upstream${UPSTREAM_INDEX}`);
 }
 
 /** The directed broadcast of the /20 a gateway is on. */
@@ -324,6 +335,7 @@ describe('network grants and the guard', () => {
       ...(await forbidden(gateway)),
     ]);
     const [honest, ...attacks] = outcomes;
+    if (!honest?.outcome.startsWith('connected')) expectUpstreamStanding();
     expect(honest?.outcome, 'the upstream its rules allow').toMatch(/^connected/);
     // a datagram that got through would have arrived by now: the refusals above took longer
     await new Promise((resolve) => setTimeout(resolve, 500));
