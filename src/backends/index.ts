@@ -65,5 +65,7 @@ export { activeSwapAreas, ensureSwapFile, removeSwapFile } from './host/swap.ts'
 export type { SwapArea } from './host/swap.ts';
 export { defaultRuleBook, hostDebianMirrorRules, readNetworkRules } from './host/network-rules.ts';
 export type { NetworkRuleBook } from './host/network-rules.ts';
+export { MAX_GRANT_RULES, checkNetworkGrant, grantedRules } from './host/network-grants.ts';
+export type { NetworkGrant } from './host/network-grants.ts';
 export type { CriuSupport } from './host/criu.ts';
 export { ensureCriu } from './host/criu-build.ts';

@@ -55,10 +55,12 @@ const USAGE = `usage: sandgym COMMAND [ARGS]
   node --listen ADDR [--data-dir D] [--store S] [--node-id ID] [--max-sandboxes N] [--memory-mib N]
        [--overcommit X] [--free-floor-mib N] [--warm-pool N] [--warm-pool-best-effort N]
        [--net-rules FILE]   (JSON: {"mirror:debian": ["IP[/N][:PORT]", ...]}; or $SANDGYM_NET_RULES)
+       [--control-plane IP[/N][:PORT],:PORT,...]  (controllers etc.: no sandbox rule ever reaches them)
        [--task-root DIR]    (tasks the Envs service may serve, by path under DIR)
        [--trajectory-retention 7d]  (how long an ended sandbox's step log stays for audit)
        [--etcd URL,... [--advertise HOST:PORT] [--lease-ttl 10s]]  (join through etcd)
-       [--tls-ca F --tls-cert F --tls-key F]  (mutual TLS)  [--metrics-listen HOST:PORT]
+       [--tls-ca F --tls-cert F --tls-key F]  (mutual TLS)
+       [--metrics-listen [HOST:]PORT [--metrics-token-file F]]  (loopback unless HOST; off it, a token)
        [--log-level debug|info|warn|error|silent]
                                           a node agent (cluster mode); token in $SANDGYM_NODE_TOKEN
                                           or --node-token-file; logs JSON lines on stderr
@@ -66,8 +68,10 @@ const USAGE = `usage: sandgym COMMAND [ARGS]
                                           stop placement on a node; wait until its sandboxes ended or
                                           hibernated (node undrain --node HOST:PORT takes it back)
   controller --listen ADDR (--nodes ADDR,... | --etcd URL,...) --grants FILE [--poll-ms N]
-       [--queue-timeout-ms N] [--tls-ca F --tls-cert F --tls-key F] [--metrics-listen HOST:PORT]
-       [--log-level LEVEL]                a controller replica (cluster mode)
+       [--queue-timeout-ms N] [--tls-ca F --tls-cert F --tls-key F]
+       [--metrics-listen [HOST:]PORT [--metrics-token-file F]] [--log-level LEVEL]
+                                          a controller replica (cluster mode); grants: tokens to
+                                          {project, maxSandboxes, network: [rules it may use]}
   certs --out DIR [--hosts localhost,127.0.0.1,...] [--days 365]
                                           a development CA and certificates, made with openssl
 

@@ -111,6 +111,14 @@ export interface LocalPlatformOptions {
    */
   networkRules?: NetworkRuleBook;
   /**
+   * The cluster's control plane, which no sandbox's rules ever reach whatever they name:
+   * `IP[/N][:PORT]` (that network on every port, and the port everywhere) or `:PORT` (controllers,
+   * etcd, other nodes' ports). Beyond it, the guard always refuses the host itself, loopback,
+   * link-local and metadata, sandbox subnets, broadcast, multicast and IPv6. A node agent adds its
+   * own ports and etcd. @default the comma-separated list in $SANDGYM_CONTROL_PLANE, else none
+   */
+  controlPlane?: string[];
+  /**
    * What a sandbox's trajectory log may grow to; past it, records keep only the head of long
    * outputs, and the step's signals say `log`. @default 256 MiB
    */
@@ -455,6 +463,15 @@ export class LocalPlatform implements HostPlatform {
     return this.container.ruleNames().filter((name) => name.startsWith('mirror:') || name === 'dns');
   }
 
+  /**
+   * Keeps every sandbox's network off more of the cluster's control plane, from the next packet
+   * on: endpoints as `IP[/N][:PORT]`, `:PORT` or a URL (see controlPlaneOf). What a node agent
+   * tells its platform about itself (its ports, its etcd) and what its operator lists.
+   */
+  guardControlPlane(endpoints: readonly string[]): Promise<void> {
+    return this.container.guardControlPlane(endpoints);
+  }
+
   /** An image by reference, from the store or its registry (or the fallback base), as FROM finds it. */
   resolveImage(image: string): Promise<{ environment: Environment; notes: string[] }> {
     return this.resolveImageFor(this.project, image);
@@ -751,6 +768,8 @@ export const Platform = {
       ...(options.durable ? { durable: true } : {}),
       ...(options.warmPool ? { warmPool: options.warmPool } : {}),
       networkRules: options.networkRules ?? (await defaultRuleBook()),
+      controlPlane:
+        options.controlPlane ?? (process.env['SANDGYM_CONTROL_PLANE'] ?? '').split(',').filter(Boolean),
     });
     // the run manager is opened first and reaches the platform once it exists
     const late: { platform?: LocalPlatform } = {};

@@ -45,7 +45,7 @@ describe('tenants naming paths of the node', () => {
       storeDir,
       nodeId: NODE_ID,
       grants: GRANTS,
-      maxSandboxes: 12,
+      node: { maxSandboxes: 12 },
     });
     alpha = await Platform.connect(cluster.url, { token: TOKENS.alpha });
     beta = await Platform.connect(cluster.url, { token: TOKENS.beta });

@@ -29,7 +29,14 @@ describe('task environments and evaluation over the cluster client', () => {
       dataDir: nodeData.dataDir,
       storeDir: join(builder.dataDir, 'store'),
       nodeId: 'evalnode',
-      grants: { 'eval-token': { project: 'evals', maxSandboxes: 20 } },
+      // Harbor tasks ask for the public network: the operator grants the node's mirrors
+      grants: {
+        'eval-token': {
+          project: 'evals',
+          maxSandboxes: 20,
+          network: ['internet', 'mirror:debian', 'mirror:npm', 'dns'],
+        },
+      },
     });
     platform = await Platform.connect(cluster.url, { token: 'eval-token' });
   });

@@ -5,7 +5,9 @@ import {
   Controller,
   NodeAgent,
   Platform,
+  type ControllerOptions,
   type LocalPlatform,
+  type LocalPlatformOptions,
   type NodeAgentOptions,
   type ProjectGrant,
 } from '../../src/platform/index.ts';
@@ -33,20 +35,23 @@ export async function startInProcessCluster(options: {
   grants: Record<string, ProjectGrant>;
   /** Serve the Envs service too, with task envs from this folder. */
   envs?: { taskRoot: string };
-  /** Most sandboxes the node runs at once (the node's default otherwise). */
-  maxSandboxes?: number;
+  /** More options of the node's platform (its rule book, its control plane), its agent and the controller. */
+  platform?: Pick<LocalPlatformOptions, 'networkRules' | 'controlPlane'>;
+  node?: Partial<NodeAgentOptions>;
+  controller?: Partial<ControllerOptions>;
 }): Promise<InProcessCluster> {
   const nodePlatform = await Platform.local({
     dataDir: join(options.dataDir, 'node'),
     storeDir: options.storeDir,
     nodeId: options.nodeId,
     durable: true,
+    ...options.platform,
   });
   const node = await NodeAgent.start(nodePlatform, {
     listen: '127.0.0.1:0',
     token: IN_PROCESS_NODE_TOKEN,
     logger: silentLogger(),
-    ...(options.maxSandboxes === undefined ? {} : { maxSandboxes: options.maxSandboxes }),
+    ...options.node,
     ...(options.envs
       ? {
           services: (agent: NodeAgent) => [
@@ -65,6 +70,7 @@ export async function startInProcessCluster(options: {
     grants: options.grants,
     logger: silentLogger(),
     pollMs: 200,
+    ...options.controller,
   });
   return {
     nodePlatform,

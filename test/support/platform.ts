@@ -41,6 +41,8 @@ export interface TestPlatformOptions {
   warmPool?: WarmPoolPolicy;
   /** The node's named network rules. */
   networkRules?: NetworkRuleBook;
+  /** Control plane endpoints no sandbox reaches (see LocalPlatformOptions.controlPlane). */
+  controlPlane?: string[];
   /** The cap on each sandbox's trajectory log. */
   trajectoryCapBytes?: number;
   /** The project its sandboxes, environments and layers belong to (default `default`). */
@@ -68,6 +70,7 @@ export async function createTestPlatform(
     ...(options.nodeId ? { nodeId: options.nodeId } : {}),
     ...(options.warmPool ? { warmPool: options.warmPool } : {}),
     ...(options.networkRules ? { networkRules: options.networkRules } : {}),
+    ...(options.controlPlane ? { controlPlane: options.controlPlane } : {}),
     ...(options.trajectoryCapBytes ? { trajectoryCapBytes: options.trajectoryCapBytes } : {}),
     ...(options.project ? { project: options.project } : {}),
     ...(options.freshLayerHoldMs === undefined ? {} : { freshLayerHoldMs: options.freshLayerHoldMs }),

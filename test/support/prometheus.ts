@@ -9,16 +9,24 @@ export interface TestPrometheus extends AsyncDisposable {
   query(promql: string): Promise<{ metric: Record<string, string>; value: number }[]>;
 }
 
-export async function startPrometheus(dir: string, targets: string[]): Promise<TestPrometheus> {
+/** With `bearerToken`, every scrape sends it (`authorization.credentials_file`, as an operator would). */
+export async function startPrometheus(
+  dir: string,
+  targets: string[],
+  bearerToken?: string,
+): Promise<TestPrometheus> {
   await mkdir(dir, { recursive: true });
   const port = await freePort();
   const config = join(dir, 'prometheus.yml');
+  const credentials = join(dir, 'scrape-token');
+  if (bearerToken) await writeFile(credentials, bearerToken, { mode: 0o600 });
   await writeFile(
     config,
     [
       'global: { scrape_interval: 1s, evaluation_interval: 1s }',
       'scrape_configs:',
       '  - job_name: sandgym',
+      ...(bearerToken ? [`    authorization: { credentials_file: "${credentials}" }`] : []),
       `    static_configs: [ { targets: [${targets.map((t) => `"${t}"`).join(', ')}] } ]`,
       '',
     ].join('\n'),

@@ -87,6 +87,11 @@ export interface ContainerBackendOptions {
   warmPool?: WarmPoolPolicy;
   /** The node's named network rules, which sandboxes' policies name (see {@link NetworkRuleBook}). */
   networkRules?: NetworkRuleBook;
+  /**
+   * Control plane endpoints no container's rules ever reach (see ContainerEgress.guard); more can
+   * be added with {@link ContainerBackend.guardControlPlane}.
+   */
+  controlPlane?: readonly string[];
 }
 
 /**
@@ -150,7 +155,7 @@ export class ContainerBackend implements Backend {
     this.logger = (options.logger ?? silentLogger()).child({ component: 'container-backend' });
     this.codec = options.codec ?? createMsgpackCodec();
     this.scope = cgroupScope(options.dataDir);
-    this.egress = new ContainerEgress(options.dataDir, options.networkRules ?? {});
+    this.egress = new ContainerEgress(options.dataDir, options.networkRules ?? {}, options.controlPlane);
     this.launcher = new ContainerLauncher({
       dataDir: options.dataDir,
       durable: options.durable ?? false,
@@ -193,6 +198,11 @@ export class ContainerBackend implements Backend {
   /** The names of the node's network rules (its rule book): what builds pick their package mirrors from. */
   ruleNames(): string[] {
     return Object.keys(this.egress.ruleBook);
+  }
+
+  /** Keeps every container's network off more of the control plane (see ContainerEgress.guard). */
+  guardControlPlane(endpoints: readonly string[]): Promise<void> {
+    return this.egress.guard(endpoints);
   }
 
   /**

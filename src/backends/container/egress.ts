@@ -1,4 +1,5 @@
 import { SandgymError } from '../../common/index.ts';
+import { controlPlaneOf, mergeControlPlanes, type ControlPlane } from '../host/egress-guard.ts';
 import type { GroupNetwork } from '../host/group-network.ts';
 import { checkRuleBook, resolveRules, type NetworkRuleBook } from '../host/network-rules.ts';
 import { NodeNetwork, removeStaleNetwork, type NetworkAttachment } from '../host/node-network.ts';
@@ -7,19 +8,24 @@ import type { WarmShell } from './warm-pool.ts';
 /**
  * What containers may reach beyond loopback: the node network (built when the first container
  * is given egress, removed with the backend), each container's veth on it and the rules its
- * policy names from the node's rule book, and group networks for a task's services.
+ * policy names from the node's rule book, behind the network's guard, and group networks for a
+ * task's services.
  */
 export class ContainerEgress {
   /** The node network, built when the first sandbox is given egress. */
   private network: Promise<NodeNetwork> | undefined;
   /** Containers on the node network, by slot. */
   private readonly attached = new Map<string, Promise<NetworkAttachment>>();
+  /** What the guard keeps every container from beyond the fixed ranges (see {@link guard}). */
+  private controlPlane: ControlPlane;
 
   constructor(
     private readonly dataDir: string,
     readonly ruleBook: NetworkRuleBook,
+    controlPlane: readonly string[] = [],
   ) {
     checkRuleBook(ruleBook);
+    this.controlPlane = controlPlaneOf(controlPlane);
   }
 
   /** Fails on a rule name the node's rule book lacks, before anything starts. */
@@ -48,9 +54,20 @@ export class ContainerEgress {
     await (await this.nodeNetwork()).allow(attachment, targets);
   }
 
+  /**
+   * Adds control plane endpoints (see controlPlaneOf) the guard keeps every container from, from
+   * the next packet on; a network built later starts with them.
+   */
+  async guard(endpoints: readonly string[]): Promise<void> {
+    this.controlPlane = mergeControlPlanes(this.controlPlane, controlPlaneOf(endpoints));
+    // a network that failed to open is opened afresh, with them, by the next sandbox with egress
+    const network = await this.network?.catch(() => undefined);
+    await network?.guard(this.controlPlane);
+  }
+
   private nodeNetwork(): Promise<NodeNetwork> {
     if (!this.network) {
-      const opening = NodeNetwork.open(this.dataDir);
+      const opening = NodeNetwork.open(this.dataDir, this.controlPlane);
       this.network = opening;
       opening.catch(() => (this.network = undefined));
     }

@@ -17,10 +17,14 @@ export interface EgressTarget {
  */
 export type NetworkRuleBook = Readonly<Record<string, readonly string[]>>;
 
-const RULE_NAME = /^[a-z0-9][a-z0-9._:/-]{0,127}$/i;
+/** What a rule-book name may be made of. */
+export const RULE_NAME = /^[a-z0-9][a-z0-9._:/-]{0,127}$/i;
 
-/** `IP[/N][:PORT]`, the form of an address in a rule definition. */
-function parseAddress(text: string, where: string): EgressTarget {
+/**
+ * `IP[/N][:PORT]`, the form of an address in a rule definition, as the network it names (host
+ * bits cleared, so `10.9.1.1/16` and `10.9.0.0/16` are one set).
+ */
+export function parseAddress(text: string, where: string): EgressTarget {
   const match = /^(\d{1,3}(?:\.\d{1,3}){3})(?:\/(\d{1,2}))?(?::(\d{1,5}))?$/.exec(text.trim());
   const [, ip, bits = '32', port] = match ?? [];
   const prefix = Number(bits);
@@ -35,7 +39,37 @@ function parseAddress(text: string, where: string): EgressTarget {
       `${where}: "${text}" is not an address; write IP, IP:PORT, IP/N or IP/N:PORT (IPv4)`,
     );
   }
-  return { cidr: `${ip}/${prefix}`, ...(port === undefined ? {} : { port: Number(port) }) };
+  const network = (ipv4Number(ip) & prefixMask(prefix)) >>> 0;
+  return {
+    cidr: `${ipv4Text(network)}/${prefix}`,
+    ...(port === undefined ? {} : { port: Number(port) }),
+  };
+}
+
+/** An IPv4 address as an unsigned 32-bit number. */
+export function ipv4Number(ip: string): number {
+  return ip.split('.').reduce((n, part) => n * 256 + Number(part), 0);
+}
+
+function ipv4Text(n: number): string {
+  return [24, 16, 8, 0].map((shift) => (n >>> shift) & 255).join('.');
+}
+
+/** The netmask of a prefix length, as an unsigned 32-bit number (0 for /0). */
+export function prefixMask(prefix: number): number {
+  return prefix === 0 ? 0 : (0xffffffff << (32 - prefix)) >>> 0;
+}
+
+/** The address text of a rule that names itself (`host:IP[:PORT]`, `cidr:A.B.C.D/N[:PORT]`); else undefined. */
+export function selfNamedAddress(rule: string): string | undefined {
+  const [kind, ...rest] = rule.split(':');
+  return kind === 'host' || kind === 'cidr' ? rest.join(':') : undefined;
+}
+
+/** A rule without the `?` that makes it optional, and whether it had one. */
+export function optionalRule(asked: string): { rule: string; optional: boolean } {
+  const optional = asked.endsWith('?');
+  return { rule: optional ? asked.slice(0, -1) : asked, optional };
 }
 
 /** Checks a rule book's definitions, so a typo fails when the node starts, not at a task's setup. */
@@ -134,17 +168,15 @@ function withinDeadline<T>(promise: Promise<T>, ms: number): Promise<T | undefin
 export function resolveRules(rules: readonly string[], book: NetworkRuleBook): EgressTarget[] {
   const targets = new Map<string, EgressTarget>();
   for (const asked of rules) {
-    const optional = asked.endsWith('?');
-    const rule = optional ? asked.slice(0, -1) : asked;
-    const [kind, ...rest] = rule.split(':');
-    const self = kind === 'host' || kind === 'cidr' ? [rest.join(':')] : undefined;
-    const addresses = self ?? book[rule];
+    const { rule, optional } = optionalRule(asked);
+    const self = selfNamedAddress(rule);
+    const addresses = self === undefined ? book[rule] : [self];
     if (!addresses && optional) continue;
     if (!addresses) {
       const known = Object.keys(book);
       throw new SandgymError(
         'invalid_argument',
-        `Network rule "${rule}" is not defined on this node (it knows ${known.length > 0 ? known.join(', ') : 'none'}): define it in the node's network rules (sandgym node --net-rule ${rule}=IP[:PORT],...), or use host:IP[:PORT] or cidr:A.B.C.D/N[:PORT]`,
+        `Network rule "${rule}" is not defined on this node (it knows ${known.length > 0 ? known.join(', ') : 'none'}): define it in the node's rule book (sandgym node --net-rules FILE, or $SANDGYM_NET_RULES), or use host:IP[:PORT] or cidr:A.B.C.D/N[:PORT]`,
       );
     }
     for (const address of addresses) {

@@ -3,6 +3,7 @@ import { mkdir, readFile, readdir, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { SandgymError } from '../../common/index.ts';
+import { NEVER_REACHED, type ControlPlane } from './egress-guard.ts';
 import type { EgressTarget } from './network-rules.ts';
 import { isAlive, processIdentity } from './processes.ts';
 import { runProgram } from './run-program.ts';
@@ -31,7 +32,14 @@ function addressOf(subnet: number, host: number): string {
  * never reach each other), and one nftables table that lets each sandbox reach exactly its
  * current targets. Everything else is refused: new connections are counted per sandbox and
  * answered "administratively prohibited" so a scan fails fast; packets of connections a stage
- * switch closed are dropped. The node (the bridge address) is a destination like any other.
+ * switch closed are dropped.
+ *
+ * Every packet from the bridge meets the guard first, which no allow rule can override: it
+ * refuses the node host itself (every address the kernel routes locally, the bridge's included,
+ * whatever interface or secondary address it is on), broadcast and multicast, IPv6, packets the
+ * host redirected elsewhere (DNAT: Docker's published ports, Kubernetes services), the ranges of
+ * {@link NEVER_REACHED} (loopback, link-local and metadata, every node's sandboxes) and the
+ * control plane the node knows ({@link guard}).
  *
  * Sandboxes with no egress never get a veth: their namespace holds loopback only.
  */
@@ -61,10 +69,11 @@ export class NodeNetwork {
 
   /**
    * Claims a subnet for this process on the node of `dataDir` (the one a dead predecessor had,
-   * if it left one) and builds the bridge and table afresh. Processes sharing a data dir (two
-   * evals at once) each have their own: networks/<pid>-<random>.json records whose is which.
+   * if it left one) and builds the bridge and table afresh, guarded against `controlPlane` from
+   * the start. Processes sharing a data dir (two evals at once) each have their own:
+   * networks/<pid>-<random>.json records whose is which.
    */
-  static async open(dataDir: string): Promise<NodeNetwork> {
+  static async open(dataDir: string, controlPlane: ControlPlane): Promise<NodeNetwork> {
     const previous = await removeStaleNetworks(dataDir);
     const subnet = await claimSubnet(previous[0]);
     const stateFile = join(dataDir, NETWORKS_DIR, `${process.pid}-${randomBytes(4).toString('hex')}.json`);
@@ -72,7 +81,7 @@ export class NodeNetwork {
     await mkdir(join(dataDir, NETWORKS_DIR), { recursive: true });
     await writeFile(stateFile, JSON.stringify({ subnet, owner: await processIdentity(process.pid) }));
     try {
-      await network.build();
+      await network.build(controlPlane);
     } catch (error) {
       await network.close().catch(() => undefined);
       throw error;
@@ -80,7 +89,7 @@ export class NodeNetwork {
     return network;
   }
 
-  private async build(): Promise<void> {
+  private async build(controlPlane: ControlPlane): Promise<void> {
     const bridge = this.bridge;
     await runProgram('sh', [
       '-c',
@@ -91,10 +100,28 @@ export class NodeNetwork {
     ]);
     // a node that gives sandboxes egress routes for them (as Docker's hosts do)
     await writeFile('/proc/sys/net/ipv4/ip_forward', '1');
+    // the table and its guard come in one transaction: no packet ever sees the bridge unguarded
     await nft(`
       table inet ${this.table} {
         map sandboxes { type ipv4_addr : verdict; }
+        map denials { type ipv4_addr : counter; }
+        set never { type ipv4_addr; flags interval; auto-merge; elements = { ${NEVER_REACHED.join(', ')} }; }
+        set control_hosts { type ipv4_addr; flags interval; auto-merge; }
+        set control_ports { type inet_service; }
+        chain refuse {
+          ct state new counter name ip saddr map @denials
+          reject with icmpx type admin-prohibited
+        }
+        chain guard {
+          meta nfproto ipv6 goto refuse
+          ct status dnat goto refuse
+          fib daddr type { local, broadcast, multicast } goto refuse
+          ip daddr @never goto refuse
+          ip daddr @control_hosts goto refuse
+          meta l4proto { tcp, udp } th dport @control_ports goto refuse
+        }
         chain egress {
+          jump guard
           ip saddr vmap @sandboxes
           drop
         }
@@ -110,7 +137,22 @@ export class NodeNetwork {
           type nat hook postrouting priority srcnat; policy accept;
           ip saddr ${this.cidr} oifname != "${bridge}" masquerade
         }
-      }`);
+      }
+      ${this.controlPlaneScript(controlPlane)}`);
+  }
+
+  /** Replaces the control plane the guard keeps every sandbox from, in one transaction. */
+  async guard(controlPlane: ControlPlane): Promise<void> {
+    await nft(this.controlPlaneScript(controlPlane));
+  }
+
+  private controlPlaneScript({ hosts, ports }: ControlPlane): string {
+    return [
+      `flush set inet ${this.table} control_hosts`,
+      `flush set inet ${this.table} control_ports`,
+      ...(hosts.length ? [`add element inet ${this.table} control_hosts { ${hosts.join(', ')} }`] : []),
+      ...(ports.length ? [`add element inet ${this.table} control_ports { ${ports.join(', ')} }`] : []),
+    ].join('\n');
   }
 
   /** Gives the network namespace of `pid` a veth on the bridge, with everything denied until {@link allow}. */
@@ -148,7 +190,10 @@ export class NodeNetwork {
     return attachment;
   }
 
-  /** Replaces what the sandbox may reach, in one transaction: no packet sees a half-written rule set. */
+  /**
+   * Replaces what the sandbox may reach, in one transaction: no packet sees a half-written rule
+   * set. The rules only ever see what the guard let through.
+   */
   async allow(attachment: NetworkAttachment, targets: readonly EgressTarget[]): Promise<void> {
     const { index, address } = attachment;
     const chain = `sandbox${index}`;
@@ -163,6 +208,7 @@ export class NodeNetwork {
       ${rules.join('\n')}
       add rule inet ${this.table} ${chain} ct state new counter name denied${index} reject with icmpx type admin-prohibited
       add rule inet ${this.table} ${chain} drop
+      add element inet ${this.table} denials { ${address} : "denied${index}" }
       add element inet ${this.table} sandboxes { ${address} : jump ${chain} }`);
   }
 
@@ -187,6 +233,7 @@ export class NodeNetwork {
       await runProgram('sh', ['-c', 'ip link del "$1" 2>/dev/null || true', 'sh', this.hostVeth(index)]);
       await nft(`
         delete element inet ${this.table} sandboxes { ${address} }
+        delete element inet ${this.table} denials { ${address} }
         delete chain inet ${this.table} sandbox${index}
         delete counter inet ${this.table} denied${index}`).catch(() => undefined);
     } finally {

@@ -10,6 +10,7 @@ export const CLUSTER_SERVER_OPTIONS = {
   'tls-key': { type: 'string' },
   etcd: { type: 'string' },
   'metrics-listen': { type: 'string' },
+  'metrics-token-file': { type: 'string' },
 } as const;
 
 /** The TLS variables a cluster client reads, named after the server options. */
@@ -54,6 +55,18 @@ export function etcdOption(parsed: ParsedCommandArgs, tls: TlsFiles | undefined)
   if (endpoints.length === 0) return undefined;
   checkEtcdEndpoints(endpoints);
   return { endpoints, ...(tls ? { tls } : {}) };
+}
+
+/** The token a metrics scrape must send, from --metrics-token-file; none without it. */
+export async function metricsToken(command: string, file: string | undefined): Promise<string | undefined> {
+  if (!file) return undefined;
+  const token = (
+    await readFile(file, 'utf8').catch((error: unknown) => {
+      throw new UsageError(`sandgym ${command}: cannot read --metrics-token-file ${file}: ${String(error)}`);
+    })
+  ).trim();
+  if (!token) throw new UsageError(`sandgym ${command}: --metrics-token-file ${file} is empty`);
+  return token;
 }
 
 /** The node token: from a file (so it stays out of `ps`), else $SANDGYM_NODE_TOKEN. */

@@ -22,7 +22,14 @@ import {
   text,
 } from '../args.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
-import { CLUSTER_SERVER_OPTIONS, clientTls, etcdOption, nodeToken, serverTls } from './cluster-options.ts';
+import {
+  CLUSTER_SERVER_OPTIONS,
+  clientTls,
+  etcdOption,
+  metricsToken,
+  nodeToken,
+  serverTls,
+} from './cluster-options.ts';
 import { nodeDrainCommand } from './node-drain.ts';
 
 /** Where a cluster client points: `SANDGYM_PLATFORM=grpc://controller:7443` plus `SANDGYM_TOKEN`. */
@@ -93,6 +100,7 @@ export const NODE_OPTIONS = {
   'warm-pool': { type: 'string' },
   'warm-pool-best-effort': { type: 'string' },
   'net-rules': { type: 'string' },
+  'control-plane': { type: 'string' },
   'task-root': { type: 'string' },
 } as const;
 
@@ -131,6 +139,8 @@ export async function nodeCommand(args: string[]): Promise<number> {
     );
   }
   const metricsListen = text(parsed, 'metrics-listen');
+  const scrapeToken = await metricsToken('node', text(parsed, 'metrics-token-file'));
+  const controlPlane = (text(parsed, 'control-plane') ?? '').split(',').filter(Boolean);
   const storeDir = text(parsed, 'store');
   const trajectoryRetentionMs = durationMs('trajectory-retention', text(parsed, 'trajectory-retention'));
   const platform = await Platform.local({
@@ -141,6 +151,7 @@ export async function nodeCommand(args: string[]): Promise<number> {
     warmPool,
     ...(trajectoryRetentionMs ? { trajectoryRetentionMs } : {}),
     ...(storeDir ? { storeDir } : {}),
+    ...(controlPlane.length ? { controlPlane } : {}),
     networkRules: text(parsed, 'net-rules')
       ? await readNetworkRules(text(parsed, 'net-rules'))
       : await defaultRuleBook(),
@@ -155,6 +166,7 @@ export async function nodeCommand(args: string[]): Promise<number> {
     ...(freeFloorMib ? { freeFloorMib } : {}),
     ...(tls ? { tls } : {}),
     ...(metricsListen ? { metricsListen } : {}),
+    ...(scrapeToken ? { metricsToken: scrapeToken } : {}),
     ...(etcd
       ? {
           etcd: {
@@ -186,6 +198,8 @@ const grantsFileSchema = z.strictObject({
     z.strictObject({
       project: z.string().regex(/^[a-z0-9][a-z0-9_-]{0,63}$/, 'project names are a-z, 0-9, _ and -'),
       maxSandboxes: z.number().int().positive(),
+      // rule-book names, and host:/cidr: sets the project may name hosts, ranges and ports inside
+      network: z.array(z.string()).default([]),
     }),
   ),
 });
@@ -217,9 +231,10 @@ export async function controllerCommand(args: string[]): Promise<number> {
     );
   }
   const metricsListen = text(parsed, 'metrics-listen');
+  const scrapeToken = await metricsToken('controller', text(parsed, 'metrics-token-file'));
   if (!grantsFile) {
     throw new UsageError(
-      'sandgym controller: give --grants FILE, JSON like {"tokens": {"<token>": {"project": "p", "maxSandboxes": 100}}}',
+      'sandgym controller: give --grants FILE, JSON like {"tokens": {"<token>": {"project": "p", "maxSandboxes": 100, "network": ["mirror:debian", "dns"]}}}',
     );
   }
   const raw = await readFile(grantsFile, 'utf8').catch((error: unknown) => {
@@ -239,6 +254,7 @@ export async function controllerCommand(args: string[]): Promise<number> {
     ...(etcd ? { etcd } : { nodes }),
     ...(tls ? { tls } : {}),
     ...(metricsListen ? { metricsListen } : {}),
+    ...(scrapeToken ? { metricsToken: scrapeToken } : {}),
     nodeToken: await nodeToken('controller', text(parsed, 'node-token-file')),
     grants,
     logger: serverLogger(parsed, 'controller'),

@@ -1,10 +1,12 @@
 import { ID_KINDS, SandgymError, isSandgymError, nodeOfSandboxId, type Logger } from '../../common/index.ts';
+import { checkNetworkGrant, grantedRules, type NetworkGrant } from '../../backends/index.ts';
 import { FairQueue } from './fair-queue.ts';
 import { NodeWatcher } from './node-watcher.ts';
 import { runService } from './run-service.ts';
 import { Placer, type Demand } from './placement.ts';
 import { sandboxRequestSchema } from '../sandbox-request.ts';
 import {
+  NETWORK_GRANT_KEY,
   PROJECT_KEY,
   QUOTA_KEY,
   SANDBOXES,
@@ -23,11 +25,16 @@ import { RunLedger } from '../etcd/shared-runs.ts';
 import { ControllerMetrics } from '../metrics/controller-metrics.ts';
 import { serveMetrics, type MetricsServer } from '../metrics/metrics-server.ts';
 
-/** A project a token maps to, and its quota. */
+/** A project a token maps to, its quota, and the network rules it may use. */
 export interface ProjectGrant {
   project: string;
   /** Most sandboxes the project may have at once across the cluster. */
   maxSandboxes: number;
+  /**
+   * The network rules its sandboxes may name (see NetworkGrant): rule-book names, and `host:` or
+   * `cidr:` sets inside which it may name any host, sub-range or port. @default none: loopback only
+   */
+  network?: string[];
 }
 
 /** Options for {@link Controller.start}. */
@@ -42,8 +49,10 @@ export interface ControllerOptions {
   etcd?: EtcdOptions;
   /** Serve clients over mutual TLS, and call nodes over it with the same pair. */
   tls?: TlsFiles;
-  /** host:port to serve Prometheus metrics on, at /metrics. */
+  /** Where to serve Prometheus metrics, at /metrics (see serveMetrics): `PORT` is loopback's. */
   metricsListen?: string;
+  /** The bearer token a scrape must present; required to serve metrics beyond loopback. */
+  metricsToken?: string;
   /** The token node agents accept. */
   nodeToken: string;
   /** Client tokens and what each may do. */
@@ -111,6 +120,7 @@ export class Controller {
         'Give a controller either its nodes (--nodes HOST:PORT,...) or etcd to find them in (--etcd URL,...), not both or neither',
       );
     }
+    checkGrants(options.grants);
     const watcher = new NodeWatcher(
       nodes,
       { token: options.nodeToken, tls: options.tls },
@@ -145,6 +155,7 @@ export class Controller {
           options.metricsListen,
           controller.metrics.registry,
           logger,
+          options.metricsToken,
         );
     } catch (error) {
       await controller.close();
@@ -235,7 +246,14 @@ export class Controller {
       },
       Stats: (request, call) => route(request.sandboxId).call('Stats', request, as(call)),
       WrittenPaths: (request, call) => route(request.sandboxId).call('WrittenPaths', request, as(call)),
-      SetNetwork: (request, call) => route(request.sandboxId).call('SetNetwork', request, as(call)),
+      SetNetwork: (request, call) => {
+        const { project } = call.principal;
+        grantedRules(request.rules, this.networkOf(project), `project ${project}`);
+        return route(request.sandboxId).call('SetNetwork', request, {
+          ...as(call),
+          metadata: this.nodeMetadata(project),
+        });
+      },
       Destroy: async (request, call) => {
         const done = await route(request.sandboxId).call('Destroy', request, as(call));
         this.queue.wake(1);
@@ -284,14 +302,21 @@ export class Controller {
     return Object.values(this.options.grants).find((g) => g.project === project);
   }
 
+  /** The network rules a project's grant lets its sandboxes name. */
+  private networkOf(project: string): NetworkGrant {
+    return this.grantOf(project)?.network ?? [];
+  }
+
   /**
-   * What a node is told with a create: the project, and with etcd its quota, which the node
+   * What a node is told with a call that makes sandboxes or sets their rules: the project, its
+   * network grant, which the node enforces again, and with etcd its quota, which the node
    * enforces in a transaction (the only place that sees every replica's creates).
    */
   private nodeMetadata(project: string): Record<string, string> {
     const grant = this.grantOf(project);
     return {
       [PROJECT_KEY]: project,
+      [NETWORK_GRANT_KEY]: JSON.stringify(this.networkOf(project)),
       ...(this.options.etcd && grant ? { [QUOTA_KEY]: String(grant.maxSandboxes) } : {}),
     };
   }
@@ -335,6 +360,7 @@ export class Controller {
   private async place(request: unknown, call: CallContext): Promise<SandboxInfo> {
     const { project } = call.principal;
     const resolved = sandboxRequestSchema.parse(request);
+    grantedRules(resolved.network, this.networkOf(project), `project ${project}`);
     this.checkQuota(project, 1);
     const demand: Demand = { backend: resolved.backend, memoryMib: resolved.resources.memoryMib };
     const deadline = Date.now() + (this.options.queueTimeoutMs ?? 60_000);
@@ -415,6 +441,26 @@ export class Controller {
     await this.etcd?.membership.close();
     this.etcd?.client.close();
     this.watcher.close();
+  }
+}
+
+/**
+ * Checks each grant's network rules, and that the tokens of one project grant it the same ones
+ * (a call knows its project, not which of its tokens it came with).
+ */
+function checkGrants(grants: Record<string, ProjectGrant>): void {
+  const networks = new Map<string, string>();
+  for (const grant of Object.values(grants)) {
+    const network = grant.network ?? [];
+    checkNetworkGrant(network, `the grant of project ${grant.project}`);
+    const key = JSON.stringify([...network].sort());
+    if ((networks.get(grant.project) ?? key) !== key) {
+      throw new SandgymError(
+        'invalid_argument',
+        `Tokens of project ${grant.project} grant it different network rules: give each the same`,
+      );
+    }
+    networks.set(grant.project, key);
   }
 }
 

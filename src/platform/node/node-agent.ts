@@ -1,6 +1,13 @@
 import { totalmem } from 'node:os';
 import { SandgymError, definedFields, type Logger } from '../../common/index.ts';
-import type { BackendSandbox, ExecOptions, LoadMode, SandboxCheckpoint } from '../../backends/index.ts';
+import {
+  grantedRules,
+  type BackendSandbox,
+  type ExecOptions,
+  type LoadMode,
+  type NetworkGrant,
+  type SandboxCheckpoint,
+} from '../../backends/index.ts';
 import type { LocalPlatform } from '../local-platform.ts';
 import type { SandboxRequest } from '../sandbox-request.ts';
 import type { StepRequest } from '../steps/step-types.ts';
@@ -16,6 +23,7 @@ import {
   checkTokenStrength,
   tokenAuthenticator,
   quotaOf,
+  networkGrantOf,
   type CallContext,
   type DrainProgress,
   type ExecRequest,
@@ -53,9 +61,14 @@ export interface NodeAgentOptions {
   tls?: TlsFiles;
   /** Join the cluster through etcd: membership under a lease, and quotas kept there. */
   etcd?: NodeEtcdOptions;
-  /** host:port to serve Prometheus metrics on, at /metrics. */
+  /** Where to serve Prometheus metrics, at /metrics (see serveMetrics): `PORT` is loopback's. */
   metricsListen?: string;
+  /** The bearer token a scrape must present; required to serve metrics beyond loopback. */
+  metricsToken?: string;
 }
+
+/** etcd's peer port, by convention: the node knows etcd's client endpoints only. */
+const ETCD_PEER_PORT = 2380;
 
 /** Why admission said no, as the metrics label it. */
 type Refusal = 'draining' | 'full' | 'memory' | 'quota';
@@ -128,6 +141,10 @@ export class NodeAgent {
    */
   static async start(platform: LocalPlatform, options: NodeAgentOptions): Promise<NodeAgent> {
     checkTokenStrength(options.token, 'The node token (SANDGYM_NODE_TOKEN)');
+    // the guard knows the control plane before a sandbox can be given egress through this node
+    await platform.guardControlPlane(
+      controlPlaneOf(options, [portOf(options.listen), portOf(options.metricsListen)]),
+    );
     const memory = new MemoryAdmission({
       capacityMib: options.memoryCapacityMib ?? Math.floor(totalmem() / 1024 / 1024),
       overcommit: options.overcommit ?? 1.5,
@@ -174,7 +191,16 @@ export class NodeAgent {
     agent.logger.info({ port: agent.server.port, tls: Boolean(options.tls) }, 'node agent listening');
     try {
       if (options.metricsListen)
-        agent.metricsServer = await serveMetrics(options.metricsListen, agent.metrics.registry, agent.logger);
+        agent.metricsServer = await serveMetrics(
+          options.metricsListen,
+          agent.metrics.registry,
+          agent.logger,
+          options.metricsToken,
+        );
+      // ports picked at start (port 0) are known only now
+      await platform.guardControlPlane(
+        controlPlaneOf(options, [agent.server.port, agent.metricsServer?.port ?? 0]),
+      );
       if (options.etcd) agent.cluster = await agent.joinCluster(options.etcd, options.listen);
     } catch (error) {
       await agent.close();
@@ -306,6 +332,7 @@ export class NodeAgent {
           await this.create(call.principal.project, request, {
             signal: call.signal,
             quota: quotaOf(call.metadata),
+            network: networkGrantOf(call.metadata),
           }),
         ),
       Describe: ({ sandboxId }, call) => Promise.resolve(info(this.sandboxOf(sandboxId, call))),
@@ -361,7 +388,9 @@ export class NodeAgent {
         }),
       }),
       SetNetwork: async ({ sandboxId, rules }, call) => {
-        await this.sandboxOf(sandboxId, call).setNetwork(rules, { signal: call.signal });
+        const sandbox = this.sandboxOf(sandboxId, call);
+        const granted = withinGrant(rules, networkGrantOf(call.metadata), call.principal.project);
+        await sandbox.setNetwork(granted, { signal: call.signal });
         return {};
       },
       Destroy: async ({ sandboxId }, call) => {
@@ -412,17 +441,22 @@ export class NodeAgent {
     });
   }
 
+  /**
+   * A sandbox for `project`, admitted here. With a `network` grant (a controller's call), the
+   * request's rules must lie within it; without one, the caller holds the node token: the operator.
+   */
   private async create(
     project: string,
     request: SandboxRequest,
-    options: { signal?: AbortSignal; quota?: number | undefined },
+    options: { signal?: AbortSignal; quota?: number | undefined; network?: NetworkGrant | undefined },
   ): Promise<BackendSandbox> {
-    const { backend, resources } = sandboxRequestSchema.parse(request);
+    const { backend, resources, network } = sandboxRequestSchema.parse(request);
+    const granted = { ...request, network: withinGrant(network, options.network, project) };
     const timer = this.metrics.createSeconds.startTimer({ backend });
     const [sandbox] = await this.admitted(
       { project, count: 1, memoryMib: resources.memoryMib, backend, quota: options.quota },
       async () => [
-        await this.platform.createSandboxFor(project, request, definedFields({ signal: options.signal })),
+        await this.platform.createSandboxFor(project, granted, definedFields({ signal: options.signal })),
       ],
     );
     timer();
@@ -615,6 +649,27 @@ function execArguments(
 ): { sandboxId: string; argv: string[]; options: ExecOptions } {
   const { sandboxId, argv, ...rest } = request;
   return { sandboxId, argv, options: { ...definedFields(rest), signal: call.signal } };
+}
+
+/** The rules of `rules` the project's `grant` allows (see grantedRules); all of them without one. */
+function withinGrant(rules: readonly string[], grant: NetworkGrant | undefined, project: string): string[] {
+  return grant === undefined ? [...rules] : grantedRules(rules, grant, `project ${project}`);
+}
+
+/** The port of a listen address (`HOST:PORT` or `PORT`); 0 when there is none or it is picked at start. */
+function portOf(listen: string | undefined): number {
+  return Number(/(?:^|:)(\d{1,5})$/.exec(listen ?? '')?.[1] ?? 0);
+}
+
+/**
+ * What the node adds to its platform's control plane (LocalPlatformOptions.controlPlane, where
+ * the operator names the controllers): its own `ports` on every address, and its etcd.
+ */
+function controlPlaneOf(options: NodeAgentOptions, ports: number[]): string[] {
+  return [
+    ...ports.filter((port) => port > 0).map((port) => `:${port}`),
+    ...(options.etcd ? [...options.etcd.endpoints, `:${ETCD_PEER_PORT}`] : []),
+  ];
 }
 
 /** The host of a listen address controllers can dial: itself, or loopback for a wildcard. */

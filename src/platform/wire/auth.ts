@@ -1,5 +1,7 @@
 import { timingSafeEqual, createHash } from 'node:crypto';
 import type { Metadata } from '@grpc/grpc-js';
+import { z } from 'zod';
+import { MAX_GRANT_RULES, type NetworkGrant } from '../../backends/index.ts';
 import { SandgymError } from '../../common/index.ts';
 import type { Authenticate, Principal } from './principal.ts';
 
@@ -11,6 +13,35 @@ export const PROJECT_KEY = 'sandgym-project';
  * with an etcd transaction when the cluster keeps its state in etcd.
  */
 export const QUOTA_KEY = 'sandgym-quota';
+
+/**
+ * The metadata key a controller uses to pass the network rules the project's grant allows (a JSON
+ * array of rules) with the calls that set a sandbox's rules. A call without it comes from a holder
+ * of the node token acting as the operator: every rule of the node's rule book.
+ */
+export const NETWORK_GRANT_KEY = 'sandgym-network';
+
+const networkGrantSchema = z.array(z.string().min(1).max(256)).max(MAX_GRANT_RULES);
+
+/** The network grant a trusted caller passed with a call, if any; anything but a list of rules is refused. */
+export function networkGrantOf(metadata: Metadata): NetworkGrant | undefined {
+  const value = metadata.get(NETWORK_GRANT_KEY)[0];
+  if (value === undefined) return undefined;
+  let parsed: unknown;
+  try {
+    parsed = typeof value === 'string' ? JSON.parse(value) : undefined;
+  } catch {
+    parsed = undefined;
+  }
+  const grant = networkGrantSchema.safeParse(parsed);
+  if (!grant.success) {
+    throw new SandgymError(
+      'invalid_argument',
+      `${NETWORK_GRANT_KEY} must be a JSON array of at most ${MAX_GRANT_RULES} network rules`,
+    );
+  }
+  return grant.data;
+}
 
 const PROJECT_NAME = /^[a-z0-9][a-z0-9_-]{0,63}$/;
 
@@ -42,16 +73,15 @@ export function checkTokenStrength(token: string, what: string): void {
   }
 }
 
-function digest(token: string): Buffer {
+/** A token's sha256, which tokens are compared by (in constant time, so no timing tells a byte). */
+export function tokenDigest(token: string): Buffer {
   return createHash('sha256').update(token).digest();
 }
 
-/** The bearer token of a call, or undefined. */
-function bearerOf(metadata: Metadata): string | undefined {
-  const header = metadata.get('authorization')[0];
+/** The token of an `authorization: Bearer <token>` header, or undefined. */
+export function bearerToken(header: unknown): string | undefined {
   if (typeof header !== 'string') return undefined;
-  const match = /^Bearer\s+(\S+)$/i.exec(header);
-  return match?.[1];
+  return /^Bearer\s+(\S+)$/i.exec(header)?.[1];
 }
 
 function unauthenticated(path: string, why: string): SandgymError {
@@ -69,11 +99,11 @@ export function tokenAuthenticator(
   options: { trustProjectHeader?: boolean } = {},
 ): Authenticate {
   // compare digests in constant time, so a token cannot be guessed byte by byte from timings
-  const known = Object.entries(tokens).map(([token, project]) => ({ hash: digest(token), project }));
+  const known = Object.entries(tokens).map(([token, project]) => ({ hash: tokenDigest(token), project }));
   return (metadata, path): Principal => {
-    const token = bearerOf(metadata);
+    const token = bearerToken(metadata.get('authorization')[0]);
     if (!token) throw unauthenticated(path, 'no token');
-    const hash = digest(token);
+    const hash = tokenDigest(token);
     const match = known.find((entry) => timingSafeEqual(entry.hash, hash));
     if (!match) throw unauthenticated(path, 'the token is not valid');
     if (!options.trustProjectHeader) return { project: match.project, isOperator: false };

@@ -3,7 +3,17 @@ export { WireServer, register } from './server.ts';
 export type { Authenticate, CallContext, Handlers, IdResolvers, Principal, Registration } from './server.ts';
 export { WireClient } from './client.ts';
 export type { WireCallOptions, WireClientOptions } from './client.ts';
-export { checkTokenStrength, tokenAuthenticator, quotaOf, PROJECT_KEY, QUOTA_KEY } from './auth.ts';
+export {
+  bearerToken,
+  checkTokenStrength,
+  tokenAuthenticator,
+  tokenDigest,
+  quotaOf,
+  networkGrantOf,
+  NETWORK_GRANT_KEY,
+  PROJECT_KEY,
+  QUOTA_KEY,
+} from './auth.ts';
 export { readTlsFiles } from './tls.ts';
 export type { TlsFiles, TlsPaths } from './tls.ts';
 export { ENVS, SANDBOXES, NODE, RUNS } from './services.ts';
