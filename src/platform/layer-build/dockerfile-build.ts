@@ -1,18 +1,7 @@
 import { createHash } from 'node:crypto';
-import {
-  chmod,
-  cp,
-  lchown,
-  lstat,
-  mkdir,
-  open,
-  readFile,
-  readdir,
-  rm,
-  utimes,
-  writeFile,
-} from 'node:fs/promises';
-import { basename, dirname, join, posix, resolve } from 'node:path';
+import type { Stats } from 'node:fs';
+import { chmod, lchown, mkdir, readFile, rm, utimes } from 'node:fs/promises';
+import { basename, dirname, join, posix, relative, resolve } from 'node:path';
 import type { BackendSandbox } from '../../backends/index.ts';
 import { SandgymError } from '../../common/index.ts';
 import type { Environment, ImageMetadata, ProjectStore } from '../store/layer-store.ts';
@@ -29,7 +18,8 @@ import {
   type DockerInstruction,
   type Heredoc,
 } from './dockerfile-parse.ts';
-import { extractTar, openTar } from './tar-extract.ts';
+import { withRootedTree, type RootedTree } from './rooted-tree.ts';
+import { copyIntoTree, type TreeSource } from './tree-copy.ts';
 
 /** What the builder needs from the platform. */
 export interface BuildHost {
@@ -114,6 +104,8 @@ const OWN_PLATFORMS = new Set([
   'linux/amd64/v3',
 ]);
 const DEFAULT_SHELL = ['/bin/sh', '-c'];
+/** The most of a stage's /etc/passwd or /etc/group read for --chown. */
+const MAX_ACCOUNTS_BYTES = 16 * 2 ** 20;
 /** The PATH of a sandbox whose environment sets none (as OCI images and the agent have it). */
 const DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
 /** ARGs Docker predefines: the build's and the target's platform. */
@@ -599,14 +591,16 @@ async function folderStep(host: BuildHost, layers: string[], folder: string, whe
   const paths = parts.map((_, i) => `/${parts.slice(0, i + 1).join('/')}`);
   const existing = layers.length
     ? await host.withLayerStack(layers, (stack) =>
-        Promise.all(
-          paths.map((path) =>
-            lstat(join(stack, path)).then(
-              (st) => (st.isDirectory() ? st : undefined),
-              () => undefined,
-            ),
-          ),
-        ),
+        withRootedTree(stack, where, async (tree) => {
+          const found: Stats[] = [];
+          for (const path of paths) {
+            // a symlink or a file on the way: what is below it is not the stack's folder
+            const stats = await tree.lstat(path);
+            if (!stats?.isDirectory()) break;
+            found.push(stats);
+          }
+          return found;
+        }),
       )
     : [];
   const root = await host.store.scratch('workdir');
@@ -705,23 +699,38 @@ async function copyPlan(
       try {
         const owner =
           chown === undefined ? { uid: 0, gid: 0 } : await resolveOwner(host, ownerLayers, chown, where);
-        const target = join(root, destination);
-        const written =
-          source.kind === 'heredocs'
-            ? await writeHeredocs(source.documents, target, intoFolder)
-            : source.kind === 'layers'
-              ? await host.withLayerStack(source.layers, (stageRoot) =>
-                  copyPaths(
-                    source.paths.map((p) => join(stageRoot, posix.resolve('/', p))),
-                    target,
-                    intoFolder,
-                    copy.kind,
-                    undefined,
-                    where,
-                  ),
-                )
-              : await copyPaths(source.paths, target, intoFolder, copy.kind, context, where);
-        for (const path of written) await applyOwnership(path, owner, mode);
+        await withRootedTree(root, `${where}: ${copy.kind}`, async (to) => {
+          const options = { kind: copy.kind, intoFolder, where };
+          const written =
+            source.kind === 'heredocs'
+              ? await writeHeredocs(to, source.documents, destination, intoFolder)
+              : source.kind === 'layers'
+                ? await host.withLayerStack(source.layers, (stageRoot) =>
+                    withRootedTree(stageRoot, `${where}: --from`, async (from) =>
+                      copyIntoTree(
+                        from,
+                        await stageSources(from, source.paths, where),
+                        to,
+                        destination,
+                        options,
+                      ),
+                    ),
+                  )
+                : await withRootedTree(context.root, `${where}: build context`, (from) =>
+                    copyIntoTree(
+                      from,
+                      source.paths.map((path) => ({
+                        path: relative(context.root, path),
+                        name: basename(path),
+                      })),
+                      to,
+                      destination,
+                      { ...options, keep: (path) => context.keeps(join(context.root, path)) },
+                    ),
+                  );
+          for (const path of written)
+            await to.setAttributes(path, { ...owner, ...(mode === undefined ? {} : { mode }) });
+        });
         return (await host.store.addLayerFromDirectory(root, `${where}: ${copy.text}`)).digest;
       } finally {
         await rm(root, { recursive: true, force: true });
@@ -731,84 +740,39 @@ async function copyPlan(
 }
 
 /** Writes COPY's here-documents: each a file named as its marker in the destination folder, or the destination itself. */
-async function writeHeredocs(documents: Heredoc[], target: string, intoFolder: boolean): Promise<string[]> {
+async function writeHeredocs(
+  to: RootedTree,
+  documents: Heredoc[],
+  target: string,
+  intoFolder: boolean,
+): Promise<string[]> {
   const written: string[] = [];
   for (const doc of documents) {
-    const path = intoFolder ? join(target, doc.name) : target;
-    await mkdir(dirname(path), { recursive: true });
-    await writeFile(path, doc.body);
+    const path = intoFolder ? posix.join(target, doc.name) : target;
+    await to.remove(path);
+    await to.writeFile(path, [Buffer.from(doc.body)], { mode: 0o644 });
     written.push(path);
   }
   return written;
 }
 
-/** Whether a file is an archive ADD unpacks: a tar, or a gzip-compressed one (by its bytes, not its name). */
-async function isArchive(path: string): Promise<boolean> {
-  const head = Buffer.alloc(512);
-  const file = await open(path, 'r');
-  try {
-    const { bytesRead } = await file.read(head, 0, 512, 0);
-    if (bytesRead >= 2 && head[0] === 0x1f && head[1] === 0x8b) return true;
-    return bytesRead >= 262 && head.subarray(257, 262).toString() === 'ustar';
-  } finally {
-    await file.close();
-  }
-}
-
 /**
- * Copies sources into `target`: a folder's contents (not the folder itself), a file as a file,
- * an archive unpacked by ADD. Symlinks stay links. Returns every path it wrote, for ownership.
+ * `COPY --from` sources: each path resolved inside the stage as Docker does (a symlink in the
+ * stage, absolute or not, stays in the stage), named in a folder as written.
  */
-async function copyPaths(
-  sources: readonly string[],
-  target: string,
-  intoFolder: boolean,
-  kind: 'COPY' | 'ADD',
-  context: BuildContext | undefined,
+async function stageSources(
+  from: RootedTree,
+  paths: readonly string[],
   where: string,
-): Promise<string[]> {
-  const written: string[] = [];
-  for (const source of sources) {
-    const info = await lstat(source).catch(() => {
-      throw new SandgymError('invalid_argument', `${where}: ${kind} source ${source} does not exist`);
-    });
-    if (kind === 'ADD' && info.isFile() && (await isArchive(source))) {
-      await mkdir(target, { recursive: true });
-      await extractTar(await openTar(source), source, target, 'apply');
-      written.push(...(await tree(target)));
-    } else if (info.isDirectory()) {
-      await cp(source, target, {
-        recursive: true,
-        verbatimSymlinks: true,
-        preserveTimestamps: true,
-        ...(context ? { filter: (from: string) => context.keeps(from) } : {}),
-      });
-      written.push(...(await tree(target)));
-    } else {
-      const path = intoFolder ? join(target, basename(source)) : target;
-      await mkdir(dirname(path), { recursive: true });
-      await cp(source, path, { verbatimSymlinks: true, preserveTimestamps: true });
-      written.push(path);
-    }
+): Promise<TreeSource[]> {
+  const sources: TreeSource[] = [];
+  for (const path of paths) {
+    const real = await from.realPath(path);
+    if (real === undefined)
+      throw new SandgymError('invalid_argument', `${where}: COPY --from source ${path} does not exist`);
+    sources.push({ path: real, name: posix.basename(posix.resolve('/', path)) });
   }
-  return written;
-}
-
-/** Every path below a folder, the folder included. */
-async function tree(root: string): Promise<string[]> {
-  const paths = [root];
-  for (const entry of await readdir(root, { withFileTypes: true, recursive: true }))
-    paths.push(join(entry.parentPath, entry.name));
-  return paths;
-}
-
-async function applyOwnership(
-  path: string,
-  owner: { uid: number; gid: number },
-  mode: number | undefined,
-): Promise<void> {
-  await lchown(path, owner.uid, owner.gid);
-  if (mode !== undefined && !(await lstat(path)).isSymbolicLink()) await chmod(path, mode);
+  return sources;
 }
 
 /** `--chown=user[:group]` as numbers, names looked up in the stage's own /etc/passwd and /etc/group. */
@@ -823,27 +787,34 @@ async function resolveOwner(
     value !== undefined && /^\d+$/.test(value) ? Number(value) : undefined;
   if (numeric(user) !== undefined && (group === undefined || numeric(group) !== undefined))
     return { uid: numeric(user) ?? 0, gid: numeric(group) ?? numeric(user) ?? 0 };
-  return host.withLayerStack(layers, async (root) => {
-    const read = (name: string) => readFile(join(root, 'etc', name), 'utf8').catch(() => '');
-    const passwd = (await read('passwd')).split('\n').map((l) => l.split(':'));
-    const groups = (await read('group')).split('\n').map((l) => l.split(':'));
-    const entry = numeric(user) === undefined ? passwd.find((p) => p[0] === user) : undefined;
-    const uid = numeric(user) ?? (entry ? Number(entry[2]) : undefined);
-    if (uid === undefined)
-      throw new SandgymError(
-        'invalid_argument',
-        `${where}: --chown: no user "${user}" in the image's /etc/passwd`,
-      );
-    let gid = group === undefined ? (entry ? Number(entry[3]) : uid) : numeric(group);
-    if (gid === undefined) {
-      const found = groups.find((g) => g[0] === group);
-      if (!found)
+  return host.withLayerStack(layers, (root) =>
+    withRootedTree(root, where, async (stage) => {
+      // read inside the stage: its /etc/passwd may be a symlink to anywhere
+      const read = (name: string) =>
+        stage.readFile(`etc/${name}`, MAX_ACCOUNTS_BYTES).then(
+          (bytes) => bytes.toString('utf8'),
+          () => '',
+        );
+      const passwd = (await read('passwd')).split('\n').map((l) => l.split(':'));
+      const groups = (await read('group')).split('\n').map((l) => l.split(':'));
+      const entry = numeric(user) === undefined ? passwd.find((p) => p[0] === user) : undefined;
+      const uid = numeric(user) ?? (entry ? Number(entry[2]) : undefined);
+      if (uid === undefined)
         throw new SandgymError(
           'invalid_argument',
-          `${where}: --chown: no group "${group}" in the image's /etc/group`,
+          `${where}: --chown: no user "${user}" in the image's /etc/passwd`,
         );
-      gid = Number(found[2]);
-    }
-    return { uid, gid };
-  });
+      let gid = group === undefined ? (entry ? Number(entry[3]) : uid) : numeric(group);
+      if (gid === undefined) {
+        const found = groups.find((g) => g[0] === group);
+        if (!found)
+          throw new SandgymError(
+            'invalid_argument',
+            `${where}: --chown: no group "${group}" in the image's /etc/group`,
+          );
+        gid = Number(found[2]);
+      }
+      return { uid, gid };
+    }),
+  );
 }

@@ -1,6 +1,7 @@
 import { rm } from 'node:fs/promises';
 import { resolve } from 'node:path';
 import type { LayerManifest, ProjectStore } from '../store/layer-store.ts';
+import { withRootedTree } from './rooted-tree.ts';
 import { extractTar, normaliseFolderTimes, openTar } from './tar-extract.ts';
 
 /**
@@ -11,8 +12,10 @@ export async function buildLayerFromTar(store: ProjectStore, archive: string): P
   const path = resolve(archive);
   const dir = await store.scratch('tar');
   try {
-    await extractTar(await openTar(path), path, dir, 'layer');
-    await normaliseFolderTimes(dir);
+    await withRootedTree(dir, path, async (tree) => {
+      await extractTar(await openTar(path), path, tree, 'layer');
+      await normaliseFolderTimes(tree);
+    });
     return await store.addLayerFromDirectory(dir, `tar ${path}`);
   } finally {
     await rm(dir, { recursive: true, force: true });

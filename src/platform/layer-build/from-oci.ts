@@ -1,9 +1,10 @@
-import { readFile, rm, stat } from 'node:fs/promises';
-import { join, resolve, sep } from 'node:path';
+import { rm, stat } from 'node:fs/promises';
+import { resolve } from 'node:path';
 import { z } from 'zod';
 import { SandgymError, parseAt } from '../../common/index.ts';
 import type { Environment, ImageMetadata, LayerManifest, ProjectStore } from '../store/layer-store.ts';
-import { extractTar, normaliseFolderTimes, openTar } from './tar-extract.ts';
+import { RootedTree } from './rooted-tree.ts';
+import { extractTar, normaliseFolderTimes, openTar, tarStream } from './tar-extract.ts';
 
 const dockerManifestSchema = z
   .array(z.object({ Config: z.string(), Layers: z.array(z.string()).min(1) }))
@@ -40,37 +41,40 @@ const imageConfigSchema = z.object({
     .nullish(),
 });
 
+/** One file of an image: the tree it is read from (the archive's, or the shared blobs) and its path there. */
+interface ImageFile {
+  tree: RootedTree;
+  path: string;
+}
+
 /** The image's layers (in order) and its config, however the archive lays them out. */
 interface ImageParts {
-  layers: string[];
-  config: string;
+  layers: ImageFile[];
+  config: ImageFile;
 }
 
-function within(root: string, rel: string, archive: string): string {
-  const path = resolve(root, rel);
-  if (!path.startsWith(root + sep))
-    throw new SandgymError('invalid_argument', `${archive}: "${rel}" points outside the image`);
-  return path;
-}
+/** Manifests, indexes and configs are small; a larger one is not an image we can use. */
+const MAX_JSON_BYTES = 64 * 2 ** 20;
 
-/** Where an OCI layout keeps its blobs: its own `blobs/`, or a folder shared between layouts. */
-function blob(root: string, digest: string, archive: string, blobDir?: string): string {
+/** Where an OCI layout keeps a blob: its own `blobs/`, or a folder shared between layouts. */
+function blob(layout: RootedTree, digest: string, archive: string, blobs?: RootedTree): ImageFile {
   const [algorithm, hex] = digest.split(':');
   if (algorithm !== 'sha256' || !/^[0-9a-f]{64}$/.test(hex ?? '')) {
     throw new SandgymError('invalid_argument', `${archive}: "${digest}" is not a sha256 digest`);
   }
-  return blobDir ? join(blobDir, 'sha256', hex!) : within(root, `blobs/sha256/${hex}`, archive);
+  return blobs ? { tree: blobs, path: `sha256/${hex}` } : { tree: layout, path: `blobs/sha256/${hex}` };
 }
 
-async function readJson(path: string, archive: string): Promise<unknown> {
+/**
+ * A JSON file of the image, read beneath its tree: a symlink in the archive (to a host file, or
+ * to another image's blob in the store) resolves inside the archive, never outside it.
+ */
+async function readJson({ tree, path }: ImageFile, archive: string): Promise<unknown> {
+  const bytes = await tree.readFile(path, MAX_JSON_BYTES);
   try {
-    return JSON.parse(await readFile(path, 'utf8'));
+    return JSON.parse(bytes.toString('utf8'));
   } catch (error) {
-    throw new SandgymError(
-      'invalid_argument',
-      `${archive}: cannot read ${path.slice(path.lastIndexOf(sep) + 1)}`,
-      { cause: error },
-    );
+    throw new SandgymError('invalid_argument', `${archive}: ${path} is not valid JSON`, { cause: error });
   }
 }
 
@@ -86,22 +90,27 @@ function imageMetadata(config: z.infer<typeof imageConfigSchema>['config']): Ima
 }
 
 /** docker save output has manifest.json; an OCI layout has index.json and blobs/. */
-async function imageParts(root: string, archive: string, options: OciReadOptions): Promise<ImageParts> {
-  if (await stat(join(root, 'manifest.json')).catch(() => undefined)) {
+async function imageParts(
+  layout: RootedTree,
+  archive: string,
+  options: OciReadOptions,
+  blobs?: RootedTree,
+): Promise<ImageParts> {
+  if (await layout.realPath('manifest.json')) {
     const [image] = parseAt(
       dockerManifestSchema,
-      await readJson(join(root, 'manifest.json'), archive),
+      await readJson({ tree: layout, path: 'manifest.json' }, archive),
       `${archive} manifest.json`,
     );
     return {
-      layers: image!.Layers.map((l) => within(root, l, archive)),
-      config: within(root, image!.Config, archive),
+      layers: image!.Layers.map((path) => ({ tree: layout, path })),
+      config: { tree: layout, path: image!.Config },
     };
   }
-  if (await stat(join(root, 'index.json')).catch(() => undefined)) {
+  if (await layout.realPath('index.json')) {
     const index = parseAt(
       ociIndexSchema,
-      await readJson(join(root, 'index.json'), archive),
+      await readJson({ tree: layout, path: 'index.json' }, archive),
       `${archive} index.json`,
     );
     const chosen = options.tag
@@ -111,12 +120,12 @@ async function imageParts(root: string, archive: string, options: OciReadOptions
       throw new SandgymError('not_found', `${archive}: the layout has no image named "${options.tag}"`);
     const manifest = parseAt(
       ociManifestSchema,
-      await readJson(blob(root, chosen.digest, archive, options.blobDir), archive),
+      await readJson(blob(layout, chosen.digest, archive, blobs), archive),
       `${archive} image manifest`,
     );
     return {
-      layers: manifest.layers.map((l) => blob(root, l.digest, archive, options.blobDir)),
-      config: blob(root, manifest.config.digest, archive, options.blobDir),
+      layers: manifest.layers.map((l) => blob(layout, l.digest, archive, blobs)),
+      config: blob(layout, manifest.config.digest, archive, blobs),
     };
   }
   throw new SandgymError(
@@ -154,19 +163,35 @@ export async function buildLayerFromOci(
   const path = resolve(archive);
   const unpacked = await store.scratch('oci');
   const tree = await store.scratch('oci-tree');
+  const opened: RootedTree[] = [];
+  const openTree = async (dir: string, label: string): Promise<RootedTree> => {
+    const opening = await RootedTree.open(dir, label);
+    opened.push(opening);
+    return opening;
+  };
   try {
-    const root = (await stat(path)).isDirectory() ? path : unpacked;
-    if (root === unpacked) await extractTar(await openTar(path), path, unpacked, 'layer');
-    const parts = await imageParts(root, path, options);
-    for (const layer of parts.layers)
-      await extractTar(await openTar(layer), `${path} layer ${layer.slice(root.length + 1)}`, tree, 'apply');
+    const isFolder = (await stat(path)).isDirectory();
+    const layout = await openTree(isFolder ? path : unpacked, path);
+    if (!isFolder) await extractTar(await openTar(path), path, layout, 'layer');
+    const blobs = options.blobDir ? await openTree(options.blobDir, `${path} blobs`) : undefined;
+    const parts = await imageParts(layout, path, options, blobs);
+    const output = await openTree(tree, path);
+    for (const layer of parts.layers) {
+      const label = `${path} layer ${layer.path}`;
+      const into = await output.subtree('', label);
+      try {
+        await extractTar(await tarStream(await layer.tree.openResolved(layer.path)), label, into, 'apply');
+      } finally {
+        await into.close();
+      }
+    }
     const image = parseAt(imageConfigSchema, await readJson(parts.config, path), `${path} image config`);
     const env: Record<string, string> = {};
     for (const pair of image.config?.Env ?? []) {
       const eq = pair.indexOf('=');
       if (eq > 0) env[pair.slice(0, eq)] = pair.slice(eq + 1);
     }
-    await normaliseFolderTimes(tree);
+    await normaliseFolderTimes(output);
     const layer = await store.addLayerFromDirectory(tree, `oci ${path}`);
     return {
       layer,
@@ -174,6 +199,7 @@ export async function buildLayerFromOci(
       image: imageMetadata(image.config),
     };
   } finally {
+    for (const opening of opened) await opening.close();
     await rm(unpacked, { recursive: true, force: true });
     await rm(tree, { recursive: true, force: true });
   }

@@ -1,10 +1,8 @@
-import { createReadStream, type Stats } from 'node:fs';
-import { chmod, lchown, link, lstat, lutimes, mkdir, open, readdir, rm, symlink } from 'node:fs/promises';
-import { join } from 'node:path';
+import { open, type FileHandle } from 'node:fs/promises';
 import type { Readable } from 'node:stream';
 import { createGunzip } from 'node:zlib';
-import { runProgram } from '../../backends/index.ts';
 import { SandgymError } from '../../common/index.ts';
+import type { EntryAttributes, RootedTree } from './rooted-tree.ts';
 import { TarReader, type TarEntry } from './tar-reader.ts';
 
 /**
@@ -17,6 +15,8 @@ export type WhiteoutMode = 'layer' | 'apply';
 
 const WHITEOUT_PREFIX = '.wh.';
 const OPAQUE_MARKER = '.wh..wh..opq';
+/** AUFS's own bookkeeping (`.wh..wh.plnk/`, `.wh..wh.aufs`): Docker skips it, and so do we. */
+const AUFS_META_PREFIX = '.wh..wh.';
 
 function refuse(archive: string, path: string, why: string): never {
   throw new SandgymError('invalid_argument', `${archive}: entry "${path}" is refused: ${why}`);
@@ -30,47 +30,23 @@ function inTree(archive: string, raw: string): string {
   return parts.join('/');
 }
 
-async function lstatOrUndefined(path: string): Promise<Stats | undefined> {
-  return lstat(path).catch(() => undefined);
+function attributesOf(entry: TarEntry): EntryAttributes {
+  return { uid: entry.uid, gid: entry.gid, mode: entry.mode, mtimeS: entry.mtimeS };
 }
 
-/** Creates the parents of `rel` as real folders; a symlink on the way would lead out of the tree. */
-async function ensureParents(archive: string, root: string, rel: string): Promise<void> {
-  const parts = rel.split('/').slice(0, -1);
-  let path = root;
-  for (const part of parts) {
-    path = join(path, part);
-    const info = await lstatOrUndefined(path);
-    if (info?.isSymbolicLink()) refuse(archive, rel, `it goes through the symlink "${part}"`);
-    if (!info) await mkdir(path, { mode: 0o755 });
-    else if (!info.isDirectory()) refuse(archive, rel, `"${part}" is not a folder`);
-  }
-}
-
-async function writeData(reader: TarReader, path: string, mode: number): Promise<void> {
-  const file = await open(path, 'w', mode);
-  try {
-    for await (const chunk of reader.readData()) await file.write(chunk);
-  } finally {
-    await file.close();
-  }
-}
-
-async function setOwnership(path: string, entry: TarEntry): Promise<void> {
-  await lchown(path, entry.uid, entry.gid);
-  if (entry.type !== 'symlink') await chmod(path, entry.mode);
-  await lutimes(path, entry.mtimeS, entry.mtimeS);
-}
-
-/** Extracts one tar stream into `root`, refusing every entry that could escape or plant a device. */
+/**
+ * Extracts one tar stream into a tree, refusing every entry that could escape or plant a device.
+ * Every path is walked beneath the tree's root without following a symlink (see RootedTree), so
+ * no entry, link target or whiteout can reach, read or change anything outside it.
+ */
 export async function extractTar(
   stream: Readable,
   archive: string,
-  root: string,
+  tree: RootedTree,
   whiteouts: WhiteoutMode,
 ): Promise<void> {
   try {
-    await extractEntries(new TarReader(stream, archive), archive, root, whiteouts);
+    await extractEntries(new TarReader(stream, archive), archive, tree, whiteouts);
   } finally {
     // a refused entry or an end marker before the end of the file stops the reading early: the
     // file is closed here, not whenever the stream is collected
@@ -81,81 +57,97 @@ export async function extractTar(
 async function extractEntries(
   reader: TarReader,
   archive: string,
-  root: string,
+  tree: RootedTree,
   whiteouts: WhiteoutMode,
 ): Promise<void> {
   const created = new Set<string>();
+  // the regular files this archive wrote, by path, with their inodes: the only hard link targets
+  const files = new Map<string, number>();
   const folders: [string, TarEntry][] = [];
   for (let entry = await reader.next(); entry; entry = await reader.next()) {
     const rel = inTree(archive, entry.path);
     if (!rel) continue; // the archive's own root folder
-    const name = rel.split('/').pop() ?? '';
-    const dir = rel.includes('/') ? rel.slice(0, rel.lastIndexOf('/')) : '';
+    const names = rel.split('/');
+    const name = names.pop() ?? '';
+    if (names.some((parent) => parent.startsWith(AUFS_META_PREFIX))) continue;
     if (name.startsWith(WHITEOUT_PREFIX)) {
-      await ensureParents(archive, root, rel);
-      await applyWhiteout(root, dir, name, whiteouts, created);
+      await applyWhiteout(
+        tree,
+        { archive, entry: entry.path, dir: names.join('/'), name },
+        whiteouts,
+        created,
+      );
       continue;
     }
-    await ensureParents(archive, root, rel);
-    const path = join(root, rel);
-    const existing = await lstatOrUndefined(path);
-    if (existing && !(entry.type === 'dir' && existing.isDirectory()))
-      await rm(path, { recursive: true, force: true });
+    const existing = await tree.lstat(rel);
+    if (existing && !(entry.type === 'dir' && existing.isDirectory())) await tree.remove(rel);
     switch (entry.type) {
       case 'dir':
-        if (!existing?.isDirectory()) await mkdir(path, { mode: 0o755 });
-        folders.push([path, entry]); // modes and times last, once their contents are written
+        await tree.makeFolder(rel);
+        folders.push([rel, entry]); // modes and times last, once their contents are written
         break;
       case 'file':
-        await writeData(reader, path, 0o600);
-        await setOwnership(path, entry);
+        files.set(rel, (await tree.writeFile(rel, reader.readData(), attributesOf(entry))).ino);
         break;
       case 'symlink':
-        await symlink(entry.linkTarget, path);
-        await setOwnership(path, entry);
+        await tree.symlink(rel, entry.linkTarget, attributesOf(entry));
         break;
       case 'hardlink': {
         const target = inTree(archive, entry.linkTarget);
-        if (!created.has(target))
+        const inode = files.get(target);
+        if (inode === undefined)
           refuse(
             archive,
             entry.path,
             `its hard link target "${entry.linkTarget}" is not an earlier file of this archive`,
           );
-        await link(join(root, target), path);
+        await tree.link(target, rel, inode);
+        files.set(rel, inode);
         break;
       }
       default:
         refuse(archive, entry.path, `${entry.type} device nodes and FIFOs may not appear in a layer`);
     }
+    if (entry.type !== 'file' && entry.type !== 'hardlink') files.delete(rel);
     created.add(rel);
   }
-  for (const [path, entry] of folders.reverse()) await setOwnership(path, entry);
+  // a folder a later entry replaced or whited out is gone: nothing to set
+  for (const [rel, entry] of folders.reverse()) await tree.setAttributes(rel, attributesOf(entry));
+}
+
+/** A whiteout entry: the folder it is in, and its name. */
+interface Whiteout {
+  archive: string;
+  entry: string;
+  dir: string;
+  name: string;
 }
 
 async function applyWhiteout(
-  root: string,
-  dir: string,
-  name: string,
+  tree: RootedTree,
+  { archive, entry, dir, name }: Whiteout,
   mode: WhiteoutMode,
   created: Set<string>,
 ): Promise<void> {
-  const folder = join(root, dir);
   if (name === OPAQUE_MARKER) {
     if (mode === 'layer') {
-      await runProgram('setfattr', ['-n', 'trusted.overlay.opaque', '-v', 'y', folder]);
+      await tree.markOpaque(dir);
       return;
     }
     // Opaque: what lower layers put in this folder goes; what this layer put there stays.
-    for (const child of await readdir(folder)) {
+    for (const child of await tree.children(dir)) {
       const rel = dir ? `${dir}/${child}` : child;
-      if (!created.has(rel)) await rm(join(folder, child), { recursive: true, force: true });
+      if (!created.has(rel)) await tree.remove(rel);
     }
     return;
   }
-  const hidden = join(folder, name.slice(WHITEOUT_PREFIX.length));
-  await rm(hidden, { recursive: true, force: true });
-  if (mode === 'layer') await runProgram('mknod', [hidden, 'c', '0', '0']);
+  if (name.startsWith(AUFS_META_PREFIX)) return;
+  const hidden = name.slice(WHITEOUT_PREFIX.length);
+  if (hidden === '' || hidden === '.' || hidden === '..')
+    refuse(archive, entry, `a whiteout must name a file or folder, not "${hidden}"`);
+  const rel = dir ? `${dir}/${hidden}` : hidden;
+  await tree.remove(rel);
+  if (mode === 'layer') await tree.makeWhiteout(rel);
 }
 
 /**
@@ -164,28 +156,29 @@ async function applyWhiteout(
  * them (parents made on the way, whiteouts carried out), which would make one image unpacked
  * twice, or from two formats, pack to two digests.
  */
-export async function normaliseFolderTimes(root: string): Promise<void> {
-  const pending = [root];
-  while (pending.length) {
-    const dir = pending.pop() ?? root;
-    for (const entry of await readdir(dir, { withFileTypes: true }))
-      if (entry.isDirectory()) pending.push(join(dir, entry.name));
-    await lutimes(dir, 0, 0);
-  }
+export async function normaliseFolderTimes(tree: RootedTree): Promise<void> {
+  await tree.setFolderTimes(0);
 }
 
-/** A tar file's stream, gunzipped when it starts with the gzip magic. */
-export async function openTar(path: string): Promise<Readable> {
+/** A tar's stream from an open file, gunzipped when it starts with the gzip magic; it closes the file. */
+export async function tarStream(file: FileHandle): Promise<Readable> {
   const head = Buffer.alloc(2);
-  const file = await open(path, 'r').catch((error: unknown) => {
-    throw new SandgymError('not_found', `Cannot open archive ${path}`, { cause: error });
+  await file.read(head, 0, 2, 0).catch(async (error: unknown) => {
+    await file.close();
+    throw error;
   });
-  await file.read(head, 0, 2, 0);
-  await file.close();
-  const stream = createReadStream(path);
+  const stream = file.createReadStream({ start: 0 });
   if (head[0] !== 0x1f || head[1] !== 0x8b) return stream;
   const gunzip = stream.pipe(createGunzip());
   // the file goes with the stream its reader holds, however that ends
   gunzip.once('close', () => stream.destroy());
   return gunzip;
+}
+
+/** A tar file's stream by its path (the user's own archive). */
+export async function openTar(path: string): Promise<Readable> {
+  const file = await open(path, 'r').catch((error: unknown) => {
+    throw new SandgymError('not_found', `Cannot open archive ${path}`, { cause: error });
+  });
+  return tarStream(file);
 }

@@ -28,6 +28,13 @@ const TYPES: Record<string, TarEntryType> = {
   '6': 'fifo',
 };
 
+/** Pax and GNU long-name headers hold names and a few numbers: more is an attack on memory. */
+const MAX_META_BYTES = 1 << 20;
+/** The largest uid or gid (2^32 - 2; the last value means "unchanged" to chown). */
+const MAX_ID = 2 ** 32 - 2;
+/** The last time ext4 holds (the year 2446). */
+const MAX_TIME_S = 15_032_385_535;
+
 function text(block: Buffer, start: number, length: number): string {
   const field = block.subarray(start, start + length);
   const end = field.indexOf(0);
@@ -153,6 +160,11 @@ export class TarReader {
       const size = numeric(block, 124, 12);
       const padding = (512 - (size % 512)) % 512;
       if (flag === 'x' || flag === 'g' || flag === 'L' || flag === 'K') {
+        if (size > MAX_META_BYTES)
+          throw new SandgymError(
+            'invalid_argument',
+            `${this.name}: a pax or long-name header of ${size} bytes is refused (at most ${MAX_META_BYTES})`,
+          );
         const data = (await this.exactly(size + padding)).subarray(0, size);
         if (flag === 'x') pax = { ...pax, ...paxRecords(data) };
         if (flag === 'L') longPath = text(data, 0, data.length);
@@ -168,14 +180,23 @@ export class TarReader {
           'invalid_argument',
           `${this.name}: entry "${path}" has unsupported tar type "${flag}"`,
         );
+      const whole = (name: string, value: number, max: number): number => {
+        if (Number.isInteger(value) && value >= 0 && value <= max) return value;
+        throw new SandgymError(
+          'invalid_argument',
+          `${this.name}: entry "${path}" has an invalid ${name} (${value})`,
+        );
+      };
+      const mtime = Math.floor(Number(pax['mtime'] ?? numeric(block, 136, 12)));
       const entry: TarEntry = {
         path,
         type,
         mode: numeric(block, 100, 8) & 0o7777,
-        uid: Number(pax['uid'] ?? numeric(block, 108, 8)),
-        gid: Number(pax['gid'] ?? numeric(block, 116, 8)),
-        size: type === 'file' ? Number(pax['size'] ?? size) : 0,
-        mtimeS: Math.floor(Number(pax['mtime'] ?? numeric(block, 136, 12))),
+        uid: whole('uid', Number(pax['uid'] ?? numeric(block, 108, 8)), MAX_ID),
+        gid: whole('gid', Number(pax['gid'] ?? numeric(block, 116, 8)), MAX_ID),
+        size: type === 'file' ? whole('size', Number(pax['size'] ?? size), Number.MAX_SAFE_INTEGER) : 0,
+        // a time is no attack: one before 1970 or past what a file can hold is kept at the bound
+        mtimeS: Number.isNaN(mtime) ? 0 : Math.min(Math.max(mtime, 0), MAX_TIME_S),
         linkTarget: pax['linkpath'] ?? longLink ?? text(block, 157, 100),
       };
       this.pendingData = entry.size;

@@ -1,0 +1,643 @@
+import { execFile } from 'node:child_process';
+import { createHash, randomBytes } from 'node:crypto';
+import { existsSync, lstatSync, readFileSync, readdirSync, readlinkSync, statSync } from 'node:fs';
+import { chown, mkdir, rm, symlink, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { Readable } from 'node:stream';
+import { promisify } from 'node:util';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { isSandgymError } from '../../src/common/index.ts';
+import { buildLayerFromOci, buildLayerFromTar } from '../../src/platform/index.ts';
+import { RootedTree } from '../../src/platform/layer-build/rooted-tree.ts';
+import { extractTar, type WhiteoutMode } from '../../src/platform/layer-build/tar-extract.ts';
+import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
+import { TestRegistry, writeOciLayout } from '../support/registry.ts';
+import { tarArchive, type TestTarEntry } from '../support/tar-writer.ts';
+import { fingerprint, generateArchive, problemsInRoot, seededRandom } from './archive-fuzz.ts';
+import { attack } from './summary.ts';
+
+const run = promisify(execFile);
+
+/** Every message in an error and its causes: a refusal must not quote the bytes it was refused. */
+function errorText(error: unknown): string {
+  const parts: string[] = [];
+  for (let cause = error; cause instanceof Error; cause = cause.cause) parts.push(cause.message);
+  return parts.join(' <- ');
+}
+
+/** Each file of a tree by path: kind, mode, owner, size, content or target, and its hard-link group. */
+function treeSignature(root: string, paths: readonly string[]): Map<string, string> {
+  const signature = new Map<string, string>();
+  const groups = new Map<number, string>();
+  const visit = (rel: string): void => {
+    const path = join(root, rel);
+    const stats = lstatSync(path);
+    const owner = `${stats.mode.toString(8)} ${stats.uid}:${stats.gid}`;
+    if (stats.isSymbolicLink()) signature.set(rel, `link ${owner} ${readlinkSync(path)}`);
+    else if (stats.isFile()) {
+      const group = stats.nlink > 1 ? (groups.get(stats.ino) ?? rel) : rel;
+      groups.set(stats.ino, group);
+      const digest = createHash('sha256').update(readFileSync(path)).digest('hex');
+      // tar keeps whole seconds
+      signature.set(rel, `file ${owner} ${Math.floor(stats.mtimeMs / 1000)} ${digest} linked-with ${group}`);
+    } else if (stats.isDirectory()) {
+      signature.set(rel, `dir ${owner}`);
+      for (const name of readdirSync(path).sort()) visit(`${rel}/${name}`);
+    } else signature.set(rel, `other ${owner}`);
+  };
+  for (const path of paths) visit(path);
+  return signature;
+}
+
+/**
+ * The reported attack: a folder with a file, the folder replaced by a symlink to `target`, then a
+ * hard link to the file through it (which linked the host's /etc/shadow into an image).
+ */
+function linkThrough(target: string): TestTarEntry[] {
+  return [
+    { path: 'd/', type: 'dir' },
+    { path: 'd/secret', data: 'decoy' },
+    { path: 'd', type: 'symlink', linkTarget: target },
+    { path: 'x', type: 'hardlink', linkTarget: 'd/secret' },
+  ];
+}
+
+/**
+ * Archives come from people who control every byte of them: a task author's Dockerfile and build
+ * context (ADD, COPY --from a stage its RUN steps made), a user's `--from-tar` / `--from-oci`
+ * file, a registry's image. Whatever they hold, nothing outside the extraction root may be read
+ * into a layer, created, changed, linked or removed, and the store must stay usable.
+ */
+describe('archives under attack', () => {
+  let env: TestPlatform;
+  /** The "host": files an escape would read, link, change or remove. */
+  let host: string;
+  /** A folder another build keeps in the store's scratch space: whiteouts of ".." went for it. */
+  let neighbour: string;
+  let count = 0;
+  const SECRET = `host-secret-${randomBytes(8).toString('hex')}`;
+
+  beforeAll(async () => {
+    env = await createTestPlatform('hostile-archives', { privateStore: true, seed: ['debian:bookworm'] });
+    host = join(env.dataDir, 'host');
+    await mkdir(join(host, 'dir'), { recursive: true });
+    await mkdir(join(host, 'owned', 'sub'), { recursive: true, mode: 0o701 });
+    await chown(join(host, 'owned', 'sub'), 4243, 4243);
+    await writeFile(join(host, 'secret'), `${SECRET}\n`, { mode: 0o600 });
+    await writeFile(join(host, 'dir', 'inner'), `${SECRET}\n`);
+    await writeFile(join(host, 'passwd'), 'intruder:x:4242:4242::/:/bin/sh\n');
+    // an image config, as another tenant's would sit in the store's blob cache
+    await writeFile(join(host, 'config.json'), JSON.stringify({ config: { Env: [`STOLEN=${SECRET}`] } }));
+    await writeFile(join(host, 'secret.tar'), tarArchive([{ path: 'stolen', data: SECRET }]));
+    neighbour = join(env.dataDir, 'store', 'tmp', 'another-build');
+    await mkdir(neighbour, { recursive: true });
+    await writeFile(join(neighbour, 'keep'), 'in progress');
+  });
+
+  afterAll(async () => {
+    await env?.[Symbol.asyncDispose]();
+  });
+
+  /** Looks at a layer stack's merged tree on this host. */
+  function inLayers<T>(layers: readonly string[], look: (root: string) => T): Promise<T> {
+    return env.platform.withLayerStack(layers, (root) => Promise.resolve(look(root)));
+  }
+
+  async function file(name: string, data: Buffer | string): Promise<string> {
+    const path = join(env.dataDir, `${count++}-${name}`);
+    await writeFile(path, data);
+    return path;
+  }
+
+  /**
+   * Docker save output of one layer: manifest.json naming config.json and l0/layer.tar, each of
+   * those given as an entry (its data, or a symlink).
+   */
+  type Member = Omit<TestTarEntry, 'path'>;
+  function dockerSave(layer: Member, config: Member = { data: '{"config":{}}' }): Buffer {
+    return tarArchive([
+      { path: 'manifest.json', data: JSON.stringify([{ Config: 'config.json', Layers: ['l0/layer.tar'] }]) },
+      { path: 'config.json', ...config },
+      { path: 'l0/layer.tar', ...layer },
+    ]);
+  }
+
+  /** The two archive surfaces: a layer tar (whiteouts kept) and an image (whiteouts applied). */
+  const SURFACES = {
+    'from-tar': async (entries: TestTarEntry[]) =>
+      buildLayerFromTar(env.platform.store, await file('layer.tar', tarArchive(entries))),
+    'from-oci': async (entries: TestTarEntry[]) =>
+      buildLayerFromOci(
+        env.platform.store,
+        await file('image.tar', dockerSave({ data: tarArchive(entries) })),
+      ),
+  };
+
+  /**
+   * Runs a build that must be refused, and checks it did no harm: refused as bad input (the
+   * message matching), no layer stored, not a byte of the secret in the error, the host folder
+   * and the store's scratch space as they were.
+   */
+  async function refusedWithoutHarm(
+    build: () => Promise<unknown>,
+    message: RegExp,
+    code: 'invalid_argument' | 'not_found' = 'invalid_argument',
+  ): Promise<void> {
+    const layers = (await env.platform.store.listLayers()).length;
+    const before = fingerprint(host, '');
+    const error: unknown = await build().then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    expect(isSandgymError(error, code), `expected a refusal (${code}), got ${String(error)}`).toBe(true);
+    expect(errorText(error)).toMatch(message);
+    expect(errorText(error)).not.toContain(SECRET);
+    expect((await env.platform.store.listLayers()).length).toBe(layers);
+    expect(fingerprint(host, '')).toEqual(before);
+    expect(statSync(join(env.dataDir, 'store', 'tmp')).isDirectory()).toBe(true);
+    expect(readFileSync(join(neighbour, 'keep'), 'utf8')).toBe('in progress');
+  }
+
+  describe('hard links', () => {
+    // the scratch root an archive unpacks into is <data>/store/tmp/<scratch>: three levels up is
+    // the data folder, which holds the host folder
+    const climb = '../../../host';
+    const variants: [string, () => TestTarEntry[]][] = [
+      ['through a folder replaced by an absolute symlink (the reported attack)', () => linkThrough(host)],
+      ['through a folder replaced by a relative symlink climbing out', () => linkThrough(climb)],
+      [
+        'through a grandparent replaced by a symlink',
+        () => [
+          { path: 'a/dir/inner', data: 'decoy' },
+          { path: 'a', type: 'symlink', linkTarget: host },
+          { path: 'usr/x', type: 'hardlink', linkTarget: 'a/dir/inner' },
+        ],
+      ],
+      ['to an absolute host path', () => [{ path: 'x', type: 'hardlink', linkTarget: join(host, 'secret') }]],
+      ['to a path climbing out', () => [{ path: 'x', type: 'hardlink', linkTarget: `${climb}/secret` }]],
+      [
+        'to a symlink out',
+        () => [
+          { path: 's', type: 'symlink', linkTarget: join(host, 'secret') },
+          { path: 'x', type: 'hardlink', linkTarget: 's' },
+        ],
+      ],
+      [
+        'to a file since replaced by a symlink out',
+        () => [
+          { path: 'f', data: 'decoy' },
+          { path: 'f', type: 'symlink', linkTarget: join(host, 'secret') },
+          { path: 'x', type: 'hardlink', linkTarget: 'f' },
+        ],
+      ],
+      [
+        'into a folder that is a symlink out',
+        () => [
+          { path: 'f', data: 'planted' },
+          { path: 'out', type: 'symlink', linkTarget: host },
+          { path: 'out/planted', type: 'hardlink', linkTarget: 'f' },
+        ],
+      ],
+    ];
+    for (const [name, entries] of variants)
+      for (const [surface, build] of Object.entries(SURFACES))
+        it(`refuses a hard link ${name} (${surface})`, () =>
+          attack('archive', `hard link ${name} (${surface})`, () =>
+            refusedWithoutHarm(() => build(entries()), /is refused/),
+          ));
+  });
+
+  describe('whiteouts', () => {
+    const variants: [string, () => TestTarEntry[]][] = [
+      ['of ".." at the top (the reported attack: the store\'s tmp)', () => [{ path: '.wh...' }]],
+      ['of "." at the top', () => [{ path: '.wh..' }]],
+      ['with an empty name', () => [{ path: '.wh.' }]],
+      ['of ".." in a folder', () => [{ path: 'a/b/', type: 'dir' }, { path: 'a/b/.wh...' }]],
+      ['of "." in a folder', () => [{ path: 'a/', type: 'dir' }, { path: 'a/.wh..' }]],
+      ['of ".." under a long pax name', () => [{ path: `${'p'.repeat(150)}/.wh...` }]],
+      ['of ".." under a GNU long name', () => [{ path: `${'g'.repeat(150)}/.wh...`, longNames: 'gnu' }]],
+      ['whose name holds a NUL byte', () => [{ path: `.wh.x\0..`, longNames: 'pax' }]],
+      ['of a name longer than a folder holds', () => [{ path: `.wh.${'n'.repeat(300)}` }]],
+      [
+        'through a symlink out',
+        () => [{ path: 'd', type: 'symlink', linkTarget: host }, { path: 'd/.wh.secret' }],
+      ],
+      [
+        'marking a symlink out opaque',
+        () => [
+          { path: 'd/', type: 'dir' },
+          { path: 'd', type: 'symlink', linkTarget: join(host, 'dir') },
+          { path: 'd/.wh..wh..opq' },
+        ],
+      ],
+    ];
+    for (const [name, entries] of variants)
+      for (const [surface, build] of Object.entries(SURFACES))
+        it(`refuses a whiteout ${name} (${surface})`, () =>
+          attack('archive', `whiteout ${name} (${surface})`, () =>
+            refusedWithoutHarm(() => build(entries()), /is refused/),
+          ));
+
+    it('keeps the store usable after every whiteout attack', async () => {
+      const layer = await buildLayerFromTar(
+        env.platform.store,
+        await file('after.tar', tarArchive([{ path: 'ok', data: 'fine' }])),
+      );
+      expect(await inLayers([layer.digest], (root) => readFileSync(join(root, 'ok'), 'utf8'))).toBe('fine');
+    });
+  });
+
+  describe('image files read from an unpacked archive', () => {
+    const layer = (): Buffer => tarArchive([{ path: 'ok', data: 'fine' }]);
+    const sha = (data: Buffer | string): string => createHash('sha256').update(data).digest('hex');
+    /** An OCI layout tar whose one layer blob is `blob` (a symlink out, say), named by `digest`. */
+    const ociLayout = (
+      blobEntry: (digest: string) => TestTarEntry,
+      digest: string,
+      config = '{}',
+    ): Buffer => {
+      const manifest = JSON.stringify({
+        config: { digest: `sha256:${sha(config)}` },
+        layers: [{ digest: `sha256:${digest}`, mediaType: 'application/vnd.oci.image.layer.v1.tar' }],
+      });
+      return tarArchive([
+        { path: 'index.json', data: JSON.stringify({ manifests: [{ digest: `sha256:${sha(manifest)}` }] }) },
+        { path: `blobs/sha256/${sha(manifest)}`, data: manifest },
+        { path: `blobs/sha256/${sha(config)}`, data: config },
+        blobEntry(digest),
+      ]);
+    };
+    const variants: [string, () => Promise<string>][] = [
+      [
+        'manifest.json as a symlink to a host file (its bytes would be quoted by the JSON error)',
+        () =>
+          file(
+            'image.tar',
+            tarArchive([{ path: 'manifest.json', type: 'symlink', linkTarget: join(host, 'secret') }]),
+          ),
+      ],
+      [
+        'manifest.json as a relative symlink climbing out',
+        () =>
+          file(
+            'image.tar',
+            tarArchive([{ path: 'manifest.json', type: 'symlink', linkTarget: '../../../host/secret' }]),
+          ),
+      ],
+      [
+        "the image config as a symlink to another image's config in the store",
+        () =>
+          file(
+            'image.tar',
+            dockerSave({ data: layer() }, { type: 'symlink', linkTarget: join(host, 'config.json') }),
+          ),
+      ],
+      [
+        'a layer as a symlink to a host tar',
+        () => file('image.tar', dockerSave({ type: 'symlink', linkTarget: join(host, 'secret.tar') })),
+      ],
+      [
+        'index.json as a symlink to a host file',
+        () =>
+          file(
+            'layout.tar',
+            tarArchive([{ path: 'index.json', type: 'symlink', linkTarget: join(host, 'secret') }]),
+          ),
+      ],
+      [
+        "a layer blob as a symlink to a host file named by that file's digest",
+        () =>
+          file(
+            'layout.tar',
+            ociLayout(
+              (digest) => ({
+                path: `blobs/sha256/${digest}`,
+                type: 'symlink',
+                linkTarget: join(host, 'secret.tar'),
+              }),
+              sha(readFileSync(join(host, 'secret.tar'))),
+            ),
+          ),
+      ],
+      [
+        'a layer blob symlinked out of an OCI layout folder',
+        async () => {
+          const layout = join(env.dataDir, `layout-${count++}`);
+          const digest = sha(readFileSync(join(host, 'secret.tar')));
+          await writeOciLayout(layout, { layers: [[{ path: 'ok', data: 'fine' }]], config: {} });
+          const manifestPath = join(layout, 'blobs/sha256');
+          // point the layout's one layer at the host tar, by its digest
+          const index = JSON.parse(readFileSync(join(layout, 'index.json'), 'utf8')) as {
+            manifests: { digest: string }[];
+          };
+          const manifestFile = join(manifestPath, index.manifests[0]!.digest.slice('sha256:'.length));
+          const manifest = JSON.parse(readFileSync(manifestFile, 'utf8')) as { layers: { digest: string }[] };
+          manifest.layers[0]!.digest = `sha256:${digest}`;
+          const text = JSON.stringify(manifest);
+          await writeFile(join(manifestPath, sha(text)), text);
+          await writeFile(
+            join(layout, 'index.json'),
+            JSON.stringify({ manifests: [{ digest: `sha256:${sha(text)}` }] }),
+          );
+          await symlink(join(host, 'secret.tar'), join(manifestPath, digest));
+          return layout;
+        },
+      ],
+    ];
+    for (const [name, archive] of variants)
+      it(`refuses ${name}`, () =>
+        attack('archive', `image read: ${name}`, async () => {
+          const path = await archive();
+          await refusedWithoutHarm(
+            () => buildLayerFromOci(env.platform.store, path),
+            /is refused|does not exist|is neither docker save output/,
+          );
+        }));
+  });
+
+  describe('Dockerfile ADD and COPY --from', () => {
+    async function context(dockerfile: string, files: Record<string, Buffer | string> = {}): Promise<string> {
+      const dir = join(env.dataDir, `context-${count++}`);
+      await mkdir(dir, { recursive: true });
+      await writeFile(join(dir, 'Dockerfile'), dockerfile);
+      await writeFile(join(dir, 'notes.txt'), 'notes\n');
+      for (const [name, data] of Object.entries(files)) await writeFile(join(dir, name), data);
+      return join(dir, 'Dockerfile');
+    }
+    const build = (file: string) => () =>
+      env.platform.buildFromDockerfile({ file, name: `attack:${count++}` });
+    /** Builds `prefix` first (the stage an attack needs: its RUN layers are legitimate), then the attack on it. */
+    async function attackOn(prefix: string, line: string, message: RegExp): Promise<void> {
+      await build(await context(prefix))();
+      await refusedWithoutHarm(build(await context(`${prefix}${line}\n`)), message);
+    }
+    // a stage a task author's RUN steps made: links to the host's folders, absolute and climbing
+    const STAGE = `FROM busybox:latest AS stage\nRUN ln -s HOST /data && ln -s ../../../../../../../../../../../.. /up && ln -s HOST/secret /s\nFROM busybox:latest\n`;
+
+    for (const [name, copy] of [
+      ['a file through an absolute symlink in the stage', 'COPY --from=stage /data/secret /x'],
+      ['a file through a symlink climbing out of the stage', 'COPY --from=stage /up/HOST/secret /x'],
+      ['a folder through a symlink in the stage', 'COPY --from=stage /data/ /copied/'],
+      ['a deeper file through a symlink in the stage', 'COPY --from=stage /data/dir/inner /x'],
+      ['a symlink to a host file', 'COPY --from=stage /s /x'],
+    ] as const)
+      it(`never copies the host's files: COPY --from ${name}`, () =>
+        attack('archive', `COPY --from ${name}`, async () => {
+          await attackOn(
+            STAGE.replaceAll('HOST', host),
+            copy.replaceAll('HOST', host),
+            /line 4: COPY --from source .* does not exist/,
+          );
+        }));
+
+    it("never takes an owner from the host's /etc/passwd for --chown", () =>
+      attack('archive', 'COPY --chown through a symlinked /etc/passwd', async () => {
+        await attackOn(
+          `FROM busybox:latest\nRUN rm /etc/passwd && ln -s ${host}/passwd /etc/passwd\n`,
+          'COPY --chown=intruder notes.txt /n',
+          /line 3: --chown: no user "intruder"/,
+        );
+      }));
+
+    it("never takes a folder's owner and mode from the host for WORKDIR", () =>
+      attack('archive', 'WORKDIR through a symlink in the stack', async () => {
+        const file = await context(`FROM busybox:latest\nRUN ln -s ${host}/owned /w\nWORKDIR /w/sub\n`);
+        const { environment } = await build(file)();
+        const stats = await inLayers(environment.layers, (root) => lstatSync(join(root, 'w', 'sub')));
+        expect(stats.uid).toBe(0);
+        expect(stats.mode & 0o777).toBe(0o755);
+      }));
+
+    for (const [name, entries] of [
+      ['a hard link through a folder replaced by a symlink', linkThrough('HOST')],
+      ['a whiteout of ".."', [{ path: '.wh...' }]],
+      [
+        'a file through a symlink out',
+        [
+          { path: 'd', type: 'symlink', linkTarget: 'HOST' },
+          { path: 'd/planted', data: 'x' },
+        ],
+      ],
+    ] as [string, TestTarEntry[]][])
+      it(`refuses ADD of an archive with ${name}`, () =>
+        attack('archive', `ADD of an archive with ${name}`, async () => {
+          const archive = tarArchive(
+            entries.map((e) => (e.linkTarget ? { ...e, linkTarget: e.linkTarget.replace('HOST', host) } : e)),
+          );
+          const file = await context('FROM busybox:latest\nADD evil.tar /opt/\n', { 'evil.tar': archive });
+          await refusedWithoutHarm(build(file), /line 2: ADD .* is refused/);
+        }));
+
+    it('honest twin: COPY --from follows links inside the stage, --chown names its users, ADD unpacks', async () => {
+      const honest = tarArchive([
+        { path: 'lib/', type: 'dir' },
+        { path: 'lib/a', data: 'shared\n', mode: 0o755 },
+        { path: 'lib/b', type: 'hardlink', linkTarget: 'lib/a' },
+        { path: 'lib/env', type: 'symlink', linkTarget: '/usr/bin/env' },
+      ]);
+      const file = await context(
+        `FROM busybox:latest AS stage
+RUN mkdir -p /srv/tree/sub && echo inside > /srv/file && echo deep > /srv/tree/sub/f && ln -s /srv /data && ln -s file /srv/alias
+FROM busybox:latest
+COPY --from=stage /data/file /x
+COPY --from=stage /data/tree /tree
+COPY --from=stage /srv/alias /alias
+COPY --chown=nobody notes.txt /n
+ADD honest.tar /opt/
+`,
+        { 'honest.tar': honest },
+      );
+      const { environment } = await env.platform.buildFromDockerfile({ file, name: 'honest:1' });
+      await using sandbox = await env.platform.createSandbox({
+        environment: `${environment.name}:${environment.version}`,
+      });
+      const seen = await sandbox.exec([
+        'sh',
+        '-c',
+        'cat /x /tree/sub/f /alias; stat -c "%u" /n; stat -c "%h" /opt/lib/a; readlink /opt/lib/env; cat /opt/lib/b',
+      ]);
+      expect(seen.stdout).toBe('inside\ndeep\ninside\n65534\n2\n/usr/bin/env\nshared\n');
+    });
+  });
+
+  describe('registry images', () => {
+    let registry: TestRegistry;
+    let authFile: string;
+
+    beforeAll(async () => {
+      registry = await TestRegistry.start(join(env.dataDir, 'registry'));
+      authFile = await registry.authFile(join(env.dataDir, 'docker-config.json'));
+    });
+
+    afterAll(async () => {
+      await registry?.stop();
+    });
+
+    async function push(name: string, top: TestTarEntry[]): Promise<void> {
+      const layout = join(env.dataDir, `push-${count++}`);
+      await writeOciLayout(layout, {
+        layers: [
+          [
+            { path: 'etc/', type: 'dir' },
+            { path: 'etc/base', data: 'base\n' },
+          ],
+          top,
+        ],
+        config: { Env: ['PATH=/bin'] },
+      });
+      await registry.push(layout, name, '1');
+    }
+
+    async function buildFrom(name: string): Promise<unknown> {
+      const file = join(env.dataDir, `Dockerfile-${count++}`);
+      await writeFile(file, `FROM ${registry.host}/${name}:1\nWORKDIR /work\n`);
+      return env.platform.buildFromDockerfile({ file, name: `pulled-${count++}:1`, registry: { authFile } });
+    }
+
+    it('refuses an image whose layer links a host file or whites out the store', () =>
+      attack('archive', 'registry image with the reported attacks', async () => {
+        await push('evil/link', linkThrough(host));
+        await push('evil/whiteout', [{ path: '.wh...' }]);
+        for (const name of ['evil/link', 'evil/whiteout'])
+          await refusedWithoutHarm(() => buildFrom(name), /is refused/, 'not_found');
+      }));
+
+    it('honest twin: an image with whiteouts, an opaque folder and hard links pulls and builds', async () => {
+      await push('honest/tool', [
+        { path: 'etc/.wh.base' },
+        { path: 'opt/', type: 'dir' },
+        { path: 'opt/.wh..wh..opq' },
+        { path: 'opt/a', data: 'a\n' },
+        { path: 'opt/b', type: 'hardlink', linkTarget: 'opt/a' },
+      ]);
+      const { environment } = (await buildFrom('honest/tool')) as { environment: { layers: string[] } };
+      const seen = await inLayers(environment.layers, (root) => ({
+        base: existsSync(join(root, 'etc/base')),
+        a: readFileSync(join(root, 'opt/a'), 'utf8'),
+        sameFile: statSync(join(root, 'opt/a')).ino === statSync(join(root, 'opt/b')).ino,
+      }));
+      expect(seen).toEqual({ base: false, a: 'a\n', sameFile: true });
+    });
+  });
+
+  describe('honest archives of a real image', () => {
+    const SUBSET = ['etc', 'usr/bin', 'usr/share/zoneinfo', 'usr/lib/python3'];
+
+    it('keeps every file, link and hard link of Debian as GNU tar writes it (pax and GNU formats)', async () => {
+      const debian = await env.platform.store.getEnvironment('debian:bookworm');
+      for (const format of ['posix', 'gnu']) {
+        const archive = join(env.dataDir, `debian-${format}.tar`);
+        const expected = await env.platform.withLayerStack(debian.layers, async (root) => {
+          await run('tar', [`--format=${format}`, '-C', root, '-cf', archive, ...SUBSET]);
+          return treeSignature(root, SUBSET);
+        });
+        const layer = await buildLayerFromTar(env.platform.store, archive);
+        const seen = await inLayers([layer.digest], (root) => treeSignature(root, SUBSET));
+        expect(seen.size).toBeGreaterThan(2000);
+        expect([...seen].filter(([path, value]) => expected.get(path) !== value)).toEqual([]);
+        expect(seen.size).toBe(expected.size);
+      }
+    });
+
+    it('flattens docker save output with whiteouts of real files, an opaque folder and a symlinked layer', async () => {
+      const debian = await env.platform.store.getEnvironment('debian:bookworm');
+      const base = join(env.dataDir, 'debian-base.tar');
+      const expected = await env.platform.withLayerStack(debian.layers, async (root) => {
+        await run('tar', ['--format=posix', '-C', root, '-cf', base, ...SUBSET]);
+        return treeSignature(root, SUBSET);
+      });
+      const top = tarArchive([
+        { path: 'etc/.wh.hostname' },
+        { path: 'usr/share/zoneinfo/Etc/.wh..wh..opq' },
+        { path: 'usr/share/zoneinfo/Etc/Mine', data: 'mine\n' },
+        { path: 'opt/a', data: 'a\n' },
+        { path: 'opt/b', type: 'hardlink', linkTarget: 'opt/a' },
+      ]);
+      // older docker save links a layer it already holds instead of storing it twice
+      const image = await file(
+        'debian-save.tar',
+        tarArchive([
+          {
+            path: 'manifest.json',
+            data: JSON.stringify([
+              { Config: 'config.json', Layers: ['l0/layer.tar', 'l1/layer.tar', 'l2/layer.tar'] },
+            ]),
+          },
+          { path: 'config.json', data: JSON.stringify({ config: { Env: ['PATH=/usr/bin:/bin'] } }) },
+          { path: 'l0/layer.tar', data: readFileSync(base) },
+          { path: 'l1/layer.tar', data: top },
+          { path: 'l2/layer.tar', type: 'symlink', linkTarget: '../l1/layer.tar' },
+        ]),
+      );
+      const { layer, config } = await buildLayerFromOci(env.platform.store, image);
+      expect(config.env).toEqual({ PATH: '/usr/bin:/bin' });
+      await inLayers([layer.digest], (root) => {
+        expect(existsSync(join(root, 'etc/hostname'))).toBe(false);
+        expect(readdirSync(join(root, 'usr/share/zoneinfo/Etc'))).toEqual(['Mine']);
+        expect(statSync(join(root, 'opt/a')).ino).toBe(statSync(join(root, 'opt/b')).ino);
+        const seen = treeSignature(root, ['usr/bin', 'etc/alternatives', 'usr/lib/python3']);
+        expect([...seen].filter(([path, value]) => expected.get(path) !== value)).toEqual([]);
+      });
+    });
+  });
+
+  it('extracts 1,000 generated archives in both modes without a write, link or read outside the root', () =>
+    attack('archive', 'generated archives (1,000, layer and apply)', async () => {
+      const box = join(env.dataDir, 'fuzz');
+      const canary = join(box, 'canary');
+      await mkdir(join(canary, 'dir'), { recursive: true });
+      await mkdir(join(box, 'roots'));
+      await writeFile(join(canary, 'secret'), SECRET, { mode: 0o640 });
+      await writeFile(join(canary, 'dir', 'inner'), SECRET);
+      await symlink('secret', join(canary, 'link'));
+      await writeFile(join(box, 'beside'), 'beside the roots');
+      const random = seededRandom(0x5eed);
+      const outcomes = { extracted: 0, refused: 0 };
+      for (let i = 0; i < 1000; i++) {
+        const entries = generateArchive(random, { box, secret: SECRET });
+        const archive = tarArchive(entries);
+        for (const mode of ['layer', 'apply'] as WhiteoutMode[]) {
+          const root = join(box, 'roots', `r${i}-${mode}`);
+          await mkdir(root);
+          if (mode === 'apply') {
+            // a lower image's files, one of them an absolute link out, as real images hold
+            await mkdir(join(root, 'usr', 'lib'), { recursive: true });
+            await writeFile(join(root, 'usr', 'lib', 'libc.so'), 'lower');
+            await symlink('usr/lib', join(root, 'lib'));
+            await symlink(canary, join(root, 'a'));
+            await mkdir(join(root, 'd'));
+            await writeFile(join(root, 'd', 'secret'), 'lower');
+          }
+          const before = fingerprint(box, root);
+          const tree = await RootedTree.open(root, `archive ${i}`);
+          const outcome: unknown = await extractTar(Readable.from([archive]), `archive ${i}`, tree, mode)
+            .then(
+              () => undefined,
+              (e: unknown) => e,
+            )
+            .finally(() => tree.close());
+          const after = fingerprint(box, root);
+          const problems = [
+            ...(outcome === undefined || isSandgymError(outcome, 'invalid_argument')
+              ? []
+              : [`failed with something other than a refusal: ${errorText(outcome)}`]),
+            ...[...new Set([...before.keys(), ...after.keys()])]
+              .filter((path) => before.get(path) !== after.get(path))
+              .map(
+                (path) =>
+                  `${path} was ${!after.has(path) ? 'removed' : !before.has(path) ? 'created' : 'changed'}`,
+              ),
+            ...problemsInRoot(root, SECRET),
+          ];
+          expect(problems, `archive ${i} (${mode}): ${JSON.stringify(entries).slice(0, 2000)}`).toEqual([]);
+          if (outcome === undefined) outcomes.extracted++;
+          else outcomes.refused++;
+          await rm(root, { recursive: true, force: true });
+        }
+      }
+      // the archives must reach deep enough to matter: many extract, many are refused
+      console.log(`generated archives: ${outcomes.extracted} extracted, ${outcomes.refused} refused`);
+      expect(outcomes.extracted).toBeGreaterThan(300);
+      expect(outcomes.refused).toBeGreaterThan(300);
+    }));
+});
