@@ -32,11 +32,14 @@
 #include <unistd.h>
 
 #include "channel.h"
+#include "creds.h"
 #include "files.h"
 #include "selfstate.h"
 #include "jobs.h"
 
-#define AGENT_PROTOCOL_VERSION 1
+/* 2: file calls and commands carry the request's user (uid, gid, groups); an agent before it
+ * would do a file call with a user as root, so the host refuses it one (see AgentChannel). */
+#define AGENT_PROTOCOL_VERSION 2
 #define DEFAULT_CAP_BYTES (1u << 20)
 #define DEFAULT_READ_LIMIT (64u << 20)
 
@@ -104,7 +107,7 @@ typedef struct {
   mp_item op, path, data, cwd, stdin_data;
   uint32_t id;
   uint64_t timeout_ms, cap_bytes, max_bytes, mode, target, time_ms, report_fd;
-  int64_t uid, gid;
+  creds as; /* who the request acts as: a command, or a file call */
   char **argv, **env;
   bool bad;
   /* why argv or env was refused, named in the error reply */
@@ -126,10 +129,16 @@ static bool parse_request(const uint8_t *p, size_t n, request *req) {
   req->cap_bytes = DEFAULT_CAP_BYTES;
   req->max_bytes = DEFAULT_READ_LIMIT;
   req->mode = 0644;
-  req->uid = req->gid = -1;
+  req->as.uid = req->as.gid = -1;
   if (!mp_next(&r, &map) || map.type != MP_MAP) return false;
   for (uint32_t i = 0; i < map.len; i++) {
     if (!mp_next(&r, &key) || key.type != MP_STR) return false;
+    if (mp_item_is(&key, "groups")) {
+      if (!mp_next(&r, &value)) return false;
+      if (value.type == MP_NIL) continue;
+      if (value.type != MP_ARRAY || !creds_read_groups(&r, &value, &req->as)) req->bad = true;
+      continue;
+    }
     if (mp_item_is(&key, "argv") || mp_item_is(&key, "env")) {
       if (!mp_next(&r, &value)) return false;
       if (value.type == MP_NIL) continue;
@@ -165,10 +174,12 @@ static bool parse_request(const uint8_t *p, size_t n, request *req) {
     else if (mp_item_is(&key, "mode")) req->mode = as_uint(&value, &req->bad);
     else if (mp_item_is(&key, "target")) req->target = as_uint(&value, &req->bad);
     else if (mp_item_is(&key, "timeMs")) req->time_ms = as_uint(&value, &req->bad);
-    else if (mp_item_is(&key, "uid")) req->uid = (int64_t)as_uint(&value, &req->bad);
-    else if (mp_item_is(&key, "gid")) req->gid = (int64_t)as_uint(&value, &req->bad);
+    else if (mp_item_is(&key, "uid")) req->as.uid = (int64_t)as_uint(&value, &req->bad);
+    else if (mp_item_is(&key, "gid")) req->as.gid = (int64_t)as_uint(&value, &req->bad);
     else if (mp_item_is(&key, "reportFd")) req->report_fd = as_uint(&value, &req->bad);
   }
+  /* a user comes whole: both ids, neither the kernel's "no id" (-1 as a 32-bit id) */
+  if ((req->as.uid >= 0) != (req->as.gid >= 0) || req->as.uid > 0xfffffffe || req->as.gid > 0xfffffffe) req->bad = true;
   return true;
 }
 
@@ -200,8 +211,10 @@ static void handle_exec(request *req) {
   }
   ex.timeout_ms = req->timeout_ms;
   ex.cap_bytes = req->cap_bytes;
-  ex.uid = req->uid;
-  ex.gid = req->gid;
+  ex.uid = req->as.uid;
+  ex.gid = req->as.gid;
+  ex.groups = req->as.groups; /* the child is forked before the request is freed */
+  ex.ngroups = req->as.ngroups;
   if (req->report_fd > REPORT_FD_MAX) {
     exec_request_free(&ex);
     return send_error(req->id, "bad_request", "reportFd must be a descriptor number from 3 to 1023");
@@ -213,12 +226,30 @@ static void handle_exec(request *req) {
 
 static void shutdown_sandbox(void);
 
+/* A file call, made with the request's user as the agent's filesystem credentials (creds.c). */
+static void handle_file(request *req) {
+  if (!creds_enter_fs(&req->as)) return send_errno(req->id, errno, "cannot act as the request's user");
+  if (mp_item_is(&req->op, "read")) file_read(req->id, &req->path, req->max_bytes);
+  else if (mp_item_is(&req->op, "write")) file_write(req->id, &req->path, &req->data, (uint32_t)req->mode);
+  else file_list(req->id, &req->path);
+  creds_leave_fs(&req->as);
+}
+
+/* An ok that says which protocol this agent speaks: what a channel reopened to it learns it from. */
+static void send_ok_with_version(uint32_t id) {
+  mp_writer w;
+  reply_begin(&w, "ok", id, 1);
+  mp_str(&w, "version");
+  mp_uint(&w, AGENT_PROTOCOL_VERSION);
+  channel_send(&w);
+}
+
 /* Resynchronises a reopened channel: the raw nonce marks where this owner's replies begin. */
 static void handle_sync(request *req) {
   if ((req->data.type != MP_BIN && req->data.type != MP_STR) || req->data.len < 8 || req->data.len > 64)
     return send_error(req->id, "bad_request", "sync needs an 8-64 byte nonce in data");
   channel_write_raw(req->data.ptr, req->data.len);
-  send_ok(req->id);
+  send_ok_with_version(req->id);
 }
 
 /* Makes a warm sandbox ready for its next root (see helper.c): ends every other process of the
@@ -312,12 +343,8 @@ static void handle_frame(const uint8_t *p, size_t n) {
     job *j = job_by_id((uint32_t)req.target);
     if (j) job_kill(j, false);
     send_ok(req.id);
-  } else if (mp_item_is(&req.op, "read")) {
-    file_read(req.id, &req.path, req.max_bytes);
-  } else if (mp_item_is(&req.op, "write")) {
-    file_write(req.id, &req.path, &req.data, (uint32_t)req.mode);
-  } else if (mp_item_is(&req.op, "list")) {
-    file_list(req.id, &req.path);
+  } else if (mp_item_is(&req.op, "read") || mp_item_is(&req.op, "write") || mp_item_is(&req.op, "list")) {
+    handle_file(&req);
   } else if (mp_item_is(&req.op, "restored")) {
     handle_restored(&req);
   } else if (mp_item_is(&req.op, "procs")) {
@@ -325,7 +352,7 @@ static void handle_frame(const uint8_t *p, size_t n) {
   } else if (mp_item_is(&req.op, "procstate")) {
     handle_procstate(&req);
   } else if (mp_item_is(&req.op, "ping")) {
-    send_ok(req.id);
+    send_ok_with_version(req.id);
   } else if (mp_item_is(&req.op, "sync")) {
     handle_sync(&req);
   } else if (mp_item_is(&req.op, "reset")) {

@@ -96,11 +96,19 @@ export interface BackendCapabilities {
   statefulExec: boolean;
 }
 
-/** Options of one command. */
-export interface ExecOptions extends CallOptions {
-  cwd?: string;
-  /** "name", "uid", "name:group" or "uid:gid", as Docker's USER; default root. */
+/** Who a call acts as in the sandbox. */
+export interface UserOptions {
+  /**
+   * "name", "uid", "name:group" or "uid:gid", as Docker's USER, looked up in the sandbox's own
+   * /etc/passwd and /etc/group; the call then has exactly that user's rights and groups.
+   * Default root: the platform's own calls.
+   */
   user?: string;
+}
+
+/** Options of one command. */
+export interface ExecOptions extends CallOptions, UserOptions {
+  cwd?: string;
   env?: Record<string, string>;
   stdin?: string | Uint8Array;
   /** Bytes captured per stream; defaults to the sandbox's cap. */
@@ -219,9 +227,12 @@ export type StepCounters = Pick<
 >;
 
 /** Options for {@link BackendSandbox.writeFile}. */
-export interface WriteFileOptions extends CallOptions {
+export interface WriteFileOptions extends CallOptions, UserOptions {
   mode?: number;
 }
+
+/** Options for {@link BackendSandbox.listDir}. */
+export interface ListDirOptions extends CallOptions, UserOptions {}
 
 /** Options for {@link BackendSandbox.writtenPaths}. */
 export interface WrittenPathsOptions extends CallOptions {
@@ -230,7 +241,7 @@ export interface WrittenPathsOptions extends CallOptions {
 }
 
 /** Options for {@link BackendSandbox.readFile}. */
-export interface ReadFileOptions extends CallOptions {
+export interface ReadFileOptions extends CallOptions, UserOptions {
   maxBytes?: number;
 }
 
@@ -259,7 +270,7 @@ export interface BackendSandbox extends AsyncDisposable {
   execStream(argv: string[], options?: ExecOptions): ExecStream;
   readFile(path: string, options?: ReadFileOptions): Promise<Buffer>;
   writeFile(path: string, data: string | Uint8Array, options?: WriteFileOptions): Promise<void>;
-  listDir(path: string, options?: CallOptions): Promise<DirEntry[]>;
+  listDir(path: string, options?: ListDirOptions): Promise<DirEntry[]>;
   pause(options?: CallOptions): Promise<void>;
   /**
    * Frees the sandbox's memory while keeping it: frozen, then its memory pushed out as far as the

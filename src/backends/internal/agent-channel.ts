@@ -85,6 +85,7 @@ export class AgentChannel {
   private readonly reader = new FrameReader(MAX_FRAME_BYTES);
   private nextId = 1;
   private closedError: Error | undefined;
+  private protocol = 0;
   private settleReady!: { resolve(ready: AgentReady): void; reject(error: Error): void };
 
   constructor(
@@ -113,6 +114,14 @@ export class AgentChannel {
   /** Requests waiting for their answer. */
   get pendingCount(): number {
     return this.pending.size;
+  }
+
+  /**
+   * The protocol its agent speaks, from its ready message or its answer to a sync (an agent
+   * before version 2 answered a sync without one: 1); 0 until either arrives.
+   */
+  get agentVersion(): number {
+    return this.protocol;
   }
 
   /** True once the channel is gone. */
@@ -217,7 +226,8 @@ export class AgentChannel {
   /** Proves a reopened channel works: the agent echoes the marker, then replies. */
   async sync(timeoutMs: number): Promise<void> {
     if (!this.resyncMarker) throw new SandgymError('failed_precondition', 'This channel was not reopened');
-    await this.call({ op: 'sync', data: this.resyncMarker }, { timeoutMs });
+    const reply = await this.call({ op: 'sync', data: this.resyncMarker }, { timeoutMs });
+    this.protocol = reply.version ?? 1;
   }
 
   /** Asks the agent to end every process of the sandbox and exit; best effort. */
@@ -248,7 +258,10 @@ export class AgentChannel {
 
   private dispatch(body: Buffer): void {
     const message = parseAt(agentMessageSchema, this.codec.decode(body), 'message from the sandbox agent');
-    if (message.t === 'ready') return this.settleReady.resolve(message);
+    if (message.t === 'ready') {
+      this.protocol = message.version;
+      return this.settleReady.resolve(message);
+    }
     const pending = this.pending.get(message.id);
     if (!pending) return; // the caller gave up on it (abort); a late answer is dropped
     switch (message.t) {
