@@ -104,7 +104,7 @@ static void send_ready(void) {
 
 /* The fields any request may carry; which ones matter depends on op. */
 typedef struct {
-  mp_item op, path, data, cwd, stdin_data;
+  mp_item op, path, data, cwd, stdin_data, fork;
   uint32_t id;
   uint64_t timeout_ms, cap_bytes, max_bytes, mode, target, time_ms, report_fd;
   creds as; /* who the request acts as: a command, or a file call */
@@ -168,6 +168,7 @@ static bool parse_request(const uint8_t *p, size_t n, request *req) {
     else if (mp_item_is(&key, "data")) req->data = value;
     else if (mp_item_is(&key, "cwd")) req->cwd = value;
     else if (mp_item_is(&key, "stdin")) req->stdin_data = value;
+    else if (mp_item_is(&key, "fork")) req->fork = value;
     else if (mp_item_is(&key, "timeoutMs")) req->timeout_ms = as_uint(&value, &req->bad);
     else if (mp_item_is(&key, "outputCapBytes")) req->cap_bytes = as_uint(&value, &req->bad);
     else if (mp_item_is(&key, "maxBytes")) req->max_bytes = as_uint(&value, &req->bad);
@@ -303,29 +304,56 @@ static void handle_procs(request *req) {
   channel_send(&w);
 }
 
-/* A VM restored from a snapshot (or one of its forks) carries the snapshot's clock and the random
- * state of its kernel: the host sends the time and fresh entropy, credited to the pool and the
- * generator reseeded from it, so no two forks draw the same random numbers and none lives in the
- * past. */
+/* Where the sandbox's processes read which fork they are in (docs/training.md). */
+#define FORK_FILE "/run/sandgym/fork"
+
+/* The sandbox's processes came back from a memory image (a fork, a restore, a wake from
+ * hibernation): the host names this copy with a fresh value, which the agent writes to FORK_FILE
+ * and puts in the environment of every command it starts from now on (SANDGYM_FORK), so
+ * processes can tell copies apart and reseed. Processes that were running keep the random state
+ * of their memory: only they can reseed it, from that value. */
+static void note_fork(request *req) {
+  char value[65];
+  const mp_item *fork = &req->fork;
+  bool hex = fork->type == MP_STR && fork->len > 0 && fork->len < sizeof value;
+  for (uint32_t i = 0; hex && i < fork->len; i++)
+    hex = (fork->ptr[i] >= '0' && fork->ptr[i] <= '9') || (fork->ptr[i] >= 'a' && fork->ptr[i] <= 'f');
+  if (!hex) return send_error(req->id, "bad_request", "fork must be 1-64 lowercase hex digits");
+  memcpy(value, fork->ptr, fork->len);
+  value[fork->len] = 0;
+  if (setenv("SANDGYM_FORK", value, 1) < 0) return send_errno(req->id, errno, "cannot set SANDGYM_FORK");
+  /* Only what the sandbox did to its own /run (a file where the folder goes, a full disk) stops
+   * this write, and that must not fail the restore, nor make it the platform's failure. */
+  (void)files_put(FORK_FILE, value, 0644);
+  send_ok(req->id);
+}
+
+/* A VM restored from a snapshot (or one of its forks) also carries the snapshot's clock and the
+ * random state of its kernel: the host sends the time and fresh entropy, credited to the pool and
+ * the generator reseeded from it, so no two forks draw the same random numbers and none lives in
+ * the past. A container's kernel is the host's: it sends only the fork. */
 static void handle_restored(request *req) {
-  if (req->data.type != MP_BIN || req->data.len < 32 || req->data.len > 512 || !req->time_ms)
-    return send_error(req->id, "bad_request", "restored needs timeMs and 32-512 bytes of entropy in data");
-  struct timespec now = {.tv_sec = (time_t)(req->time_ms / 1000), .tv_nsec = (long)(req->time_ms % 1000) * 1000000};
-  if (clock_settime(CLOCK_REALTIME, &now) < 0) return send_errno(req->id, errno, "cannot set the clock");
-  struct {
-    int entropy_count, buf_size;
-    unsigned char buf[512];
-  } seed = {(int)req->data.len * 8, (int)req->data.len, {0}};
-  memcpy(seed.buf, req->data.ptr, req->data.len);
-  int fd = open("/dev/urandom", O_WRONLY | O_CLOEXEC);
-  if (fd < 0) return send_errno(req->id, errno, "cannot open /dev/urandom");
-  int rc = ioctl(fd, RNDADDENTROPY, &seed);
-  /* Credited entropy only reaches the generator at its next scheduled reseed (up to a minute
-   * away), so until then every fork would still draw the snapshot's stream: reseed it now. */
-  if (rc == 0) rc = ioctl(fd, RNDRESEEDCRNG);
-  int err = errno;
-  close(fd);
-  if (rc < 0) return send_errno(req->id, err, "cannot reseed the kernel's random pool");
+  if (req->time_ms || req->data.type != MP_NIL) {
+    if (req->data.type != MP_BIN || req->data.len < 32 || req->data.len > 512 || !req->time_ms)
+      return send_error(req->id, "bad_request", "restored needs timeMs and 32-512 bytes of entropy in data");
+    struct timespec now = {.tv_sec = (time_t)(req->time_ms / 1000), .tv_nsec = (long)(req->time_ms % 1000) * 1000000};
+    if (clock_settime(CLOCK_REALTIME, &now) < 0) return send_errno(req->id, errno, "cannot set the clock");
+    struct {
+      int entropy_count, buf_size;
+      unsigned char buf[512];
+    } seed = {(int)req->data.len * 8, (int)req->data.len, {0}};
+    memcpy(seed.buf, req->data.ptr, req->data.len);
+    int fd = open("/dev/urandom", O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return send_errno(req->id, errno, "cannot open /dev/urandom");
+    int rc = ioctl(fd, RNDADDENTROPY, &seed);
+    /* Credited entropy only reaches the generator at its next scheduled reseed (up to a minute
+     * away), so until then every fork would still draw the snapshot's stream: reseed it now. */
+    if (rc == 0) rc = ioctl(fd, RNDRESEEDCRNG);
+    int err = errno;
+    close(fd);
+    if (rc < 0) return send_errno(req->id, err, "cannot reseed the kernel's random pool");
+  }
+  if (req->fork.type != MP_NIL) return note_fork(req);
   send_ok(req->id);
 }
 

@@ -196,6 +196,87 @@ process.exit(0);
     }
   });
 
+  it('give every fork its own value to reseed from; processes started after the fork draw anew', async () => {
+    await using test = await createTestPlatform('container-fork-reseed');
+    const sandbox = await test.platform.createSandbox({ environment: 'debian:bookworm' });
+    try {
+      // a long-running process that seeded its generator before the fork, and draws once told to
+      await sandbox.writeFile(
+        '/root/drawer.py',
+        [
+          'import os, random, time',
+          'random.seed(os.urandom(16))',
+          "open('/tmp/seeded', 'w').close()",
+          "while not os.path.exists('/tmp/go'): time.sleep(0.05)",
+          "fork = open('/run/sandgym/fork').read() if os.path.exists('/run/sandgym/fork') else ''",
+          "open('/tmp/drawn.tmp', 'w').write(f'{random.random()} {fork}')",
+          "os.rename('/tmp/drawn.tmp', '/tmp/drawn')",
+          'time.sleep(3600)',
+        ].join('\n'),
+      );
+      await sandbox.exec(['sh', '-c', 'python3 /root/drawer.py >/dev/null 2>&1 &']);
+      for (let i = 0; (await sandbox.exec(['test', '-e', '/tmp/seeded'])).exitCode !== 0; i++) {
+        if (i > 200) throw new Error('the running process never seeded');
+        await new Promise((done) => setTimeout(done, 50));
+      }
+      const group = await test.platform.fork(sandbox, 3, { depth: 'memory' });
+      try {
+        const seen = [];
+        for (const copy of group.sandboxes) {
+          await copy.writeFile('/tmp/go', '');
+          let drawn = await copy.exec(['cat', '/tmp/drawn']);
+          for (let i = 0; drawn.exitCode !== 0; i++) {
+            if (i > 200) throw new Error(`the running process of ${copy.id} never drew`);
+            await new Promise((done) => setTimeout(done, 50));
+            drawn = await copy.exec(['cat', '/tmp/drawn']);
+          }
+          const [runningDraw, runningSawFork] = drawn.stdout.split(' ');
+          const fork = (await copy.readFile('/run/sandgym/fork')).toString();
+          const later = await copy.exec([
+            'python3',
+            '-c',
+            'import os, random; print(random.random(), os.environ.get("SANDGYM_FORK", ""))',
+          ]);
+          const [laterDraw, laterEnv] = later.stdout.trim().split(' ');
+          seen.push({ runningDraw, runningSawFork, fork, laterDraw, laterEnv });
+        }
+        const distinct = (key: keyof (typeof seen)[number]) => new Set(seen.map((s) => s[key])).size;
+        // the memory of a running process is the source's in every copy: it draws the same numbers
+        expect(distinct('runningDraw')).toBe(1);
+        // but each copy has its own value to reseed from, which the running process can read
+        expect(distinct('fork')).toBe(3);
+        for (const s of seen) {
+          expect(s.fork).toMatch(/^[0-9a-f]{32}$/);
+          expect(s.runningSawFork).toBe(s.fork);
+          expect(s.laterEnv).toBe(s.fork);
+        }
+        // and a process started after the fork draws differently in each
+        expect(distinct('laterDraw')).toBe(3);
+        // a restore in place is a new copy too
+        const checkpoint = await group.sandboxes[0]!.checkpoint();
+        const before = seen[0]!.fork;
+        await group.sandboxes[0]!.restore(checkpoint);
+        expect((await group.sandboxes[0]!.readFile('/run/sandgym/fork')).toString()).not.toBe(before);
+        // a disk fork's copies get their own values too, never the one the source's files hold
+        const disk = await test.platform.fork(group.sandboxes[1]!, 2);
+        try {
+          const values = await Promise.all(
+            disk.sandboxes.map(async (copy) => (await copy.readFile('/run/sandgym/fork')).toString()),
+          );
+          expect(new Set([...values, seen[1]!.fork]).size).toBe(3);
+          const env = await disk.sandboxes[0]!.exec(['sh', '-c', 'echo $SANDGYM_FORK']);
+          expect(env.stdout).toBe(`${values[0]}\n`);
+        } finally {
+          await disk.close();
+        }
+      } finally {
+        await group.close();
+      }
+    } finally {
+      await sandbox.close();
+    }
+  });
+
   it('keep at most MAX_CHECKPOINTS_PER_SANDBOX checkpoints: a newer one deletes the oldest', async () => {
     await using test = await createTestPlatform('container-checkpoint-cap');
     const sandbox = await test.platform.createSandbox({ environment: 'busybox:latest' });

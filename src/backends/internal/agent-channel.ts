@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import { PassThrough, type Readable, type Writable } from 'node:stream';
 import {
   SandgymError,
@@ -228,6 +229,20 @@ export class AgentChannel {
     if (!this.resyncMarker) throw new SandgymError('failed_precondition', 'This channel was not reopened');
     const reply = await this.call({ op: 'sync', data: this.resyncMarker }, { timeoutMs });
     this.protocol = reply.version ?? 1;
+  }
+
+  /**
+   * Tells the agent that the sandbox's processes came back from a memory image (a fork, a
+   * restore, a wake from hibernation): a fresh fork value, which it writes to /run/sandgym/fork
+   * and gives every later command as SANDGYM_FORK, so copies can tell themselves apart and
+   * reseed; with `kernel` (a VM, whose kernel came back too), also the time and fresh entropy for
+   * its random pool. An agent before protocol 2 knows no fork: it gets only what it knew.
+   */
+  async restored(options: { kernel: boolean; timeoutMs: number }): Promise<void> {
+    const fork = this.protocol >= 2 ? { fork: randomBytes(16).toString('hex') } : {};
+    const kernel = options.kernel ? { timeMs: Date.now(), data: randomBytes(64) } : {};
+    if (!options.kernel && !('fork' in fork)) return;
+    await this.call({ op: 'restored', ...fork, ...kernel }, { timeoutMs: options.timeoutMs });
   }
 
   /** Asks the agent to end every process of the sandbox and exit; best effort. */
