@@ -166,9 +166,20 @@ export interface DirEntry {
   mode: number;
 }
 
-/** What {@link BackendSandbox.hibernate} freed. */
+/** What {@link BackendSandbox.hibernate} did, as measured. */
 export interface HibernateReport {
+  /**
+   * What the sandbox is now: `hibernated` when its processes' memory left the node's memory (to a
+   * memory image, or to swap); `paused` when it could only be frozen, its memory still resident
+   * (`reason` says why: say CRIU could not dump a ptrace-stopped process, and there is no swap).
+   */
+  state: 'hibernated' | 'paused';
+  /** What its memory use dropped by. */
   freedBytes: number;
+  /** What it still holds in the node's memory (kernel memory stays whichever way). */
+  residentBytes: number;
+  /** Why its memory stayed resident, when `state` is `paused`. */
+  reason?: string;
   /** Of its memory, what went to swap (the node's swap must stay for it to come back). */
   swappedBytes?: number;
   /** Set when it hibernated by memory snapshot: the bytes of the image on the node's disk. */

@@ -218,9 +218,13 @@ export class RemoteSandbox implements Sandbox {
     const report = await this.guard(() =>
       this.client.call('Hibernate', { sandboxId: this.id }, callOptionsOf(options)),
     );
-    this.currentState = 'hibernated';
-    const { imageBytes, ...rest } = report;
-    return imageBytes === undefined ? rest : { ...rest, imageBytes };
+    this.currentState = report.state;
+    const { imageBytes, reason, ...measured } = report;
+    return {
+      ...measured,
+      ...(imageBytes === undefined ? {} : { imageBytes }),
+      ...(reason === undefined ? {} : { reason }),
+    };
   }
 
   checkpoint(options: CheckpointOptions = {}): Promise<SandboxCheckpoint> {

@@ -137,7 +137,10 @@ export const dirEntries = z.object({
 });
 
 export const hibernateReport = z.object({
+  state: z.enum(['hibernated', 'paused']),
   freedBytes: count,
+  residentBytes: count,
+  reason: z.string().optional(),
   swappedBytes: count.default(0),
   imageBytes: count.optional(),
 });
@@ -197,6 +200,8 @@ export const phaseReport = z.object({
   /** Sandboxes left running because a request was in flight. */
   busy: z.array(z.string()),
   freedBytes: count,
+  /** Of `paused` at `preempted`: sandboxes whose hibernation could not free their memory, and why. */
+  keptMemory: z.array(z.object({ sandboxId: z.string(), reason: z.string() })).default([]),
 });
 export const endRunReport = z.object({ destroyed: z.array(z.string()) });
 
