@@ -32,11 +32,14 @@
 #include <unistd.h>
 
 #include "channel.h"
+#include "creds.h"
 #include "files.h"
 #include "selfstate.h"
 #include "jobs.h"
 
-#define AGENT_PROTOCOL_VERSION 1
+/* 2: file calls and commands carry the request's user (uid, gid, groups); an agent before it
+ * would do a file call with a user as root, so the host refuses it one (see AgentChannel). */
+#define AGENT_PROTOCOL_VERSION 2
 #define DEFAULT_CAP_BYTES (1u << 20)
 #define DEFAULT_READ_LIMIT (64u << 20)
 
@@ -101,10 +104,10 @@ static void send_ready(void) {
 
 /* The fields any request may carry; which ones matter depends on op. */
 typedef struct {
-  mp_item op, path, data, cwd, stdin_data;
+  mp_item op, path, data, cwd, stdin_data, fork;
   uint32_t id;
   uint64_t timeout_ms, cap_bytes, max_bytes, mode, target, time_ms, report_fd;
-  int64_t uid, gid;
+  creds as; /* who the request acts as: a command, or a file call */
   char **argv, **env;
   bool bad;
   /* why argv or env was refused, named in the error reply */
@@ -126,10 +129,16 @@ static bool parse_request(const uint8_t *p, size_t n, request *req) {
   req->cap_bytes = DEFAULT_CAP_BYTES;
   req->max_bytes = DEFAULT_READ_LIMIT;
   req->mode = 0644;
-  req->uid = req->gid = -1;
+  req->as.uid = req->as.gid = -1;
   if (!mp_next(&r, &map) || map.type != MP_MAP) return false;
   for (uint32_t i = 0; i < map.len; i++) {
     if (!mp_next(&r, &key) || key.type != MP_STR) return false;
+    if (mp_item_is(&key, "groups")) {
+      if (!mp_next(&r, &value)) return false;
+      if (value.type == MP_NIL) continue;
+      if (value.type != MP_ARRAY || !creds_read_groups(&r, &value, &req->as)) req->bad = true;
+      continue;
+    }
     if (mp_item_is(&key, "argv") || mp_item_is(&key, "env")) {
       if (!mp_next(&r, &value)) return false;
       if (value.type == MP_NIL) continue;
@@ -159,16 +168,19 @@ static bool parse_request(const uint8_t *p, size_t n, request *req) {
     else if (mp_item_is(&key, "data")) req->data = value;
     else if (mp_item_is(&key, "cwd")) req->cwd = value;
     else if (mp_item_is(&key, "stdin")) req->stdin_data = value;
+    else if (mp_item_is(&key, "fork")) req->fork = value;
     else if (mp_item_is(&key, "timeoutMs")) req->timeout_ms = as_uint(&value, &req->bad);
     else if (mp_item_is(&key, "outputCapBytes")) req->cap_bytes = as_uint(&value, &req->bad);
     else if (mp_item_is(&key, "maxBytes")) req->max_bytes = as_uint(&value, &req->bad);
     else if (mp_item_is(&key, "mode")) req->mode = as_uint(&value, &req->bad);
     else if (mp_item_is(&key, "target")) req->target = as_uint(&value, &req->bad);
     else if (mp_item_is(&key, "timeMs")) req->time_ms = as_uint(&value, &req->bad);
-    else if (mp_item_is(&key, "uid")) req->uid = (int64_t)as_uint(&value, &req->bad);
-    else if (mp_item_is(&key, "gid")) req->gid = (int64_t)as_uint(&value, &req->bad);
+    else if (mp_item_is(&key, "uid")) req->as.uid = (int64_t)as_uint(&value, &req->bad);
+    else if (mp_item_is(&key, "gid")) req->as.gid = (int64_t)as_uint(&value, &req->bad);
     else if (mp_item_is(&key, "reportFd")) req->report_fd = as_uint(&value, &req->bad);
   }
+  /* a user comes whole: both ids, neither the kernel's "no id" (-1 as a 32-bit id) */
+  if ((req->as.uid >= 0) != (req->as.gid >= 0) || req->as.uid > 0xfffffffe || req->as.gid > 0xfffffffe) req->bad = true;
   return true;
 }
 
@@ -200,8 +212,10 @@ static void handle_exec(request *req) {
   }
   ex.timeout_ms = req->timeout_ms;
   ex.cap_bytes = req->cap_bytes;
-  ex.uid = req->uid;
-  ex.gid = req->gid;
+  ex.uid = req->as.uid;
+  ex.gid = req->as.gid;
+  ex.groups = req->as.groups; /* the child is forked before the request is freed */
+  ex.ngroups = req->as.ngroups;
   if (req->report_fd > REPORT_FD_MAX) {
     exec_request_free(&ex);
     return send_error(req->id, "bad_request", "reportFd must be a descriptor number from 3 to 1023");
@@ -213,12 +227,30 @@ static void handle_exec(request *req) {
 
 static void shutdown_sandbox(void);
 
+/* A file call, made with the request's user as the agent's filesystem credentials (creds.c). */
+static void handle_file(request *req) {
+  if (!creds_enter_fs(&req->as)) return send_errno(req->id, errno, "cannot act as the request's user");
+  if (mp_item_is(&req->op, "read")) file_read(req->id, &req->path, req->max_bytes);
+  else if (mp_item_is(&req->op, "write")) file_write(req->id, &req->path, &req->data, (uint32_t)req->mode);
+  else file_list(req->id, &req->path);
+  creds_leave_fs(&req->as);
+}
+
+/* An ok that says which protocol this agent speaks: what a channel reopened to it learns it from. */
+static void send_ok_with_version(uint32_t id) {
+  mp_writer w;
+  reply_begin(&w, "ok", id, 1);
+  mp_str(&w, "version");
+  mp_uint(&w, AGENT_PROTOCOL_VERSION);
+  channel_send(&w);
+}
+
 /* Resynchronises a reopened channel: the raw nonce marks where this owner's replies begin. */
 static void handle_sync(request *req) {
   if ((req->data.type != MP_BIN && req->data.type != MP_STR) || req->data.len < 8 || req->data.len > 64)
     return send_error(req->id, "bad_request", "sync needs an 8-64 byte nonce in data");
   channel_write_raw(req->data.ptr, req->data.len);
-  send_ok(req->id);
+  send_ok_with_version(req->id);
 }
 
 /* Makes a warm sandbox ready for its next root (see helper.c): ends every other process of the
@@ -272,29 +304,56 @@ static void handle_procs(request *req) {
   channel_send(&w);
 }
 
-/* A VM restored from a snapshot (or one of its forks) carries the snapshot's clock and the random
- * state of its kernel: the host sends the time and fresh entropy, credited to the pool and the
- * generator reseeded from it, so no two forks draw the same random numbers and none lives in the
- * past. */
+/* Where the sandbox's processes read which fork they are in (docs/training.md). */
+#define FORK_FILE "/run/sandgym/fork"
+
+/* The sandbox's processes came back from a memory image (a fork, a restore, a wake from
+ * hibernation): the host names this copy with a fresh value, which the agent writes to FORK_FILE
+ * and puts in the environment of every command it starts from now on (SANDGYM_FORK), so
+ * processes can tell copies apart and reseed. Processes that were running keep the random state
+ * of their memory: only they can reseed it, from that value. */
+static void note_fork(request *req) {
+  char value[65];
+  const mp_item *fork = &req->fork;
+  bool hex = fork->type == MP_STR && fork->len > 0 && fork->len < sizeof value;
+  for (uint32_t i = 0; hex && i < fork->len; i++)
+    hex = (fork->ptr[i] >= '0' && fork->ptr[i] <= '9') || (fork->ptr[i] >= 'a' && fork->ptr[i] <= 'f');
+  if (!hex) return send_error(req->id, "bad_request", "fork must be 1-64 lowercase hex digits");
+  memcpy(value, fork->ptr, fork->len);
+  value[fork->len] = 0;
+  if (setenv("SANDGYM_FORK", value, 1) < 0) return send_errno(req->id, errno, "cannot set SANDGYM_FORK");
+  /* Only what the sandbox did to its own /run (a file where the folder goes, a full disk) stops
+   * this write, and that must not fail the restore, nor make it the platform's failure. */
+  (void)files_put(FORK_FILE, value, 0644);
+  send_ok(req->id);
+}
+
+/* A VM restored from a snapshot (or one of its forks) also carries the snapshot's clock and the
+ * random state of its kernel: the host sends the time and fresh entropy, credited to the pool and
+ * the generator reseeded from it, so no two forks draw the same random numbers and none lives in
+ * the past. A container's kernel is the host's: it sends only the fork. */
 static void handle_restored(request *req) {
-  if (req->data.type != MP_BIN || req->data.len < 32 || req->data.len > 512 || !req->time_ms)
-    return send_error(req->id, "bad_request", "restored needs timeMs and 32-512 bytes of entropy in data");
-  struct timespec now = {.tv_sec = (time_t)(req->time_ms / 1000), .tv_nsec = (long)(req->time_ms % 1000) * 1000000};
-  if (clock_settime(CLOCK_REALTIME, &now) < 0) return send_errno(req->id, errno, "cannot set the clock");
-  struct {
-    int entropy_count, buf_size;
-    unsigned char buf[512];
-  } seed = {(int)req->data.len * 8, (int)req->data.len, {0}};
-  memcpy(seed.buf, req->data.ptr, req->data.len);
-  int fd = open("/dev/urandom", O_WRONLY | O_CLOEXEC);
-  if (fd < 0) return send_errno(req->id, errno, "cannot open /dev/urandom");
-  int rc = ioctl(fd, RNDADDENTROPY, &seed);
-  /* Credited entropy only reaches the generator at its next scheduled reseed (up to a minute
-   * away), so until then every fork would still draw the snapshot's stream: reseed it now. */
-  if (rc == 0) rc = ioctl(fd, RNDRESEEDCRNG);
-  int err = errno;
-  close(fd);
-  if (rc < 0) return send_errno(req->id, err, "cannot reseed the kernel's random pool");
+  if (req->time_ms || req->data.type != MP_NIL) {
+    if (req->data.type != MP_BIN || req->data.len < 32 || req->data.len > 512 || !req->time_ms)
+      return send_error(req->id, "bad_request", "restored needs timeMs and 32-512 bytes of entropy in data");
+    struct timespec now = {.tv_sec = (time_t)(req->time_ms / 1000), .tv_nsec = (long)(req->time_ms % 1000) * 1000000};
+    if (clock_settime(CLOCK_REALTIME, &now) < 0) return send_errno(req->id, errno, "cannot set the clock");
+    struct {
+      int entropy_count, buf_size;
+      unsigned char buf[512];
+    } seed = {(int)req->data.len * 8, (int)req->data.len, {0}};
+    memcpy(seed.buf, req->data.ptr, req->data.len);
+    int fd = open("/dev/urandom", O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return send_errno(req->id, errno, "cannot open /dev/urandom");
+    int rc = ioctl(fd, RNDADDENTROPY, &seed);
+    /* Credited entropy only reaches the generator at its next scheduled reseed (up to a minute
+     * away), so until then every fork would still draw the snapshot's stream: reseed it now. */
+    if (rc == 0) rc = ioctl(fd, RNDRESEEDCRNG);
+    int err = errno;
+    close(fd);
+    if (rc < 0) return send_errno(req->id, err, "cannot reseed the kernel's random pool");
+  }
+  if (req->fork.type != MP_NIL) return note_fork(req);
   send_ok(req->id);
 }
 
@@ -312,12 +371,8 @@ static void handle_frame(const uint8_t *p, size_t n) {
     job *j = job_by_id((uint32_t)req.target);
     if (j) job_kill(j, false);
     send_ok(req.id);
-  } else if (mp_item_is(&req.op, "read")) {
-    file_read(req.id, &req.path, req.max_bytes);
-  } else if (mp_item_is(&req.op, "write")) {
-    file_write(req.id, &req.path, &req.data, (uint32_t)req.mode);
-  } else if (mp_item_is(&req.op, "list")) {
-    file_list(req.id, &req.path);
+  } else if (mp_item_is(&req.op, "read") || mp_item_is(&req.op, "write") || mp_item_is(&req.op, "list")) {
+    handle_file(&req);
   } else if (mp_item_is(&req.op, "restored")) {
     handle_restored(&req);
   } else if (mp_item_is(&req.op, "procs")) {
@@ -325,7 +380,7 @@ static void handle_frame(const uint8_t *p, size_t n) {
   } else if (mp_item_is(&req.op, "procstate")) {
     handle_procstate(&req);
   } else if (mp_item_is(&req.op, "ping")) {
-    send_ok(req.id);
+    send_ok_with_version(req.id);
   } else if (mp_item_is(&req.op, "sync")) {
     handle_sync(&req);
   } else if (mp_item_is(&req.op, "reset")) {

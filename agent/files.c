@@ -180,17 +180,16 @@ static int create_temp_beside(const char *rel, char *tmp, size_t size, uint32_t 
   return -1;
 }
 
-void file_write(uint32_t id, const mp_item *path, const mp_item *data, uint32_t mode) {
-  follow_root();
-  char rel[4096], tmp[4200];
-  const char *why = checked_path(path, rel, sizeof rel);
-  if (why) return send_error(id, "invalid_path", why);
-  if (data->type != MP_BIN && data->type != MP_STR) return send_error(id, "bad_request", "data must be binary");
-  if (make_parents(rel) < 0) return send_errno(id, errno, "cannot create parent directory");
+/* Writes rel (already checked) whole: a temp file beside it, renamed into place. 0, or an errno
+ * with *what naming the step that failed. */
+static int write_whole(char *rel, const uint8_t *p, size_t n, uint32_t mode, const char **what) {
+  char tmp[4200];
+  *what = "cannot create parent directory";
+  if (make_parents(rel) < 0) return errno;
+  *what = "cannot create file";
   int fd = create_temp_beside(rel, tmp, sizeof tmp, mode);
-  if (fd < 0) return send_errno(id, errno, "cannot create file");
-  const uint8_t *p = data->ptr;
-  size_t n = data->len;
+  if (fd < 0) return errno;
+  *what = "cannot write file";
   while (n > 0) {
     ssize_t k = write(fd, p, n);
     if (k < 0 && errno == EINTR) continue;
@@ -198,19 +197,41 @@ void file_write(uint32_t id, const mp_item *path, const mp_item *data, uint32_t 
       int err = errno;
       close(fd);
       unlinkat(root_fd, tmp, 0);
-      return send_errno(id, err, "cannot write file");
+      return err;
     }
     p += k;
     n -= (size_t)k;
   }
   fchmod(fd, mode & 07777); /* the umask must not narrow the mode the caller asked for */
   close(fd);
+  *what = "cannot replace file";
   if (renameat(root_fd, tmp, root_fd, rel) < 0) {
     int err = errno;
     unlinkat(root_fd, tmp, 0);
-    return send_errno(id, err, "cannot replace file");
+    return err;
   }
+  return 0;
+}
+
+void file_write(uint32_t id, const mp_item *path, const mp_item *data, uint32_t mode) {
+  follow_root();
+  char rel[4096];
+  const char *why = checked_path(path, rel, sizeof rel);
+  if (why) return send_error(id, "invalid_path", why);
+  if (data->type != MP_BIN && data->type != MP_STR) return send_error(id, "bad_request", "data must be binary");
+  const char *what;
+  int err = write_whole(rel, data->ptr, data->len, mode, &what);
+  if (err) return send_errno(id, err, what);
   send_ok(id);
+}
+
+int files_put(const char *path, const char *text, uint32_t mode) {
+  follow_root();
+  char rel[4096];
+  mp_item item = {.type = MP_STR, .ptr = (const uint8_t *)path, .len = (uint32_t)strlen(path)};
+  if (checked_path(&item, rel, sizeof rel)) return EINVAL;
+  const char *what;
+  return write_whole(rel, (const uint8_t *)text, strlen(text), mode, &what);
 }
 
 static const char *type_name(mode_t mode) {

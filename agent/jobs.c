@@ -151,7 +151,7 @@ static void child_main(exec_request *req, int out_w, int err_w, int in_r, int re
     dprintf(2, "sandgym-agent: cannot open the report channel on fd %u: %s\n", req->report_fd, strerror(errno));
     _exit(126);
   }
-  if (req->gid >= 0 && (setgroups(0, NULL) < 0 || setgid((gid_t)req->gid) < 0)) {
+  if (req->gid >= 0 && (setgroups(req->ngroups, req->groups) < 0 || setgid((gid_t)req->gid) < 0)) {
     dprintf(2, "sandgym-agent: cannot switch to group %lld: %s\n", (long long)req->gid, strerror(errno));
     _exit(126);
   }

@@ -29,6 +29,8 @@ typedef struct {
    * written there comes back as a third stream: a channel only the command's own processes can
    * write and none can take back (see jobs.c). */
   uint32_t report_fd;
+  const gid_t *groups; /* supplementary groups, with gid */
+  size_t ngroups;
 } exec_request;
 
 typedef struct {

@@ -43,7 +43,9 @@ class Sandbox:
         self.resources = info.get("resources", {})
 
     def exec(self, command, cwd=None, env=None, user=None, timeout_ms=None, stdin=None):
-        """Runs a command: a list of program and arguments, or a shell line (`/bin/sh -c`)."""
+        """Runs a command: a list of program and arguments, or a shell line (`/bin/sh -c`).
+        `user` ("name", "uid", "name:group", "uid:gid", as Docker's USER) runs it with that user's
+        rights and groups; default root. The file calls below take it too."""
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
         request = _defined(
             sandboxId=self.id, argv=argv, cwd=cwd, env=env, user=user, timeoutMs=timeout_ms, stdin=stdin
@@ -61,20 +63,21 @@ class Sandbox:
             duration_ms=r.get("durationMs", 0.0),
         )
 
-    def read_file(self, path, max_bytes=None):
+    def read_file(self, path, max_bytes=None, user=None):
         """A file's bytes."""
-        return self._wire.call("Sandboxes", "ReadFile", _defined(sandboxId=self.id, path=path, maxBytes=max_bytes))[
-            "data"
-        ]
+        request = _defined(sandboxId=self.id, path=path, maxBytes=max_bytes, user=user)
+        return self._wire.call("Sandboxes", "ReadFile", request)["data"]
 
-    def write_file(self, path, data, mode=None):
-        """Writes bytes (or text, as UTF-8); parent folders are created."""
+    def write_file(self, path, data, mode=None, user=None):
+        """Writes bytes (or text, as UTF-8); parent folders are created (as `user`, whose they are)."""
         if isinstance(data, str):
             data = data.encode()
-        self._wire.call("Sandboxes", "WriteFile", _defined(sandboxId=self.id, path=path, data=data, mode=mode))
+        request = _defined(sandboxId=self.id, path=path, data=data, mode=mode, user=user)
+        self._wire.call("Sandboxes", "WriteFile", request)
 
-    def list_dir(self, path):
-        entries = self._wire.call("Sandboxes", "ListDir", {"sandboxId": self.id, "path": path})["entries"]
+    def list_dir(self, path, user=None):
+        request = _defined(sandboxId=self.id, path=path, user=user)
+        entries = self._wire.call("Sandboxes", "ListDir", request)["entries"]
         return [DirEntry(e["name"], e["type"], e["size"], e["mode"]) for e in entries]
 
     def close(self):

@@ -33,6 +33,21 @@ class ClientTest(unittest.TestCase):
             sandbox_id = sandbox.id
         self.assertNotIn(sandbox_id, [s["id"] for s in self.platform.list_sandboxes()])
 
+    def test_file_calls_as_a_user_have_its_rights_only(self):
+        with self.platform.create_sandbox({"environment": "busybox:latest"}) as sandbox:
+            sandbox.exec("echo 'app:x:1000:1000::/tmp:/bin/sh' >> /etc/passwd; echo hidden > /root/secret; chmod 600 /root/secret; chmod 700 /root")
+            for call in (
+                lambda: sandbox.read_file("/root/secret", user="app"),
+                lambda: sandbox.write_file("/etc/passwd", "app::0:0::/:/bin/sh\n", user="app"),
+                lambda: sandbox.list_dir("/root", user="app"),
+            ):
+                with self.assertRaises(SandgymError) as denied:
+                    call()
+                self.assertEqual(denied.exception.code, "permission_denied")
+            sandbox.write_file("/tmp/mine", "x", mode=0o4755, user="app")
+            self.assertEqual(sandbox.exec("stat -c %u:%a /tmp/mine").stdout, "1000:4755\n")
+            self.assertIn("mine", [entry.name for entry in sandbox.list_dir("/tmp", user="app")])
+
     def test_errors_carry_the_platform_code(self):
         with self.assertRaises(SandgymError) as raised:
             self.platform.create_sandbox({"environment": "busybox:latest", "resources": {"memoryMib": "lots"}})

@@ -96,11 +96,19 @@ export interface BackendCapabilities {
   statefulExec: boolean;
 }
 
-/** Options of one command. */
-export interface ExecOptions extends CallOptions {
-  cwd?: string;
-  /** "name", "uid", "name:group" or "uid:gid", as Docker's USER; default root. */
+/** Who a call acts as in the sandbox. */
+export interface UserOptions {
+  /**
+   * "name", "uid", "name:group" or "uid:gid", as Docker's USER, looked up in the sandbox's own
+   * /etc/passwd and /etc/group; the call then has exactly that user's rights and groups.
+   * Default root: the platform's own calls.
+   */
   user?: string;
+}
+
+/** Options of one command. */
+export interface ExecOptions extends CallOptions, UserOptions {
+  cwd?: string;
   env?: Record<string, string>;
   stdin?: string | Uint8Array;
   /** Bytes captured per stream; defaults to the sandbox's cap. */
@@ -158,9 +166,20 @@ export interface DirEntry {
   mode: number;
 }
 
-/** What {@link BackendSandbox.hibernate} freed. */
+/** What {@link BackendSandbox.hibernate} did, as measured. */
 export interface HibernateReport {
+  /**
+   * What the sandbox is now: `hibernated` when its processes' memory left the node's memory (to a
+   * memory image, or to swap); `paused` when it could only be frozen, its memory still resident
+   * (`reason` says why: say CRIU could not dump a ptrace-stopped process, and there is no swap).
+   */
+  state: 'hibernated' | 'paused';
+  /** What its memory use dropped by. */
   freedBytes: number;
+  /** What it still holds in the node's memory (kernel memory stays whichever way). */
+  residentBytes: number;
+  /** Why its memory stayed resident, when `state` is `paused`. */
+  reason?: string;
   /** Of its memory, what went to swap (the node's swap must stay for it to come back). */
   swappedBytes?: number;
   /** Set when it hibernated by memory snapshot: the bytes of the image on the node's disk. */
@@ -219,9 +238,12 @@ export type StepCounters = Pick<
 >;
 
 /** Options for {@link BackendSandbox.writeFile}. */
-export interface WriteFileOptions extends CallOptions {
+export interface WriteFileOptions extends CallOptions, UserOptions {
   mode?: number;
 }
+
+/** Options for {@link BackendSandbox.listDir}. */
+export interface ListDirOptions extends CallOptions, UserOptions {}
 
 /** Options for {@link BackendSandbox.writtenPaths}. */
 export interface WrittenPathsOptions extends CallOptions {
@@ -230,7 +252,7 @@ export interface WrittenPathsOptions extends CallOptions {
 }
 
 /** Options for {@link BackendSandbox.readFile}. */
-export interface ReadFileOptions extends CallOptions {
+export interface ReadFileOptions extends CallOptions, UserOptions {
   maxBytes?: number;
 }
 
@@ -259,7 +281,7 @@ export interface BackendSandbox extends AsyncDisposable {
   execStream(argv: string[], options?: ExecOptions): ExecStream;
   readFile(path: string, options?: ReadFileOptions): Promise<Buffer>;
   writeFile(path: string, data: string | Uint8Array, options?: WriteFileOptions): Promise<void>;
-  listDir(path: string, options?: CallOptions): Promise<DirEntry[]>;
+  listDir(path: string, options?: ListDirOptions): Promise<DirEntry[]>;
   pause(options?: CallOptions): Promise<void>;
   /**
    * Frees the sandbox's memory while keeping it: frozen, then its memory pushed out as far as the

@@ -26,6 +26,7 @@ export type {
   ExecStream,
   GcReport,
   HibernateReport,
+  ListDirOptions,
   CheckpointOptions,
   SandboxCheckpoint,
   LayerImage,
@@ -45,6 +46,7 @@ export type {
 } from './contract.ts';
 export { collectExec } from './collect-exec.ts';
 export { callOptionsOf } from './call-options.ts';
+export { isRootUser } from './internal/users.ts';
 export { buildErofsImage } from './host/erofs.ts';
 export type { DiffFilter, DroppedEntry, FilterReport } from './host/diff-filter.ts';
 export type { ErofsBuildOptions } from './host/erofs.ts';

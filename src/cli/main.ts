@@ -41,8 +41,10 @@ const USAGE = `usage: sandgym COMMAND [ARGS]
                                           --atif writes one ATIF trajectory per episode; --run puts the
                                           sandboxes in a training run, whose lease it renews: killed, they
                                           hibernate, and a rerun with the same --run resumes them
-  mcp [--environment ENV | --sandbox ID]  a sandbox's actions (exec, write_file, read_file, list_dir) as
-                                          MCP tools over stdio; a sandbox it made goes when the client does
+  mcp [--environment ENV | --sandbox ID] [--user USER]
+                                          a sandbox's actions (exec, write_file, read_file, list_dir) as
+                                          MCP tools over stdio, as USER (default the environment's USER);
+                                          a sandbox it made goes when the client does
   check TASK... [--json] [--fallback-base ENV]
                                           the agentic env checker: oracle passes, nop fails, no leaks,
                                           deterministic reset, replay matches, clean close

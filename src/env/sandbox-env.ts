@@ -56,7 +56,11 @@ export interface SandboxEnvOptions {
   sandbox?: SandboxRequest;
   /** Absolute paths whose changes each step reports in `info.signals.protectedChanges`. */
   protectedPaths?: readonly string[];
-  /** Who `exec` actions run as ("name", "uid", "name:group"). @default root */
+  /**
+   * Who every action runs as ("name", "uid", "name:group", "uid:gid"): its commands, and its file
+   * reads, writes and listings, with exactly that user's rights and groups.
+   * @default the USER of the sandbox's environment (root when it names none), as Docker's
+   */
   user?: string;
 }
 
@@ -73,6 +77,8 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
   private stepIndex = 0;
   private isClosed = false;
   private checkpoints = 0;
+  /** The USER of each environment its sandboxes came from, looked up once. */
+  private readonly environmentUsers = new Map<string, Promise<string>>();
 
   private constructor(
     private readonly platform: PlatformClient,
@@ -104,14 +110,12 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
     platform: PlatformClient,
     sandbox: Sandbox,
     episodeId: string,
-    options: { owned?: boolean; protectedPaths?: readonly string[] } = {},
+    options: Omit<SandboxEnvOptions, 'sandbox'> & { owned?: boolean } = {},
   ): Promise<SandboxEnv> {
-    const env = new SandboxEnv(
-      platform,
-      options.protectedPaths ? { protectedPaths: options.protectedPaths } : {},
-    );
+    const { owned, ...envOptions } = options;
+    const env = new SandboxEnv(platform, envOptions);
     env.sandbox = sandbox;
-    env.owned = options.owned ?? false;
+    env.owned = owned ?? false;
     env.episodeId = episodeId;
     return Promise.resolve(env);
   }
@@ -161,7 +165,7 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
     if (!sandbox) throw new SandgymError('failed_precondition', 'Call reset() before step()');
     const stepIndex = this.stepIndex;
     const stepOptions: StepOptions = {
-      ...(this.options.user ? { user: this.options.user } : {}),
+      user: await this.userOf(sandbox),
       ...(this.options.protectedPaths?.length ? { protectedPaths: this.options.protectedPaths } : {}),
       ...(options.commandTimeoutCapMs === undefined
         ? {}
@@ -207,6 +211,20 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
       durationMs,
     };
     return { ...result, info };
+  }
+
+  /** Who the agent acts as in `sandbox`: the env's user, else its environment's USER. */
+  private userOf(sandbox: Sandbox): Promise<string> {
+    if (this.options.user !== undefined) return Promise.resolve(this.options.user);
+    const environment = sandbox.labels['environment'];
+    if (!environment) return Promise.resolve('root');
+    let user = this.environmentUsers.get(environment);
+    if (!user) {
+      user = this.platform.getEnvironment(environment).then((found) => found.config.user);
+      this.environmentUsers.set(environment, user);
+      user.catch(() => this.environmentUsers.delete(environment));
+    }
+    return user;
   }
 
   private async releaseSandbox(): Promise<void> {

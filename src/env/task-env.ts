@@ -17,6 +17,8 @@ import type {
 import type { SandboxAction, SandboxObservation } from '../platform/index.ts';
 import { SandboxEnv, type DiskCheckpointRef, type MemoryCheckpointRef } from './sandbox-env.ts';
 import { TaskError, taskStorageStem, type Task } from './tasks/task.ts';
+import { HARBOR_SOLUTION_DIR } from './tasks/harbor.ts';
+import { stageFolder } from './stage-folder.ts';
 import { Deadline } from './deadline.ts';
 import { BASE_SCOPE, PROTECTED_PATHS, gradingScope, type GradingScope } from './grading-scope.ts';
 import { probeInterpreters, type InterpreterFacts } from './python-probe.ts';
@@ -245,8 +247,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
         network: this.task.network.setup,
         ...this.inRun(),
       },
-      protectedPaths: PROTECTED_PATHS,
-      ...this.userOf(this.task.agentUser),
+      ...this.agentOptions(),
     });
     const reset = await this.inner.reset(options);
     const sandbox = this.inner.current!;
@@ -254,14 +255,33 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     // before anything runs in it, the sandbox shows what a clean one of its environment holds
     this.scope = gradingScope(await this.facts(sandbox), this.workdir(), this.taskExclusions());
     await sandbox.exec(['mkdir', '-p', '/logs/agent', '/logs/artifacts']);
-    const agentUser = this.userOf(this.task.agentUser).user;
+    const agentUser = this.userOf(this.task.agentUser);
     // the agent's own log folders are its to write, as Harbor mounts them for it
-    if (agentUser) await sandbox.exec(['chown', '-R', agentUser, '/logs/agent', '/logs/artifacts']);
+    if (!isRoot(agentUser)) await sandbox.exec(['chown', '-R', agentUser, '/logs/agent', '/logs/artifacts']);
     if (this.task.setupScript !== undefined) await this.runSetupScript(sandbox, this.task.setupScript);
     // the stage boundary: the same sandbox, the agent stage's rules
     await sandbox.setNetwork(this.task.network.agent);
     this.deadline = Date.now() + budgetMs;
     return this.opening(sandbox, reset.info);
+  }
+
+  /**
+   * Puts the task's solution where its oracle runs it from (a Harbor task's solution folder at
+   * /solution, a Terminal-Bench task's script), as the platform's own write, the way Harbor
+   * uploads it for its oracle agent; Harbor's folder is then the agent user's, as a task may ask
+   * for answers there. The oracle's actions run as that user like any agent's. Only a run of the
+   * oracle asks for this: no other agent ever sees a solution.
+   */
+  async stageSolution(): Promise<void> {
+    const sandbox = this.inner?.current;
+    if (!sandbox) throw new SandgymError('failed_precondition', 'Call reset() before stageSolution()');
+    const oracle = this.task.oracle;
+    if (oracle?.kind === 'shell') await sandbox.writeFile(oracle.path, oracle.script, { mode: 0o755 });
+    // a reference program or a patch the oracle writes as any agent would
+    if (oracle?.kind !== 'script') return;
+    await stageFolder(sandbox, oracle.dir, HARBOR_SOLUTION_DIR);
+    const user = this.userOf(this.task.agentUser);
+    if (!isRoot(user)) await sandbox.exec(['chown', '-R', user, HARBOR_SOLUTION_DIR]);
   }
 
   /** The interpreters of the sandbox's environment, probed once per layer stack. */
@@ -283,9 +303,16 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
   }
 
   /** Who runs as `taskUser` when the task names one, else the image's USER; root is the default. */
-  private userOf(taskUser: string | undefined): { user?: string } {
-    const user = taskUser ?? this.built?.config.user;
-    return user && user !== 'root' && user !== '0' ? { user } : {};
+  private userOf(taskUser: string | undefined): string {
+    return taskUser ?? this.built?.config.user ?? 'root';
+  }
+
+  /**
+   * How the agent's env steps, whether it made the sandbox or took it over: its user always
+   * named (root too), so it never falls back on anything but the task's choice.
+   */
+  private agentOptions(): { protectedPaths: readonly string[]; user: string } {
+    return { protectedPaths: PROTECTED_PATHS, user: this.userOf(this.task.agentUser) };
   }
 
   /** What the task's own sandbox is called on its services' network, as its compose file names it. */
@@ -342,7 +369,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     await this.inner?.close();
     this.inner = await SandboxEnv.attach(this.platform, sandbox, episodeId, {
       owned: true,
-      protectedPaths: PROTECTED_PATHS,
+      ...this.agentOptions(),
     });
     this.deadline = Date.now() + Math.floor(budgetLeftMs);
     return this.opening(sandbox, { episodeId, sandboxId: sandbox.id, attached: true });
@@ -564,6 +591,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     try {
       // the tests reach the services the agent worked with, by the same names
       await this.services?.join(grader, this.mainServiceName());
+      const testUser = this.userOf(this.task.verifierUser);
       return await runVerifiers([...(this.options.verifiers ?? []), defaultVerifier(this.task)], {
         task: this.task,
         grader,
@@ -571,7 +599,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
         platform: this.platform,
         environment,
         imageEnv: this.built?.config.env ?? {},
-        ...this.userOf(this.task.verifierUser),
+        ...(isRoot(testUser) ? {} : { user: testUser }),
         deadline: Deadline.after(
           this.task.verifierTimeoutMs + GRADING_OVERHEAD_MS,
           `Grading task ${this.task.id}`,
@@ -598,4 +626,10 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
   [Symbol.asyncDispose](): Promise<void> {
     return this.close();
   }
+}
+
+/** Whether a task's user is root (by name or uid), for whom nothing needs handing over. */
+function isRoot(user: string): boolean {
+  const [name] = user.split(':');
+  return name === 'root' || name === '0';
 }

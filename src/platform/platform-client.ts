@@ -64,7 +64,9 @@ export interface PlatformClient extends AsyncDisposable {
    * fork(n) for group rollouts: n sandboxes from `sandbox`'s current state, admitted all or
    * nothing and cleaned up together. At `depth: 'disk'` (the default) they start from its files
    * and may land on any node; at `depth: 'memory'` they carry on from its processes and memory
-   * too, on its node (microVMs, VMs, and containers where CRIU works).
+   * too, on its node (microVMs, VMs, and containers where CRIU works). Each copy has its own
+   * value in /run/sandgym/fork and SANDGYM_FORK (for commands started after the fork) to reseed
+   * from: processes that were running keep the source's random state (docs/training.md).
    */
   fork(sandbox: Sandbox, count: number, options?: ForkOptions): Promise<SandboxGroup>;
   /** Destroys this client's sandboxes. Idempotent. */

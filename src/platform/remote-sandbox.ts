@@ -17,6 +17,7 @@ import type {
   HibernateReport,
   CheckpointOptions,
   SandboxCheckpoint,
+  ListDirOptions,
   ReadFileOptions,
   SandboxResources,
   SandboxState,
@@ -170,6 +171,7 @@ export class RemoteSandbox implements Sandbox {
           sandboxId: this.id,
           path,
           ...(options.maxBytes === undefined ? {} : { maxBytes: options.maxBytes }),
+          ...(options.user === undefined ? {} : { user: options.user }),
         },
         callOptionsOf(options),
       ),
@@ -186,16 +188,18 @@ export class RemoteSandbox implements Sandbox {
           path,
           data: typeof data === 'string' ? Buffer.from(data) : data,
           ...(options.mode === undefined ? {} : { mode: options.mode }),
+          ...(options.user === undefined ? {} : { user: options.user }),
         },
         callOptionsOf(options),
       ),
     );
   }
 
-  async listDir(path: string, options: CallOptions = {}): Promise<DirEntry[]> {
+  async listDir(path: string, options: ListDirOptions = {}): Promise<DirEntry[]> {
+    const user = options.user === undefined ? {} : { user: options.user };
     return (
       await this.guard(() =>
-        this.client.call('ListDir', { sandboxId: this.id, path }, callOptionsOf(options)),
+        this.client.call('ListDir', { sandboxId: this.id, path, ...user }, callOptionsOf(options)),
       )
     ).entries;
   }
@@ -214,9 +218,13 @@ export class RemoteSandbox implements Sandbox {
     const report = await this.guard(() =>
       this.client.call('Hibernate', { sandboxId: this.id }, callOptionsOf(options)),
     );
-    this.currentState = 'hibernated';
-    const { imageBytes, ...rest } = report;
-    return imageBytes === undefined ? rest : { ...rest, imageBytes };
+    this.currentState = report.state;
+    const { imageBytes, reason, ...measured } = report;
+    return {
+      ...measured,
+      ...(imageBytes === undefined ? {} : { imageBytes }),
+      ...(reason === undefined ? {} : { reason }),
+    };
   }
 
   checkpoint(options: CheckpointOptions = {}): Promise<SandboxCheckpoint> {

@@ -38,6 +38,11 @@ export interface PhaseReport {
    */
   busy: string[];
   freedBytes: number;
+  /**
+   * At `preempted`, the sandboxes whose hibernation could not free their memory (CRIU could not
+   * dump them and there is no swap for it): only paused, listed in `paused` too, and why.
+   */
+  keptMemory: { sandboxId: string; reason: string }[];
 }
 
 /** A trainer's handle on its run: every sandbox created with `run: name` belongs to it. */
@@ -211,7 +216,15 @@ export class RunManager {
     const run = this.find(project, name);
     run.phase = phase;
     run.hibernateWhenIdle = [];
-    const report: PhaseReport = { phase, paused: [], hibernated: [], resumed: [], busy: [], freedBytes: 0 };
+    const report: PhaseReport = {
+      phase,
+      paused: [],
+      hibernated: [],
+      resumed: [],
+      busy: [],
+      freedBytes: 0,
+      keptMemory: [],
+    };
     const members = await this.members(run);
     await this.save();
     await settleAll(
@@ -229,9 +242,14 @@ export class RunManager {
           return;
         }
         if (phase === 'preempted') {
-          const { freedBytes } = await sandbox.hibernate();
-          report.hibernated.push(sandbox.id);
-          report.freedBytes += freedBytes;
+          const hibernated = await sandbox.hibernate();
+          report.freedBytes += hibernated.freedBytes;
+          if (hibernated.state === 'hibernated') {
+            report.hibernated.push(sandbox.id);
+          } else {
+            report.paused.push(sandbox.id);
+            report.keptMemory.push({ sandboxId: sandbox.id, reason: hibernated.reason ?? 'unknown' });
+          }
         } else if (sandbox.state === 'running') {
           await sandbox.pause();
           report.paused.push(sandbox.id);
@@ -293,9 +311,9 @@ export class RunManager {
     run.lapsed = true;
     run.expiresAt = Date.now();
     await this.save();
-    const hibernated = await this.hibernateIdle(run, await this.members(run));
+    const { hibernated, keptMemory } = await this.hibernateIdle(run, await this.members(run));
     this.logger.info(
-      { run: run.name, hibernated: hibernated.length, graceMs: run.ttlMs },
+      { run: run.name, hibernated: hibernated.length, keptMemory, graceMs: run.ttlMs },
       'run lease lapsed in etcd: sandboxes hibernated',
     );
   }
@@ -347,9 +365,13 @@ export class RunManager {
 
   /**
    * Hibernates the run's idle sandboxes and marks its busy ones to follow when their request
-   * ends: what a preemption or a lapsed lease does. The ids it hibernated.
+   * ends: what a preemption or a lapsed lease does. The ids it hibernated, and those it could
+   * only pause (their memory stayed resident) with why.
    */
-  private async hibernateIdle(run: RunRecord, candidates: readonly BackendSandbox[]): Promise<string[]> {
+  private async hibernateIdle(
+    run: RunRecord,
+    candidates: readonly BackendSandbox[],
+  ): Promise<Pick<PhaseReport, 'hibernated' | 'keptMemory'>> {
     const idle = candidates.filter((s) => s.activeCalls === 0);
     const busy = candidates.filter((s) => s.activeCalls > 0).map((s) => s.id);
     const pending = new Set(run.hibernateWhenIdle);
@@ -359,12 +381,16 @@ export class RunManager {
       run.hibernateWhenIdle = [...pending];
       await this.save();
     }
-    const frozen = idle.filter(canHibernate);
+    const done: Pick<PhaseReport, 'hibernated' | 'keptMemory'> = { hibernated: [], keptMemory: [] };
     await settleAll(
-      frozen.map((s) => s.hibernate()),
+      idle.filter(canHibernate).map(async (sandbox) => {
+        const report = await sandbox.hibernate();
+        if (report.state === 'hibernated') done.hibernated.push(sandbox.id);
+        else done.keptMemory.push({ sandboxId: sandbox.id, reason: report.reason ?? 'unknown' });
+      }),
       `Some sandboxes of run ${run.name} did not hibernate`,
     );
-    return frozen.map((s) => s.id);
+    return done;
   }
 
   private async destroyAll(run: RunRecord): Promise<{ destroyed: string[] }> {
@@ -395,10 +421,10 @@ export class RunManager {
           run.hibernateWhenIdle = run.hibernateWhenIdle.filter((id) => !gone.includes(id));
           await this.save();
         }
-        const hibernated = await this.hibernateIdle(run, members);
-        if (hibernated.length)
+        const { hibernated, keptMemory } = await this.hibernateIdle(run, members);
+        if (hibernated.length || keptMemory.length)
           this.logger.info(
-            { run: run.name, hibernated },
+            { run: run.name, hibernated, keptMemory },
             'run: sandboxes hibernated once their request ended',
           );
       }
@@ -414,9 +440,9 @@ export class RunManager {
         run.lapsed = true;
         await this.save();
         // the trainer is gone: free what its sandboxes hold, and keep them for the grace
-        const hibernated = await this.hibernateIdle(run, await this.members(run));
+        const { hibernated, keptMemory } = await this.hibernateIdle(run, await this.members(run));
         this.logger.info(
-          { run: run.name, hibernated: hibernated.length, graceMs: run.ttlMs },
+          { run: run.name, hibernated: hibernated.length, keptMemory, graceMs: run.ttlMs },
           'run lease lapsed: sandboxes hibernated',
         );
       }

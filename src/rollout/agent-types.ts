@@ -17,10 +17,17 @@ export interface AgentDecision {
 }
 
 /** A policy: given what it sees, the next action (or a decision that carries one). */
-export type Agent = (
+export type Agent = ((
   observation: TaskObservation,
   context: AgentContext,
-) => Promise<SandboxAction | AgentDecision>;
+) => Promise<SandboxAction | AgentDecision>) & {
+  /**
+   * Set on the oracle: each episode's runner has the platform stage the task's solution for it
+   * after the reset (`TaskEnv.stageSolution`), as Harbor does for its oracle; no other agent
+   * ever sees one.
+   */
+  readonly isOracle?: boolean;
+};
 
 /** The decision an agent's answer comes to. */
 export function decisionOf(answer: SandboxAction | AgentDecision): AgentDecision {

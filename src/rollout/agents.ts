@@ -1,28 +1,24 @@
-import { readFile } from 'node:fs/promises';
-import { join, relative, resolve } from 'node:path';
+import { resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { SandgymError } from '../common/index.ts';
-import { filesUnder, type SandboxAction } from '../env/index.ts';
+import { HARBOR_SOLUTION_DIR, type SandboxAction } from '../env/index.ts';
 import type { Agent } from './agent-types.ts';
 import { openAiAgent } from './llm-agent.ts';
 
 export type { Agent, AgentContext, AgentDecision } from './agent-types.ts';
 export { decisionOf } from './agent-types.ts';
 
-/** Where Harbor puts a task's solution folder for its oracle. */
-const SOLUTION_DIR = '/solution';
-
 /**
- * The oracle: for a Harbor task, copies the solution folder to /solution and runs solve.sh there
- * as Harbor does, from the image's working directory (solutions write relative paths such as
- * `answer.txt` and expect them in WORKDIR), through bash whether or not it is executable; for a
- * Terminal-Bench task, writes its solution script to /oracle and runs it with bash, also from
- * WORKDIR; for an OJ problem, writes the reference program; for SWE-bench, applies the gold patch. Then it
- * submits.
+ * The oracle: for a Harbor task, runs solve.sh from the solution folder the platform staged at
+ * /solution, as Harbor does, from the image's working directory (solutions write relative paths
+ * such as `answer.txt` and expect them in WORKDIR), through bash whether or not it is executable;
+ * for a Terminal-Bench task, runs its staged solution script with bash, also from WORKDIR; for an
+ * OJ problem, writes the reference program; for SWE-bench, applies the gold patch. Then it
+ * submits. Its actions run as the task's agent user, as any agent's do.
  */
 export function oracleAgent(): Agent {
   let plan: SandboxAction[] | undefined;
-  return async (_observation, { task, stepIndex }) => {
+  const oracle: Agent = (_observation, { task, stepIndex }) => {
     if (!plan) {
       plan = [];
       const oracle = task.oracle;
@@ -37,26 +33,17 @@ export function oracleAgent(): Agent {
         plan.push({ type: 'exec', command: ['rm', '-f', '/tmp/sandgym-oracle.patch'] });
       }
       if (oracle?.kind === 'script') {
-        for (const file of await filesUnder(oracle.dir)) {
-          plan.push({
-            type: 'write_file',
-            path: join(SOLUTION_DIR, relative(oracle.dir, file)),
-            content: await readFile(file, 'utf8'),
-          });
-        }
         plan.push({
           type: 'exec',
-          command: `if command -v bash >/dev/null; then bash ${SOLUTION_DIR}/solve.sh; else sh ${SOLUTION_DIR}/solve.sh; fi`,
+          command: `if command -v bash >/dev/null; then bash ${HARBOR_SOLUTION_DIR}/solve.sh; else sh ${HARBOR_SOLUTION_DIR}/solve.sh; fi`,
           ...(oracle.env && Object.keys(oracle.env).length ? { env: oracle.env } : {}),
         });
       }
-      if (oracle?.kind === 'shell') {
-        plan.push({ type: 'write_file', path: oracle.path, content: oracle.script });
-        plan.push({ type: 'exec', command: ['bash', oracle.path] });
-      }
+      if (oracle?.kind === 'shell') plan.push({ type: 'exec', command: ['bash', oracle.path] });
     }
-    return plan[stepIndex] ?? { type: 'submit' };
+    return Promise.resolve(plan[stepIndex] ?? { type: 'submit' });
   };
+  return Object.assign(oracle, { isOracle: true });
 }
 
 /** The do-nothing agent: submits at once. A task it passes is broken. */

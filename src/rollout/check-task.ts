@@ -20,6 +20,7 @@ interface Episode {
 
 async function play(env: TaskEnv, task: Task, agent: Agent, seed = 0): Promise<Episode> {
   const opened = await env.reset({ seed });
+  if (agent.isOracle) await env.stageSolution();
   let observation = opened.observation;
   const episode: Episode = { reward: 0, actions: [], observations: [] };
   for (let stepIndex = 0; stepIndex < 50; stepIndex++) {
@@ -102,9 +103,10 @@ export async function checkTask(platform: PlatformClient, task: Task): Promise<C
     if (!oracleRun) throw new Error('no oracle trajectory to replay');
     const recorded = oracleRun;
     await using env = TaskEnv.create(platform, task);
-    const replay = await play(env, task, (_o, { stepIndex }) =>
-      Promise.resolve(recorded.actions[stepIndex] ?? { type: 'submit' }),
-    );
+    // the oracle's actions again, with its solution staged as it was
+    const replayed: Agent = (_o, { stepIndex }) =>
+      Promise.resolve(recorded.actions[stepIndex] ?? { type: 'submit' });
+    const replay = await play(env, task, Object.assign(replayed, { isOracle: true }));
     const at = replay.observations.findIndex(
       (o, i) => JSON.stringify(o) !== JSON.stringify(recorded.observations[i]),
     );

@@ -76,6 +76,8 @@ async function runEpisode(
   await using env = TaskEnv.create(platform, task, options.run ? { run: options.run } : {});
   const takenOver = earlier ? await takeOver(platform, env, task, earlier) : undefined;
   const opened = takenOver ?? (await env.reset());
+  // a taken-over episode's sandbox has its solution from the run that started it
+  if (agent.isOracle && !takenOver) await env.stageSolution();
   let observation = opened.observation;
   const { episodeId, sandboxId, notes: buildNotes } = opened.info;
   let timeout: { budgetMs: number } | undefined;

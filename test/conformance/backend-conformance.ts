@@ -246,7 +246,10 @@ export function describeBackendConformance(target: ConformanceTarget): void {
       }
       const report = await sandbox.hibernate();
       expect(report.freedBytes).toBeGreaterThanOrEqual(0);
-      expect(sandbox.state).toBe('hibernated');
+      // hibernated when its memory left the node's memory; else only frozen, and it says why
+      // (here a request is in flight, so a container cannot be dumped: swap is all it has)
+      expect(sandbox.state).toBe(report.state);
+      if (report.state === 'paused') expect(report.reason).toMatch(/resident/);
       // any request resumes it; the process finds its memory as it left it
       await sandbox.writeFile('/tmp/check', '');
       expect(sandbox.state).toBe('running');

@@ -5,6 +5,7 @@ import { describe, expect, it } from 'vitest';
 import type { ContainerSandbox } from '../../src/backends/container/container-sandbox.ts';
 import { MAX_CHECKPOINTS_PER_SANDBOX } from '../../src/backends/contract.ts';
 import { detectCriu } from '../../src/backends/host/criu.ts';
+import { activeSwapAreas } from '../../src/backends/host/swap.ts';
 import { silentLogger } from '../../src/common/index.ts';
 import { SandboxEnv } from '../../src/env/index.ts';
 import { NodeAgent, Platform, type PlatformClient } from '../../src/platform/index.ts';
@@ -71,11 +72,77 @@ describe.skipIf(!criu.usable)('container memory snapshots (CRIU)', () => {
       await new Promise((done) => setTimeout(done, 200));
       const report = await sandbox.hibernate();
       expect(report.imageBytes).toBeUndefined();
-      expect((await sandbox.stats()).state).toBe('hibernated');
+      // frozen; hibernated only where swap took its memory
+      const swap = (await activeSwapAreas()).length > 0;
+      expect(report.state).toBe(swap ? 'hibernated' : 'paused');
+      if (!swap) expect(report.reason).toMatch(/a request was in flight.*no swap/);
+      expect((await sandbox.stats()).state).toBe(report.state);
       await sandbox.resume();
       expect((await step).stdout).toBe('done\n');
     } finally {
       await sandbox.close();
+    }
+  });
+
+  it('report a hibernation that could not free memory as what it was: a pause, and why', async () => {
+    await using test = await createTestPlatform('container-memory-kept');
+    const run = await test.platform.startRun({ name: `kept-${process.pid}`, leaseMs: 600_000 });
+    const sandbox = await test.platform.createSandbox({
+      environment: 'debian:bookworm',
+      resources: { memoryMib: 256 },
+      run: run.name,
+    });
+    try {
+      // a child held ptrace-stopped by its parent, which holds ~48 MB: CRIU cannot dump the tree
+      await sandbox.writeFile(
+        '/root/traced.py',
+        [
+          'import ctypes, os, signal, time',
+          'if os.fork() == 0:',
+          '    ctypes.CDLL(None).ptrace(0, 0, 0, 0)',
+          '    os.kill(os.getpid(), signal.SIGSTOP)',
+          '    os._exit(0)',
+          'held = bytearray(48_000_000)',
+          'for i in range(0, len(held), 4096): held[i] = 1',
+          "open('/tmp/holding', 'w').close()",
+          'time.sleep(3600)',
+        ].join('\n'),
+      );
+      await sandbox.exec(['sh', '-c', 'python3 /root/traced.py >/dev/null 2>&1 &']);
+      for (let i = 0; (await sandbox.exec(['test', '-e', '/tmp/holding'])).exitCode !== 0; i++) {
+        if (i > 200) throw new Error('the holder never held its memory');
+        await new Promise((done) => setTimeout(done, 50));
+      }
+      const before = await sandbox.stats();
+      const report = await sandbox.hibernate();
+      if ((await activeSwapAreas()).length > 0) {
+        // swap takes the memory CRIU could not: a hibernation after all
+        expect(report).toMatchObject({ state: 'hibernated' });
+        expect(report.swappedBytes).toBeGreaterThan(0);
+        return;
+      }
+      expect(report.state).toBe('paused');
+      expect(report.reason).toMatch(/CRIU could not checkpoint.*no swap/);
+      expect(report.imageBytes).toBeUndefined();
+      // what it said is what the cgroup shows: the memory stayed
+      expect(report.residentBytes).toBeGreaterThan(48e6);
+      expect(report.freedBytes).toBeLessThan(before.memoryBytes / 2);
+      const after = await sandbox.stats();
+      expect(after.state).toBe('paused');
+      expect(after.memoryBytes).toBeGreaterThan(48e6);
+      // a preemption says the same of it
+      await sandbox.resume();
+      const preempted = await run.phase('preempted');
+      expect(preempted.hibernated).toEqual([]);
+      expect(preempted.paused).toEqual([sandbox.id]);
+      expect(preempted.keptMemory).toEqual([
+        { sandboxId: sandbox.id, reason: expect.stringMatching(/CRIU/) as unknown },
+      ]);
+      // and it carries on when asked
+      expect((await sandbox.exec(['echo', 'back'])).stdout).toBe('back\n');
+    } finally {
+      await sandbox.close();
+      await run.end();
     }
   });
 
@@ -193,6 +260,90 @@ process.exit(0);
     } finally {
       await remote.close();
       await node.close();
+    }
+  });
+
+  it('give every fork its own value to reseed from; processes started after the fork draw anew', async () => {
+    await using test = await createTestPlatform('container-fork-reseed');
+    const sandbox = await test.platform.createSandbox({ environment: 'debian:bookworm' });
+    try {
+      // a long-running process that seeded its generator before the fork, and draws once told to
+      await sandbox.writeFile(
+        '/root/drawer.py',
+        [
+          'import os, random, time',
+          'random.seed(os.urandom(16))',
+          "open('/tmp/seeded', 'w').close()",
+          "while not os.path.exists('/tmp/go'): time.sleep(0.05)",
+          "fork = open('/run/sandgym/fork').read() if os.path.exists('/run/sandgym/fork') else ''",
+          "open('/tmp/drawn.tmp', 'w').write(f'{random.random()} {fork}')",
+          "os.rename('/tmp/drawn.tmp', '/tmp/drawn')",
+          'time.sleep(3600)',
+        ].join('\n'),
+      );
+      await sandbox.exec(['sh', '-c', 'python3 /root/drawer.py >/dev/null 2>&1 &']);
+      for (let i = 0; (await sandbox.exec(['test', '-e', '/tmp/seeded'])).exitCode !== 0; i++) {
+        if (i > 200) throw new Error('the running process never seeded');
+        await new Promise((done) => setTimeout(done, 50));
+      }
+      const group = await test.platform.fork(sandbox, 3, { depth: 'memory' });
+      try {
+        const seen: Record<
+          'runningDraw' | 'runningSawFork' | 'fork' | 'laterDraw' | 'laterEnv',
+          string | undefined
+        >[] = [];
+        for (const copy of group.sandboxes) {
+          await copy.writeFile('/tmp/go', '');
+          let drawn = await copy.exec(['cat', '/tmp/drawn']);
+          for (let i = 0; drawn.exitCode !== 0; i++) {
+            if (i > 200) throw new Error(`the running process of ${copy.id} never drew`);
+            await new Promise((done) => setTimeout(done, 50));
+            drawn = await copy.exec(['cat', '/tmp/drawn']);
+          }
+          const [runningDraw, runningSawFork] = drawn.stdout.split(' ');
+          const fork = (await copy.readFile('/run/sandgym/fork')).toString();
+          const later = await copy.exec([
+            'python3',
+            '-c',
+            'import os, random; print(random.random(), os.environ.get("SANDGYM_FORK", ""))',
+          ]);
+          const [laterDraw, laterEnv] = later.stdout.trim().split(' ');
+          seen.push({ runningDraw, runningSawFork, fork, laterDraw, laterEnv });
+        }
+        const distinct = (key: keyof (typeof seen)[number]): number => new Set(seen.map((s) => s[key])).size;
+        // the memory of a running process is the source's in every copy: it draws the same numbers
+        expect(distinct('runningDraw')).toBe(1);
+        // but each copy has its own value to reseed from, which the running process can read
+        expect(distinct('fork')).toBe(3);
+        for (const s of seen) {
+          expect(s.fork).toMatch(/^[0-9a-f]{32}$/);
+          expect(s.runningSawFork).toBe(s.fork);
+          expect(s.laterEnv).toBe(s.fork);
+        }
+        // and a process started after the fork draws differently in each
+        expect(distinct('laterDraw')).toBe(3);
+        // a restore in place is a new copy too
+        const checkpoint = await group.sandboxes[0]!.checkpoint();
+        const before = seen[0]!.fork;
+        await group.sandboxes[0]!.restore(checkpoint);
+        expect((await group.sandboxes[0]!.readFile('/run/sandgym/fork')).toString()).not.toBe(before);
+        // a disk fork's copies get their own values too, never the one the source's files hold
+        const disk = await test.platform.fork(group.sandboxes[1]!, 2);
+        try {
+          const values = await Promise.all(
+            disk.sandboxes.map(async (copy) => (await copy.readFile('/run/sandgym/fork')).toString()),
+          );
+          expect(new Set([...values, seen[1]!.fork]).size).toBe(3);
+          const env = await disk.sandboxes[0]!.exec(['sh', '-c', 'echo $SANDGYM_FORK']);
+          expect(env.stdout).toBe(`${values[0]}\n`);
+        } finally {
+          await disk.close();
+        }
+      } finally {
+        await group.close();
+      }
+    } finally {
+      await sandbox.close();
     }
   });
 

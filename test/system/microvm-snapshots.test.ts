@@ -71,6 +71,27 @@ describe('microvm snapshots: checkpoint, restore, fork', () => {
         forks.map(async (f) => (await f.exec(['sh', '-c', 'head -c 16 /dev/urandom | md5sum'])).stdout),
       );
       expect(draws[0]).not.toBe(draws[1]);
+      // each copy its own value to reseed from, in a file and in later commands' environment
+      const forkValues = await Promise.all(
+        forks.map(async (f) => (await f.readFile('/run/sandgym/fork')).toString()),
+      );
+      expect(new Set(forkValues).size).toBe(2);
+      for (const [i, fork] of forks.entries())
+        expect((await fork.exec(['sh', '-c', 'echo $SANDGYM_FORK'])).stdout).toBe(`${forkValues[i]}\n`);
+      // a guest's file calls as a user have that user's rights only, as in a container
+      await forks[0]!.exec([
+        'sh',
+        '-c',
+        "echo 'app:x:1000:1000::/tmp:/bin/sh' >> /etc/passwd; chmod 700 /root",
+      ]);
+      await expect(forks[0]!.listDir('/root', { user: 'app' })).rejects.toMatchObject({
+        code: 'permission_denied',
+      });
+      await expect(forks[0]!.writeFile('/etc/passwd', 'x', { user: 'app' })).rejects.toMatchObject({
+        code: 'permission_denied',
+      });
+      await forks[0]!.writeFile('/tmp/mine', 'x', { user: 'app' });
+      expect((await forks[0]!.exec(['stat', '-c', '%u', '/tmp/mine'])).stdout).toBe('1000\n');
       for (const fork of forks) {
         const guestNow = Number((await fork.exec(['date', '+%s'])).stdout.trim());
         expect(Math.abs(guestNow - Date.now() / 1000)).toBeLessThan(30);

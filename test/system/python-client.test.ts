@@ -45,7 +45,7 @@ describe('the Python client', () => {
   it('passes its own tests against the node: sandboxes, envs, task grading, vector envs, errors', () => {
     const run = python(['-m', 'unittest', 'discover', '-s', join(PYTHON_DIR, 'tests'), '-v']);
     expect(run.status, `${run.stdout}\n${run.stderr}`).toBe(0);
-    expect(run.stderr).toMatch(/Ran 8 tests/);
+    expect(run.stderr).toMatch(/Ran 9 tests/);
   });
 
   it('runs the rollout example to the end', () => {

@@ -199,30 +199,59 @@ export class ContainerSandbox extends AgentSandbox {
    * With CRIU and an idle sandbox, its processes are dumped to disk and end, so all of its memory
    * is freed, kernel memory included; the next request starts them again. Otherwise it is frozen
    * and its memory reclaimed (page cache dropped, anonymous memory to swap where there is swap).
+   * When neither freed its processes' memory, it is only paused, and the report says so and why.
    */
   async hibernate(options: CallOptions = {}): Promise<HibernateReport> {
     throwIfAborted(options.signal, 'Hibernate');
-    if (this.currentState === 'hibernated') return { freedBytes: 0 };
+    if (this.currentState === 'hibernated')
+      return { state: 'hibernated', freedBytes: 0, residentBytes: await this.residentBytes() };
     const memory = this.parts.memory;
-    const idle =
-      this.activeCalls === 0 && (this.currentState === 'running' || this.currentState === 'paused');
-    if (memory?.available() && idle) {
-      // a failed dump (logged by the backend) leaves the processes running: reclaim instead
-      const report = await this.hibernateToImage(memory).catch(() => undefined);
-      if (report) return report;
+    let noImage: string;
+    if (!memory) noImage = 'this host has no CRIU 4.1, or the warm pool started it';
+    else if (!memory.available()) noImage = memory.unavailableBecause();
+    else if (this.activeCalls > 0) noImage = 'a request was in flight';
+    else {
+      try {
+        return await this.hibernateToImage(memory);
+      } catch (error) {
+        // the backend logged it; the processes still run, so reclaim instead
+        noImage = messageOf(error);
+      }
     }
+    return this.hibernateByReclaim(noImage);
+  }
+
+  /** Frozen, its memory pushed out as far as the node lets it: to swap, where there is swap. */
+  private async hibernateByReclaim(noImage: string): Promise<HibernateReport> {
     await this.pause();
     const freedBytes = await this.parts.cgroup.reclaim();
+    const swappedBytes = await this.parts.cgroup.swappedBytes();
+    const residentBytes = await this.residentBytes();
+    const swapAreas = await activeSwapAreas();
+    if (swappedBytes === 0) {
+      // page cache at most: its processes' memory is all still in the node's memory
+      const noSwap = swapAreas.length === 0 ? 'the node has no swap' : 'swap took none of it';
+      return {
+        state: 'paused',
+        freedBytes,
+        swappedBytes,
+        residentBytes,
+        reason: `its memory stays resident: it was not dumped (${noImage}), and ${noSwap}`,
+      };
+    }
     // the swap areas its memory went to: it can only come back whole while they stay
-    const swapped = await this.parts.cgroup.swappedBytes();
-    this.swapAreas = swapped > 0 ? await activeSwapAreas() : [];
+    this.swapAreas = swapAreas;
     this.currentState = 'hibernated';
-    return { freedBytes, swappedBytes: swapped };
+    return { state: 'hibernated', freedBytes, swappedBytes, residentBytes };
+  }
+
+  private async residentBytes(): Promise<number> {
+    return (await this.parts.cgroup.usage()).memoryBytes;
   }
 
   /** Dumps its processes to an image in its folder; they end, and the cgroup's memory goes with them. */
   private async hibernateToImage(memory: ContainerMemory): Promise<HibernateReport> {
-    const before = (await this.parts.cgroup.usage()).memoryBytes;
+    const before = await this.residentBytes();
     const wasPaused = this.currentState === 'paused';
     // CRIU stops the processes itself; a frozen cgroup would hold it off
     if (wasPaused) await this.parts.cgroup.setFrozen(false);
@@ -242,8 +271,13 @@ export class ContainerSandbox extends AgentSandbox {
     this.currentState = 'hibernated';
     // what its files left in the page cache, charged to it, goes too
     await this.parts.cgroup.reclaim();
-    const after = (await this.parts.cgroup.usage()).memoryBytes;
-    return { freedBytes: Math.max(0, before - after), imageBytes: image.sizeBytes };
+    const after = await this.residentBytes();
+    return {
+      state: 'hibernated',
+      freedBytes: Math.max(0, before - after),
+      residentBytes: after,
+      imageBytes: image.sizeBytes,
+    };
   }
 
   async resume(options: CallOptions = {}): Promise<void> {

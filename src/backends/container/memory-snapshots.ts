@@ -166,6 +166,7 @@ export class ContainerMemorySnapshots {
       await detachOverlay(rootfs);
     }
     const channel = await this.launcher.syncChannel(shell.slot, opened, RESTORE_SYNC_TIMEOUT_MS);
+    await channel.restored({ kernel: false, timeoutMs: RESTORE_SYNC_TIMEOUT_MS });
     await this.recordMemoryImage(dir, undefined);
     shell.channel = channel;
     shell.exited = channel.closed;

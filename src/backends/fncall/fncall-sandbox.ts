@@ -3,6 +3,7 @@ import type {
   BackendSandbox,
   CallOptions,
   DirEntry,
+  ListDirOptions,
   ExecOptions,
   ExecResult,
   ExecStream,
@@ -20,6 +21,7 @@ import type { ContainerSandbox } from '../container/container-sandbox.ts';
 import { collectExec, streamExec } from '../collect-exec.ts';
 import { checkArgv, checkSandboxPath, throwIfAborted } from '../internal/checks.ts';
 import { expiryOf } from '../internal/lifetime.ts';
+import { isRootUser } from '../internal/users.ts';
 import type { WorkerSet } from './worker-set.ts';
 
 /** The most a FnCall sandbox may hold in files written with writeFile. */
@@ -28,6 +30,8 @@ const MAX_STAGED_BYTES = 64 * 1024 * 1024;
 interface StagedFile {
   data: Uint8Array;
   mode: number;
+  /** Who wrote it: it is written as that user into every worker, so it is that user's there too. */
+  user?: string;
 }
 
 /**
@@ -111,7 +115,8 @@ export class FnCallSandbox implements BackendSandbox {
       const workers = this.workersOf();
       const worker = await workers.lease(signal);
       try {
-        for (const [path, file] of this.staged) await worker.writeFile(path, file.data, { mode: file.mode });
+        for (const [path, file] of this.staged)
+          await worker.writeFile(path, file.data, { mode: file.mode, ...userOf(file) });
         return await work(worker);
       } finally {
         await workers.release(worker);
@@ -148,28 +153,37 @@ export class FnCallSandbox implements BackendSandbox {
     return this.withWorker('read a file', options.signal, (worker) => worker.readFile(path, options));
   }
 
-  /** Kept by the sandbox and given to every later call; written into the worker before it runs. */
-  writeFile(path: string, data: string | Uint8Array, options: WriteFileOptions = {}): Promise<void> {
-    return Promise.resolve().then(() => this.stage(path, data, options));
-  }
-
-  private stage(path: string, data: string | Uint8Array, options: WriteFileOptions): void {
+  /**
+   * Kept by the sandbox and given to every later call; written into the worker before it runs.
+   * A file written as a user is written into a worker at once, so a write that user may not make
+   * is refused now, as in any sandbox, and never kept.
+   */
+  async writeFile(path: string, data: string | Uint8Array, options: WriteFileOptions = {}): Promise<void> {
     checkSandboxPath(path);
     throwIfAborted(options.signal, 'Writing a file');
-    const bytes = typeof data === 'string' ? Buffer.from(data) : data;
+    const file: StagedFile = {
+      data: typeof data === 'string' ? Buffer.from(data) : data,
+      mode: options.mode ?? 0o644,
+      ...userOf(options),
+    };
     const previous = this.staged.get(path)?.data.length ?? 0;
-    if (this.stagedBytes - previous + bytes.length > MAX_STAGED_BYTES) {
+    if (this.stagedBytes - previous + file.data.length > MAX_STAGED_BYTES) {
       throw new SandgymError(
         'invalid_argument',
         `A FnCall sandbox holds at most ${MAX_STAGED_BYTES} bytes of files; use a container sandbox for more`,
       );
     }
-    this.stagedBytes += bytes.length - previous;
-    this.staged.set(path, { data: bytes, mode: options.mode ?? 0o644 });
+    if (!isRootUser(file.user)) {
+      await this.withWorker('write a file', options.signal, (worker) =>
+        worker.writeFile(path, file.data, { mode: file.mode, ...userOf(file) }),
+      );
+    }
+    this.stagedBytes += file.data.length - (this.staged.get(path)?.data.length ?? 0);
+    this.staged.set(path, file);
     this.active = Date.now();
   }
 
-  async listDir(path: string, options: CallOptions = {}): Promise<DirEntry[]> {
+  async listDir(path: string, options: ListDirOptions = {}): Promise<DirEntry[]> {
     checkSandboxPath(path);
     return this.withWorker('list a directory', options.signal, (worker) => worker.listDir(path, options));
   }
@@ -250,4 +264,9 @@ export class FnCallSandbox implements BackendSandbox {
   [Symbol.asyncDispose](): Promise<void> {
     return this.close();
   }
+}
+
+/** The `user` of options or a staged file, when it has one. */
+function userOf(from: { user?: string }): { user?: string } {
+  return from.user === undefined ? {} : { user: from.user };
 }

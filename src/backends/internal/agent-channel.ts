@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import { PassThrough, type Readable, type Writable } from 'node:stream';
 import {
   SandgymError,
@@ -85,6 +86,7 @@ export class AgentChannel {
   private readonly reader = new FrameReader(MAX_FRAME_BYTES);
   private nextId = 1;
   private closedError: Error | undefined;
+  private protocol = 0;
   private settleReady!: { resolve(ready: AgentReady): void; reject(error: Error): void };
 
   constructor(
@@ -113,6 +115,14 @@ export class AgentChannel {
   /** Requests waiting for their answer. */
   get pendingCount(): number {
     return this.pending.size;
+  }
+
+  /**
+   * The protocol its agent speaks, from its ready message or its answer to a sync (an agent
+   * before version 2 answered a sync without one: 1); 0 until either arrives.
+   */
+  get agentVersion(): number {
+    return this.protocol;
   }
 
   /** True once the channel is gone. */
@@ -217,7 +227,22 @@ export class AgentChannel {
   /** Proves a reopened channel works: the agent echoes the marker, then replies. */
   async sync(timeoutMs: number): Promise<void> {
     if (!this.resyncMarker) throw new SandgymError('failed_precondition', 'This channel was not reopened');
-    await this.call({ op: 'sync', data: this.resyncMarker }, { timeoutMs });
+    const reply = await this.call({ op: 'sync', data: this.resyncMarker }, { timeoutMs });
+    this.protocol = reply.version ?? 1;
+  }
+
+  /**
+   * Tells the agent that the sandbox's processes came back from a memory image (a fork, a
+   * restore, a wake from hibernation): a fresh fork value, which it writes to /run/sandgym/fork
+   * and gives every later command as SANDGYM_FORK, so copies can tell themselves apart and
+   * reseed; with `kernel` (a VM, whose kernel came back too), also the time and fresh entropy for
+   * its random pool. An agent before protocol 2 knows no fork: it gets only what it knew.
+   */
+  async restored(options: { kernel: boolean; timeoutMs: number }): Promise<void> {
+    const fork = this.protocol >= 2 ? { fork: randomBytes(16).toString('hex') } : {};
+    const kernel = options.kernel ? { timeMs: Date.now(), data: randomBytes(64) } : {};
+    if (!options.kernel && !('fork' in fork)) return;
+    await this.call({ op: 'restored', ...fork, ...kernel }, { timeoutMs: options.timeoutMs });
   }
 
   /** Asks the agent to end every process of the sandbox and exit; best effort. */
@@ -248,7 +273,10 @@ export class AgentChannel {
 
   private dispatch(body: Buffer): void {
     const message = parseAt(agentMessageSchema, this.codec.decode(body), 'message from the sandbox agent');
-    if (message.t === 'ready') return this.settleReady.resolve(message);
+    if (message.t === 'ready') {
+      this.protocol = message.version;
+      return this.settleReady.resolve(message);
+    }
     const pending = this.pending.get(message.id);
     if (!pending) return; // the caller gave up on it (abort); a late answer is dropped
     switch (message.t) {

@@ -65,6 +65,8 @@ export const agentOkSchema = z.object({
   count: z.number().int().nonnegative().optional(),
   /** `procstate`: the agent's own process state now, as in its ready message. */
   state: z.string().max(8192).optional(),
+  /** `sync`, `ping`: the protocol the agent speaks (since version 2). */
+  version: count.optional(),
 });
 
 const agentErrorSchema = z.object({

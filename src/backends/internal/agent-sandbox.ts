@@ -16,6 +16,7 @@ import type {
   ExecStream,
   HibernateReport,
   LayerImage,
+  ListDirOptions,
   ReadFileOptions,
   SandboxCheckpoint,
   SandboxResources,
@@ -31,7 +32,7 @@ import type { AgentChannel } from './agent-channel.ts';
 import type { AgentExit } from './agent-protocol.ts';
 import { checkArgv, checkEnv, checkSandboxPath, throwIfAborted } from './checks.ts';
 import { expiryOf } from './lifetime.ts';
-import { resolveUser, type ResolvedUser } from './users.ts';
+import { isRootUser, resolveUser, type ResolvedUser } from './users.ts';
 
 /**
  * How long a file call (read, write, list) may take when the caller sets no deadline. The agent
@@ -39,6 +40,9 @@ import { resolveUser, type ResolvedUser } from './users.ts';
  * the backstop behind the agent's own refusal to wait on what a sandbox planted.
  */
 const DEFAULT_FILE_CALL_TIMEOUT_MS = 60_000;
+
+/** The first agent protocol whose file calls and commands take a user (agent/agent.c). */
+const USER_PROTOCOL_VERSION = 2;
 
 /** How long a failed request waits to learn why the agent died. */
 const EXIT_EXPLANATION_MS = 2_000;
@@ -211,7 +215,7 @@ export abstract class AgentSandbox implements BackendSandbox {
     if (options.cwd !== undefined) checkSandboxPath(options.cwd);
     await this.ready('run a command', options.signal);
     const stdin = typeof options.stdin === 'string' ? Buffer.from(options.stdin) : options.stdin;
-    const user = options.user && options.user !== 'root' ? await this.lookUpUser(options.user) : undefined;
+    const user = await this.actingAs(options.user);
     // the spec's environment travels with every command: a warm sandbox's agent started without it
     const env = {
       ...this.spec.env,
@@ -223,8 +227,7 @@ export abstract class AgentSandbox implements BackendSandbox {
       {
         op: 'exec',
         argv,
-        uid: user?.uid,
-        gid: user?.gid,
+        ...credentialsOf(user),
         env: Object.entries(env).map(([key, value]) => `${key}=${value}`),
         cwd: options.cwd ?? this.spec.workdir,
         stdin: stdin && stdin.length > 0 ? stdin : undefined,
@@ -247,13 +250,27 @@ export abstract class AgentSandbox implements BackendSandbox {
     }
   }
 
-  private async lookUpUser(spec: string): Promise<ResolvedUser> {
+  /**
+   * Who a call acts as: `user` resolved against the sandbox's own /etc/passwd and /etc/group
+   * (read as root, at the time of the call, as `docker exec --user` does), or undefined for root.
+   * The agent must be one that takes a user on every call: an older one would do a file call as
+   * root.
+   */
+  private async actingAs(user: string | undefined): Promise<ResolvedUser | undefined> {
+    if (isRootUser(user)) return undefined;
+    if (this.channel.agentVersion < USER_PROTOCOL_VERSION) {
+      throw new SandgymError(
+        'failed_precondition',
+        `Sandbox ${this.id} runs an agent of protocol ${this.channel.agentVersion}, which cannot act as user "${user}": make a new sandbox`,
+      );
+    }
     const read = (path: string): Promise<string> =>
       this.channel.call({ op: 'read', path, maxBytes: 1 << 20 }, fileCallOptions({})).then(
         (reply) => Buffer.from(reply.data ?? new Uint8Array()).toString(),
         () => '',
       );
-    return resolveUser(spec, await read('/etc/passwd'), await read('/etc/group'));
+    const [passwd, group] = await Promise.all([read('/etc/passwd'), read('/etc/group')]);
+    return resolveUser(user, passwd, group);
   }
 
   private async describeExit(ended: AgentExit): Promise<Omit<ExecResult, 'stdout' | 'stderr'>> {
@@ -279,9 +296,10 @@ export abstract class AgentSandbox implements BackendSandbox {
   async readFile(path: string, options: ReadFileOptions = {}): Promise<Buffer> {
     checkSandboxPath(path);
     await this.ready('read a file', options.signal);
+    const user = await this.actingAs(options.user);
     const reply = await this.explained(
       this.channel.call(
-        { op: 'read', path, maxBytes: options.maxBytes ?? 64 * 1024 * 1024 },
+        { op: 'read', path, maxBytes: options.maxBytes ?? 64 * 1024 * 1024, ...credentialsOf(user) },
         fileCallOptions(options),
       ),
     );
@@ -292,18 +310,22 @@ export abstract class AgentSandbox implements BackendSandbox {
     checkSandboxPath(path);
     await this.ready('write a file', options.signal);
     const bytes = typeof data === 'string' ? Buffer.from(data) : data;
+    const user = await this.actingAs(options.user);
     await this.explained(
       this.channel.call(
-        { op: 'write', path, data: bytes, mode: options.mode ?? 0o644 },
+        { op: 'write', path, data: bytes, mode: options.mode ?? 0o644, ...credentialsOf(user) },
         fileCallOptions(options),
       ),
     );
   }
 
-  async listDir(path: string, options: CallOptions = {}): Promise<DirEntry[]> {
+  async listDir(path: string, options: ListDirOptions = {}): Promise<DirEntry[]> {
     checkSandboxPath(path);
     await this.ready('list a directory', options.signal);
-    const reply = await this.explained(this.channel.call({ op: 'list', path }, fileCallOptions(options)));
+    const user = await this.actingAs(options.user);
+    const reply = await this.explained(
+      this.channel.call({ op: 'list', path, ...credentialsOf(user) }, fileCallOptions(options)),
+    );
     return (reply.entries ?? []).sort((a, b) => a.name.localeCompare(b.name));
   }
 
@@ -345,6 +367,11 @@ export abstract class AgentSandbox implements BackendSandbox {
   [Symbol.asyncDispose](): Promise<void> {
     return this.close();
   }
+}
+
+/** What a request carries of its user: nothing for root, so the agent keeps its own credentials. */
+function credentialsOf(user: ResolvedUser | undefined): { uid?: number; gid?: number; groups?: number[] } {
+  return user ? { uid: user.uid, gid: user.gid, groups: user.groups } : {};
 }
 
 /** A file call's cancellation, with the default deadline when the caller gave none. */

@@ -112,10 +112,7 @@ export async function startFromSnapshot(
     if (inFlight) vm.channel.adoptInFlight(inFlight);
     await vm.qmp.execute('cont');
     await vm.channel.sync(syncTimeoutMs);
-    await vm.channel.call(
-      { op: 'restored', timeMs: Date.now(), data: randomBytes(64) },
-      { timeoutMs: syncTimeoutMs },
-    );
+    await vm.channel.restored({ kernel: true, timeoutMs: syncTimeoutMs });
     return { vm, launch: full };
   } catch (error) {
     await vm.kill();

@@ -179,7 +179,7 @@ export class VmSandbox extends AgentSandbox {
   /** A checkpoint, then its QEMU ended: all of its memory goes back to the host until a request resumes it. */
   async hibernate(options: CallOptions = {}): Promise<HibernateReport> {
     throwIfAborted(options.signal, 'Hibernate');
-    if (this.currentState === 'hibernated') return { freedBytes: 0 };
+    if (this.currentState === 'hibernated') return { state: 'hibernated', freedBytes: 0, residentBytes: 0 };
     if (this.currentState !== 'paused') await this.ready('hibernate', undefined);
     const before = await this.stats();
     const wasRunning = this.currentState === 'running';
@@ -194,7 +194,8 @@ export class VmSandbox extends AgentSandbox {
       this.replacing = false;
     }
     this.currentState = 'hibernated';
-    return { freedBytes: before.memoryBytes };
+    // its QEMU is gone: nothing of it stays in the node's memory
+    return { state: 'hibernated', freedBytes: before.memoryBytes, residentBytes: 0 };
   }
 
   async stats(options: CallOptions = {}): Promise<SandboxStats> {

@@ -13,25 +13,30 @@ import { openPlatform } from './cluster.ts';
 const absolutePath = z.string().describe('An absolute path in the sandbox');
 
 /**
- * `sandgym mcp [--environment ENV | --sandbox ID]`: one sandbox's actions as MCP tools over stdio,
- * for an MCP client (an IDE, an agent framework). Each tool call is an env step: run where the
- * sandbox runs, audited, and kept in its trajectory log. A sandbox it created is destroyed when
- * the client goes away; one it attached to (`--sandbox`) is left as it was found.
+ * `sandgym mcp [--environment ENV | --sandbox ID] [--user USER]`: one sandbox's actions as MCP
+ * tools over stdio, for an MCP client (an IDE, an agent framework). Each tool call is an env step:
+ * run where the sandbox runs, as USER (default the environment's USER), audited, and kept in its
+ * trajectory log. A sandbox it created is destroyed when the client goes away; one it attached to
+ * (`--sandbox`) is left as it was found.
  */
 export async function mcpCommand(args: string[]): Promise<number> {
   const parsed = parseCommandArgs('mcp', args, {
     environment: { type: 'string' },
     sandbox: { type: 'string' },
+    user: { type: 'string' },
   });
   await using platform = await openPlatform();
   const attachTo = text(parsed, 'sandbox');
+  const user = text(parsed, 'user');
+  const as = user === undefined ? {} : { user };
   let env: SandboxEnv;
   if (attachTo) {
     const sandbox = await platform.attachSandbox(attachTo);
-    env = await SandboxEnv.attach(platform, sandbox, `mcp-${Date.now().toString(36)}`);
+    env = await SandboxEnv.attach(platform, sandbox, `mcp-${Date.now().toString(36)}`, as);
   } else {
     env = SandboxEnv.create(platform, {
       sandbox: { environment: text(parsed, 'environment') ?? DEFAULT_ENVIRONMENT },
+      ...as,
     });
     await env.reset();
   }

@@ -7,6 +7,9 @@ import { composeServices } from './compose.ts';
 import { readTaskFile } from './task-file.ts';
 import { PUBLIC_NETWORK, type NetworkPolicy, type Task } from './task.ts';
 
+/** Where Harbor puts a task's solution folder for its oracle (and where tasks may ask for answers). */
+export const HARBOR_SOLUTION_DIR = '/solution';
+
 /** task.toml of a Harbor / Terminal-Bench 2 task; every section is optional. */
 const envTable = z
   .record(z.string().regex(ENV_VAR_NAME, 'env names are letters, digits and _'), z.string())
@@ -122,7 +125,7 @@ export async function loadHarborTask(path: string): Promise<Task> {
     verifierTimeoutMs: toml.verifier.timeout_sec * 1000,
     buildTimeoutMs: toml.environment.build_timeout_sec * 1000,
     network: harborNetwork(toml),
-    hiddenPaths: ['/tests', '/solution'],
+    hiddenPaths: ['/tests', HARBOR_SOLUTION_DIR],
     oracle: existsSync(join(solution, 'solve.sh'))
       ? { kind: 'script', dir: solution, env: toml.solution.env }
       : undefined,

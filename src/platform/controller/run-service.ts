@@ -62,6 +62,7 @@ export function runService(watcher: NodeWatcher, shared: RunLedger | undefined) 
         resumed: reports.flatMap((r) => r.resumed),
         busy: reports.flatMap((r) => r.busy),
         freedBytes: reports.reduce((sum, r) => sum + r.freedBytes, 0),
+        keptMemory: reports.flatMap((r) => r.keptMemory),
       };
     },
     EndRun: async (request, call) => {

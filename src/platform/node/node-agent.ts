@@ -341,21 +341,26 @@ export class NodeAgent {
         const { sandboxId, argv, options } = execArguments(request, call);
         return this.sandboxOf(sandboxId, call).exec(argv, options);
       },
-      ReadFile: async ({ sandboxId, path, maxBytes }, call) => ({
+      ReadFile: async ({ sandboxId, path, maxBytes, user }, call) => ({
         data: await this.sandboxOf(sandboxId, call).readFile(path, {
           signal: call.signal,
           ...(maxBytes === undefined ? {} : { maxBytes }),
+          ...(user === undefined ? {} : { user }),
         }),
       }),
-      WriteFile: async ({ sandboxId, path, data, mode }, call) => {
+      WriteFile: async ({ sandboxId, path, data, mode, user }, call) => {
         await this.sandboxOf(sandboxId, call).writeFile(path, data, {
           signal: call.signal,
           ...(mode === undefined ? {} : { mode }),
+          ...(user === undefined ? {} : { user }),
         });
         return {};
       },
-      ListDir: async ({ sandboxId, path }, call) => ({
-        entries: await this.sandboxOf(sandboxId, call).listDir(path, { signal: call.signal }),
+      ListDir: async ({ sandboxId, path, user }, call) => ({
+        entries: await this.sandboxOf(sandboxId, call).listDir(path, {
+          signal: call.signal,
+          ...(user === undefined ? {} : { user }),
+        }),
       }),
       Pause: async ({ sandboxId }, call) => {
         await this.sandboxOf(sandboxId, call).pause({ signal: call.signal });

@@ -1,4 +1,5 @@
 import { isSandgymError, messageOf, type FailureReason } from '../../common/index.ts';
+import { isRootUser } from '../../backends/index.ts';
 import type { Sandbox } from '../sandbox.ts';
 import type { SandboxAction, SandboxObservation } from './actions.ts';
 import { inSession } from './shell-session.ts';
@@ -26,9 +27,27 @@ function done(observation: SandboxObservation, terminated = false): StepRecordRe
   return { observation, reward: 0, terminated, truncated: false, outcome: { kind: 'ok' }, info: {} };
 }
 
+/** What an action may do in a sandbox: every call as one user. */
+type ActingSandbox = Pick<Sandbox, 'exec' | 'readFile' | 'writeFile' | 'listDir'>;
+
 /**
- * Runs one action in a sandbox. What the agent did wrong is an observation; what the platform
- * did wrong is a typed `infra_failure`. A lost node is thrown: there is no result to record.
+ * The sandbox as the step's user sees it: each call carries the user, whatever its options, so
+ * no action can do anything as root by leaving the user out. Absent: root.
+ */
+function actingAs(sandbox: Sandbox, user: string | undefined): ActingSandbox {
+  if (isRootUser(user)) return sandbox;
+  return {
+    exec: (argv, options) => sandbox.exec(argv, { ...options, user }),
+    readFile: (path, options) => sandbox.readFile(path, { ...options, user }),
+    writeFile: (path, data, options) => sandbox.writeFile(path, data, { ...options, user }),
+    listDir: (path, options) => sandbox.listDir(path, { ...options, user }),
+  };
+}
+
+/**
+ * Runs one action in a sandbox, as the step's user. What the agent did wrong is an observation;
+ * what the platform did wrong is a typed `infra_failure`. A lost node is thrown: there is no
+ * result to record.
  */
 export async function runAction(
   sandbox: Sandbox,
@@ -36,52 +55,7 @@ export async function runAction(
   options: StepOptions,
 ): Promise<StepRecordResult> {
   try {
-    switch (action.type) {
-      case 'exec': {
-        const session = action.session ? inSession(action.session, action.command, action.cwd) : undefined;
-        const argv =
-          session?.argv ??
-          (typeof action.command === 'string' ? ['/bin/sh', '-c', action.command] : action.command);
-        const env = { ...action.env, ...session?.env };
-        const r = await sandbox.exec(argv, {
-          ...(options.user ? { user: options.user } : {}),
-          ...(action.cwd && !session ? { cwd: action.cwd } : {}),
-          ...(Object.keys(env).length ? { env } : {}),
-          ...commandTimeout(action.timeoutMs, options.commandTimeoutCapMs),
-        });
-        return done({
-          type: 'exec',
-          stdout: r.stdout,
-          stderr: r.stderr,
-          exitCode: r.exitCode,
-          signal: r.signal,
-          timedOut: r.timedOut,
-          oomKilled: r.oomKilled,
-          stdoutTruncated: r.stdoutTruncated,
-          stderrTruncated: r.stderrTruncated,
-          durationMs: r.durationMs,
-        });
-      }
-      case 'write_file':
-        await sandbox.writeFile(action.path, action.content);
-        return done({ type: 'written', path: action.path });
-      case 'read_file':
-        return done({
-          type: 'file',
-          path: action.path,
-          content: (await sandbox.readFile(action.path)).toString(),
-        });
-      case 'list_dir': {
-        const entries = await sandbox.listDir(action.path);
-        return done({
-          type: 'dir',
-          path: action.path,
-          entries: entries.map(({ name, type, size }) => ({ name, type, size })),
-        });
-      }
-      case 'submit':
-        return done({ type: 'submitted' }, true);
-    }
+    return await act(actingAs(sandbox, options.user), action, options);
   } catch (error) {
     if (isSandgymError(error, 'node_lost')) throw error;
     if (isSandgymError(error, 'oom') || (isSandgymError(error) && sandbox.failure === 'oom')) {
@@ -99,5 +73,58 @@ export async function runAction(
     }
     if (isSandgymError(error)) return done({ type: 'error', code: error.code, message: error.message });
     throw error;
+  }
+}
+
+/** The action itself, through the acting view only: it has no way to reach the sandbox as root. */
+async function act(
+  sandbox: ActingSandbox,
+  action: SandboxAction,
+  options: StepOptions,
+): Promise<StepRecordResult> {
+  switch (action.type) {
+    case 'exec': {
+      const session = action.session ? inSession(action.session, action.command, action.cwd) : undefined;
+      const argv =
+        session?.argv ??
+        (typeof action.command === 'string' ? ['/bin/sh', '-c', action.command] : action.command);
+      const env = { ...action.env, ...session?.env };
+      const r = await sandbox.exec(argv, {
+        ...(action.cwd && !session ? { cwd: action.cwd } : {}),
+        ...(Object.keys(env).length ? { env } : {}),
+        ...commandTimeout(action.timeoutMs, options.commandTimeoutCapMs),
+      });
+      return done({
+        type: 'exec',
+        stdout: r.stdout,
+        stderr: r.stderr,
+        exitCode: r.exitCode,
+        signal: r.signal,
+        timedOut: r.timedOut,
+        oomKilled: r.oomKilled,
+        stdoutTruncated: r.stdoutTruncated,
+        stderrTruncated: r.stderrTruncated,
+        durationMs: r.durationMs,
+      });
+    }
+    case 'write_file':
+      await sandbox.writeFile(action.path, action.content);
+      return done({ type: 'written', path: action.path });
+    case 'read_file':
+      return done({
+        type: 'file',
+        path: action.path,
+        content: (await sandbox.readFile(action.path)).toString(),
+      });
+    case 'list_dir': {
+      const entries = await sandbox.listDir(action.path);
+      return done({
+        type: 'dir',
+        path: action.path,
+        entries: entries.map(({ name, type, size }) => ({ name, type, size })),
+      });
+    }
+    case 'submit':
+      return done({ type: 'submitted' }, true);
   }
 }

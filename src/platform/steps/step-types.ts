@@ -18,7 +18,10 @@ export type StepAudit = StepSignals | { error: string };
 
 /** How a step runs: not part of its action, so a retried step with other options still matches its log. */
 export interface StepOptions {
-  /** Who `exec` actions run as ("name", "uid", "name:group"); default root. */
+  /**
+   * Who every action runs as ("name", "uid", "name:group", "uid:gid"): commands and file calls
+   * alike, with that user's rights and groups; default root.
+   */
   user?: string;
   /** Absolute paths whose changes the step reports in its signals' `protectedChanges`. */
   protectedPaths?: readonly string[];

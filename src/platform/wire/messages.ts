@@ -52,6 +52,9 @@ export const sandboxInfo = z.object({
 });
 export type SandboxInfo = z.infer<typeof sandboxInfo>;
 
+/** Who a call acts as in the sandbox ("name", "uid", "name:group", "uid:gid"); absent: root. */
+const user = notAnId(textWithoutNul().max(64)).optional();
+
 export const execRequest = z.strictObject({
   sandboxId: sandboxIdField,
   argv: z
@@ -59,7 +62,7 @@ export const execRequest = z.strictObject({
     .min(1, 'argv needs a program')
     .max(4096),
   cwd: absolutePath.optional(),
-  user: notAnId(textWithoutNul().max(64)).optional(),
+  user,
   env: notAnId(z.record(textWithoutNul().min(1).max(256), textWithoutNul().max(128 * 1024))).optional(),
   stdin: bytes.optional(),
   outputCapBytes: z
@@ -103,6 +106,7 @@ export type ExecEvent = z.infer<typeof execEvent>;
 export const readFileRequest = z.strictObject({
   sandboxId: sandboxIdField,
   path: absolutePath,
+  user,
   maxBytes: z
     .number()
     .int()
@@ -115,11 +119,12 @@ export const fileData = z.object({ data: bytes });
 export const writeFileRequest = z.strictObject({
   sandboxId: sandboxIdField,
   path: absolutePath,
+  user,
   data: bytes.refine((value) => value.byteLength <= 64 * 1024 * 1024, 'files are at most 64 MiB per call'),
   mode: z.number().int().min(0).max(0o7777).optional(),
 });
 
-export const listDirRequest = z.strictObject({ sandboxId: sandboxIdField, path: absolutePath });
+export const listDirRequest = z.strictObject({ sandboxId: sandboxIdField, path: absolutePath, user });
 export const dirEntries = z.object({
   entries: z.array(
     z.object({
@@ -132,7 +137,10 @@ export const dirEntries = z.object({
 });
 
 export const hibernateReport = z.object({
+  state: z.enum(['hibernated', 'paused']),
   freedBytes: count,
+  residentBytes: count,
+  reason: z.string().optional(),
   swappedBytes: count.default(0),
   imageBytes: count.optional(),
 });
@@ -192,6 +200,8 @@ export const phaseReport = z.object({
   /** Sandboxes left running because a request was in flight. */
   busy: z.array(z.string()),
   freedBytes: count,
+  /** Of `paused` at `preempted`: sandboxes whose hibernation could not free their memory, and why. */
+  keptMemory: z.array(z.object({ sandboxId: z.string(), reason: z.string() })).default([]),
 });
 export const endRunReport = z.object({ destroyed: z.array(z.string()) });
 
@@ -297,7 +307,7 @@ export const stepRequest = z.strictObject({
   action: notAnId(z.unknown()),
   options: z
     .strictObject({
-      user: notAnId(textWithoutNul().max(64)).optional(),
+      user,
       protectedPaths: z.array(absolutePath).max(256).optional(),
       commandTimeoutCapMs: z.number().int().positive().optional(),
     })

@@ -1,0 +1,486 @@
+import { cp, mkdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { join, resolve } from 'node:path';
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { packageRoot } from '../../src/backends/index.ts';
+import {
+  SandboxEnv,
+  TaskEnv,
+  loadHarborTask,
+  type SandboxAction,
+  type SandboxObservation,
+} from '../../src/env/index.ts';
+import type { Environment as GymEnvironment } from '../../src/env/environment.ts';
+import { Platform, type Sandbox } from '../../src/platform/index.ts';
+import { ENVS, WireClient } from '../../src/platform/wire/index.ts';
+import { expectCode } from '../support/errors.ts';
+import {
+  IN_PROCESS_NODE_TOKEN,
+  startInProcessCluster,
+  type InProcessCluster,
+} from '../support/in-process-cluster.ts';
+import { STORE_DIR, TEST_DATA_ROOT, createTestPlatform, type TestPlatform } from '../support/platform.ts';
+import { attack } from './summary.ts';
+
+const TASK = resolve('test/hostile/tasks/agent-user');
+const CLI = join(packageRoot(), 'dist', 'src', 'cli', 'main.js');
+
+/** What an observation of a step is, for the checks below. */
+type Observed = SandboxObservation | { type: 'task'; instruction: string; sandboxId: string };
+
+/**
+ * A task whose agent runs as `app` (uid 1000, in `crew` through /etc/group), with root's secrets
+ * planted around it (see tasks/agent-user). Whatever door the agent uses, it acts as app: never
+ * with root's powers, and with exactly the groups the files give it.
+ */
+describe('task users under attack', () => {
+  let env: TestPlatform;
+  let task: TaskEnv;
+  /** The agent's sandbox, for the platform's own (root) look at what the agent did. */
+  let sandbox: Sandbox;
+  /** The task's built environment (`USER` root; the task names its agent user). */
+  let environment: string;
+  let passwdBefore: string;
+  let groupBefore: string;
+
+  beforeAll(async () => {
+    env = await createTestPlatform('hostile-task-users');
+    task = TaskEnv.create(env.platform, await loadHarborTask(TASK));
+    await task.reset();
+    sandbox = task.sandbox!;
+    environment = sandbox.labels['environment']!;
+    passwdBefore = await asRoot('cat /etc/passwd');
+    groupBefore = await asRoot('cat /etc/group');
+  });
+
+  afterAll(async () => {
+    await task?.close();
+    await env?.[Symbol.asyncDispose]();
+  });
+
+  /** A command as root: the platform's view, not the agent's. */
+  async function asRoot(command: string): Promise<string> {
+    const result = await sandbox.exec(['sh', '-c', command]);
+    expect(result.exitCode, result.stderr).toBe(0);
+    return result.stdout;
+  }
+
+  async function observe(
+    gym: GymEnvironment<SandboxAction, Observed>,
+    action: SandboxAction,
+  ): Promise<Observed> {
+    const { observation, outcome } = await gym.step(action);
+    expect(outcome).toEqual({ kind: 'ok' });
+    return observation;
+  }
+
+  /** Steps `action` and expects the kernel's refusal, whatever the door. */
+  async function refused(
+    gym: GymEnvironment<SandboxAction, Observed>,
+    action: SandboxAction,
+    code = 'permission_denied',
+  ): Promise<void> {
+    const observation = await observe(gym, action);
+    expect(observation, JSON.stringify(action)).toMatchObject({ type: 'error', code });
+  }
+
+  async function shell(gym: GymEnvironment<SandboxAction, Observed>, command: string, session?: string) {
+    const observation = await observe(gym, { type: 'exec', command, ...(session ? { session } : {}) });
+    if (observation.type !== 'exec') throw new Error(`not an exec: ${JSON.stringify(observation)}`);
+    return observation;
+  }
+
+  async function rootFilesUntouched(): Promise<void> {
+    expect(await asRoot('cat /etc/passwd')).toBe(passwdBefore);
+    expect(await asRoot('cat /etc/group')).toBe(groupBefore);
+    expect(await asRoot('ls -A /etc/sudoers.d; ls -A /root')).toBe('secret\n');
+    // no temp file of a refused write is left anywhere
+    expect(await asRoot("find / -xdev -name '.sandgym-write-*' 2>/dev/null")).toBe('');
+  }
+
+  it('refuses the agent root-only files', () =>
+    attack('users', 'read_file of /etc/shadow, 0600 and 0700 root files', async () => {
+      for (const path of ['/etc/shadow', '/root/secret', '/srv/vault/inside', '/home/app/../../root/secret'])
+        await refused(
+          task,
+          { type: 'read_file', path },
+          path.includes('..') ? 'invalid_argument' : undefined,
+        );
+    }));
+
+  it('refuses writes of root-owned files and into root-owned folders', () =>
+    attack('users', 'write_file of /etc/passwd, /etc/group, /etc/sudoers.d, /root', async () => {
+      for (const path of [
+        '/etc/passwd',
+        '/etc/group',
+        '/etc/sudoers.d/app',
+        '/root/.profile',
+        '/root/secret',
+      ])
+        await refused(task, { type: 'write_file', path, content: 'app:x:0:0::/root:/bin/sh\n' });
+      await rootFilesUntouched();
+      expect((await shell(task, 'id -u')).stdout).toBe('1000\n');
+    }));
+
+  it('makes no parent folder under a root-owned one', () =>
+    attack('users', 'write_file creating parents under root folders', async () => {
+      for (const path of ['/etc/cron.d/x/job', '/opt/new/deep/file', '/usr/local/bin/sub/tool', '/root/a/b'])
+        await refused(task, { type: 'write_file', path, content: 'x' });
+      expect(await asRoot('ls -d /etc/cron.d /opt/new /usr/local/bin/sub /root/a 2>/dev/null; true')).toBe(
+        '',
+      );
+    }));
+
+  it('refuses listings of 0700 root folders', () =>
+    attack('users', 'list_dir of 0700 root folders', async () => {
+      for (const path of ['/root', '/srv/vault']) await refused(task, { type: 'list_dir', path });
+    }));
+
+  it('follows its own symlinks with its own rights only', () =>
+    attack('users', 'symlinks into root files and folders', async () => {
+      const made = await shell(
+        task,
+        'ln -s /root /home/app/r && ln -s /etc /home/app/e && ln -s /root/secret /home/app/s && ln -s /srv/vault /srv/work/v',
+      );
+      expect(made.exitCode, made.stderr).toBe(0);
+      for (const path of ['/home/app/r/secret', '/home/app/s', '/srv/work/v/inside']) {
+        const observation = await observe(task, { type: 'read_file', path });
+        expect(observation, path).toMatchObject({ type: 'error' });
+      }
+      for (const path of ['/home/app/r', '/srv/work/v']) await refused(task, { type: 'list_dir', path });
+      for (const path of ['/home/app/e/passwd', '/home/app/e/sudoers.d/app', '/home/app/r/x/y'])
+        await refused(task, { type: 'write_file', path, content: 'x' });
+      await rootFilesUntouched();
+    }));
+
+  it('refuses paths through /proc magic links', () =>
+    attack('users', 'paths through /proc/self/root and /proc/1/root', async () => {
+      for (const path of ['/proc/self/root/root/secret', '/proc/1/root/etc/shadow']) {
+        expect(await observe(task, { type: 'read_file', path }), path).toMatchObject({ type: 'error' });
+      }
+      expect(await observe(task, { type: 'list_dir', path: '/proc/1/root/root' })).toMatchObject({
+        type: 'error',
+      });
+      const written = await observe(task, {
+        type: 'write_file',
+        path: '/proc/self/root/etc/passwd',
+        content: 'x',
+      });
+      expect(written).toMatchObject({ type: 'error' });
+      await rootFilesUntouched();
+    }));
+
+  it('makes every file the agent writes its own, setuid bits included', () =>
+    attack('users', 'setuid modes and root-owned files through write_file', async () => {
+      await observe(task, { type: 'write_file', path: '/home/app/made', content: 'x' });
+      expect(await asRoot('stat -c %u:%g /home/app/made')).toBe('1000:1000\n');
+      // the client's write_file (the wire's, the Python client's) with a setuid mode, as the user
+      await sandbox.writeFile('/srv/work/tool', '#!/bin/sh\nid -u\n', { user: 'app', mode: 0o4755 });
+      expect(await asRoot('stat -c %u:%a /srv/work/tool')).toBe('1000:4755\n');
+      await expectCode(
+        sandbox.writeFile('/usr/local/bin/tool', 'x', { user: 'app', mode: 0o4755 }),
+        'permission_denied',
+      );
+      await expectCode(sandbox.readFile('/root/secret', { user: 'app' }), 'permission_denied');
+      await expectCode(sandbox.listDir('/root', { user: 'app' }), 'permission_denied');
+      expect(await asRoot('find / -xdev -user 0 -perm -4000 2>/dev/null')).toBe('');
+    }));
+
+  it('replaces only what POSIX lets the user replace', () =>
+    attack('users', 'replacing root files by temp file and rename', async () => {
+      // sticky /tmp: a root file there is root's; a world-writable root file in a root folder
+      // cannot be replaced either (write_file renames a temp file over it)
+      await refused(task, { type: 'write_file', path: '/tmp/root-file', content: 'x' });
+      await refused(task, { type: 'write_file', path: '/etc/motd', content: 'x' });
+      expect(await asRoot('cat /tmp/root-file /etc/motd')).toBe('root-made\nwelcome\n');
+      // a folder anyone may write: the root file is replaced, by a file of the user's
+      await observe(task, { type: 'write_file', path: '/srv/drop/root-file', content: 'mine' });
+      expect(await asRoot('stat -c %u /srv/drop/root-file; cat /srv/drop/root-file')).toBe('1000\nmine');
+      await rootFilesUntouched();
+    }));
+
+  it('runs numeric users and users missing from /etc/passwd as exactly that uid', () =>
+    attack('users', 'numeric users, and users with no /etc/passwd entry', async () => {
+      const cases = [
+        // a uid with an entry gets its name's groups; naming the group leaves them out, as Docker does
+        { user: '1000', id: '1000 1000 1000 1500' },
+        { user: '1000:1000', id: '1000 1000 1000' },
+        { user: 'app:crew', id: '1000 1500 1500' },
+        { user: '4242', id: '4242 4242 4242' },
+      ];
+      for (const { user, id } of cases) {
+        await using gym = SandboxEnv.create(env.platform, { sandbox: { environment }, user });
+        await gym.reset();
+        const ids = await shell(gym, 'echo $(id -u) $(id -g) $(id -G)');
+        expect(ids.stdout, user).toBe(`${id}\n`);
+        for (const path of ['/root/secret', '/etc/shadow', '/home/app/private'].slice(
+          0,
+          user === '4242' ? 3 : 2,
+        ))
+          await refused(gym, { type: 'read_file', path });
+        await refused(gym, { type: 'write_file', path: '/etc/passwd', content: 'x' });
+        await refused(gym, { type: 'list_dir', path: '/root' });
+      }
+      await using ghost = SandboxEnv.create(env.platform, { sandbox: { environment }, user: 'ghost' });
+      await ghost.reset();
+      for (const action of [
+        { type: 'read_file', path: '/etc/hosts' },
+        { type: 'exec', command: 'id' },
+      ] as const) {
+        const observation = await observe(ghost, action);
+        expect(observation).toMatchObject({ type: 'error', code: 'invalid_argument' });
+        expect((observation as { message: string }).message).toMatch(/ghost.*\/etc\/passwd/);
+      }
+    }));
+
+  it('gives the agent no group it was not given', () =>
+    attack('users', 'joining wheel by editing /etc/group', async () => {
+      await refused(task, {
+        type: 'write_file',
+        path: '/etc/group',
+        content: `${groupBefore}wheel:x:10:app\n`,
+      });
+      const appended = await shell(task, "echo 'wheel:x:10:app' >> /etc/group");
+      expect(appended.exitCode).not.toBe(0);
+      expect((await shell(task, 'id -G')).stdout).toBe('1000 1500\n');
+      await refused(task, { type: 'read_file', path: '/srv/wheel/notes' });
+      expect((await shell(task, 'cat /srv/wheel/notes')).exitCode).not.toBe(0);
+      await rootFilesUntouched();
+    }));
+
+  it('runs shell sessions as the user, with its groups', () =>
+    attack('users', 'shell sessions', async () => {
+      const first = await shell(task, 'cd /srv/crew && export MARK=1', 'main');
+      expect(first.exitCode, first.stderr).toBe(0);
+      const next = await shell(task, 'echo $(id -u) $(id -G) $MARK $(pwd); cat /root/secret', 'main');
+      expect(next.stdout).toBe('1000 1000 1500 1 /srv/crew\n');
+      expect(next.exitCode).not.toBe(0);
+    }));
+
+  it('holds the same line in FnCall sandboxes', () =>
+    attack('users', 'FnCall with a user', async () => {
+      await using gym = SandboxEnv.create(env.platform, {
+        sandbox: { environment, backend: 'fncall' },
+        user: 'app',
+      });
+      await gym.reset();
+      await refused(gym, { type: 'read_file', path: '/root/secret' });
+      await refused(gym, { type: 'list_dir', path: '/root' });
+      await refused(gym, { type: 'write_file', path: '/etc/passwd', content: 'app::0:0::/:/bin/sh\n' });
+      await refused(gym, { type: 'write_file', path: '/etc/sudoers.d/app', content: 'app ALL=(ALL) ALL\n' });
+      // refused writes are not kept for later calls; the user's own are, and are its own
+      await observe(gym, { type: 'write_file', path: '/home/app/kept.txt', content: 'kept' });
+      const seen = await shell(
+        gym,
+        'echo $(id -u) $(id -G); cat /etc/passwd | grep -c ^app:; stat -c %u /home/app/kept.txt',
+      );
+      expect(seen.stdout).toBe('1000 1000 1500\n1\n1000\n');
+      expect(await observe(gym, { type: 'read_file', path: '/srv/crew/notes.txt' })).toMatchObject({
+        type: 'file',
+        content: 'crew-notes\n',
+      });
+    }));
+
+  it("runs as the image's USER when the task names no user", () =>
+    attack('users', "the image's USER", async () => {
+      const dir = join(env.dataDir, 'image-user-task');
+      await cp(TASK, dir, { recursive: true });
+      const toml = await readFile(join(dir, 'task.toml'), 'utf8');
+      await writeFile(join(dir, 'task.toml'), toml.replace('user = "app"\n', ''));
+      await writeFile(
+        join(dir, 'environment', 'Dockerfile'),
+        `${await readFile(join(TASK, 'environment', 'Dockerfile'), 'utf8')}USER app\n`,
+      );
+      await using imageUser = TaskEnv.create(env.platform, await loadHarborTask(dir));
+      await imageUser.reset();
+      await refused(imageUser, { type: 'read_file', path: '/root/secret' });
+      await refused(imageUser, { type: 'write_file', path: '/etc/passwd', content: 'x' });
+      expect((await shell(imageUser, 'id -u')).stdout).toBe('1000\n');
+      // a plain SandboxEnv of that environment acts as its USER too, unless told otherwise
+      const userEnvironment = imageUser.sandbox!.labels['environment']!;
+      await using plain = SandboxEnv.create(env.platform, { sandbox: { environment: userEnvironment } });
+      await plain.reset();
+      await refused(plain, { type: 'read_file', path: '/root/secret' });
+      expect((await shell(plain, 'id -u')).stdout).toBe('1000\n');
+    }));
+
+  it('holds in an episode another env takes over', () =>
+    attack('users', 'a resumed episode (TaskEnv.attach)', async () => {
+      const loaded = await loadHarborTask(TASK);
+      await using first = TaskEnv.create(env.platform, loaded);
+      await first.reset();
+      // an eval that was killed, resumed by a new env over the sandbox it left
+      await using resumed = TaskEnv.create(env.platform, loaded);
+      await resumed.attach(first.sandbox!, 'resumed-episode', 60_000);
+      await refused(resumed, { type: 'read_file', path: '/root/secret' });
+      await refused(resumed, { type: 'write_file', path: '/etc/passwd', content: 'x' });
+      expect((await shell(resumed, 'id -u')).stdout).toBe('1000\n');
+    }));
+
+  it('holds through MCP tools', () =>
+    attack('users', 'MCP tools with --user', async () => {
+      const client = new Client({ name: 'sandgym-test', version: '1.0.0' });
+      const transport = new StdioClientTransport({
+        command: 'node',
+        args: [CLI, 'mcp', '--environment', environment, '--user', 'app'],
+        env: { ...process.env, SANDGYM_DATA_DIR: env.dataDir },
+        stderr: 'pipe',
+      });
+      await client.connect(transport);
+      try {
+        const call = async (name: string, args: Record<string, unknown>) =>
+          (await client.callTool({ name, arguments: args })) as {
+            content: { text: string }[];
+            isError?: boolean;
+          };
+        for (const [name, args] of [
+          ['read_file', { path: '/root/secret' }],
+          ['list_dir', { path: '/root' }],
+          ['write_file', { path: '/etc/passwd', content: 'x' }],
+        ] as const) {
+          const result = await call(name, args);
+          expect(result.isError, `${name} ${JSON.stringify(result)}`).toBe(true);
+          expect(result.content[0]?.text).toMatch(/permission|denied/i);
+        }
+        expect((await call('exec', { command: 'id -u' })).content[0]?.text).toBe('1000\n[exit code 0]');
+      } finally {
+        await client.close();
+      }
+    }));
+
+  describe('through the wire', () => {
+    const dataDir = join(TEST_DATA_ROOT, `task-users-wire-${process.pid}`);
+    let cluster: InProcessCluster;
+    let envs: WireClient<typeof ENVS>;
+
+    beforeAll(async () => {
+      await mkdir(join(dataDir, 'tasks'), { recursive: true });
+      await cp(TASK, join(dataDir, 'tasks', 'agent-user'), { recursive: true });
+      cluster = await startInProcessCluster({
+        dataDir,
+        storeDir: STORE_DIR,
+        nodeId: 'users',
+        grants: {},
+        envs: { taskRoot: join(dataDir, 'tasks') },
+      });
+      envs = new WireClient(`127.0.0.1:${cluster.node.port}`, ENVS, {
+        token: IN_PROCESS_NODE_TOKEN,
+        metadata: { 'sandgym-project': 'users' },
+      });
+    });
+
+    afterAll(async () => {
+      envs?.close();
+      await cluster?.close();
+      await rm(dataDir, { recursive: true, force: true });
+    });
+
+    it('holds in a served task env (what the Python client steps)', () =>
+      attack('users', 'a served task env', async () => {
+        const { envId } = await envs.call('Make', { spec: { kind: 'task', path: 'agent-user' } });
+        try {
+          await envs.call('Reset', { envId });
+          const step = async (stepIndex: number, action: SandboxAction) =>
+            (await envs.call('Step', { envId, stepIndex, action })).observation;
+          expect(await step(0, { type: 'read_file', path: '/root/secret' })).toMatchObject({
+            type: 'error',
+            code: 'permission_denied',
+          });
+          expect(await step(1, { type: 'write_file', path: '/etc/passwd', content: 'x' })).toMatchObject({
+            type: 'error',
+            code: 'permission_denied',
+          });
+          expect(await step(2, { type: 'exec', command: 'id -G' })).toMatchObject({ stdout: '1000 1500\n' });
+        } finally {
+          await envs.call('Close', { envId });
+        }
+      }));
+
+    it("holds for the wire's file calls with a user (the Python client's handle)", () =>
+      attack('users', 'file calls with a user over the wire', async () => {
+        await using remote = await Platform.connect(`grpc://127.0.0.1:${cluster.node.port}`, {
+          token: IN_PROCESS_NODE_TOKEN,
+        });
+        const far = await remote.createSandbox({ environment });
+        try {
+          await expectCode(far.readFile('/root/secret', { user: 'app' }), 'permission_denied');
+          await expectCode(far.writeFile('/etc/passwd', 'x', { user: 'app' }), 'permission_denied');
+          await expectCode(far.listDir('/root', { user: 'app' }), 'permission_denied');
+          await far.writeFile('/home/app/wire.txt', 'x', { user: 'app', mode: 0o4755 });
+          const owner = await far.exec(['stat', '-c', '%u:%a', '/home/app/wire.txt']);
+          expect(owner.stdout).toBe('1000:4755\n');
+          expect((await far.exec(['id', '-G'], { user: 'app' })).stdout).toBe('1000 1500\n');
+        } finally {
+          await far.close();
+        }
+      }));
+  });
+});
+
+/** The user doing its legitimate work: its own files, world-readable ones, its group's. */
+describe('task users at honest work', () => {
+  let env: TestPlatform;
+  let task: TaskEnv;
+
+  beforeAll(async () => {
+    env = await createTestPlatform('honest-task-users');
+    task = TaskEnv.create(env.platform, await loadHarborTask(TASK));
+    await task.reset();
+  });
+
+  afterAll(async () => {
+    await task?.close();
+    await env?.[Symbol.asyncDispose]();
+  });
+
+  async function observe(action: SandboxAction): Promise<Observed> {
+    const { observation, outcome } = await task.step(action);
+    expect(outcome).toEqual({ kind: 'ok' });
+    return observation;
+  }
+
+  it('writes, reads and lists its own files in its home and WORKDIR', async () => {
+    await observe({ type: 'write_file', path: '/home/app/notes/deep/a.txt', content: 'a' });
+    await observe({ type: 'write_file', path: '/srv/work/out.txt', content: 'done\n' });
+    expect(await observe({ type: 'read_file', path: '/home/app/notes/deep/a.txt' })).toMatchObject({
+      content: 'a',
+    });
+    expect(await observe({ type: 'read_file', path: '/home/app/private' })).toMatchObject({
+      content: 'app-private\n',
+    });
+    const listed = await observe({ type: 'list_dir', path: '/home/app' });
+    expect(listed.type === 'dir' && listed.entries.map((e) => e.name)).toEqual(['notes', 'private']);
+    const seen = await observe({
+      type: 'exec',
+      command: 'pwd; cat out.txt; stat -c %U:%G /home/app/notes /home/app/notes/deep/a.txt out.txt',
+    });
+    expect(seen).toMatchObject({
+      exitCode: 0,
+      stdout: '/srv/work\ndone\napp:app\napp:app\napp:app\n',
+    });
+    const graded = await task.step({ type: 'submit' });
+    expect(graded.reward).toBe(1);
+    await task.reset();
+  });
+
+  it('reads world-readable files', async () => {
+    expect(await observe({ type: 'read_file', path: '/etc/passwd' })).toMatchObject({
+      content: expect.stringContaining('app:x:1000:1000') as unknown,
+    });
+    expect(await observe({ type: 'list_dir', path: '/etc' })).toMatchObject({ type: 'dir' });
+  });
+
+  it('reads and writes its group-owned files through its supplementary group', async () => {
+    expect(await observe({ type: 'read_file', path: '/srv/crew/notes.txt' })).toMatchObject({
+      content: 'crew-notes\n',
+    });
+    expect(await observe({ type: 'exec', command: 'cat /srv/crew/notes.txt' })).toMatchObject({
+      exitCode: 0,
+      stdout: 'crew-notes\n',
+    });
+    await observe({ type: 'write_file', path: '/srv/crew/mine.txt', content: 'shared' });
+    const listed = await observe({ type: 'list_dir', path: '/srv/crew' });
+    expect(listed.type === 'dir' && listed.entries.map((e) => e.name)).toEqual(['mine.txt', 'notes.txt']);
+  });
+});
