@@ -60,7 +60,8 @@ export type { TrajectoryRecord } from './trajectory-log.ts';
 export { lookupStep } from './exactly-once.ts';
 export type { StepKey, StepLog, StepLookup } from './exactly-once.ts';
 export { sandboxActionSchema } from './steps/actions.ts';
-export type { SandboxAction, SandboxObservation } from './steps/actions.ts';
+export type { InvalidAction, SandboxAction, SandboxObservation, StepAction } from './steps/actions.ts';
+export { stepActionOf } from './steps/step-action.ts';
 export type { LimitHit, StepSignals } from './steps/step-signals.ts';
 export type {
   StepAudit,

@@ -1,6 +1,6 @@
 import { isSandgymError, messageOf, type FailureReason } from '../../common/index.ts';
 import type { Sandbox } from '../sandbox.ts';
-import type { SandboxAction, SandboxObservation } from './actions.ts';
+import type { SandboxObservation, StepAction } from './actions.ts';
 import { inSession } from './shell-session.ts';
 import type { StepOptions, StepRecordResult } from './step-types.ts';
 
@@ -27,16 +27,19 @@ function done(observation: SandboxObservation, terminated = false): StepRecordRe
 }
 
 /**
- * Runs one action in a sandbox. What the agent did wrong is an observation; what the platform
- * did wrong is a typed `infra_failure`. A lost node is thrown: there is no result to record.
+ * Runs one action in a sandbox. What the agent did wrong is an observation (an invalid action
+ * too: it runs nothing, and the episode goes on); what the platform did wrong is a typed
+ * `infra_failure`. A lost node is thrown: there is no result to record.
  */
 export async function runAction(
   sandbox: Sandbox,
-  action: SandboxAction,
+  action: StepAction,
   options: StepOptions,
 ): Promise<StepRecordResult> {
   try {
     switch (action.type) {
+      case 'invalid':
+        return done({ type: 'error', code: 'invalid_action', message: action.problem });
       case 'exec': {
         const session = action.session ? inSession(action.session, action.command, action.cwd) : undefined;
         const argv =
