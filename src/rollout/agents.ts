@@ -7,7 +7,7 @@ import type { Agent } from './agent-types.ts';
 import { openAiAgent } from './llm-agent.ts';
 
 export type { Agent, AgentContext, AgentDecision } from './agent-types.ts';
-export { decisionOf } from './agent-types.ts';
+export { AgentError, decisionOf } from './agent-types.ts';
 
 /** Where Harbor puts a task's solution folder for its oracle. */
 const SOLUTION_DIR = '/solution';

@@ -1,5 +1,6 @@
 /** Rollouts and batch evaluation over task environments. */
 export {
+  AgentError,
   BUILT_IN_AGENTS,
   decisionOf,
   modelOfAgent,
