@@ -91,6 +91,7 @@ export type {
   VectorEnvOptions,
 } from './env/index.ts';
 export {
+  AgentError,
   BUILT_IN_AGENTS,
   PREEMPTION_SIGNALS,
   RolloutRunner,

@@ -8,10 +8,35 @@ import { SandgymError } from './errors.ts';
 export function parseAt<T extends z.ZodType>(schema: T, value: unknown, where: string): z.infer<T> {
   const result = schema.safeParse(value);
   if (result.success) return result.data;
-  const problems = result.error.issues
-    .map((issue) => `${issue.path.length ? issue.path.join('.') : '(root)'}: ${issue.message}`)
-    .join('; ');
-  throw new SandgymError('invalid_argument', `Invalid ${where}: ${problems}`);
+  throw new SandgymError('invalid_argument', `Invalid ${where}: ${issuesText(result.error)}`);
+}
+
+/** Issues named in a message, at most; the rest are counted. */
+const MAX_ISSUES_NAMED = 10;
+/** The longest a field path or an issue's message may be in a message. */
+const MAX_ISSUE_CHARS = 300;
+
+/** A field's name as a message shows it: quoted when it is not a plain word (a NUL, a newline, a dot). */
+function pathPart(part: PropertyKey): string {
+  return typeof part === 'string' && !/^[\w$-]+$/.test(part) ? JSON.stringify(part) : String(part);
+}
+
+function clipped(text: string): string {
+  return text.length > MAX_ISSUE_CHARS ? `${text.slice(0, MAX_ISSUE_CHARS)}…` : text;
+}
+
+/**
+ * What is wrong with a value, field by field (`cwd: paths are absolute; env.A: ...`). Bounded
+ * whatever the value: hostile input can have a million bad fields or a megabyte-long key.
+ */
+export function issuesText(error: z.ZodError): string {
+  const named = error.issues.slice(0, MAX_ISSUES_NAMED).map((issue) => {
+    // a record's bad key says why in an issue of its own
+    const why = issue.code === 'invalid_key' ? (issue.issues[0]?.message ?? issue.message) : issue.message;
+    return `${clipped(issue.path.length ? issue.path.map(pathPart).join('.') : '(root)')}: ${clipped(why)}`;
+  });
+  const more = error.issues.length - named.length;
+  return `${named.join('; ')}${more > 0 ? `; and ${more} more` : ''}`;
 }
 
 /**

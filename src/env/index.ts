@@ -8,8 +8,8 @@ export type {
   RestoredInfo,
   SandboxEnvOptions,
 } from './sandbox-env.ts';
-export { sandboxActionSchema } from '../platform/index.ts';
-export type { SandboxAction, SandboxObservation } from '../platform/index.ts';
+export { sandboxActionSchema, stepActionOf } from '../platform/index.ts';
+export type { InvalidAction, SandboxAction, SandboxObservation, StepAction } from '../platform/index.ts';
 export { withStepLimit } from './wrappers.ts';
 export { VectorEnv } from './vector-env.ts';
 export { comparableObservation, replayTrajectory } from './replay.ts';
@@ -26,6 +26,7 @@ export type {
   TaskResetInfo,
   TaskStepInfo,
 } from './task-env.ts';
+export { filesUnder } from './stage-folder.ts';
 export { HARBOR_SOLUTION_DIR, loadHarborTask } from './tasks/harbor.ts';
 export { loadTasks } from './tasks/load-tasks.ts';
 export { parsePytestSummary } from './pytest-summary.ts';

@@ -1,7 +1,6 @@
-import type { PlatformClient, TrajectoryRecord } from '../platform/index.ts';
+import type { PlatformClient, SandboxAction, TrajectoryRecord } from '../platform/index.ts';
 import type { SandboxObservation } from '../platform/index.ts';
 import { SandboxEnv } from './sandbox-env.ts';
-import { sandboxActionSchema } from '../platform/index.ts';
 import type { StepResult } from './environment.ts';
 
 /** What {@link replayTrajectory} found. */
@@ -33,7 +32,8 @@ export async function replayTrajectory(
   await using env = SandboxEnv.create(platform, { sandbox: { environment } });
   await env.reset();
   for (const [index, record] of [...records].sort((a, b) => a.stepIndex - b.stepIndex).entries()) {
-    const step = await env.step(sandboxActionSchema.parse(record.action));
+    // as logged: an action, or an invalid one's record, which replays as the same observation
+    const step = await env.step(record.action as SandboxAction);
     const recorded = (record.result as StepResult<SandboxObservation>).observation;
     if (comparableObservation(step.observation) !== comparableObservation(recorded)) {
       return {

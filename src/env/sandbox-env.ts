@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
-import { SandgymError, faultPoint, isSandgymError, messageOf, parseAt } from '../common/index.ts';
+import { SandgymError, faultPoint, isSandgymError, messageOf } from '../common/index.ts';
 import {
-  sandboxActionSchema,
+  stepActionOf,
   type PlatformClient,
   type Sandbox,
   type SandboxAction,
@@ -157,10 +157,12 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
   /**
    * One step, in one call to the platform, which runs, audits and records it where the sandbox
    * runs (see PlatformClient.step). A step already recorded (this client retrying, or another
-   * client that attached) answers with its record and `info.replayed`.
+   * client that attached) answers with its record and `info.replayed`. Whatever a policy gives
+   * that is not a valid action is a step too: logged, observed as an `invalid_action` error, and
+   * the episode goes on (see stepActionOf).
    */
   async step(action: SandboxAction, options: EnvCallOptions = {}): Promise<StepResult<SandboxObservation>> {
-    const valid = parseAt(sandboxActionSchema, action, 'action');
+    const checked = stepActionOf(action);
     const sandbox = this.sandbox;
     if (!sandbox) throw new SandgymError('failed_precondition', 'Call reset() before step()');
     const stepIndex = this.stepIndex;
@@ -176,7 +178,7 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
     try {
       reply = await this.platform.step(
         sandbox,
-        { episodeId: this.episodeId, stepIndex, action: valid, options: stepOptions },
+        { episodeId: this.episodeId, stepIndex, action: checked, options: stepOptions },
         options.signal ? { signal: options.signal } : {},
       );
     } catch (error) {

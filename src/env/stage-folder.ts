@@ -4,7 +4,7 @@ import type { Sandbox } from '../platform/index.ts';
 import type { Deadline } from './deadline.ts';
 
 /** Every regular file below a host folder, recursively. */
-async function filesUnder(dir: string): Promise<string[]> {
+export async function filesUnder(dir: string): Promise<string[]> {
   const files: string[] = [];
   for (const entry of await readdir(dir, { withFileTypes: true })) {
     const path = join(dir, entry.name);

@@ -16,7 +16,7 @@ import type {
 } from './environment.ts';
 import type { SandboxAction, SandboxObservation } from '../platform/index.ts';
 import { SandboxEnv, type DiskCheckpointRef, type MemoryCheckpointRef } from './sandbox-env.ts';
-import { TaskError, taskStorageStem, type Task } from './tasks/task.ts';
+import { TaskError, checkTaskLimits, taskStorageStem, type Task } from './tasks/task.ts';
 import { HARBOR_SOLUTION_DIR } from './tasks/harbor.ts';
 import { stageFolder } from './stage-folder.ts';
 import { Deadline } from './deadline.ts';
@@ -162,6 +162,8 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
   async prepare(): Promise<LayerEnvironment> {
     if (this.built) return this.built;
     try {
+      // a task built in code gets the loaders' checks: its numbers out of range are its author's
+      checkTaskLimits(this.task);
       return await this.build();
     } catch (error) {
       throw TaskError.fromPreparing(this.task.id, error);

@@ -41,6 +41,7 @@ export type {
 export { LayerStore, ProjectStore, parseEnvironmentRef } from './store/layer-store.ts';
 export type { Environment, EnvironmentInput, LayerManifest } from './store/layer-store.ts';
 export { ensureBaseEnvironments, DEFAULT_ENVIRONMENT, standInFor } from './store/base-environments.ts';
+export { SANDBOX_LIMITS } from './sandbox-request.ts';
 export type { SandboxRequest, ResolvedSandboxRequest } from './sandbox-request.ts';
 export { buildLayerFromTar } from './layer-build/from-archive.ts';
 export type {
@@ -59,7 +60,8 @@ export type { TrajectoryRecord } from './trajectory-log.ts';
 export { lookupStep } from './exactly-once.ts';
 export type { StepKey, StepLog, StepLookup } from './exactly-once.ts';
 export { sandboxActionSchema } from './steps/actions.ts';
-export type { SandboxAction, SandboxObservation } from './steps/actions.ts';
+export type { InvalidAction, SandboxAction, SandboxObservation, StepAction } from './steps/actions.ts';
+export { stepActionOf } from './steps/step-action.ts';
 export type { LimitHit, StepSignals } from './steps/step-signals.ts';
 export type {
   StepAudit,

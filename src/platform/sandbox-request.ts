@@ -3,8 +3,22 @@ import { BACKEND_NAMES } from '../backends/index.ts';
 import { ENV_VAR_NAME, ids, notAnId, textWithoutNul } from '../common/index.ts';
 import { DEFAULT_ENVIRONMENT } from './store/base-environments.ts';
 
-/** Below this the agent, the runtime's setup and a shell do not fit. */
-const MIN_MEMORY_MIB = 16;
+/**
+ * What a sandbox may ask for, at least and at most: below, the agent, the runtime's setup and a
+ * shell do not fit; above, no machine has it, and the number is a typo or an attack. A request
+ * out of range is refused at the door naming the field, never later as an infrastructure fault.
+ */
+export const SANDBOX_LIMITS = {
+  maxCpu: 1024,
+  minMemoryMib: 16,
+  maxMemoryMib: 4 * 1024 * 1024,
+  minDiskMib: 16,
+  maxDiskMib: 1024 * 1024 * 1024,
+  minPids: 8,
+  /** The kernel's own ceiling (PID_MAX_LIMIT). */
+  maxPids: 4 * 1024 * 1024,
+} as const;
+const { maxCpu, minMemoryMib, maxMemoryMib, minDiskMib, maxDiskMib, minPids, maxPids } = SANDBOX_LIMITS;
 
 /** A sandbox's network rules, by name. */
 export const networkRulesSchema = notAnId(z.array(z.string().min(1).max(256)).max(64));
@@ -21,13 +35,19 @@ export const sandboxRequestSchema = z.strictObject({
   environment: ids.environment().default(DEFAULT_ENVIRONMENT),
   resources: z
     .strictObject({
-      cpu: z.number().positive().max(1024).default(1),
+      cpu: z.number().positive().max(maxCpu, `cpu must be at most ${maxCpu}`).default(1),
       memoryMib: z
         .number()
         .int()
-        .min(MIN_MEMORY_MIB, `memoryMib must be at least ${MIN_MEMORY_MIB}: the agent and runtime need it`)
+        .min(minMemoryMib, `memoryMib must be at least ${minMemoryMib}: the agent and runtime need it`)
+        .max(maxMemoryMib, `memoryMib must be at most ${maxMemoryMib} (4 TiB)`)
         .default(512),
-      pids: z.number().int().min(8, 'pids must be at least 8').default(512),
+      pids: z
+        .number()
+        .int()
+        .min(minPids, `pids must be at least ${minPids}`)
+        .max(maxPids, `pids must be at most ${maxPids}`)
+        .default(512),
       outputCapBytes: z
         .number()
         .int()
@@ -38,7 +58,8 @@ export const sandboxRequestSchema = z.strictObject({
       diskMib: z
         .number()
         .int()
-        .min(16, 'diskMib must be at least 16: package managers and logs need room')
+        .min(minDiskMib, `diskMib must be at least ${minDiskMib}: package managers and logs need room`)
+        .max(maxDiskMib, `diskMib must be at most ${maxDiskMib} (1 PiB)`)
         .optional(),
     })
     .prefault({}),

@@ -1,3 +1,5 @@
+import { z } from 'zod';
+import { SandgymError, issuesText, messageOf, type SandgymErrorOptions } from '../common/index.ts';
 import type { SandboxAction, Task, TaskObservation } from '../env/index.ts';
 import type { TokenUsage } from './episode-report.ts';
 
@@ -29,7 +31,52 @@ export type Agent = ((
   readonly isOracle?: boolean;
 };
 
-/** The decision an agent's answer comes to. */
-export function decisionOf(answer: SandboxAction | AgentDecision): AgentDecision {
-  return 'action' in answer ? answer : { action: answer };
+/**
+ * The policy failed to decide: its model's answer could not be used (too large, too slow, not a
+ * chat completion, absurd token counts), or its decision is not sane. The episode ends there,
+ * scored 0 with this message as its `agentFailure`: never masked as the platform's failure,
+ * which a policy could otherwise learn to hide behind. An agent module may throw it too.
+ */
+export class AgentError extends SandgymError {
+  constructor(message: string, options: SandgymErrorOptions = {}) {
+    super('invalid_argument', message, options);
+  }
+}
+
+/** The most tokens one decision may report (a few answers of a model, each far below it). */
+const MAX_TOKENS_PER_DECISION = 100_000_000;
+/** The longest message a decision keeps; the rest is cut. */
+const MAX_MESSAGE_CHARS = 64 * 1024;
+
+const tokens = z.number().int().min(0).max(MAX_TOKENS_PER_DECISION);
+const decisionSchema = z.object({
+  action: z.unknown(),
+  usage: z.strictObject({ promptTokens: tokens, completionTokens: tokens }).optional(),
+  message: z
+    .string()
+    .transform((text) => (text.length > MAX_MESSAGE_CHARS ? `${text.slice(0, MAX_MESSAGE_CHARS)}…` : text))
+    .optional(),
+});
+
+/**
+ * The decision an agent's answer comes to. An answer that is no decision (no `action` field) is
+ * taken as the action itself, which the env observes as invalid if it is not one; a decision
+ * whose usage or message is not sane is the agent's failure ({@link AgentError}).
+ */
+export function decisionOf(answer: unknown): AgentDecision {
+  if (!answer || typeof answer !== 'object' || !Object.hasOwn(answer, 'action'))
+    return { action: answer as SandboxAction };
+  let parsed;
+  try {
+    parsed = decisionSchema.safeParse(answer);
+  } catch (error) {
+    throw new AgentError(`The agent's decision cannot be read: ${messageOf(error)}`, { cause: error });
+  }
+  if (!parsed.success) throw new AgentError(`The agent's decision is not sane: ${issuesText(parsed.error)}`);
+  const { action, usage, message } = parsed.data;
+  return {
+    action: action as SandboxAction,
+    ...(usage ? { usage } : {}),
+    ...(message === undefined ? {} : { message }),
+  };
 }

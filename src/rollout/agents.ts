@@ -1,12 +1,14 @@
+import { createHash } from 'node:crypto';
+import { readFile } from 'node:fs/promises';
 import { resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { SandgymError } from '../common/index.ts';
 import { HARBOR_SOLUTION_DIR, type SandboxAction } from '../env/index.ts';
 import type { Agent } from './agent-types.ts';
-import { openAiAgent } from './llm-agent.ts';
+import { openAiAgent, type OpenAiAgentOptions } from './llm-agent.ts';
 
 export type { Agent, AgentContext, AgentDecision } from './agent-types.ts';
-export { decisionOf } from './agent-types.ts';
+export { AgentError, decisionOf } from './agent-types.ts';
 
 /**
  * The oracle: for a Harbor task, runs solve.sh from the solution folder the platform staged at
@@ -57,12 +59,22 @@ export function scriptedAgent(actions: SandboxAction[]): Agent {
 }
 
 /**
- * An agent by name (oracle, nop) or from a module whose default export makes one
+ * An agent `--agent` names, and what it is. The identity keys an eval's resume journal, so
+ * another agent, the same module edited, or the same model behind another endpoint or with other
+ * options never takes up an earlier run's results. It never holds the API key.
+ */
+export interface ResolvedAgent {
+  makeAgent: () => Agent;
+  identity: string;
+}
+
+/**
+ * An agent by name (oracle, nop), `openai:MODEL`, or from a module whose default export makes one
  * (`export default () => agent`), as `sandgym eval --agent ./my-agent.js` takes it.
  */
-export async function resolveAgent(nameOrModule: string, model: ModelEndpoint = {}): Promise<() => Agent> {
+export async function resolveAgent(nameOrModule: string, model: ModelEndpoint = {}): Promise<ResolvedAgent> {
   const builtIn = BUILT_IN_AGENTS[nameOrModule];
-  if (builtIn) return builtIn;
+  if (builtIn) return { makeAgent: builtIn, identity: JSON.stringify({ builtIn: nameOrModule }) };
   const name = modelOfAgent(nameOrModule);
   if (name !== undefined) {
     if (!name) throw new SandgymError('invalid_argument', '--agent openai:MODEL needs a model name');
@@ -71,11 +83,12 @@ export async function resolveAgent(nameOrModule: string, model: ModelEndpoint = 
         'invalid_argument',
         `--agent ${nameOrModule} needs --base-url, the API root of an OpenAI-compatible endpoint (e.g. http://127.0.0.1:8000/v1)`,
       );
-    return openAiAgent({
-      model: name,
-      baseUrl: model.baseUrl,
-      ...(model.apiKey ? { apiKey: model.apiKey } : {}),
-    });
+    const { apiKey, ...endpoint } = model;
+    const options: OpenAiAgentOptions = { model: name, baseUrl: model.baseUrl, ...endpoint };
+    return {
+      makeAgent: openAiAgent({ ...options, ...(apiKey ? { apiKey } : {}) }),
+      identity: JSON.stringify({ openai: options }),
+    };
   }
   if (!/[./]/.test(nameOrModule)) {
     throw new SandgymError(
@@ -83,9 +96,12 @@ export async function resolveAgent(nameOrModule: string, model: ModelEndpoint = 
       `--agent must be one of ${Object.keys(BUILT_IN_AGENTS).join(', ')}, openai:MODEL or a module path; got "${nameOrModule}"`,
     );
   }
+  const path = resolve(nameOrModule);
   let loaded: { default?: unknown };
+  let content: Buffer;
   try {
-    loaded = (await import(pathToFileURL(resolve(nameOrModule)).href)) as { default?: unknown };
+    content = await readFile(path);
+    loaded = (await import(pathToFileURL(path).href)) as { default?: unknown };
   } catch (error) {
     throw new SandgymError(
       'invalid_argument',
@@ -99,7 +115,10 @@ export async function resolveAgent(nameOrModule: string, model: ModelEndpoint = 
       `The agent module ${nameOrModule} must export a default function that returns an agent`,
     );
   }
-  return loaded.default as () => Agent;
+  return {
+    makeAgent: loaded.default as () => Agent,
+    identity: JSON.stringify({ module: path, sha256: createHash('sha256').update(content).digest('hex') }),
+  };
 }
 
 /** `--agent openai:MODEL`: a model behind an OpenAI-compatible chat-completions endpoint. */
@@ -110,11 +129,8 @@ export function modelOfAgent(name: string): string | undefined {
   return name.startsWith(OPENAI_PREFIX) ? name.slice(OPENAI_PREFIX.length) : undefined;
 }
 
-/** Where an `openai:` agent's model answers, and the key it takes. */
-export interface ModelEndpoint {
-  baseUrl?: string;
-  apiKey?: string;
-}
+/** Where an `openai:` agent's model answers, the key it takes, and how it is asked. */
+export type ModelEndpoint = Partial<Omit<OpenAiAgentOptions, 'model'>>;
 
 /** The built-in agents by name. */
 export const BUILT_IN_AGENTS: Record<string, () => Agent> = { oracle: oracleAgent, nop: nopAgent };

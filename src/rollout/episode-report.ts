@@ -1,4 +1,4 @@
-import type { SandboxAction, StepAudit, StepOutcome, TaskObservation } from '../env/index.ts';
+import type { StepAction, StepAudit, StepOutcome, TaskObservation } from '../env/index.ts';
 
 /** One task's evaluation. */
 export interface EpisodeReport {
@@ -9,6 +9,11 @@ export interface EpisodeReport {
   durationMs: number;
   tampered: string[];
   error?: string;
+  /**
+   * Why the agent (the policy) failed to decide, when it did: its model's answer was unusable,
+   * or its decision was not sane (see AgentError). The episode ended there and scored 0.
+   */
+  agentFailure?: string;
   sandboxId?: string;
   episodeId?: string;
   /** Steps fast-forwarded from the trajectory log of an interrupted run, not run again. */
@@ -48,7 +53,8 @@ export interface StepEvent {
   task: string;
   episodeId: string;
   stepIndex: number;
-  action: SandboxAction;
+  /** What the agent chose, or the record of what it gave that was not an action. */
+  action: StepAction;
   observation: TaskObservation;
   reward: number;
   outcome: StepOutcome;

@@ -1,7 +1,27 @@
-import { createHash } from 'node:crypto';
-import { mkdir, open, readFile, rm } from 'node:fs/promises';
-import { dirname } from 'node:path';
+import { createHash, type Hash } from 'node:crypto';
+import { mkdir, open, readFile, rm, stat } from 'node:fs/promises';
+import { dirname, relative } from 'node:path';
+import { filesUnder, type Task } from '../env/index.ts';
 import type { EpisodeReport } from './episode-report.ts';
+
+/** What an evaluation is, for its journal's key: every part changes the key. */
+export interface JournalKey {
+  tasks: readonly Task[];
+  /** What the agent is (see ResolvedAgent.identity). */
+  agent: string;
+  maxSteps?: number;
+}
+
+/** Feeds a task's content to `hash`: what it loaded as, and every file of its folder. */
+async function hashTask(hash: Hash, task: Task): Promise<void> {
+  hash.update(JSON.stringify(task));
+  const folder = await stat(task.source).catch(() => undefined);
+  if (!folder?.isDirectory()) return;
+  for (const file of (await filesUnder(task.source)).sort()) {
+    hash.update(`\0${relative(task.source, file)}\0`);
+    hash.update(await readFile(file));
+  }
+}
 
 /** An episode that started: where it runs, so a resumed eval can take it over. */
 export interface StartedEpisode {
@@ -23,13 +43,18 @@ export class EvalJournal {
     private readonly started: Map<string, StartedEpisode>,
   ) {}
 
-  /** The journal's file for a set of tasks and an agent, under `dir`. */
-  static pathFor(dir: string, taskDirs: string[], agent: string): string {
-    const key = createHash('sha256')
-      .update(JSON.stringify([[...taskDirs].sort(), agent]))
-      .digest('hex')
-      .slice(0, 16);
-    return `${dir}/${key}.jsonl`;
+  /**
+   * The journal's file under `dir` for an evaluation: a hash of the tasks' content, what the agent
+   * is and the step limit, so a rerun with an edited agent module, another endpoint or model
+   * options, or an edited task starts afresh instead of taking up results that are not its own.
+   */
+  static async pathFor(dir: string, key: JournalKey): Promise<string> {
+    const hash = createHash('sha256').update(JSON.stringify([key.agent, key.maxSteps ?? null]));
+    for (const task of [...key.tasks].sort((a, b) =>
+      a.source < b.source ? -1 : a.source > b.source ? 1 : 0,
+    ))
+      await hashTask(hash, task);
+    return `${dir}/${hash.digest('hex').slice(0, 16)}.jsonl`;
   }
 
   static async open(path: string): Promise<EvalJournal> {

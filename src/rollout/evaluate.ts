@@ -2,6 +2,8 @@ import { isSandgymError, messageOf } from '../common/index.ts';
 import {
   TaskEnv,
   TaskError,
+  stepActionOf,
+  type SandboxAction,
   type Grade,
   type ResetResult,
   type TaskResetInfo,
@@ -12,7 +14,7 @@ import {
   type TaskObservation,
 } from '../env/index.ts';
 import type { PlatformClient } from '../platform/index.ts';
-import { decisionOf, type Agent } from './agents.ts';
+import { AgentError, decisionOf, type Agent, type AgentDecision } from './agents.ts';
 import type { EvalJournal, StartedEpisode } from './eval-journal.ts';
 import type { EpisodeReport, EvalProgress, LifecycleEvent, StepEvent } from './episode-report.ts';
 
@@ -109,11 +111,20 @@ async function runEpisode(
   });
   try {
     for (let stepIndex = 0; stepIndex < maxSteps; stepIndex++) {
-      const decision = decisionOf(await agent(observation, { task, episodeId, stepIndex }));
+      let decision: AgentDecision;
+      try {
+        decision = decisionOf(await agent(observation, { task, episodeId, stepIndex }));
+      } catch (error) {
+        if (!(error instanceof AgentError)) throw error;
+        // the policy failed to decide: its failure, scored, never masked as the platform's
+        return { ...report(stepIndex, 0, { kind: 'ok' }, undefined), agentFailure: error.message };
+      }
+      // what the step carries and the trajectory keeps: the action, or an invalid one's record
+      const action = stepActionOf(decision.action);
       const stepStarted = performance.now();
       let result: StepResult<TaskObservation, TaskStepInfo>;
       try {
-        result = await env.step(decision.action);
+        result = await env.step(action as SandboxAction);
       } catch (error) {
         // the agent chose differently this time, or the interrupted run died in the middle of a
         // step (which may or may not have taken effect): the episode cannot go on from its log
@@ -127,7 +138,7 @@ async function runEpisode(
         task: task.id,
         episodeId,
         stepIndex,
-        action: decision.action,
+        action,
         observation: result.observation,
         reward: result.reward,
         outcome: result.outcome,
@@ -158,7 +169,9 @@ async function runEpisode(
 /**
  * Runs one episode per task with at most `concurrency` at once, refilling as each finishes. An
  * episode that throws is reported with a `task_error` outcome when the task cannot run as written,
- * else an `infra_failure`: never as a reward of 0.
+ * else an `infra_failure`: never as a reward of 0. What the policy gets wrong is scored: an
+ * invalid action is an observation of its step, and an agent that fails to decide
+ * ({@link AgentError}) ends its episode with reward 0 and `agentFailure`.
  *
  * @example
  * ```ts

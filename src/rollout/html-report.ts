@@ -33,8 +33,9 @@ function percentile(values: number[], q: number): number {
  */
 function whyOf(e: EpisodeReport): string {
   const details = e.details ?? {};
-  const reason =
-    typeof details['reason'] === 'string'
+  const reason = e.agentFailure
+    ? `the agent failed: ${e.agentFailure}`
+    : typeof details['reason'] === 'string'
       ? details['reason']
       : 'message' in e.outcome
         ? e.outcome.message

@@ -1,5 +1,6 @@
 /** Rollouts and batch evaluation over task environments. */
 export {
+  AgentError,
   BUILT_IN_AGENTS,
   decisionOf,
   modelOfAgent,
@@ -8,7 +9,7 @@ export {
   resolveAgent,
   scriptedAgent,
 } from './agents.ts';
-export type { Agent, AgentContext, AgentDecision, ModelEndpoint } from './agents.ts';
+export type { Agent, AgentContext, AgentDecision, ModelEndpoint, ResolvedAgent } from './agents.ts';
 export { openAiAgent } from './llm-agent.ts';
 export type { OpenAiAgentOptions } from './llm-agent.ts';
 export { atifTrajectorySchema, toAtif, writeAtif } from './atif.ts';

@@ -1,9 +1,8 @@
-import { setTimeout as sleep } from 'node:timers/promises';
-import { z } from 'zod';
-import { SandgymError, messageOf, parseAt } from '../common/index.ts';
+import { messageOf, parseAt, secretRedactor } from '../common/index.ts';
 import { sandboxActionSchema, type SandboxAction, type TaskObservation } from '../env/index.ts';
 import type { Agent, AgentDecision } from './agent-types.ts';
 import type { TokenUsage } from './episode-report.ts';
+import { askModel, type Completion, type ModelRequest } from './model-endpoint.ts';
 import { observationText } from './observation-text.ts';
 
 /** Options for {@link openAiAgent}. */
@@ -17,7 +16,10 @@ export interface OpenAiAgentOptions {
   /** What the model is told before the task. */
   systemPrompt?: string;
   temperature?: number;
-  /** Per request. Default 120 s. */
+  /**
+   * For each answer, whole: a model that takes longer (a long generation) fails its episode,
+   * scored 0. Default 120 s.
+   */
   requestTimeoutMs?: number;
 }
 
@@ -63,30 +65,6 @@ function tool(name: string, description: string, properties: Record<string, unkn
 const DEFAULT_SYSTEM_PROMPT =
   'You are an agent working in a Linux sandbox to complete a task. Act only through the tools, one call at a time, and call submit when the task is done.';
 
-/** What a chat-completions endpoint answers, as far as the agent reads it. */
-const completionSchema = z.object({
-  choices: z
-    .array(
-      z.object({
-        message: z.object({
-          content: z.string().nullable().optional(),
-          tool_calls: z
-            .array(
-              z.object({
-                id: z.string(),
-                type: z.literal('function').optional(),
-                function: z.object({ name: z.string(), arguments: z.string() }),
-              }),
-            )
-            .nullable()
-            .optional(),
-        }),
-      }),
-    )
-    .min(1, 'the answer has no choices'),
-  usage: z.object({ prompt_tokens: z.number().int(), completion_tokens: z.number().int() }).optional(),
-});
-type Completion = z.infer<typeof completionSchema>;
 type ToolCall = NonNullable<Completion['choices'][number]['message']['tool_calls']>[number];
 
 type ChatMessage =
@@ -113,17 +91,35 @@ function actionOf(call: ToolCall): SandboxAction | { error: string } {
 
 /** Times a model may answer without a usable tool call before the agent submits for it. */
 const MAX_NUDGES = 3;
-const MAX_ATTEMPTS = 3;
 /** Conversations kept at once (one per running episode). */
 const MAX_CONVERSATIONS = 4096;
 
 /**
  * An agent that drives any OpenAI-compatible chat-completions endpoint (vLLM, SGLang, llama.cpp,
  * the OpenAI API) with tool calling: the env's actions are its tools, each observation goes back
- * as the tool's result, and the tokens each decision cost are recorded with the step.
+ * as the tool's result, and the tokens each decision cost are recorded with the step. Each answer
+ * is read bounded, checked and stripped of the API key (see askModel); an unusable one is the
+ * agent's failure (an AgentError), scored 0.
  */
 export function openAiAgent(options: OpenAiAgentOptions): () => Agent {
   const url = `${options.baseUrl.replace(/\/+$/, '')}/chat/completions`;
+  const redactor = secretRedactor([options.apiKey]);
+  const ask = (messages: ChatMessage[]): Promise<Completion> => {
+    const request: ModelRequest = {
+      url,
+      body: {
+        model: options.model,
+        messages,
+        tools: TOOLS,
+        tool_choice: 'auto',
+        ...(options.temperature === undefined ? {} : { temperature: options.temperature }),
+      },
+      timeoutMs: options.requestTimeoutMs ?? 120_000,
+      redactor,
+      ...(options.apiKey ? { apiKey: options.apiKey } : {}),
+    };
+    return askModel(request);
+  };
   return () => {
     const conversations = new Map<string, { messages: ChatMessage[]; pending?: string }>();
     return async (observation, context): Promise<AgentDecision> => {
@@ -139,7 +135,7 @@ export function openAiAgent(options: OpenAiAgentOptions): () => Agent {
       answerPending(conversation, observation);
       const usage: TokenUsage = { promptTokens: 0, completionTokens: 0 };
       for (let nudge = 0; nudge <= MAX_NUDGES; nudge++) {
-        const completion = await complete(url, options, conversation.messages);
+        const completion = await ask(conversation.messages);
         usage.promptTokens += completion.usage?.prompt_tokens ?? 0;
         usage.completionTokens += completion.usage?.completion_tokens ?? 0;
         const message = completion.choices[0]!.message;
@@ -204,73 +200,4 @@ function answerPending(
     });
     delete conversation.pending;
   }
-}
-
-/** One chat completion, retried on a refusal to serve now (429, 5xx) or a dropped connection. */
-async function complete(
-  url: string,
-  options: OpenAiAgentOptions,
-  messages: ChatMessage[],
-): Promise<Completion> {
-  let lastError: unknown;
-  for (let attempt = 1; attempt <= MAX_ATTEMPTS; attempt++) {
-    let response: Response;
-    try {
-      response = await fetch(url, {
-        method: 'POST',
-        headers: {
-          'content-type': 'application/json',
-          ...(options.apiKey ? { authorization: `Bearer ${options.apiKey}` } : {}),
-        },
-        body: JSON.stringify({
-          model: options.model,
-          messages,
-          tools: TOOLS,
-          tool_choice: 'auto',
-          ...(options.temperature === undefined ? {} : { temperature: options.temperature }),
-        }),
-        signal: AbortSignal.timeout(options.requestTimeoutMs ?? 120_000),
-      });
-    } catch (error) {
-      lastError = error;
-      await sleep(250 * 2 ** attempt);
-      continue;
-    }
-    const text = await response.text();
-    if (response.status === 429 || response.status >= 500) {
-      lastError = new Error(`HTTP ${response.status}: ${text.slice(0, 300)}`);
-      await sleep(250 * 2 ** attempt);
-      continue;
-    }
-    if (!response.ok)
-      throw new SandgymError(
-        'failed_precondition',
-        `The model endpoint ${url} refused the request (HTTP ${response.status}): ${text.slice(0, 500)}`,
-      );
-    let body: unknown;
-    try {
-      body = JSON.parse(text);
-    } catch {
-      throw new SandgymError(
-        'platform_error',
-        `The model endpoint ${url} answered something other than JSON: ${text.slice(0, 300)}`,
-      );
-    }
-    try {
-      return parseAt(completionSchema, body, `chat completion from ${url}`);
-    } catch (error) {
-      throw new SandgymError(
-        'platform_error',
-        `The model endpoint answered no usable chat completion: ${messageOf(error)}`,
-      );
-    }
-  }
-  throw new SandgymError(
-    'platform_error',
-    `The model endpoint ${url} did not answer after ${MAX_ATTEMPTS} tries: ${messageOf(lastError)}`,
-    {
-      retryable: true,
-      cause: lastError,
-    },
-  );
 }

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ContainerSandbox } from '../../src/backends/container/container-sandbox.ts';
 import { detectCriu } from '../../src/backends/host/criu.ts';
 import { signalProcess } from '../../src/backends/host/processes.ts';
-import { SandboxEnv } from '../../src/env/index.ts';
+import { SandboxEnv, type SandboxAction } from '../../src/env/index.ts';
 import type { Sandbox } from '../../src/platform/index.ts';
 import { expectCode } from '../support/errors.ts';
 import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
@@ -63,12 +63,17 @@ describe('the agent API under attack', () => {
       const gym = SandboxEnv.create(env.platform, { sandbox: { environment: 'busybox:latest' } });
       try {
         await gym.reset();
-        await expectCode(
-          gym.step({ type: 'exec', command: ['echo'], env: { X: 'a\0b' } }),
-          'invalid_argument',
-          /NUL/,
-        );
-        await expectCode(gym.step({ type: 'read_file', path: '/etc/\0passwd' }), 'invalid_argument', /NUL/);
+        // refused before anything runs, as an observation of the step (a policy's mistake is
+        // scored, never an error a rollout would mask; see policy-failures.test.ts)
+        const actions: SandboxAction[] = [
+          { type: 'exec', command: ['echo'], env: { X: 'a\0b' } },
+          { type: 'read_file', path: '/etc/\0passwd' },
+        ];
+        for (const action of actions) {
+          const refused = await gym.step(action);
+          expect(refused.observation).toMatchObject({ type: 'error', code: 'invalid_action' });
+          expect((refused.observation as { message: string }).message).toMatch(/NUL/);
+        }
       } finally {
         await gym.close();
       }

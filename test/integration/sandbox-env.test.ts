@@ -39,9 +39,10 @@ describe('SandboxEnv and exactly-once steps', () => {
     expect(missing.observation).toMatchObject({ type: 'error', code: 'not_found' });
     const submitted = await gym.step({ type: 'submit' });
     expect(submitted.terminated).toBe(true);
-    await expect(gym.step({ type: 'exec', command: [] } as unknown as SandboxAction)).rejects.toThrow(
-      /Invalid action: command/,
-    );
+    // an invalid action is an observation of its step, never a throw a rollout would mask
+    const invalid = await gym.step({ type: 'exec', command: [] } as unknown as SandboxAction);
+    expect(invalid.observation).toMatchObject({ type: 'error', code: 'invalid_action' });
+    expect(invalid.outcome).toEqual({ kind: 'ok' });
   });
 
   it('keeps working directory and exported variables between steps of a shell session', async () => {

@@ -1,4 +1,4 @@
-import { writeFileAtomic } from '../../common/index.ts';
+import { secretRedactor, writeFileAtomic } from '../../common/index.ts';
 import { loadTasks } from '../../env/index.ts';
 import { join } from 'node:path';
 import { defaultDataDir, hostPlatformOf } from '../../platform/index.ts';
@@ -77,19 +77,22 @@ export async function evalCommand(args: string[]): Promise<number> {
   const baseUrl = text(parsed, 'base-url');
   // a key from the environment, never the command line (which `ps` shows to every user)
   const apiKey = process.env['SANDGYM_LLM_API_KEY'] ?? process.env['OPENAI_API_KEY'];
-  const makeAgent = await resolveAgent(agentName, {
+  const { makeAgent, identity } = await resolveAgent(agentName, {
     ...(baseUrl ? { baseUrl } : {}),
     ...(apiKey ? { apiKey } : {}),
   });
+  // the key goes nowhere this eval writes or prints, in any encoding
+  const redactor = secretRedactor([apiKey]);
+  const say = (line: string): boolean => process.stderr.write(redactor.text(line));
   const tasks = await loadTasks(parsed.positionals);
   const concurrency = positiveInt('concurrency', text(parsed, 'concurrency')) ?? 2;
   const maxSteps = positiveInt('max-steps', text(parsed, 'max-steps'));
   const journal = await EvalJournal.open(
-    EvalJournal.pathFor(
-      join(defaultDataDir(), 'evals'),
-      tasks.map((t) => t.source),
-      agentName,
-    ),
+    await EvalJournal.pathFor(join(defaultDataDir(), 'evals'), {
+      tasks,
+      agent: identity,
+      ...(maxSteps ? { maxSteps } : {}),
+    }),
   );
   const resumed = tasks.filter((t) => journal.get(t.id)).length;
   if (resumed > 0)
@@ -129,12 +132,12 @@ export async function evalCommand(args: string[]): Promise<number> {
     onProgress: (p) => (interactive ? process.stderr.write(`\r${progressLine(p)}  `) : undefined),
   });
   const steps: StepEvent[] = [];
-  runner.steps$.subscribe((step) => steps.push(step));
+  runner.steps$.subscribe((step) => steps.push(redactor.value(step)));
   runner.episodes$.subscribe((r) => {
     const outcome =
       r.outcome.kind === 'ok'
         ? ''
-        : ` [${r.outcome.kind}${'reason' in r.outcome ? `: ${r.outcome.reason}` : ''}]${r.outcome.kind === 'task_error' ? ` ${r.outcome.message}` : ''}`;
+        : ` [${r.outcome.kind}${'reason' in r.outcome ? `: ${r.outcome.reason}` : ''}] ${r.outcome.message}`;
     const tamper = r.tampered.length ? ` tampered: ${r.tampered.join(', ')}` : '';
     const egress = r.deniedEgress ? ` denied egress: ${r.deniedEgress}` : '';
     const metrics = metricsOf(r.details);
@@ -143,15 +146,16 @@ export async function evalCommand(args: string[]): Promise<number> {
           .map(([name, value]) => `${name} ${value}`)
           .join(', ')})`
       : '';
-    const why = r.reward < 1 && typeof r.details?.['reason'] === 'string' ? `: ${r.details['reason']}` : '';
-    process.stderr.write(
+    const reason = r.agentFailure ? `the agent failed: ${r.agentFailure}` : r.details?.['reason'];
+    const why = r.reward < 1 && typeof reason === 'string' ? `: ${reason}` : '';
+    say(
       `${interactive ? '\r' : ''}${r.task}: reward ${r.reward}${perMetric}${outcome}${tamper}${egress} (${r.steps} steps, ${(r.durationMs / 1000).toFixed(1)}s)${why}\n`,
     );
     // how its environment was had: a FROM mapped, pulled or built on a fallback base
-    for (const note of r.buildNotes ?? []) process.stderr.write(`  ${r.task}: ${note}\n`);
+    for (const note of r.buildNotes ?? []) say(`  ${r.task}: ${note}\n`);
   });
   // the run is the trainer's to end: an eval only stops renewing it
-  const reports = await runner.run(tasks).finally(() => coordinator?.stopRenewing());
+  const reports = redactor.value(await runner.run(tasks).finally(() => coordinator?.stopRenewing()));
   // the run completed: nothing is left to resume
   await journal.remove();
   const summary = {

@@ -5,7 +5,7 @@ import { z } from 'zod';
 import { ENV_VAR_NAME, SandgymError, parseAt } from '../../common/index.ts';
 import { composeServices } from './compose.ts';
 import { readTaskFile } from './task-file.ts';
-import { PUBLIC_NETWORK, type NetworkPolicy, type Task } from './task.ts';
+import { PUBLIC_NETWORK, taskNumber, type NetworkPolicy, type Task } from './task.ts';
 
 /** Where Harbor puts a task's solution folder for its oracle (and where tasks may ask for answers). */
 export const HARBOR_SOLUTION_DIR = '/solution';
@@ -30,7 +30,7 @@ function rulesOf(mode: 'public' | 'no-network' | 'allowlist'): string[] {
 const taskTomlSchema = z.object({
   verifier: z
     .object({
-      timeout_sec: z.number().positive().default(120),
+      timeout_sec: taskNumber.timeoutSeconds().default(120),
       env: envTable,
       user: z.string().min(1).optional(),
       network_mode: networkMode,
@@ -38,7 +38,7 @@ const taskTomlSchema = z.object({
     .prefault({}),
   agent: z
     .object({
-      timeout_sec: z.number().positive().default(600),
+      timeout_sec: taskNumber.timeoutSeconds().default(600),
       user: z.string().min(1).optional(),
       network_mode: networkMode,
     })
@@ -47,10 +47,10 @@ const taskTomlSchema = z.object({
   environment: z
     .object({
       docker_image: z.string().optional(),
-      build_timeout_sec: z.number().positive().default(600),
-      cpus: z.number().positive().default(1),
-      memory_mb: z.number().int().min(16).default(1024),
-      storage_mb: z.number().int().positive().optional(),
+      build_timeout_sec: taskNumber.timeoutSeconds().default(600),
+      cpus: taskNumber.cpus().default(1),
+      memory_mb: taskNumber.memoryMib().default(1024),
+      storage_mb: taskNumber.diskMib().optional(),
       // the older switch; network_mode is the newer one, and wins where both are given
       allow_internet: z.boolean().optional(),
       network_mode: networkMode,

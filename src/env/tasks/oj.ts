@@ -2,7 +2,7 @@ import { readFile } from 'node:fs/promises';
 import { basename } from 'node:path';
 import { z } from 'zod';
 import { SandgymError, parseAt } from '../../common/index.ts';
-import { NO_NETWORK, type Task } from './task.ts';
+import { MAX_TASK_TIMEOUT_MS, NO_NETWORK, taskNumber, type Task } from './task.ts';
 
 /** How each OJ language is run; the agent writes its program to `program`. */
 const LANGUAGES: Record<string, { environment: string; program: string; run: string[] }> = {
@@ -14,17 +14,35 @@ const LANGUAGES: Record<string, { environment: string; program: string; run: str
   sh: { environment: 'busybox:latest', program: '/work/solution.sh', run: ['sh', '/work/solution.sh'] },
 };
 
+/** Judging's time beyond its cases': compiling, staging. */
+const JUDGING_OVERHEAD_MS = 10_000;
+
+/** How long judging a problem may take: every case's limit, and the overhead. */
+function judgingMs(problem: { time_limit_ms: number; tests: unknown[] }): number {
+  return problem.time_limit_ms * problem.tests.length + JUDGING_OVERHEAD_MS;
+}
+
 /** An OJ problem file (`*.oj.json`): statement, language, test cases, limits. */
-const ojProblemSchema = z.object({
-  id: z.string().regex(/^[A-Za-z0-9._-]+$/, 'id is letters, digits, ".", "_" and "-"'),
-  statement: z.string().min(1),
-  language: z.enum(Object.keys(LANGUAGES) as [string, ...string[]]),
-  tests: z.array(z.object({ stdin: z.string(), stdout: z.string() })).min(1),
-  time_limit_ms: z.number().int().positive().default(2000),
-  memory_limit_mb: z.number().int().min(16).default(256),
-  /** A reference solution, for the oracle and the checker. */
-  solution: z.string().optional(),
-});
+const ojProblemSchema = z
+  .object({
+    id: z.string().regex(/^[A-Za-z0-9._-]+$/, 'id is letters, digits, ".", "_" and "-"'),
+    statement: z.string().min(1),
+    language: z.enum(Object.keys(LANGUAGES) as [string, ...string[]]),
+    tests: z.array(z.object({ stdin: z.string(), stdout: z.string() })).min(1),
+    time_limit_ms: taskNumber.timeoutMs().default(2000),
+    memory_limit_mb: taskNumber.memoryMib().default(256),
+    /** A reference solution, for the oracle and the checker. */
+    solution: z.string().optional(),
+  })
+  .superRefine((problem, context) => {
+    // judging runs every case in turn: its whole budget is a task timeout too
+    if (judgingMs(problem) > MAX_TASK_TIMEOUT_MS)
+      context.addIssue({
+        code: 'custom',
+        path: ['time_limit_ms'],
+        message: `time_limit_ms × ${problem.tests.length} tests, plus ${JUDGING_OVERHEAD_MS} ms, must come to at most ${MAX_TASK_TIMEOUT_MS} ms (7 days)`,
+      });
+  });
 
 /** True for a file that names itself an OJ problem. */
 export function isOjProblem(path: string): boolean {
@@ -59,7 +77,7 @@ export async function loadOjProblem(path: string): Promise<Task> {
     resources: { cpu: 1, memoryMib: problem.memory_limit_mb },
     env: {},
     agentTimeoutMs: 300_000,
-    verifierTimeoutMs: problem.time_limit_ms * problem.tests.length + 10_000,
+    verifierTimeoutMs: judgingMs(problem),
     network: NO_NETWORK,
     hiddenPaths: [],
     oracle:

@@ -1,5 +1,7 @@
 import { createHash } from 'node:crypto';
-import { SandgymError, isSandgymError, messageOf } from '../../common/index.ts';
+import { z } from 'zod';
+import { SandgymError, isSandgymError, issuesText, messageOf } from '../../common/index.ts';
+import { SANDBOX_LIMITS } from '../../platform/index.ts';
 import type { RepoTestRunner } from './swebench-repos.ts';
 
 /**
@@ -167,4 +169,61 @@ export function taskStorageStem(prefix: string, task: Pick<Task, 'id' | 'source'
     .slice(0, 40);
   const origin = createHash('sha256').update(task.source).digest('hex').slice(0, 8);
   return `${prefix}-${slug}-${origin}`;
+}
+
+/**
+ * The longest any timeout of a task may be: a week. Longer is a typo or an attack (and past 24.8
+ * days Node's timers fire at once, which would fail the episode later as something else).
+ */
+const MAX_TIMEOUT_SECONDS = 7 * 24 * 60 * 60;
+export const MAX_TASK_TIMEOUT_MS = MAX_TIMEOUT_SECONDS * 1000;
+const { maxCpu, minMemoryMib, maxMemoryMib, maxDiskMib } = SANDBOX_LIMITS;
+
+/** A duration in ms, as a task's timeouts come to (fractional where seconds were). */
+function milliseconds() {
+  return z
+    .number()
+    .positive('must be more than 0 ms')
+    .max(MAX_TASK_TIMEOUT_MS, `must be at most ${MAX_TASK_TIMEOUT_MS} ms (7 days)`);
+}
+
+/**
+ * A task file's numbers, each with the range it must fall in. Every loader builds its format's
+ * schema from these, so a value out of range is refused at load, naming the file, the field and
+ * the range: the task author's error, never an infrastructure failure later.
+ */
+export const taskNumber = {
+  cpus: () => z.number().positive('must be more than 0 CPUs').max(maxCpu, `must be at most ${maxCpu} CPUs`),
+  memoryMib: () =>
+    z
+      .number()
+      .int()
+      .min(minMemoryMib, `must be at least ${minMemoryMib} MiB`)
+      .max(maxMemoryMib, `must be at most ${maxMemoryMib} MiB (4 TiB)`),
+  diskMib: () => z.number().int().positive().max(maxDiskMib, `must be at most ${maxDiskMib} MiB (1 PiB)`),
+  timeoutSeconds: () =>
+    z
+      .number()
+      .positive('must be more than 0 seconds')
+      .max(MAX_TIMEOUT_SECONDS, `must be at most ${MAX_TIMEOUT_SECONDS} seconds (7 days)`),
+  /** Whole milliseconds (a time limit an OJ problem sets). */
+  timeoutMs: () => milliseconds().int(),
+};
+
+/** A task's numbers as every format comes to them (a task built in code included). */
+const taskLimitsSchema = z.object({
+  resources: z.object({
+    cpu: taskNumber.cpus(),
+    memoryMib: taskNumber.memoryMib(),
+    diskMib: taskNumber.diskMib().optional(),
+  }),
+  agentTimeoutMs: milliseconds(),
+  verifierTimeoutMs: milliseconds(),
+  buildTimeoutMs: milliseconds().optional(),
+});
+
+/** Checks a task's numbers, however it was made; out of range is its author's error ({@link TaskError}). */
+export function checkTaskLimits(task: Task): void {
+  const checked = taskLimitsSchema.safeParse(task);
+  if (!checked.success) throw new TaskError(task.id, `a limit is out of range: ${issuesText(checked.error)}`);
 }

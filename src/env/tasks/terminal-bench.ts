@@ -5,7 +5,7 @@ import { z } from 'zod';
 import { SandgymError, parseAt } from '../../common/index.ts';
 import { composeServices } from './compose.ts';
 import { readTaskFile } from './task-file.ts';
-import { PUBLIC_NETWORK, type Task } from './task.ts';
+import { PUBLIC_NETWORK, taskNumber, type Task } from './task.ts';
 
 /**
  * task.yaml of a Terminal-Bench 1 task. The instruction is `instruction`, or in older tasks the
@@ -18,8 +18,8 @@ const taskYamlSchema = z
     parser_name: z
       .enum(['pytest'], { message: 'the pytest parser is the one Terminal-Bench tasks use' })
       .default('pytest'),
-    max_agent_timeout_sec: z.number().positive().default(360),
-    max_test_timeout_sec: z.number().positive().default(60),
+    max_agent_timeout_sec: taskNumber.timeoutSeconds().default(360),
+    max_test_timeout_sec: taskNumber.timeoutSeconds().default(60),
     run_tests_in_same_shell: z.boolean().default(false),
   })
   .passthrough();

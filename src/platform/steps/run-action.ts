@@ -1,7 +1,7 @@
 import { isSandgymError, messageOf, type FailureReason } from '../../common/index.ts';
 import { isRootUser } from '../../backends/index.ts';
 import type { Sandbox } from '../sandbox.ts';
-import type { SandboxAction, SandboxObservation } from './actions.ts';
+import type { SandboxObservation, StepAction } from './actions.ts';
 import { inSession } from './shell-session.ts';
 import type { StepOptions, StepRecordResult } from './step-types.ts';
 
@@ -45,13 +45,13 @@ function actingAs(sandbox: Sandbox, user: string | undefined): ActingSandbox {
 }
 
 /**
- * Runs one action in a sandbox, as the step's user. What the agent did wrong is an observation;
- * what the platform did wrong is a typed `infra_failure`. A lost node is thrown: there is no
- * result to record.
+ * Runs one action in a sandbox, as the step's user. What the agent did wrong is an observation (an
+ * invalid action too: it runs nothing, and the episode goes on); what the platform did wrong is a
+ * typed `infra_failure`. A lost node is thrown: there is no result to record.
  */
 export async function runAction(
   sandbox: Sandbox,
-  action: SandboxAction,
+  action: StepAction,
   options: StepOptions,
 ): Promise<StepRecordResult> {
   try {
@@ -79,10 +79,12 @@ export async function runAction(
 /** The action itself, through the acting view only: it has no way to reach the sandbox as root. */
 async function act(
   sandbox: ActingSandbox,
-  action: SandboxAction,
+  action: StepAction,
   options: StepOptions,
 ): Promise<StepRecordResult> {
   switch (action.type) {
+    case 'invalid':
+      return done({ type: 'error', code: 'invalid_action', message: action.problem });
     case 'exec': {
       const session = action.session ? inSession(action.session, action.command, action.cwd) : undefined;
       const argv =

@@ -1,9 +1,9 @@
-import { SandgymError, faultPoint, parseAt } from '../../common/index.ts';
+import { SandgymError, faultPoint } from '../../common/index.ts';
 import type { Sandbox } from '../sandbox.ts';
 import { lookupStep, sameValue } from '../exactly-once.ts';
 import type { TrajectoryLog } from '../trajectory-log.ts';
-import { sandboxActionSchema } from './actions.ts';
 import { runAction } from './run-action.ts';
+import { stepActionOf } from './step-action.ts';
 import { StepAuditor } from './step-signals.ts';
 import type { StepRecordResult, StepReply, StepRequest } from './step-types.ts';
 
@@ -38,9 +38,13 @@ export class SandboxSteps {
     private readonly log: TrajectoryLog,
   ) {}
 
-  /** Synchronous up to the step's registration, so a concurrent retry always finds it running. */
+  /**
+   * Synchronous up to the step's registration, so a concurrent retry always finds it running. An
+   * invalid action is a step like any other: its record (see stepActionOf) is logged, and it
+   * answers an `invalid_action` observation.
+   */
   async step(request: StepRequest): Promise<StepReply> {
-    const action = parseAt(sandboxActionSchema, request.action, 'action');
+    const action = stepActionOf(request.action);
     const key = `${request.episodeId}:${request.stepIndex}`;
     const running = this.running.get(key);
     if (running) {
@@ -102,6 +106,8 @@ export class SandboxSteps {
 
   private async runAudited(request: StepRequest): Promise<StepRecordResult> {
     const options = request.options ?? {};
+    // nothing runs: nothing to audit (the next step's audit counts from the last one audited)
+    if (request.action.type === 'invalid') return runAction(this.sandbox, request.action, options);
     const protectedPaths = options.protectedPaths ?? [];
     // the audit counts from the step before, as long as it watches the same paths
     const paths = protectedPaths.join('\0');

@@ -1,5 +1,5 @@
 import type { FailureReason } from '../../common/index.ts';
-import type { SandboxAction, SandboxObservation } from './actions.ts';
+import type { SandboxObservation, StepAction } from './actions.ts';
 import type { StepSignals } from './step-signals.ts';
 
 /**
@@ -33,7 +33,8 @@ export interface StepOptions {
 export interface StepRequest {
   episodeId: string;
   stepIndex: number;
-  action: SandboxAction;
+  /** An action, or the record of an invalid one; the node reads whatever comes through stepActionOf. */
+  action: StepAction;
   options?: StepOptions;
 }
 
