@@ -105,7 +105,7 @@ describe('task users under attack', () => {
         await refused(
           task,
           { type: 'read_file', path },
-          path.includes('..') ? 'invalid_argument' : undefined,
+          path.includes('..') ? 'invalid_action' : undefined,
         );
     }));
 
