@@ -116,17 +116,21 @@ export function describeBackendConformance(target: ConformanceTarget): void {
     });
 
     it('gives a command a report channel its descendants inherit, and keeps what they wrote', async () => {
+      // through /proc, since dash redirects only fds 0 to 9
       const script = [
-        'echo "first from $$" >&$SANDGYM_REPORT_FD',
-        'sh -c \'echo "from a child" >&$SANDGYM_REPORT_FD\'',
-        // what was written stays written: the reader has it, whatever comes after
-        'exec 200>&-; echo stdout',
+        'echo "first from $$" > /proc/self/fd/$SANDGYM_REPORT_FD',
+        'sh -c \'echo "from a child" > /proc/self/fd/$SANDGYM_REPORT_FD\'',
+        'echo stdout',
       ].join('; ');
       const result = await sandbox.exec(['sh', '-c', script], { reportChannel: true });
       expect(result).toMatchObject({ exitCode: 0, stdout: 'stdout\n', reportTruncated: false });
       expect(result.report).toMatch(/^first from \d+\nfrom a child\n$/);
       expect(result.reportBytes).toBe(Buffer.byteLength(result.report ?? ''));
-      const plain = await sandbox.exec(['sh', '-c', 'echo "${SANDGYM_REPORT_FD:-none}"; echo x >&200']);
+      const plain = await sandbox.exec([
+        'sh',
+        '-c',
+        'echo "${SANDGYM_REPORT_FD:-none}"; echo x > /proc/self/fd/200',
+      ]);
       expect(plain.stdout).toBe('none\n');
       expect(plain.exitCode).not.toBe(0);
       expect(plain.report).toBeUndefined();
