@@ -102,7 +102,11 @@ export const NODE_OPTIONS = {
   'net-rules': { type: 'string' },
   'control-plane': { type: 'string' },
   'task-root': { type: 'string' },
+  'max-in-flight-mib': { type: 'string' },
+  'max-in-flight-total-mib': { type: 'string' },
 } as const;
+
+const MIB = 2 ** 20;
 
 /** `sandgym node --listen ADDR [--data-dir D] [--store S] ...`: a node agent. */
 export async function nodeCommand(args: string[]): Promise<number> {
@@ -115,6 +119,8 @@ export async function nodeCommand(args: string[]): Promise<number> {
   const maxSandboxes = positiveInt('max-sandboxes', text(parsed, 'max-sandboxes'));
   const memoryCapacityMib = positiveInt('memory-mib', text(parsed, 'memory-mib'));
   const freeFloorMib = positiveInt('free-floor-mib', text(parsed, 'free-floor-mib'));
+  const inFlightMib = positiveInt('max-in-flight-mib', text(parsed, 'max-in-flight-mib'));
+  const inFlightTotalMib = positiveInt('max-in-flight-total-mib', text(parsed, 'max-in-flight-total-mib'));
   const overcommitText = text(parsed, 'overcommit');
   const overcommit = overcommitText === undefined ? undefined : Number(overcommitText);
   if (overcommit !== undefined && !(overcommit >= 1 && overcommit <= 100)) {
@@ -164,6 +170,8 @@ export async function nodeCommand(args: string[]): Promise<number> {
     ...(memoryCapacityMib ? { memoryCapacityMib } : {}),
     ...(overcommit ? { overcommit } : {}),
     ...(freeFloorMib ? { freeFloorMib } : {}),
+    ...(inFlightMib ? { maxInFlightBytes: inFlightMib * MIB } : {}),
+    ...(inFlightTotalMib ? { maxInFlightTotalBytes: inFlightTotalMib * MIB } : {}),
     ...(tls ? { tls } : {}),
     ...(metricsListen ? { metricsListen } : {}),
     ...(scrapeToken ? { metricsToken: scrapeToken } : {}),
@@ -200,6 +208,8 @@ const grantsFileSchema = z.strictObject({
       maxSandboxes: z.number().int().positive(),
       // rule-book names, and host:/cidr: sets the project may name hosts, ranges and ports inside
       network: z.array(z.string()).default([]),
+      /** Bytes of request bodies the project's calls may hold at once on each controller. */
+      maxInFlightBytes: z.number().int().positive().optional(),
     }),
   ),
 });

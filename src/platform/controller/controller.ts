@@ -7,8 +7,10 @@ import { Placer, type Demand } from './placement.ts';
 import { sandboxRequestSchema } from '../sandbox-request.ts';
 import {
   NETWORK_GRANT_KEY,
+  DEFAULT_IN_FLIGHT_BYTES,
   PROJECT_KEY,
   QUOTA_KEY,
+  RequestBudget,
   SANDBOXES,
   WireServer,
   register,
@@ -35,6 +37,11 @@ export interface ProjectGrant {
    * `cidr:` sets inside which it may name any host, sub-range or port. @default none: loopback only
    */
   network?: string[];
+  /**
+   * Most bytes of request bodies the project's calls may hold at once on each controller replica;
+   * more is refused unread, retryable. @default 256 MiB
+   */
+  maxInFlightBytes?: number | undefined;
 }
 
 /** Options for {@link Controller.start}. */
@@ -170,6 +177,12 @@ export class Controller {
       {
         authenticate: tokenAuthenticator(projects),
         resolvers: RESOLVED_BY_NODES,
+        // only granted projects get in, so the grants bound the sum of these
+        budget: new RequestBudget({
+          perProjectBytes: (project) =>
+            controller.grantOf(project)?.maxInFlightBytes ?? DEFAULT_IN_FLIGHT_BYTES,
+          raiseWith: "the project's maxInFlightBytes in the controller's grants file",
+        }),
         logger,
         ...(options.tls ? { tls: options.tls } : {}),
       },
