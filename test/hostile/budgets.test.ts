@@ -1,0 +1,262 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { readFileSync, writeFileSync } from 'node:fs';
+import { mkdir, rm, writeFile } from 'node:fs/promises';
+import { join, resolve } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
+import { Platform, type RemotePlatform, type Sandbox } from '../../src/platform/index.ts';
+import { STORE_DIR, TEST_DATA_ROOT } from '../support/platform.ts';
+import { attack } from './summary.ts';
+
+const MIB = 2 ** 20;
+const CLI = resolve('dist/src/cli/main.js');
+const FLOOD_CLIENT = resolve('test/support/flood-client.mjs');
+const NODE_TOKEN = 'budgets-node-token-7c1e9a3f5b2d4068';
+const TOKENS = {
+  alpha: 'alpha-token-3d5f7b9e1c2a4680',
+  beta: 'beta-token-8e6c4a2f0d1b3579',
+  gamma: 'gamma-token-1a3c5e7b9d2f4680',
+};
+/** Each project's budget of request bodies in flight, on the controller and on the node. */
+const BUDGET_MIB = 160;
+/**
+ * What a server process may hold for each byte of request body in flight: the transport's
+ * chunks, the framed message, and its decoded and re-encoded copies on the way to the next hop.
+ * Measured: 3.3 (a controller forwarding 128 MiB of WriteFiles peaked 526 MiB over its start).
+ */
+const COPIES = 4;
+/** Memory a server's resident size may move by without any large call (its heap, caches). */
+const SLACK_MIB = 128;
+
+const SANDBOXES = '/sandgym.v1.Sandboxes';
+
+/** A server started the way operators start one: the installed command, its own #! line included. */
+interface Server {
+  child: ChildProcess;
+  port: number;
+  stop(): Promise<void>;
+}
+
+async function startServer(args: string[]): Promise<Server> {
+  const child = spawn(CLI, [...args, '--log-level', 'error'], { stdio: ['ignore', 'pipe', 'inherit'] });
+  const port = await new Promise<number>((found, fail) => {
+    let text = '';
+    child.stdout.on('data', (chunk: Buffer) => {
+      text += chunk.toString();
+      const match = /"port":(\d+)/.exec(text);
+      if (match) found(Number(match[1]));
+    });
+    child.once('exit', (code) => fail(new Error(`sandgym ${args[0]} exited with ${code}`)));
+  });
+  return {
+    child,
+    port,
+    async stop() {
+      if (child.exitCode !== null || child.signalCode !== null) return;
+      const exited = new Promise((done) => child.once('exit', done));
+      child.kill('SIGTERM');
+      await exited;
+    },
+  };
+}
+
+/** A process's resident memory now (`VmRSS`) or at its peak since {@link resetPeak} (`VmHWM`), in MiB. */
+function memoryMib(server: Server, key: 'VmRSS' | 'VmHWM'): number {
+  const status = readFileSync(`/proc/${server.child.pid}/status`, 'utf8');
+  const kib = new RegExp(`^${key}:\\s+(\\d+) kB`, 'm').exec(status)?.[1];
+  return Number(kib) / 1024;
+}
+
+function resetPeak(server: Server): void {
+  writeFileSync(`/proc/${server.child.pid}/clear_refs`, '5');
+}
+
+interface FloodCall {
+  method: string;
+  count: number;
+  mib: number;
+  target: string;
+}
+
+/** Fires every call at once from a process of its own; each call's gRPC code and details. */
+async function flood(
+  address: string,
+  token: string,
+  project: string,
+  calls: FloodCall[],
+  compression?: 'gzip',
+): Promise<{ code: number; details?: string }[]> {
+  const args = [
+    FLOOD_CLIENT,
+    address,
+    token,
+    project,
+    JSON.stringify(calls),
+    ...(compression ? [compression] : []),
+  ];
+  const output = await new Promise<string>((done, fail) => {
+    const child = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'inherit'] });
+    let text = '';
+    child.stdout.on('data', (chunk: Buffer) => (text += chunk.toString()));
+    child.on('exit', () => done(text));
+    child.on('error', fail);
+  });
+  return JSON.parse(output) as { code: number; details?: string }[];
+}
+
+/** Sixteen calls of 60 to 64 MiB at once, over every method that takes large bodies. */
+function largeCalls(sandboxId: string): FloodCall[] {
+  return [
+    { method: `${SANDBOXES}/WriteFile`, count: 6, mib: 64, target: sandboxId },
+    { method: `${SANDBOXES}/ExecCollected`, count: 3, mib: 64, target: sandboxId },
+    { method: `${SANDBOXES}/Exec`, count: 2, mib: 64, target: sandboxId },
+    { method: `${SANDBOXES}/Step`, count: 5, mib: 60, target: sandboxId },
+  ];
+}
+
+/** Small calls an honest tenant makes while another floods: each must succeed. */
+async function honestCalls(sandbox: Sandbox, rounds: number): Promise<void> {
+  for (let round = 0; round < rounds; round++) {
+    await sandbox.writeFile(`/note-${round}`, `note ${round}\n`);
+    expect((await sandbox.exec(['cat', `/note-${round}`])).stdout).toBe(`note ${round}\n`);
+  }
+}
+
+/**
+ * Tenants flooding a controller and a node with large request bodies: what the servers hold for
+ * them stays within each project's budget however many calls they make at once, another project
+ * keeps working, and the memory comes back when the calls end.
+ */
+describe('request bodies in flight', () => {
+  const dataDir = join(TEST_DATA_ROOT, `budgets-${process.pid}`);
+  let node: Server;
+  let controller: Server;
+  const clients: Partial<Record<keyof typeof TOKENS, RemotePlatform>> = {};
+  const sandboxes: Partial<Record<keyof typeof TOKENS, Sandbox>> = {};
+
+  beforeAll(async () => {
+    await mkdir(dataDir, { recursive: true });
+    await writeFile(join(dataDir, 'node-token'), NODE_TOKEN, { mode: 0o600 });
+    const grants = Object.fromEntries(
+      Object.entries(TOKENS).map(([project, token]) => [
+        token,
+        { project, maxSandboxes: 4, maxInFlightBytes: BUDGET_MIB * MIB },
+      ]),
+    );
+    await writeFile(join(dataDir, 'grants.json'), JSON.stringify({ tokens: grants }));
+    node = await startServer([
+      'node',
+      ...['--listen', '127.0.0.1:0', '--node-id', 'budgets', '--warm-pool', '0'],
+      ...['--data-dir', join(dataDir, 'node'), '--store', STORE_DIR],
+      ...['--node-token-file', join(dataDir, 'node-token'), '--max-in-flight-mib', String(BUDGET_MIB)],
+    ]);
+    controller = await startServer([
+      'controller',
+      ...['--listen', '127.0.0.1:0', '--nodes', `127.0.0.1:${node.port}`],
+      ...['--grants', join(dataDir, 'grants.json'), '--node-token-file', join(dataDir, 'node-token')],
+    ]);
+    for (const [project, token] of Object.entries(TOKENS) as [keyof typeof TOKENS, string][]) {
+      const client = await Platform.connect(`grpc://127.0.0.1:${controller.port}`, { token });
+      clients[project] = client;
+      sandboxes[project] = await client.createSandbox({
+        environment: 'busybox:latest',
+        resources: { diskMib: 2048 },
+      });
+    }
+  });
+
+  afterAll(async () => {
+    for (const step of [
+      ...Object.values(sandboxes).map((sandbox) => () => sandbox.close()),
+      ...Object.values(clients).map((client) => () => client.close()),
+      () => controller?.stop(),
+      () => node?.stop(),
+      () => rm(dataDir, { recursive: true, force: true }),
+    ]) {
+      await step().catch((error: unknown) => console.error(error));
+    }
+  });
+
+  /** Runs `attack` with both servers' peaks measured; then waits for their memory to come back. */
+  async function measured(attackWith: () => Promise<void>): Promise<{ node: number; controller: number }> {
+    const before = { node: memoryMib(node, 'VmRSS'), controller: memoryMib(controller, 'VmRSS') };
+    resetPeak(node);
+    resetPeak(controller);
+    await attackWith();
+    const grew = {
+      node: memoryMib(node, 'VmHWM') - before.node,
+      controller: memoryMib(controller, 'VmHWM') - before.controller,
+    };
+    // the bodies are freed when their calls end, and the memory goes back to the system
+    await vi.waitFor(
+      () => {
+        expect(memoryMib(node, 'VmRSS') - before.node).toBeLessThan(SLACK_MIB);
+        expect(memoryMib(controller, 'VmRSS') - before.controller).toBeLessThan(SLACK_MIB);
+      },
+      { timeout: 60_000, interval: 500 },
+    );
+    return grew;
+  }
+
+  it('holds a flood through the controller to its budget while another project works', () =>
+    attack('budgets', '16 concurrent 64 MiB bodies through the controller', async () => {
+      let results: { code: number; details?: string }[] = [];
+      const grew = await measured(async () => {
+        [results] = await Promise.all([
+          flood(`127.0.0.1:${controller.port}`, TOKENS.alpha, '-', largeCalls(sandboxes.alpha!.id)),
+          honestCalls(sandboxes.beta!, 8),
+        ]);
+      });
+      expect(grew.controller).toBeLessThan(COPIES * BUDGET_MIB + SLACK_MIB);
+      expect(grew.node).toBeLessThan(COPIES * BUDGET_MIB + SLACK_MIB);
+      const refused = results.filter((result) => result.code !== 0);
+      expect(refused.length, JSON.stringify(results)).toBeGreaterThan(0);
+      for (const refusal of refused) {
+        expect(refusal.code).toBe(8); // RESOURCE_EXHAUSTED
+        expect(refusal.details).toMatch(/Project alpha has .* budget is 160 MiB.*maxInFlightBytes/);
+      }
+      expect(results.some((result) => result.code === 0)).toBe(true);
+    }));
+
+  it('holds floods straight to a node to each project, compressed or not', () =>
+    attack('budgets', 'two projects flood a node directly, plain and gzip', async () => {
+      const direct = `127.0.0.1:${node.port}`;
+      const envStep = {
+        method: '/sandgym.v1.Envs/Step',
+        count: 4,
+        mib: 60,
+        target: 'env-budgets-aaaaaaaaaaaa',
+      };
+      let results: { code: number; details?: string }[][] = [];
+      const grew = await measured(async () => {
+        [results] = await Promise.all([
+          Promise.all([
+            flood(direct, NODE_TOKEN, 'alpha', [...largeCalls(sandboxes.alpha!.id), envStep]),
+            flood(direct, NODE_TOKEN, 'beta', largeCalls(sandboxes.beta!.id), 'gzip'),
+          ]),
+          honestCalls(sandboxes.gamma!, 8),
+        ]);
+      });
+      // two projects, each within its own budget
+      expect(grew.node).toBeLessThan(COPIES * 2 * BUDGET_MIB + SLACK_MIB);
+      for (const [project, outcome] of [
+        ['alpha', results[0]],
+        ['beta', results[1]],
+      ] as const) {
+        const refused = (outcome ?? []).filter((result) => result.code === 8);
+        expect(refused.length, JSON.stringify(outcome)).toBeGreaterThan(0);
+        for (const refusal of refused)
+          expect(refusal.details).toMatch(new RegExp(`Project ${project} has .*--max-in-flight-mib`));
+      }
+    }));
+
+  it('takes a tenant’s normal and largest writes, several at once, without refusing one', async () => {
+    const sandbox = sandboxes.gamma!;
+    await sandbox.writeFile('/small', 'hello\n');
+    expect((await sandbox.readFile('/small')).toString()).toBe('hello\n');
+    // the client queues its own large calls, so none meets the server's budget
+    const big = Buffer.alloc(64 * MIB, 0x62);
+    await Promise.all([0, 1, 2, 3].map((index) => sandbox.writeFile(`/big-${index}`, big)));
+    const sizes = await sandbox.exec(['sh', '-c', 'wc -c /big-*']);
+    expect(sizes.stdout).toMatch(/268435456 total/);
+  });
+});
