@@ -430,7 +430,7 @@ export class LocalPlatform implements HostPlatform {
    */
   private async admitDisk(backend: BackendName, asked: number | undefined): Promise<number> {
     if (backend === 'microvm' || backend === 'vm') return asked ?? DEFAULT_DISK_MIB;
-    const room = await this.container.diskRoom();
+    let room = await this.container.diskRoom();
     const capacityMib = Math.floor(room.capacityBytes / MIB);
     const diskMib = asked ?? Math.min(DEFAULT_DISK_MIB, capacityMib);
     if (diskMib > capacityMib) {
@@ -440,6 +440,8 @@ export class LocalPlatform implements HostPlatform {
       );
     }
     const floor = Math.min(VOLUME_FREE_FLOOR_BYTES, room.capacityBytes * 0.1);
+    // what sandboxes that just ended held is freed lazily: free it before calling the volume full
+    if (room.freeBytes < floor) room = await this.container.reclaimDisk();
     if (room.freeBytes < floor) {
       throw new SandgymError(
         'admission_rejected',

@@ -1,9 +1,9 @@
-import { spawn, type ChildProcess } from 'node:child_process';
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { mkdir, rm, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
-import { Platform, type RemotePlatform, type Sandbox } from '../../src/platform/index.ts';
+import { Platform, type LocalPlatform, type RemotePlatform, type Sandbox } from '../../src/platform/index.ts';
 import { STORE_DIR, TEST_DATA_ROOT } from '../support/platform.ts';
 import { attack } from './summary.ts';
 
@@ -259,4 +259,51 @@ describe('request bodies in flight', () => {
     const sizes = await sandbox.exec(['sh', '-c', 'wc -c /big-*']);
     expect(sizes.stdout).toMatch(/268435456 total/);
   });
+});
+
+/** A node whose volume one tenant fills and leaves: the next must find the room it left. */
+describe('a volume freed by one tenant', () => {
+  const mountPoint = join(TEST_DATA_ROOT, `budgets-volume-${process.pid}`);
+  let platform: LocalPlatform;
+
+  beforeAll(async () => {
+    await mkdir(mountPoint, { recursive: true });
+    expect(spawnSync('mount', ['-t', 'tmpfs', '-o', 'size=700m', 'tmpfs', mountPoint]).status).toBe(0);
+    platform = await Platform.local({
+      dataDir: join(mountPoint, 'data'),
+      storeDir: STORE_DIR,
+      nodeId: 'budgetsvol',
+    });
+  });
+
+  afterAll(async () => {
+    await platform?.close();
+    // the volume's loop device lets go of its image a moment after the volume is unmounted
+    for (let attempt = 0; attempt < 50 && spawnSync('umount', [mountPoint]).status !== 0; attempt++)
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    await rm(mountPoint, { recursive: true, force: true });
+  });
+
+  it('gives the next tenant the room the last one freed, at once', () =>
+    attack('budgets', 'a freed volume stays full for the next tenant', async () => {
+      for (const where of ['/fill', '/tmp/fill']) {
+        const filler = await platform.createSandbox({ environment: 'busybox:latest' });
+        try {
+          const fill = await filler.exec(['sh', '-c', `dd if=/dev/zero of=${where} bs=1M count=2000; sync`], {
+            timeoutMs: 120_000,
+          });
+          expect(fill.stderr).toMatch(/No space left|quota exceeded/i);
+        } finally {
+          await filler.close();
+        }
+        // no wait: the next create comes as soon as the last sandbox is gone
+        await using next = await platform.createSandbox({ environment: 'busybox:latest' });
+        const write = await next.exec([
+          'sh',
+          '-c',
+          'dd if=/dev/zero of=/data bs=1M count=100 && sync && echo written',
+        ]);
+        expect(write.stdout, write.stderr).toBe('written\n');
+      }
+    }));
 });

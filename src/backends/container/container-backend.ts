@@ -260,6 +260,11 @@ export class ContainerBackend implements Backend {
     return this.scratch.room();
   }
 
+  /** {@link diskRoom} once what ended sandboxes held is free (see ScratchVolume.reclaim). */
+  reclaimDisk(): Promise<VolumeRoom> {
+    return this.scratch.reclaim();
+  }
+
   /** Warm shells ready now, per CPU class. */
   get warmShells(): Record<QosClass, number> {
     return this.pool?.ready ?? { latency: 0, best_effort: 0 };
