@@ -1,10 +1,12 @@
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
-import { mkdir, rm, writeFile } from 'node:fs/promises';
+import { cp, mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { Platform, type LocalPlatform, type RemotePlatform, type Sandbox } from '../../src/platform/index.ts';
-import { STORE_DIR, TEST_DATA_ROOT } from '../support/platform.ts';
+import { loadHarborTask, type SandboxAction, type Task } from '../../src/env/index.ts';
+import { evaluate, scriptedAgent, type EpisodeReport } from '../../src/rollout/index.ts';
+import { STORE_DIR, TEST_DATA_ROOT, createTestPlatform, type TestPlatform } from '../support/platform.ts';
 import { attack } from './summary.ts';
 
 const MIB = 2 ** 20;
@@ -306,4 +308,77 @@ describe('a volume freed by one tenant', () => {
         expect(write.stdout, write.stderr).toBe('written\n');
       }
     }));
+});
+
+/**
+ * Diffs an agent makes large by their apparent size rather than by what it wrote: sparse files
+ * (in its workdir or under /tmp), hard links of them, files just over the cap. Each is scored 0
+ * with the reason in the grade, quickly, never packed or masked; honest diffs of the same kinds
+ * below the cap grade as usual.
+ */
+describe('diffs larger than their sandbox', () => {
+  /** The hello-file task with a 64 MiB disk cap. */
+  let task: Task;
+  let env: TestPlatform;
+
+  beforeAll(async () => {
+    env = await createTestPlatform('hostile-budgets-diffs', {
+      privateStore: true,
+      seed: ['debian:bookworm'],
+    });
+    const dir = join(env.dataDir, 'task');
+    await cp(resolve('examples/tasks/hello-file'), dir, { recursive: true });
+    const toml = await readFile(join(dir, 'task.toml'), 'utf8');
+    await writeFile(
+      join(dir, 'task.toml'),
+      toml.replace('memory_mb = 512', 'memory_mb = 512\nstorage_mb = 64'),
+    );
+    task = await loadHarborTask(dir);
+  });
+
+  afterAll(async () => {
+    await env?.[Symbol.asyncDispose]();
+  });
+
+  /** The episode of an agent that solves the task, then runs `shell`. */
+  async function solveThen(shell: string): Promise<EpisodeReport> {
+    const actions: SandboxAction[] = [
+      { type: 'exec', command: 'echo "hello sandgym" > /app/hello.txt' },
+      { type: 'exec', command: shell },
+    ];
+    const [report] = await evaluate(env.platform, [task], () => scriptedAgent(actions), { concurrency: 1 });
+    if (!report) throw new Error('no report');
+    return report;
+  }
+
+  const overCap: Record<string, string> = {
+    'a 16 GiB sparse file in the workdir': 'truncate -s 16G /app/data.bin',
+    'a 16 GiB sparse file under /tmp': 'truncate -s 16G /tmp/scratch.bin',
+    'hard links of a 40 MiB sparse file beside 30 MiB of others':
+      'truncate -s 40M /app/a && ln /app/a /app/b && truncate -s 30M /app/c',
+    'files just over the 64 MiB cap':
+      'head -c 1048576 /dev/urandom > /app/real && truncate -s 64M /app/sparse',
+  };
+  for (const [name, shell] of Object.entries(overCap)) {
+    it(`scores ${name} 0, with the reason in the grade`, () =>
+      attack('budgets', `diff over its disk cap: ${name}`, async () => {
+        const report = await solveThen(shell);
+        expect(report.outcome, JSON.stringify(report)).toEqual({ kind: 'ok' });
+        expect(report.reward).toBe(0);
+        expect(JSON.stringify(report.details)).toMatch(/more than its disk cap of 64 MiB .* apparent size/);
+      }));
+  }
+
+  const underCap: Record<string, string> = {
+    'a small sparse file': 'truncate -s 8M /app/sparse.db',
+    'files just under the cap': 'head -c 1048576 /dev/urandom > /app/real && truncate -s 56M /app/sparse',
+    'many hard links of one file':
+      'head -c 4194304 /dev/urandom > /app/f && for i in $(seq 1 200); do ln /app/f /app/l$i; done',
+  };
+  for (const [name, shell] of Object.entries(underCap)) {
+    it(`grades a diff with ${name} as usual`, async () => {
+      const report = await solveThen(shell);
+      expect(report, JSON.stringify(report)).toMatchObject({ reward: 1, outcome: { kind: 'ok' } });
+    });
+  }
 });

@@ -772,7 +772,9 @@ export class ContainerBackend implements Backend {
     } finally {
       if (!wasFrozen) await cgroup.setFrozen(false);
     }
-    return consumeFiltered(copy, options.filter, (dir, report) => consume(dir, found, report));
+    // a record from before specs were kept had the usual cap
+    const diskMib = state.spec?.resources.diskMib ?? SHELL_RESOURCES.diskMib;
+    return consumeFiltered(copy, options.filter, diskMib, (dir, report) => consume(dir, found, report));
   }
 
   /**
