@@ -119,8 +119,10 @@ export interface LocalPlatformOptions {
    */
   controlPlane?: string[];
   /**
-   * What a sandbox's trajectory log may grow to; past it, records keep only the head of long
-   * outputs, and the step's signals say `log`. @default 256 MiB
+   * What a sandbox's trajectory log may grow to, or its sandbox's disk cap if that is less. Its
+   * first seven eighths hold records whole; past them records keep only the head of long outputs
+   * and the step's signals say `log`; a step that would leave no room for its record does not
+   * run and ends the episode (scored). @default 256 MiB
    */
   trajectoryCapBytes?: number;
   /**
@@ -675,7 +677,11 @@ export class LocalPlatform implements HostPlatform {
   async step(sandbox: Sandbox, request: StepRequest, options: CallOptions = {}): Promise<StepReply> {
     let steps = this.stepRunners.get(sandbox.id);
     if (!steps) {
-      steps = this.trajectory(sandbox.id).then((log) => new SandboxSteps(sandbox, log));
+      steps = this.trajectory(sandbox.id).then((log) => {
+        // the node keeps no more of a sandbox's log than the sandbox may write
+        log.lowerCap(sandbox.resources.diskMib * MIB);
+        return new SandboxSteps(sandbox, log);
+      });
       this.stepRunners.set(sandbox.id, steps);
     }
     return abortable((await steps).step(request), options.signal, 'The step');

@@ -1,10 +1,25 @@
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { readFileSync, writeFileSync } from 'node:fs';
+import { readFileSync, statSync, writeFileSync } from 'node:fs';
 import { cp, mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
-import { Platform, type LocalPlatform, type RemotePlatform, type Sandbox } from '../../src/platform/index.ts';
-import { loadHarborTask, type SandboxAction, type Task } from '../../src/env/index.ts';
+import {
+  Platform,
+  type LocalPlatform,
+  type RemotePlatform,
+  type Sandbox,
+  type StepRequest,
+} from '../../src/platform/index.ts';
+import { expectCode } from '../support/errors.ts';
+import {
+  SandboxEnv,
+  loadHarborTask,
+  type SandboxAction,
+  type SandboxObservation,
+  type StepInfo,
+  type StepResult,
+  type Task,
+} from '../../src/env/index.ts';
 import { evaluate, scriptedAgent, type EpisodeReport } from '../../src/rollout/index.ts';
 import { STORE_DIR, TEST_DATA_ROOT, createTestPlatform, type TestPlatform } from '../support/platform.ts';
 import { attack } from './summary.ts';
@@ -381,4 +396,106 @@ describe('diffs larger than their sandbox', () => {
       expect(report, JSON.stringify(report)).toMatchObject({ reward: 1, outcome: { kind: 'ok' } });
     });
   }
+});
+
+/**
+ * What a node keeps of a sandbox's steps: a sandbox with 16 MiB of disk that prints megabytes per
+ * command, or whose tenant sends steps carrying megabytes, must not leave the node a larger log
+ * than its disk cap, and the log keeps telling retries from divergent steps.
+ */
+describe('trajectory logs', () => {
+  let env: TestPlatform;
+
+  beforeAll(async () => {
+    env = await createTestPlatform('hostile-budgets-logs');
+  });
+
+  afterAll(async () => {
+    await env?.[Symbol.asyncDispose]();
+  });
+
+  const SMALL_DISK = { environment: 'busybox:latest', resources: { diskMib: 16, outputCapBytes: 64 * MIB } };
+
+  function logBytes(sandboxId: string): number {
+    return statSync(join(env.dataDir, 'trajectories', `${sandboxId}.log`)).size;
+  }
+
+  it('keeps the log of a 16 MiB sandbox within 16 MiB, whatever its steps print or carry', () =>
+    attack('budgets', 'huge outputs and huge step actions into a small sandbox log', async () => {
+      await using gym = SandboxEnv.create(env.platform, { sandbox: SMALL_DISK });
+      await gym.reset();
+      const sandboxId = gym.current!.id;
+      const loud: SandboxAction = { type: 'exec', command: 'head -c 8000000 /dev/zero | tr "\\0" x' };
+      const heavy: SandboxAction = { type: 'write_file', path: '/tmp/heavy', content: 'y'.repeat(12 * MIB) };
+      const limits: string[][] = [];
+      for (let index = 0; index < 9; index++) {
+        const step = await gym.step(index % 3 === 2 ? heavy : loud);
+        // the caller gets every output whole; the log keeps what its cap allows
+        if (index % 3 !== 2) expect(step.observation).toMatchObject({ stdout: 'x'.repeat(8_000_000) });
+        limits.push((step.info.signals as { limitsHit: string[] }).limitsHit);
+      }
+      expect(limits.at(-1)).toContain('log');
+      expect(logBytes(sandboxId)).toBeLessThanOrEqual(16 * MIB);
+      await gym.close();
+      // and what the node keeps after the sandbox is gone is no more
+      expect(logBytes(sandboxId)).toBeLessThanOrEqual(16 * MIB);
+    }));
+
+  it('ends the episode, scored, when a sandbox fills its log', () =>
+    attack('budgets', 'fill a trajectory log to its end', async () => {
+      await using small = await createTestPlatform('hostile-budgets-full-log', {
+        trajectoryCapBytes: 256 * 1024,
+      });
+      await using gym = SandboxEnv.create(small.platform, { sandbox: SMALL_DISK });
+      await gym.reset();
+      let last: StepResult<SandboxObservation, StepInfo> | undefined;
+      for (let index = 0; index < 1000 && !last?.terminated; index++)
+        last = await gym.step({ type: 'exec', command: 'head -c 3000 /dev/zero | tr "\\0" x' });
+      // the step that found no room did not run, and ended the episode as the agent's doing
+      expect(last?.terminated).toBe(true);
+      expect(last?.outcome).toEqual({ kind: 'ok' });
+      expect(last?.observation).toMatchObject({ type: 'error', code: 'resource_exhausted' });
+      expect(JSON.stringify(last?.observation)).toMatch(/trajectory log .* is full.*resources\.diskMib/);
+      const log = join(small.dataDir, 'trajectories', `${gym.current!.id}.log`);
+      expect(statSync(log).size).toBeLessThanOrEqual(256 * 1024);
+      // asked again, that step gets the same answer, still without running
+      const again = await small.platform.step(gym.current!, {
+        episodeId: last!.info.episodeId,
+        stepIndex: last!.info.stepIndex,
+        action: { type: 'exec', command: 'touch /ran' },
+      });
+      expect(again.result.observation).toMatchObject({ code: 'resource_exhausted' });
+      expect((await gym.current!.exec(['ls', '/ran'])).exitCode).not.toBe(0);
+    }));
+
+  it('still tells a retry of a step it cut from a different step at that index', () =>
+    attack('budgets', 'diverge at a step whose logged action was cut', async () => {
+      await using sandbox = await env.platform.createSandbox(SMALL_DISK);
+      const write = (content: string): StepRequest => ({
+        episodeId: 'cut',
+        stepIndex: 0,
+        action: { type: 'write_file', path: '/tmp/big', content },
+      });
+      const content = 'z'.repeat(15 * MIB);
+      const first = await env.platform.step(sandbox, write(content));
+      expect(first.logCapped).toBe(true);
+      // the same action again is the logged step, answered from the log
+      expect((await env.platform.step(sandbox, write(content))).replayed).toBe(true);
+      // one that differs only past what the log kept is not
+      await expectCode(env.platform.step(sandbox, write(`${content.slice(0, -1)}!`)), 'divergence');
+    }));
+
+  it('logs a normal episode in a small sandbox whole', async () => {
+    await using gym = SandboxEnv.create(env.platform, { sandbox: SMALL_DISK });
+    await gym.reset();
+    for (let index = 0; index < 20; index++) {
+      const step = await gym.step({ type: 'exec', command: `echo step ${index}` });
+      expect(step.observation).toMatchObject({ stdout: `step ${index}\n` });
+      expect(step.info.signals).toMatchObject({ limitsHit: [] });
+    }
+    const records = await (await env.platform.stepLog(gym.current!.id)).records();
+    expect(
+      records.map((record) => (record.result as { observation: { stdout: string } }).observation.stdout),
+    ).toEqual(Array.from({ length: 20 }, (_, index) => `step ${index}\n`));
+  });
 });
