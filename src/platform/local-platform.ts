@@ -136,6 +136,13 @@ export interface LocalPlatformOptions {
    */
   project?: string;
   /**
+   * The most each project may hold in the layer store: the layers it makes (diffs, checkpoints,
+   * builds) and its environments. Past it, what the project made that nothing needs is collected,
+   * and if that is not enough, packing is refused (retryable). @default no limit: the embedded
+   * platform's one user owns the disk (`sandgym node` sets 16 GiB, --max-store-mib)
+   */
+  maxStoreBytes?: number;
+  /**
    * How long a layer this platform just made (a grader's diff, a build step) or is about to mount
    * stays out of every layer gc's reach while nothing references it yet. @default 10 minutes
    */
@@ -222,6 +229,8 @@ export class LocalPlatform implements HostPlatform {
     freshLayerHoldMs?: number,
     /** Where builds find FROM images the store lacks, and the fallback base if one was asked for. */
     private readonly images: ImageSources = {},
+    /** Each project's store quota (see LocalPlatformOptions.maxStoreBytes). */
+    private readonly maxStoreBytes?: number,
   ) {
     this.lifetimes = setInterval(() => void this.reclaimExpired(), LIFETIME_SWEEP_MS);
     this.lifetimes.unref();
@@ -248,10 +257,20 @@ export class LocalPlatform implements HostPlatform {
 
   /**
    * The store as `project` sees it: its environments over the shared ones, its layers pinned
-   * while fresh. What a node agent uses for each caller.
+   * while fresh, what it makes held to `maxStoreBytes` (the platform's quota unless a controller's
+   * grant gives the call its own). What a node agent uses for each caller.
    */
-  storeFor(project: string): ProjectStore {
-    return this.layers.forProject(project, (digest) => this.pins.hold([digest]));
+  storeFor(project: string, maxStoreBytes = this.maxStoreBytes): ProjectStore {
+    return this.layers.forProject(
+      project,
+      (digest) => this.pins.hold([digest]),
+      maxStoreBytes === undefined
+        ? undefined
+        : {
+            maxBytes: maxStoreBytes,
+            makeRoom: () => this.collectLayers(project, 0, false).then(() => undefined),
+          },
+    );
   }
 
   /** Every backend of this node: containers, FnCall on warm container workers, microVMs, VMs. */
@@ -582,15 +601,24 @@ export class LocalPlatform implements HostPlatform {
   ): Promise<LayerGcReport> {
     const nodeWide = options.nodeWide ?? true;
     const node = nodeWide ? await this.container.gcLayers() : { unmounted: [], removedCopies: [] };
+    const store = await this.collectLayers(project, options.minAgeMs ?? 60 * 60_000, nodeWide);
+    return { ...node, removedLayers: store.removed, freedBytes: store.freedBytes };
+  }
+
+  /** The store's part of {@link layerGcFor}: what nothing references or pins, older than `minAgeMs`. */
+  private async collectLayers(
+    project: string | undefined,
+    minAgeMs: number,
+    sweepScratch: boolean,
+  ): Promise<{ removed: string[]; freedBytes: number }> {
     await this.pins.refresh();
     const pinned = new Set([...this.pins.current(), ...(await this.layers.livePins(pinIsLive(isAlive)))]);
-    const store = await this.layers.collectGarbage({
-      minAgeMs: options.minAgeMs ?? 60 * 60_000,
+    return this.layers.collectGarbage({
+      minAgeMs,
       pinned,
-      sweepScratch: nodeWide,
+      sweepScratch,
       ...(project === undefined ? {} : { owner: project }),
     });
-    return { ...node, removedLayers: store.removed, freedBytes: store.freedBytes };
   }
 
   listEnvironments(): Promise<Environment[]> {
@@ -601,7 +629,14 @@ export class LocalPlatform implements HostPlatform {
     return this.store.getEnvironment(ref);
   }
 
-  async packDiff(sandbox: Sandbox | string, options: PackDiffOptions): Promise<PackDiffResult> {
+  /**
+   * {@link PlatformClient.packDiff}; `maxStoreBytes` is the sandbox's project's store quota for
+   * this call, where a controller's grant sets one (default the platform's own).
+   */
+  async packDiff(
+    sandbox: Sandbox | string,
+    options: PackDiffOptions & { maxStoreBytes?: number },
+  ): Promise<PackDiffResult> {
     const ref = options.name === undefined ? undefined : parseEnvironmentRef(options.name);
     const id = typeof sandbox === 'string' ? sandbox : sandbox.id;
     // Always a private copy, pruned: what a layer cannot hold (too-long names and paths), what no
@@ -613,8 +648,11 @@ export class LocalPlatform implements HostPlatform {
       ...(options.hiddenPaths ? { hiddenPaths: options.hiddenPaths } : {}),
     };
     const pack = async (dir: string, found: Pick<Sandbox, 'layers' | 'labels'>, report: FilterReport) => {
-      // what a sandbox is packed into belongs to the sandbox's project
-      const store = this.storeFor(found.labels[PROJECT_LABEL] ?? this.project);
+      // what a sandbox is packed into belongs to the sandbox's project, and counts in its quota
+      const store = this.storeFor(
+        found.labels[PROJECT_LABEL] ?? this.project,
+        options.maxStoreBytes ?? this.maxStoreBytes,
+      );
       return {
         store,
         present: report.present,
@@ -806,6 +844,7 @@ export const Platform = {
       options.trajectoryRetentionMs,
       options.freshLayerHoldMs,
       options.images ?? imageSourcesFromEnv(),
+      options.maxStoreBytes,
     );
     return late.platform;
   },

@@ -1,16 +1,18 @@
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { readFileSync, statSync, writeFileSync } from 'node:fs';
+import { readFileSync, readdirSync, statSync, writeFileSync } from 'node:fs';
 import { cp, mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import {
   Platform,
   type LocalPlatform,
+  type ProjectGrant,
   type RemotePlatform,
   type Sandbox,
   type StepRequest,
 } from '../../src/platform/index.ts';
 import { expectCode } from '../support/errors.ts';
+import { startInProcessCluster, type InProcessCluster } from '../support/in-process-cluster.ts';
 import {
   SandboxEnv,
   loadHarborTask,
@@ -497,5 +499,105 @@ describe('trajectory logs', () => {
     expect(
       records.map((record) => (record.result as { observation: { stdout: string } }).observation.stdout),
     ).toEqual(Array.from({ length: 20 }, (_, index) => `step ${index}\n`));
+  });
+});
+
+/**
+ * Tenants packing diffs into the shared store: each project's layers and environments stay within
+ * its store quota, a refused layer is not left behind, and other projects, and the project's own
+ * graders, go on packing.
+ */
+describe('the shared store', () => {
+  const QUOTAS: Record<string, ProjectGrant> = {
+    'alpha-store-token-2b4d6f8a0c1e3579': { project: 'alpha', maxSandboxes: 4, maxStoreBytes: 4 * MIB },
+    'gamma-store-token-7f5d3b1a9e8c6420': { project: 'gamma', maxSandboxes: 4, maxStoreBytes: 128 * 1024 },
+    'delta-store-token-4c6e8a0b2d1f3579': { project: 'delta', maxSandboxes: 4, maxStoreBytes: 3 * MIB },
+    'beta-store-token-9a7c5e3b1d0f2468': { project: 'beta', maxSandboxes: 4 },
+  };
+  let nodeData: TestPlatform;
+  let cluster: InProcessCluster;
+  const connect = (project: string): Promise<RemotePlatform> => {
+    const token = Object.entries(QUOTAS).find(([, grant]) => grant.project === project)![0];
+    return Platform.connect(cluster.url, { token });
+  };
+
+  beforeAll(async () => {
+    nodeData = await createTestPlatform('hostile-budgets-store', { privateStore: true });
+    cluster = await startInProcessCluster({
+      dataDir: nodeData.dataDir,
+      storeDir: join(nodeData.dataDir, 'store'),
+      nodeId: 'storenode',
+      grants: QUOTAS,
+      // a layer nothing references is the project's to lose at once: what a quota collects first
+      platform: { freshLayerHoldMs: 0 },
+    });
+  });
+
+  afterAll(async () => {
+    await cluster?.close().catch((error: unknown) => console.error(error));
+    await nodeData?.[Symbol.asyncDispose]();
+  });
+
+  const layerFiles = (): number =>
+    readdirSync(join(nodeData.dataDir, 'store', 'layers', 'sha256')).filter((name) => name.endsWith('.erofs'))
+      .length;
+
+  /** Packs `sandbox` as new named environments, changing `size` random bytes each time, until refused. */
+  async function packUntilRefused(
+    platform: RemotePlatform,
+    sandbox: Sandbox,
+    size: number,
+  ): Promise<unknown> {
+    for (let index = 0; index < 200; index++) {
+      await sandbox.exec(['sh', '-c', `head -c ${size} /dev/urandom > /blob-${index}`]);
+      const refused = await platform.packDiff(sandbox, { name: `blob:v${index}` }).then(
+        () => undefined,
+        (error: unknown) => error,
+      );
+      if (refused) return refused;
+    }
+    throw new Error('never refused');
+  }
+
+  for (const [name, project, size] of [
+    ['named packDiffs of a megabyte each', 'alpha', MIB],
+    ['many small named packDiffs', 'gamma', 64],
+  ] as const) {
+    it(`keeps ${name} within the project's store quota`, () =>
+      attack('budgets', `store quota: ${name}`, async () => {
+        await using platform = await connect(project);
+        await using sandbox = await platform.createSandbox({ environment: 'busybox:latest' });
+        const quota = Object.values(QUOTAS).find((grant) => grant.project === project)!.maxStoreBytes!;
+        const refusal = await packUntilRefused(platform, sandbox, size);
+        expect(refusal).toMatchObject({ code: 'resource_exhausted', retryable: true });
+        expect((refusal as Error).message).toMatch(
+          new RegExp(`Project ${project} holds .* store quota.*maxStoreBytes`),
+        );
+        expect(await cluster.nodePlatform.layers.bytesOf(project)).toBeLessThanOrEqual(quota);
+        // refused again, and the refused layers are not left in the store
+        const files = layerFiles();
+        await expectCode(
+          platform.packDiff(sandbox, { name: 'blob:again' }),
+          'resource_exhausted',
+          /store quota/,
+        );
+        expect(layerFiles()).toBe(files);
+      }));
+  }
+
+  it("lets other projects, and a full project's graders, go on packing", async () => {
+    // beta has no quota of its own; delta's grader diffs are collected to make room for the next
+    await using beta = await connect('beta');
+    await using free = await beta.createSandbox({ environment: 'busybox:latest' });
+    await free.exec(['sh', '-c', 'head -c 1048576 /dev/urandom > /blob']);
+    for (let index = 0; index < 6; index++) await beta.packDiff(free, { name: `beta-blob:v${index}` });
+    await using delta = await connect('delta');
+    await using graded = await delta.createSandbox({ environment: 'busybox:latest' });
+    for (let index = 0; index < 8; index++) {
+      await graded.exec(['sh', '-c', `head -c 1048576 /dev/urandom > /work-${index % 2}`]);
+      const { layer } = await delta.packDiff(graded, {});
+      expect(layer.sizeBytes).toBeGreaterThan(0);
+    }
+    expect(await cluster.nodePlatform.layers.bytesOf('delta')).toBeLessThanOrEqual(3 * MIB);
   });
 });

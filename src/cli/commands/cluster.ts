@@ -104,7 +104,11 @@ export const NODE_OPTIONS = {
   'task-root': { type: 'string' },
   'max-in-flight-mib': { type: 'string' },
   'max-in-flight-total-mib': { type: 'string' },
+  'max-store-mib': { type: 'string' },
 } as const;
+
+/** What each project may hold in the layer store by default on a node: its diffs, checkpoints, builds. */
+const DEFAULT_NODE_STORE_MIB = 16 * 1024;
 
 const MIB = 2 ** 20;
 
@@ -149,12 +153,14 @@ export async function nodeCommand(args: string[]): Promise<number> {
   const controlPlane = (text(parsed, 'control-plane') ?? '').split(',').filter(Boolean);
   const storeDir = text(parsed, 'store');
   const trajectoryRetentionMs = durationMs('trajectory-retention', text(parsed, 'trajectory-retention'));
+  const storeMib = positiveInt('max-store-mib', text(parsed, 'max-store-mib')) ?? DEFAULT_NODE_STORE_MIB;
   const platform = await Platform.local({
     dataDir: text(parsed, 'data-dir') ?? defaultDataDir(),
     nodeId,
     logger,
     durable: true,
     warmPool,
+    maxStoreBytes: storeMib * MIB,
     ...(trajectoryRetentionMs ? { trajectoryRetentionMs } : {}),
     ...(storeDir ? { storeDir } : {}),
     ...(controlPlane.length ? { controlPlane } : {}),
@@ -210,6 +216,8 @@ const grantsFileSchema = z.strictObject({
       network: z.array(z.string()).default([]),
       /** Bytes of request bodies the project's calls may hold at once on each controller. */
       maxInFlightBytes: z.number().int().positive().optional(),
+      /** Bytes the project may hold in the layer store; the nodes' own quota without. */
+      maxStoreBytes: z.number().int().positive().optional(),
     }),
   ),
 });

@@ -12,6 +12,7 @@ import {
   QUOTA_KEY,
   RequestBudget,
   SANDBOXES,
+  STORE_QUOTA_KEY,
   WireServer,
   register,
   tokenAuthenticator,
@@ -42,6 +43,11 @@ export interface ProjectGrant {
    * more is refused unread, retryable. @default 256 MiB
    */
   maxInFlightBytes?: number | undefined;
+  /**
+   * Most bytes the project may hold in the shared layer store (the layers and environments it
+   * packs); passed to the node that packs. @default the node's (sandgym node --max-store-mib)
+   */
+  maxStoreBytes?: number | undefined;
 }
 
 /** Options for {@link Controller.start}. */
@@ -272,7 +278,18 @@ export class Controller {
         this.queue.wake(1);
         return done;
       },
-      PackDiff: (request, call) => route(request.sandboxId).call('PackDiff', request, as(call)),
+      PackDiff: (request, call) => {
+        // the node that packs holds the project to its store quota
+        const quota = this.grantOf(call.principal.project)?.maxStoreBytes;
+        const forward = as(call);
+        return route(request.sandboxId).call(
+          'PackDiff',
+          request,
+          quota === undefined
+            ? forward
+            : { ...forward, metadata: { ...forward.metadata, [STORE_QUOTA_KEY]: String(quota) } },
+        );
+      },
       Step: (request, call) => route(request.sandboxId).call('Step', request, as(call)),
       Trajectory: (request, call) => route(request.sandboxId).call('Trajectory', request, as(call)),
       List: async (_request, call) => ({

@@ -26,6 +26,7 @@ import {
   tokenAuthenticator,
   quotaOf,
   networkGrantOf,
+  storeQuotaOf,
   type CallContext,
   type DrainProgress,
   type ExecRequest,
@@ -420,11 +421,15 @@ export class NodeAgent {
           (record) => record.labels[PROJECT_LABEL] === call.principal.project,
         ),
       }),
-      PackDiff: ({ sandboxId, ...options }, call) =>
-        this.platform.packDiff(this.sandboxOf(sandboxId, call), {
+      PackDiff: ({ sandboxId, ...options }, call) => {
+        // a controller passes the project's store quota when its grant sets one
+        const maxStoreBytes = storeQuotaOf(call.metadata);
+        return this.platform.packDiff(this.sandboxOf(sandboxId, call), {
           ...definedFields(options),
+          ...(maxStoreBytes === undefined ? {} : { maxStoreBytes }),
           signal: call.signal,
-        }),
+        });
+      },
       // each project sees its own environments over the shared ones, and no other project's
       ListEnvironments: async (_request, call) => ({
         environments: await this.platform.storeFor(call.principal.project).listEnvironments(),

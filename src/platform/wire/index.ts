@@ -10,9 +10,11 @@ export {
   tokenDigest,
   quotaOf,
   networkGrantOf,
+  storeQuotaOf,
   NETWORK_GRANT_KEY,
   PROJECT_KEY,
   QUOTA_KEY,
+  STORE_QUOTA_KEY,
 } from './auth.ts';
 export { readTlsFiles } from './tls.ts';
 export { RequestBudget, DEFAULT_IN_FLIGHT_BYTES } from './request-budget.ts';
