@@ -1,4 +1,7 @@
-#!/usr/bin/env node
+#!/usr/bin/env -S MALLOC_MMAP_THRESHOLD_=32768 node
+// The setting above makes glibc map the socket and HTTP/2 buffers of a large call (32 KiB and up)
+// on their own, so their memory goes back to the system when the call ends; in its shared heap,
+// between smaller allocations that stay, it would not (docs/cluster.md, "Memory").
 import { auditCommand } from './commands/audit.ts';
 import { benchCommand } from './commands/bench.ts';
 import { checkCommand } from './commands/check.ts';
@@ -60,6 +63,8 @@ const USAGE = `usage: sandgym COMMAND [ARGS]
        [--control-plane IP[/N][:PORT],:PORT,...]  (controllers etc.: no sandbox rule ever reaches them)
        [--task-root DIR]    (tasks the Envs service may serve, by path under DIR)
        [--trajectory-retention 7d]  (how long an ended sandbox's step log stays for audit)
+       [--max-in-flight-mib 256] [--max-in-flight-total-mib N]  (request bodies held per project, all)
+       [--max-store-mib 16384]  (what each project may hold in the layer store)
        [--etcd URL,... [--advertise HOST:PORT] [--lease-ttl 10s]]  (join through etcd)
        [--tls-ca F --tls-cert F --tls-key F]  (mutual TLS)
        [--metrics-listen [HOST:]PORT [--metrics-token-file F]]  (loopback unless HOST; off it, a token)
@@ -73,7 +78,8 @@ const USAGE = `usage: sandgym COMMAND [ARGS]
        [--queue-timeout-ms N] [--tls-ca F --tls-cert F --tls-key F]
        [--metrics-listen [HOST:]PORT [--metrics-token-file F]] [--log-level LEVEL]
                                           a controller replica (cluster mode); grants: tokens to
-                                          {project, maxSandboxes, network: [rules it may use]}
+                                          {project, maxSandboxes, network: [rules it may use],
+                                          maxInFlightBytes?, maxStoreBytes?}
   certs --out DIR [--hosts localhost,127.0.0.1,...] [--days 365]
                                           a development CA and certificates, made with openssl
 

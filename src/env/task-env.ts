@@ -1,6 +1,7 @@
 import { SandgymError, isSandgymError, messageOf, type FailureReason } from '../common/index.ts';
 import {
   hostPlatformOf,
+  isDiffLargerThanDisk,
   type Environment as LayerEnvironment,
   type PlatformClient,
   type Sandbox,
@@ -510,8 +511,21 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     if (!agent || !environment)
       throw new SandgymError('failed_precondition', 'Nothing to grade: call reset() first');
     // no name: a layer for this grading only, which layer gc reclaims later
-    const { layer, present, dropped } = await this.platform.packDiff(agent, this.diffOptions());
+    const packed = await this.platform.packDiff(agent, this.diffOptions()).catch((error: unknown) => {
+      if (isDiffLargerThanDisk(error)) return error as Error;
+      throw error;
+    });
     const { deniedEgress } = await agent.stats();
+    // changes larger than the agent's disk (sparse files) are its own doing: scored, never packed
+    if (packed instanceof Error) {
+      return {
+        reward: 0,
+        tampered: [...this.earlierTampering],
+        deniedEgress,
+        details: { reason: `the agent's changes cannot be graded: ${packed.message}` },
+      };
+    }
+    const { layer, present, dropped } = packed;
     // while it is graded, the agent's sandbox is off its services' network (see TaskServices.leave)
     await this.services?.leave(agent);
     const tampered = [...new Set([...this.earlierTampering, ...present.map((path) => `/${path}`)])];

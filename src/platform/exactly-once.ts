@@ -46,7 +46,12 @@ export function lookupStep(log: TrajectoryLog, request: StepKey): StepLookup {
   const logged = episode[request.stepIndex];
   const started = logged ? undefined : log.intent(request.episodeId, request.stepIndex);
   const previous = logged ?? started;
-  if (previous && !sameValue(previous.action, request.action)) {
+  // a frame whose action the log cut keeps its digest to compare with
+  const matches =
+    previous?.actionDigest === undefined
+      ? sameValue(previous?.action, request.action)
+      : previous.actionDigest === log.actionDigest(request.action);
+  if (previous && !matches) {
     throw divergence(request.episodeId, request.stepIndex, previous.action, request.action);
   }
   if (logged) return { kind: 'logged', record: logged };

@@ -27,6 +27,7 @@ export { Controller } from './controller/controller.ts';
 export type { ControllerOptions, ProjectGrant } from './controller/controller.ts';
 export { Placer } from './controller/placement.ts';
 export type { Demand, NodeLoad } from './controller/placement.ts';
+export { isDiffLargerThanDisk } from './platform-client.ts';
 export type {
   ForkOptions,
   LayerGcOptions,

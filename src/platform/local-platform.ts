@@ -119,8 +119,10 @@ export interface LocalPlatformOptions {
    */
   controlPlane?: string[];
   /**
-   * What a sandbox's trajectory log may grow to; past it, records keep only the head of long
-   * outputs, and the step's signals say `log`. @default 256 MiB
+   * What a sandbox's trajectory log may grow to, or its sandbox's disk cap if that is less. Its
+   * first seven eighths hold records whole; past them records keep only the head of long outputs
+   * and the step's signals say `log`; a step that would leave no room for its record does not
+   * run and ends the episode (scored). @default 256 MiB
    */
   trajectoryCapBytes?: number;
   /**
@@ -133,6 +135,13 @@ export interface LocalPlatformOptions {
    * acts for each caller's instead). @default $SANDGYM_PROJECT, else `default`
    */
   project?: string;
+  /**
+   * The most each project may hold in the layer store: the layers it makes (diffs, checkpoints,
+   * builds) and its environments. Past it, what the project made that nothing needs is collected,
+   * and if that is not enough, packing is refused (retryable). @default no limit: the embedded
+   * platform's one user owns the disk (`sandgym node` sets 16 GiB, --max-store-mib)
+   */
+  maxStoreBytes?: number;
   /**
    * How long a layer this platform just made (a grader's diff, a build step) or is about to mount
    * stays out of every layer gc's reach while nothing references it yet. @default 10 minutes
@@ -220,6 +229,8 @@ export class LocalPlatform implements HostPlatform {
     freshLayerHoldMs?: number,
     /** Where builds find FROM images the store lacks, and the fallback base if one was asked for. */
     private readonly images: ImageSources = {},
+    /** Each project's store quota (see LocalPlatformOptions.maxStoreBytes). */
+    private readonly maxStoreBytes?: number,
   ) {
     this.lifetimes = setInterval(() => void this.reclaimExpired(), LIFETIME_SWEEP_MS);
     this.lifetimes.unref();
@@ -246,10 +257,20 @@ export class LocalPlatform implements HostPlatform {
 
   /**
    * The store as `project` sees it: its environments over the shared ones, its layers pinned
-   * while fresh. What a node agent uses for each caller.
+   * while fresh, what it makes held to `maxStoreBytes` (the platform's quota unless a controller's
+   * grant gives the call its own). What a node agent uses for each caller.
    */
-  storeFor(project: string): ProjectStore {
-    return this.layers.forProject(project, (digest) => this.pins.hold([digest]));
+  storeFor(project: string, maxStoreBytes = this.maxStoreBytes): ProjectStore {
+    return this.layers.forProject(
+      project,
+      (digest) => this.pins.hold([digest]),
+      maxStoreBytes === undefined
+        ? undefined
+        : {
+            maxBytes: maxStoreBytes,
+            makeRoom: () => this.collectLayers(project, 0, false).then(() => undefined),
+          },
+    );
   }
 
   /** Every backend of this node: containers, FnCall on warm container workers, microVMs, VMs. */
@@ -430,7 +451,7 @@ export class LocalPlatform implements HostPlatform {
    */
   private async admitDisk(backend: BackendName, asked: number | undefined): Promise<number> {
     if (backend === 'microvm' || backend === 'vm') return asked ?? DEFAULT_DISK_MIB;
-    const room = await this.container.diskRoom();
+    let room = await this.container.diskRoom();
     const capacityMib = Math.floor(room.capacityBytes / MIB);
     const diskMib = asked ?? Math.min(DEFAULT_DISK_MIB, capacityMib);
     if (diskMib > capacityMib) {
@@ -440,6 +461,8 @@ export class LocalPlatform implements HostPlatform {
       );
     }
     const floor = Math.min(VOLUME_FREE_FLOOR_BYTES, room.capacityBytes * 0.1);
+    // what sandboxes that just ended held is freed lazily: free it before calling the volume full
+    if (room.freeBytes < floor) room = await this.container.reclaimDisk();
     if (room.freeBytes < floor) {
       throw new SandgymError(
         'admission_rejected',
@@ -578,15 +601,24 @@ export class LocalPlatform implements HostPlatform {
   ): Promise<LayerGcReport> {
     const nodeWide = options.nodeWide ?? true;
     const node = nodeWide ? await this.container.gcLayers() : { unmounted: [], removedCopies: [] };
+    const store = await this.collectLayers(project, options.minAgeMs ?? 60 * 60_000, nodeWide);
+    return { ...node, removedLayers: store.removed, freedBytes: store.freedBytes };
+  }
+
+  /** The store's part of {@link layerGcFor}: what nothing references or pins, older than `minAgeMs`. */
+  private async collectLayers(
+    project: string | undefined,
+    minAgeMs: number,
+    sweepScratch: boolean,
+  ): Promise<{ removed: string[]; freedBytes: number }> {
     await this.pins.refresh();
     const pinned = new Set([...this.pins.current(), ...(await this.layers.livePins(pinIsLive(isAlive)))]);
-    const store = await this.layers.collectGarbage({
-      minAgeMs: options.minAgeMs ?? 60 * 60_000,
+    return this.layers.collectGarbage({
+      minAgeMs,
       pinned,
-      sweepScratch: nodeWide,
+      sweepScratch,
       ...(project === undefined ? {} : { owner: project }),
     });
-    return { ...node, removedLayers: store.removed, freedBytes: store.freedBytes };
   }
 
   listEnvironments(): Promise<Environment[]> {
@@ -597,7 +629,14 @@ export class LocalPlatform implements HostPlatform {
     return this.store.getEnvironment(ref);
   }
 
-  async packDiff(sandbox: Sandbox | string, options: PackDiffOptions): Promise<PackDiffResult> {
+  /**
+   * {@link PlatformClient.packDiff}; `maxStoreBytes` is the sandbox's project's store quota for
+   * this call, where a controller's grant sets one (default the platform's own).
+   */
+  async packDiff(
+    sandbox: Sandbox | string,
+    options: PackDiffOptions & { maxStoreBytes?: number },
+  ): Promise<PackDiffResult> {
     const ref = options.name === undefined ? undefined : parseEnvironmentRef(options.name);
     const id = typeof sandbox === 'string' ? sandbox : sandbox.id;
     // Always a private copy, pruned: what a layer cannot hold (too-long names and paths), what no
@@ -609,8 +648,11 @@ export class LocalPlatform implements HostPlatform {
       ...(options.hiddenPaths ? { hiddenPaths: options.hiddenPaths } : {}),
     };
     const pack = async (dir: string, found: Pick<Sandbox, 'layers' | 'labels'>, report: FilterReport) => {
-      // what a sandbox is packed into belongs to the sandbox's project
-      const store = this.storeFor(found.labels[PROJECT_LABEL] ?? this.project);
+      // what a sandbox is packed into belongs to the sandbox's project, and counts in its quota
+      const store = this.storeFor(
+        found.labels[PROJECT_LABEL] ?? this.project,
+        options.maxStoreBytes ?? this.maxStoreBytes,
+      );
       return {
         store,
         present: report.present,
@@ -673,7 +715,11 @@ export class LocalPlatform implements HostPlatform {
   async step(sandbox: Sandbox, request: StepRequest, options: CallOptions = {}): Promise<StepReply> {
     let steps = this.stepRunners.get(sandbox.id);
     if (!steps) {
-      steps = this.trajectory(sandbox.id).then((log) => new SandboxSteps(sandbox, log));
+      steps = this.trajectory(sandbox.id).then((log) => {
+        // the node keeps no more of a sandbox's log than the sandbox may write
+        log.lowerCap(sandbox.resources.diskMib * MIB);
+        return new SandboxSteps(sandbox, log);
+      });
       this.stepRunners.set(sandbox.id, steps);
     }
     return abortable((await steps).step(request), options.signal, 'The step');
@@ -798,6 +844,7 @@ export const Platform = {
       options.trajectoryRetentionMs,
       options.freshLayerHoldMs,
       options.images ?? imageSourcesFromEnv(),
+      options.maxStoreBytes,
     );
     return late.platform;
   },

@@ -5,6 +5,7 @@ import type {
   SandboxCheckpoint,
   SandboxRecord,
 } from '../backends/index.ts';
+import { isSandgymError } from '../common/index.ts';
 import type { Environment, LayerManifest } from './store/layer-store.ts';
 import type { SandboxRequest } from './sandbox-request.ts';
 import type { StepLog } from './exactly-once.ts';
@@ -40,7 +41,9 @@ export interface PlatformClient extends AsyncDisposable {
   /**
    * pack_diff: turns what a sandbox wrote into a new layer, and records `name` as an environment
    * that is the sandbox's own stack plus that layer. New sandboxes of it start where this one is.
-   * Takes a handle, or the id of a sandbox on this node that another process owns.
+   * Takes a handle, or the id of a sandbox on this node that another process owns. Fails with
+   * `resource_exhausted`: not retryable when the sandbox's changes are larger than its disk cap
+   * (see {@link isDiffLargerThanDisk}), retryable when its project's store quota is used up.
    */
   packDiff(sandbox: Sandbox | string, options: PackDiffOptions): Promise<PackDiffResult>;
   /**
@@ -114,6 +117,14 @@ export interface PackDiffOptions extends CallOptions {
    * them (as the sandbox resolves them) are left out and listed in `dropped`.
    */
   hiddenPaths?: string[];
+}
+
+/**
+ * Whether `error` is packDiff's refusal of changes larger than their sandbox's disk cap by their
+ * apparent size (sparse files count whole): the sandbox's own doing, which no retry changes.
+ */
+export function isDiffLargerThanDisk(error: unknown): boolean {
+  return isSandgymError(error, 'resource_exhausted') && !error.retryable;
 }
 
 /** The layer and environment that {@link PlatformClient.packDiff} made. */

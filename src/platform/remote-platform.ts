@@ -60,6 +60,12 @@ function parseGrpcUrl(url: string): string {
 }
 
 /**
+ * Request bodies one client has in flight at once: half a project's default budget on a server
+ * (see RequestBudget), so two clients of a project rarely see their calls refused and resent.
+ */
+const SEND_WINDOW_BYTES = 128 * 2 ** 20;
+
+/**
  * The cluster client: the same {@link PlatformClient} as the embedded platform, over gRPC to a
  * controller (or straight to one node agent). Sandboxes it creates are destroyed by close().
  */
@@ -79,6 +85,7 @@ export class RemotePlatform implements PlatformClient {
   ): Promise<RemotePlatform> {
     const shared: WireClientOptions = {
       token: options.token,
+      sendWindowBytes: SEND_WINDOW_BYTES,
       ...(options.metadata ? { metadata: options.metadata } : {}),
       ...(options.tls ? { tls: options.tls } : {}),
       ...clientOptions,

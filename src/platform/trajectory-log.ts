@@ -12,6 +12,11 @@ export interface TrajectoryRecord {
   result: unknown;
   startedAt: string;
   durationMs: number;
+  /**
+   * Set when the log kept only the head of the action's long strings (see {@link shrunk}): the
+   * sha256 of the whole action, which a retry's action must match instead.
+   */
+  actionDigest?: string;
 }
 
 /**
@@ -25,6 +30,8 @@ export interface StepIntent {
   stepIndex: number;
   action: unknown;
   startedAt: string;
+  /** As for {@link TrajectoryRecord.actionDigest}. */
+  actionDigest?: string;
 }
 
 type Frame = TrajectoryRecord | StepIntent;
@@ -35,25 +42,44 @@ function isIntent(frame: Frame): frame is StepIntent {
 
 const HEADER_BYTES = 8;
 
-/** What one sandbox's trajectory log may grow to before its records lose their long outputs. */
+/** What one sandbox's trajectory log may grow to, unless its sandbox's disk cap is less. */
 export const DEFAULT_TRAJECTORY_CAP_BYTES = 256 * 2 ** 20;
 
-/** Strings kept whole in a record written past the cap; longer ones keep their head only. */
+/** Strings a shrunk frame keeps whole however many there are: names, kinds, codes, paths' ends. */
+const SHORT_CHARS = 64;
+/** Longer strings keep their head: at most this many characters each, and these in all per field. */
 const CAPPED_STRING_CHARS = 1024;
+const CAPPED_FIELD_CHARS = 4096;
+/** Items kept of each array or map of a shrunk frame. */
+const CAPPED_ITEMS = 64;
+/**
+ * What the log keeps free for each step that starts: room for its shrunk record, which is written
+ * whatever happens once the action ran (its strings and items are capped above).
+ */
+const RECORD_ROOM_BYTES = 16 * 1024;
 
 /**
- * A record with every long string cut to its head, for a log past its cap: the step's action,
- * outcome, exit code and signals stay; outputs of megabytes do not. Buffers are dropped likewise.
+ * A frame's field with its long strings cut to their head and its arrays and maps to their first
+ * items, for the part of a log past its whole records: the step's outcome, exit code and signals
+ * stay; outputs of megabytes do not. Buffers are cut likewise.
  */
-function shrunk(value: unknown, capBytes: number): unknown {
-  if (typeof value === 'string' && value.length > CAPPED_STRING_CHARS) {
-    return `${value.slice(0, CAPPED_STRING_CHARS)}…[${value.length - CAPPED_STRING_CHARS} more characters not logged: the trajectory log reached its cap of ${capBytes} bytes]`;
+function shrunk(value: unknown, capBytes: number, left = { chars: CAPPED_FIELD_CHARS }): unknown {
+  if (typeof value === 'string') {
+    if (value.length <= SHORT_CHARS) return value;
+    const keep = Math.max(SHORT_CHARS, Math.min(CAPPED_STRING_CHARS, left.chars));
+    left.chars -= keep;
+    if (value.length <= keep) return value;
+    return `${value.slice(0, keep)}…[${value.length - keep} more characters not logged: the trajectory log reached its cap of ${capBytes} bytes]`;
   }
   if (value instanceof Uint8Array && value.length > CAPPED_STRING_CHARS)
     return value.subarray(0, CAPPED_STRING_CHARS);
-  if (Array.isArray(value)) return value.map((item) => shrunk(item, capBytes));
+  if (Array.isArray(value)) return value.slice(0, CAPPED_ITEMS).map((item) => shrunk(item, capBytes, left));
   if (value && typeof value === 'object') {
-    return Object.fromEntries(Object.entries(value).map(([key, item]) => [key, shrunk(item, capBytes)]));
+    return Object.fromEntries(
+      Object.entries(value)
+        .slice(0, CAPPED_ITEMS)
+        .map(([key, item]) => [key, shrunk(item, capBytes, left)]),
+    );
   }
   return value;
 }
@@ -83,6 +109,11 @@ async function syncData(file: FileHandle): Promise<void> {
  * A sandbox's append-only trajectory log: frames of [length, checksum, msgpack record], each
  * fsynced before the step's result is returned. A crash can only leave a torn last frame; opening
  * the log cuts it off, so the log always ends on a whole record.
+ *
+ * The log never grows past its cap (the node's, or the sandbox's disk cap if less: the node keeps
+ * no more for a sandbox than it may write). Its first seven eighths hold frames whole; past them a
+ * frame keeps only the head of its long strings; a step that would leave no room for its record
+ * is not taken (see {@link recordIntent}).
  */
 export class TrajectoryLog {
   /** Records by episode, in step order: a step's record sits at its index. */
@@ -99,7 +130,7 @@ export class TrajectoryLog {
     frames: Frame[],
     /** Bytes in the file. */
     private size: number,
-    private readonly capBytes: number,
+    private capBytes: number,
   ) {
     for (const frame of frames) this.index(frame);
   }
@@ -147,33 +178,62 @@ export class TrajectoryLog {
     return this.loaded;
   }
 
+  /** Lowers the log's cap (to its sandbox's disk cap); a cap is never raised. */
+  lowerCap(capBytes: number): void {
+    this.capBytes = Math.min(this.capBytes, capBytes);
+  }
+
   /**
-   * Appends a record and makes it durable before returning. Past the log's cap, the record's long
-   * strings are cut (see {@link shrunk}) and `capped` says so: the step is still logged once.
+   * Appends a record and makes it durable before returning. Past the whole part of the log, the
+   * record's long strings are cut (see {@link shrunk}) and `capped` says so: the step ran, so it
+   * is logged once whatever room is left (its start kept room for it).
    */
   async append(given: TrajectoryRecord): Promise<{ capped: boolean }> {
-    let record = given;
-    let body = this.codec.encode(record);
-    const capped = this.size + HEADER_BYTES + body.length > this.capBytes;
-    if (capped) {
-      record = shrunk(given, this.capBytes) as TrajectoryRecord;
-      body = this.codec.encode(record);
-    }
+    const { frame, body, capped } = this.fitted(given);
     this.writeFrame(body);
     await syncData(this.file);
-    this.index(record);
+    this.index(frame);
     return { capped };
   }
 
   /**
-   * Records that a step starts. Not synced on its own: it reaches the disk with the step's record
-   * (one sync per step). A node process that dies leaves it in the page cache, where the restarted
-   * node reads it; a host that dies takes its sandboxes with it, so nothing is left to doubt.
+   * Records that a step starts; false, with nothing written, when the log has no room left for
+   * the step and its record: the step must not run, since it could not be logged. Not synced on
+   * its own: it reaches the disk with the step's record (one sync per step). A node process that
+   * dies leaves it in the page cache, where the restarted node reads it; a host that dies takes
+   * its sandboxes with it, so nothing is left to doubt.
    */
-  recordIntent(intent: Omit<StepIntent, 'intent'>): void {
-    const frame: StepIntent = { intent: true, ...intent };
+  recordIntent(intent: Omit<StepIntent, 'intent'>): boolean {
+    const { frame, body } = this.fitted({ intent: true, ...intent });
+    if (this.size + HEADER_BYTES + body.length + RECORD_ROOM_BYTES > this.capBytes) return false;
     this.intents.set(`${intent.episodeId}:${intent.stepIndex}`, frame);
-    this.writeFrame(this.codec.encode(frame));
+    this.writeFrame(body);
+    return true;
+  }
+
+  /** The bytes in the log and its cap. */
+  get room(): { usedBytes: number; capBytes: number } {
+    return { usedBytes: this.size, capBytes: this.capBytes };
+  }
+
+  /** `frame` as the log keeps it: whole in the first seven eighths of its cap, else shrunk. */
+  private fitted<F extends Frame>(given: F): { frame: F; body: Buffer; capped: boolean } {
+    const body = this.codec.encode(given);
+    if (this.size + HEADER_BYTES + body.length <= this.capBytes - this.capBytes / 8) {
+      return { frame: given, body, capped: false };
+    }
+    const frame: F = {
+      ...given,
+      action: shrunk(given.action, this.capBytes),
+      ...('result' in given ? { result: shrunk(given.result, this.capBytes) } : {}),
+      actionDigest: given.actionDigest ?? this.actionDigest(given.action),
+    };
+    return { frame, body: this.codec.encode(frame), capped: true };
+  }
+
+  /** What a frame whose action the log cut keeps of it (see {@link TrajectoryRecord.actionDigest}). */
+  actionDigest(action: unknown): string {
+    return createHash('sha256').update(this.codec.encode(action)).digest('hex');
   }
 
   /** The step that started at this index and has no record: it ran, or not, in a process now gone. */

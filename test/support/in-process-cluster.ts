@@ -35,8 +35,11 @@ export async function startInProcessCluster(options: {
   grants: Record<string, ProjectGrant>;
   /** Serve the Envs service too, with task envs from this folder. */
   envs?: { taskRoot: string };
-  /** More options of the node's platform (its rule book, its control plane), its agent and the controller. */
-  platform?: Pick<LocalPlatformOptions, 'networkRules' | 'controlPlane'>;
+  /** More options of the node's platform (its rule book, its control plane, its store), its agent and the controller. */
+  platform?: Pick<
+    LocalPlatformOptions,
+    'networkRules' | 'controlPlane' | 'freshLayerHoldMs' | 'maxStoreBytes'
+  >;
   node?: Partial<NodeAgentOptions>;
   controller?: Partial<ControllerOptions>;
 }): Promise<InProcessCluster> {

@@ -143,7 +143,8 @@ describe('load and faults', () => {
   });
 
   it('caps a sandbox trajectory log: later records keep the head of long outputs, and the step says so', async () => {
-    await using env = await createTestPlatform('faults-log', { trajectoryCapBytes: 64 * 1024 });
+    // whole records fill the first seven eighths of the cap: two of 30000 characters fit, not three
+    await using env = await createTestPlatform('faults-log', { trajectoryCapBytes: 80 * 1024 });
     await using gym = SandboxEnv.create(env.platform, { sandbox: { environment: 'busybox:latest' } });
     await gym.reset();
     const loud = { type: 'exec' as const, command: 'head -c 30000 /dev/zero | tr "\\0" x' };
@@ -157,6 +158,6 @@ describe('load and faults', () => {
     const records = await (await env.platform.stepLog(gym.current!.id)).records();
     const logged = records.map((r) => (r.result as { observation: { stdout: string } }).observation.stdout);
     expect(logged[1]).toHaveLength(30000);
-    expect(logged[3]).toMatch(/^x{1024}….*the trajectory log reached its cap of 65536 bytes/);
+    expect(logged[3]).toMatch(/^x{1024}….*the trajectory log reached its cap of 81920 bytes/);
   });
 });

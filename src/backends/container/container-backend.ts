@@ -260,6 +260,11 @@ export class ContainerBackend implements Backend {
     return this.scratch.room();
   }
 
+  /** {@link diskRoom} once what ended sandboxes held is free (see ScratchVolume.reclaim). */
+  reclaimDisk(): Promise<VolumeRoom> {
+    return this.scratch.reclaim();
+  }
+
   /** Warm shells ready now, per CPU class. */
   get warmShells(): Record<QosClass, number> {
     return this.pool?.ready ?? { latency: 0, best_effort: 0 };
@@ -767,7 +772,9 @@ export class ContainerBackend implements Backend {
     } finally {
       if (!wasFrozen) await cgroup.setFrozen(false);
     }
-    return consumeFiltered(copy, options.filter, (dir, report) => consume(dir, found, report));
+    // a record from before specs were kept had the usual cap
+    const diskMib = state.spec?.resources.diskMib ?? SHELL_RESOURCES.diskMib;
+    return consumeFiltered(copy, options.filter, diskMib, (dir, report) => consume(dir, found, report));
   }
 
   /**

@@ -453,7 +453,7 @@ export class ContainerSandbox extends AgentSandbox {
     if (!filter) return this.whileStill(() => consume(this.writableDir, NOTHING_FILTERED));
     // frozen only while the copy is taken: the sandbox runs on while the copy is pruned and packed
     const copy = await this.whileStill(() => this.parts.privateCopy(this.writableDir));
-    return consumeFiltered(copy, filter, consume);
+    return consumeFiltered(copy, filter, this.resources.diskMib, consume);
   }
 
   /**

@@ -12,14 +12,19 @@ export interface PrivateCopy extends DiffTree {
 /** What an unfiltered layer reports: nothing. */
 export const NOTHING_FILTERED: FilterReport = { present: [], dropped: [] };
 
-/** Prunes a private copy by `filter`, hands it to `consume`, and deletes it whatever happens. */
+/**
+ * Prunes a private copy by `filter`, hands it to `consume`, and deletes it whatever happens. The
+ * copy may hold no more than `diskMib`, the sandbox's disk cap, of files by their apparent size
+ * (see filterDiffTree): what the sandbox could have written, sparse files or not.
+ */
 export async function consumeFiltered<T>(
   copy: PrivateCopy,
   filter: DiffFilter,
+  diskMib: number,
   consume: (dir: string, report: FilterReport) => Promise<T>,
 ): Promise<T> {
   try {
-    const report = await filterDiffTree(copy, filter);
+    const report = await filterDiffTree(copy, filter, diskMib * 2 ** 20);
     return await consume(copy.tree, report);
   } finally {
     await copy.dispose();

@@ -81,9 +81,19 @@ export interface DiffTree {
  * each entry is renamed into `trash` (outside `tree`, on the same filesystem), which costs one
  * rename whatever it holds and works at any depth; the caller discards the whole copy afterwards.
  * No symlink is followed.
+ *
+ * What is kept may hold at most `maxApparentBytes` of files by their apparent size (see
+ * {@link ApparentSize}), or the diff is refused with a `resource_exhausted` that is not
+ * retryable: the sandbox's own disk cap, so sparse files cannot make a packer or a grader read
+ * (and compress) far more than the sandbox could ever have written.
  */
-export async function filterDiffTree(copy: DiffTree, filter: DiffFilter): Promise<FilterReport> {
+export async function filterDiffTree(
+  copy: DiffTree,
+  filter: DiffFilter,
+  maxApparentBytes = Infinity,
+): Promise<FilterReport> {
   const { tree, trash } = copy;
+  const apparent = new ApparentSize(maxApparentBytes);
   // every path is joined to the copy: one that climbs out would name a folder of the host's
   for (const path of [...(filter.excludePaths ?? []), ...(filter.reportPaths ?? [])])
     if (climbsOut(path))
@@ -144,6 +154,8 @@ export async function filterDiffTree(copy: DiffTree, filter: DiffFilter): Promis
         pending.push(rel);
       } else if (entry.isSymbolicLink()) {
         links.push(rel);
+      } else if (entry.isFile()) {
+        apparent.add(await lstat(join(tree, rel)));
       }
     }
   }
@@ -173,6 +185,35 @@ const MAGIC_LINK = /^\/proc\/[^/]+\/(task\/[^/]+\/)?(root|cwd|fd|map_files)(\/|$
 function leadsInto(target: string, hidden: readonly string[]): boolean {
   if (MAGIC_LINK.test(target) || target.startsWith('/dev/fd/') || target === '/dev/fd') return true;
   return hidden.some((path) => isWithin(components(target).join('/'), components(path).join('/')));
+}
+
+/**
+ * The apparent size of a tree's files: what their sizes say, holes included, which is what
+ * reading them (packing a layer, a grader's tests) costs. A file with several hard links counts
+ * once: a layer holds it once. Past the cap, counting stops with the refusal.
+ */
+class ApparentSize {
+  private bytes = 0;
+  private readonly linked = new Set<number>();
+
+  constructor(private readonly capBytes: number) {}
+
+  add(file: { size: number; ino: number; nlink: number }): void {
+    if (file.nlink > 1) {
+      if (this.linked.has(file.ino)) return;
+      this.linked.add(file.ino);
+    }
+    this.bytes += file.size;
+    if (this.bytes <= this.capBytes) return;
+    throw new SandgymError(
+      'resource_exhausted',
+      `The sandbox's changes hold more than its disk cap of ${mib(this.capBytes)} in files, by their apparent size (a sparse file counts whole, a hard-linked one once): a diff holds no more than its sandbox may write. Remove large or sparse files, or give the sandbox more disk (resources.diskMib)`,
+    );
+  }
+}
+
+function mib(bytes: number): string {
+  return `${Math.floor(bytes / 2 ** 20)} MiB`;
 }
 
 function components(path: string): string[] {

@@ -47,6 +47,7 @@ export interface ScratchUsage {
  */
 export class ScratchVolume {
   private reading: Promise<VolumeRoom> | undefined;
+  private reclaiming: Promise<VolumeRoom> | undefined;
 
   private constructor(
     readonly mountPoint: string,
@@ -121,6 +122,25 @@ export class ScratchVolume {
     // creates that arrive together (a burst) share one reading: it is as fresh for each of them
     this.reading ??= this.readRoom().finally(() => (this.reading = undefined));
     return this.reading;
+  }
+
+  /**
+   * Frees now what deleted slots held, and reads the room after. btrfs deletes a subvolume in the
+   * background: its space is free only after the next transaction commit (every 30 s) wakes the
+   * cleaner, and the image gives the blocks back to the host disk only when they are discarded,
+   * later still. So a volume one tenant emptied looked full to the next for up to half a minute.
+   * A commit, a wait for the cleaner and a trim make it free at once (about 0.1 s); for the slow
+   * path of a create that finds the volume full, never on every create.
+   */
+  reclaim(): Promise<VolumeRoom> {
+    this.reclaiming ??= (async () => {
+      await runProgram('btrfs', ['filesystem', 'sync', this.mountPoint]);
+      await runProgram('btrfs', ['subvolume', 'sync', this.mountPoint]);
+      await runProgram('btrfs', ['filesystem', 'sync', this.mountPoint]);
+      await runProgram('fstrim', [this.mountPoint]);
+      return this.readRoom();
+    })().finally(() => (this.reclaiming = undefined));
+    return this.reclaiming;
   }
 
   private async readRoom(): Promise<VolumeRoom> {

@@ -102,7 +102,15 @@ export const NODE_OPTIONS = {
   'net-rules': { type: 'string' },
   'control-plane': { type: 'string' },
   'task-root': { type: 'string' },
+  'max-in-flight-mib': { type: 'string' },
+  'max-in-flight-total-mib': { type: 'string' },
+  'max-store-mib': { type: 'string' },
 } as const;
+
+/** What each project may hold in the layer store by default on a node: its diffs, checkpoints, builds. */
+const DEFAULT_NODE_STORE_MIB = 16 * 1024;
+
+const MIB = 2 ** 20;
 
 /** `sandgym node --listen ADDR [--data-dir D] [--store S] ...`: a node agent. */
 export async function nodeCommand(args: string[]): Promise<number> {
@@ -115,6 +123,8 @@ export async function nodeCommand(args: string[]): Promise<number> {
   const maxSandboxes = positiveInt('max-sandboxes', text(parsed, 'max-sandboxes'));
   const memoryCapacityMib = positiveInt('memory-mib', text(parsed, 'memory-mib'));
   const freeFloorMib = positiveInt('free-floor-mib', text(parsed, 'free-floor-mib'));
+  const inFlightMib = positiveInt('max-in-flight-mib', text(parsed, 'max-in-flight-mib'));
+  const inFlightTotalMib = positiveInt('max-in-flight-total-mib', text(parsed, 'max-in-flight-total-mib'));
   const overcommitText = text(parsed, 'overcommit');
   const overcommit = overcommitText === undefined ? undefined : Number(overcommitText);
   if (overcommit !== undefined && !(overcommit >= 1 && overcommit <= 100)) {
@@ -143,12 +153,14 @@ export async function nodeCommand(args: string[]): Promise<number> {
   const controlPlane = (text(parsed, 'control-plane') ?? '').split(',').filter(Boolean);
   const storeDir = text(parsed, 'store');
   const trajectoryRetentionMs = durationMs('trajectory-retention', text(parsed, 'trajectory-retention'));
+  const storeMib = positiveInt('max-store-mib', text(parsed, 'max-store-mib')) ?? DEFAULT_NODE_STORE_MIB;
   const platform = await Platform.local({
     dataDir: text(parsed, 'data-dir') ?? defaultDataDir(),
     nodeId,
     logger,
     durable: true,
     warmPool,
+    maxStoreBytes: storeMib * MIB,
     ...(trajectoryRetentionMs ? { trajectoryRetentionMs } : {}),
     ...(storeDir ? { storeDir } : {}),
     ...(controlPlane.length ? { controlPlane } : {}),
@@ -164,6 +176,8 @@ export async function nodeCommand(args: string[]): Promise<number> {
     ...(memoryCapacityMib ? { memoryCapacityMib } : {}),
     ...(overcommit ? { overcommit } : {}),
     ...(freeFloorMib ? { freeFloorMib } : {}),
+    ...(inFlightMib ? { maxInFlightBytes: inFlightMib * MIB } : {}),
+    ...(inFlightTotalMib ? { maxInFlightTotalBytes: inFlightTotalMib * MIB } : {}),
     ...(tls ? { tls } : {}),
     ...(metricsListen ? { metricsListen } : {}),
     ...(scrapeToken ? { metricsToken: scrapeToken } : {}),
@@ -200,6 +214,10 @@ const grantsFileSchema = z.strictObject({
       maxSandboxes: z.number().int().positive(),
       // rule-book names, and host:/cidr: sets the project may name hosts, ranges and ports inside
       network: z.array(z.string()).default([]),
+      /** Bytes of request bodies the project's calls may hold at once on each controller. */
+      maxInFlightBytes: z.number().int().positive().optional(),
+      /** Bytes the project may hold in the layer store; the nodes' own quota without. */
+      maxStoreBytes: z.number().int().positive().optional(),
     }),
   ),
 });

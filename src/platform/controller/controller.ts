@@ -7,9 +7,12 @@ import { Placer, type Demand } from './placement.ts';
 import { sandboxRequestSchema } from '../sandbox-request.ts';
 import {
   NETWORK_GRANT_KEY,
+  DEFAULT_IN_FLIGHT_BYTES,
   PROJECT_KEY,
   QUOTA_KEY,
+  RequestBudget,
   SANDBOXES,
+  STORE_QUOTA_KEY,
   WireServer,
   register,
   tokenAuthenticator,
@@ -35,6 +38,16 @@ export interface ProjectGrant {
    * `cidr:` sets inside which it may name any host, sub-range or port. @default none: loopback only
    */
   network?: string[];
+  /**
+   * Most bytes of request bodies the project's calls may hold at once on each controller replica;
+   * more is refused unread, retryable. @default 256 MiB
+   */
+  maxInFlightBytes?: number | undefined;
+  /**
+   * Most bytes the project may hold in the shared layer store (the layers and environments it
+   * packs); passed to the node that packs. @default the node's (sandgym node --max-store-mib)
+   */
+  maxStoreBytes?: number | undefined;
 }
 
 /** Options for {@link Controller.start}. */
@@ -170,6 +183,12 @@ export class Controller {
       {
         authenticate: tokenAuthenticator(projects),
         resolvers: RESOLVED_BY_NODES,
+        // only granted projects get in, so the grants bound the sum of these
+        budget: new RequestBudget({
+          perProjectBytes: (project) =>
+            controller.grantOf(project)?.maxInFlightBytes ?? DEFAULT_IN_FLIGHT_BYTES,
+          raiseWith: "the project's maxInFlightBytes in the controller's grants file",
+        }),
         logger,
         ...(options.tls ? { tls: options.tls } : {}),
       },
@@ -259,7 +278,18 @@ export class Controller {
         this.queue.wake(1);
         return done;
       },
-      PackDiff: (request, call) => route(request.sandboxId).call('PackDiff', request, as(call)),
+      PackDiff: (request, call) => {
+        // the node that packs holds the project to its store quota
+        const quota = this.grantOf(call.principal.project)?.maxStoreBytes;
+        const forward = as(call);
+        return route(request.sandboxId).call(
+          'PackDiff',
+          request,
+          quota === undefined
+            ? forward
+            : { ...forward, metadata: { ...forward.metadata, [STORE_QUOTA_KEY]: String(quota) } },
+        );
+      },
       Step: (request, call) => route(request.sandboxId).call('Step', request, as(call)),
       Trajectory: (request, call) => route(request.sandboxId).call('Trajectory', request, as(call)),
       List: async (_request, call) => ({

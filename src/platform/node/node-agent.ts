@@ -15,8 +15,10 @@ import { PROJECT_LABEL } from '../runs.ts';
 import { MemoryAdmission } from './memory-admission.ts';
 import { sandboxRequestSchema } from '../sandbox-request.ts';
 import {
+  DEFAULT_IN_FLIGHT_BYTES,
   NODE,
   RUNS,
+  RequestBudget,
   SANDBOXES,
   WireServer,
   register,
@@ -24,6 +26,7 @@ import {
   tokenAuthenticator,
   quotaOf,
   networkGrantOf,
+  storeQuotaOf,
   type CallContext,
   type DrainProgress,
   type ExecRequest,
@@ -65,6 +68,16 @@ export interface NodeAgentOptions {
   metricsListen?: string;
   /** The bearer token a scrape must present; required to serve metrics beyond loopback. */
   metricsToken?: string;
+  /**
+   * Most bytes of request bodies one project's calls may hold at once on this node; more is
+   * refused unread, retryable. @default 256 MiB
+   */
+  maxInFlightBytes?: number;
+  /**
+   * Most bytes of request bodies all projects' calls may hold at once (a holder of the node token
+   * names any project). @default four times {@link maxInFlightBytes}
+   */
+  maxInFlightTotalBytes?: number;
 }
 
 /** etcd's peer port, by convention: the node knows etcd's client endpoints only. */
@@ -184,6 +197,7 @@ export class NodeAgent {
       {
         authenticate: tokenAuthenticator({ [options.token]: 'default' }, { trustProjectHeader: true }),
         resolvers: agent.idResolvers(),
+        budget: nodeRequestBudget(options),
         logger: agent.logger,
         ...(options.tls ? { tls: options.tls } : {}),
       },
@@ -407,11 +421,15 @@ export class NodeAgent {
           (record) => record.labels[PROJECT_LABEL] === call.principal.project,
         ),
       }),
-      PackDiff: ({ sandboxId, ...options }, call) =>
-        this.platform.packDiff(this.sandboxOf(sandboxId, call), {
+      PackDiff: ({ sandboxId, ...options }, call) => {
+        // a controller passes the project's store quota when its grant sets one
+        const maxStoreBytes = storeQuotaOf(call.metadata);
+        return this.platform.packDiff(this.sandboxOf(sandboxId, call), {
           ...definedFields(options),
+          ...(maxStoreBytes === undefined ? {} : { maxStoreBytes }),
           signal: call.signal,
-        }),
+        });
+      },
       // each project sees its own environments over the shared ones, and no other project's
       ListEnvironments: async (_request, call) => ({
         environments: await this.platform.storeFor(call.principal.project).listEnvironments(),
@@ -645,6 +663,16 @@ export class NodeAgent {
     this.owned.clear();
     await this.platform.close();
   }
+}
+
+/** What request bodies may hold on a node, per project and in all (see NodeAgentOptions). */
+function nodeRequestBudget(options: NodeAgentOptions): RequestBudget {
+  const perProject = options.maxInFlightBytes ?? DEFAULT_IN_FLIGHT_BYTES;
+  return new RequestBudget({
+    perProjectBytes: () => perProject,
+    totalBytes: options.maxInFlightTotalBytes ?? 4 * perProject,
+    raiseWith: "the node's --max-in-flight-mib",
+  });
 }
 
 /** A wire exec request as backend arguments; the call's cancellation reaches the command. */

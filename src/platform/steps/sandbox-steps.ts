@@ -73,35 +73,62 @@ export class SandboxSteps {
         `Step ${request.stepIndex} of episode ${request.episodeId} started at ${found.intent.startedAt} on a node process that stopped before recording its result: it may or may not have taken effect in sandbox ${this.sandbox.id}. Check the sandbox's state and go on with a new episode, or restore a checkpoint`,
       );
     }
-    const reply = this.runNew({ ...request, action }, key);
+    const reply = this.runNew({ ...request, action });
     this.running.set(key, { action, reply });
+    // forgotten once settled, however early: a step may end before its first await
+    const forget = (): void => void this.running.delete(key);
+    reply.then(forget, forget);
     return reply;
   }
 
-  private async runNew(request: StepRequest, key: string): Promise<StepReply> {
-    try {
-      const { episodeId, stepIndex, action } = request;
-      const startedAt = new Date().toISOString();
-      const started = performance.now();
-      faultPoint('step.before-intent');
-      this.log.recordIntent({ episodeId, stepIndex, action, startedAt });
-      faultPoint('step.after-intent');
-      const result = await this.runAudited(request);
-      faultPoint('step.after-action');
-      const durationMs = performance.now() - started;
-      const { capped } = await this.log.append({
-        episodeId,
-        stepIndex,
-        action,
-        result,
-        startedAt,
-        durationMs,
-      });
-      faultPoint('step.after-record');
-      return { result, replayed: false, logCapped: capped, startedAt, durationMs };
-    } finally {
-      this.running.delete(key);
-    }
+  private async runNew(request: StepRequest): Promise<StepReply> {
+    const { episodeId, stepIndex, action } = request;
+    const startedAt = new Date().toISOString();
+    const started = performance.now();
+    faultPoint('step.before-intent');
+    if (!this.log.recordIntent({ episodeId, stepIndex, action, startedAt })) return this.logFull(startedAt);
+    faultPoint('step.after-intent');
+    const result = await this.runAudited(request);
+    faultPoint('step.after-action');
+    const durationMs = performance.now() - started;
+    const { capped } = await this.log.append({
+      episodeId,
+      stepIndex,
+      action,
+      result,
+      startedAt,
+      durationMs,
+    });
+    faultPoint('step.after-record');
+    return { result, replayed: false, logCapped: capped, startedAt, durationMs };
+  }
+
+  /**
+   * The answer to a step the log has no room for: not run, and so not logged (whoever asks again
+   * gets the same answer while the log stays full). The episode ends there, scored: a sandbox
+   * that filled its own log, like one that filled its disk, is the agent's doing, never the
+   * platform's failure.
+   */
+  private logFull(startedAt: string): StepReply {
+    const { usedBytes, capBytes } = this.log.room;
+    return {
+      result: {
+        observation: {
+          type: 'error',
+          code: 'resource_exhausted',
+          message: `The trajectory log of sandbox ${this.sandbox.id} is full (${usedBytes} of ${capBytes} bytes: its disk cap or the node's log cap, whichever is less), so no more steps run in it: start a new episode in a new sandbox, or give it more disk (resources.diskMib)`,
+        },
+        reward: 0,
+        terminated: true,
+        truncated: false,
+        outcome: { kind: 'ok' },
+        info: {},
+      },
+      replayed: false,
+      logCapped: true,
+      startedAt,
+      durationMs: 0,
+    };
   }
 
   private async runAudited(request: StepRequest): Promise<StepRecordResult> {

@@ -92,6 +92,8 @@ export function parseEnvironmentRef(ref: string): { name: string; version: strin
 export class LayerStore {
   /** Layer manifests by digest: a digest names fixed bytes, so a manifest read once holds. */
   private readonly layerManifests = new Map<string, LayerManifest>();
+  /** Per project, the last of its store admissions in this process (see {@link admitting}). */
+  private readonly admissions = new Map<string, Promise<void>>();
   readonly environmentManifests = new ManifestCache((json, path) =>
     parseAt(environmentSchema, json, `environment manifest ${path}`),
   );
@@ -251,14 +253,7 @@ export class LayerStore {
         await rm(join(this.root, 'owners', options.owner, hex), { force: true });
         if (owners.length > 1) continue; // another project made it too: theirs to collect
       }
-      const image = this.layerPath(layer.digest);
-      this.layerManifests.delete(layer.digest);
-      await rm(image.replace(/\.erofs$/, '.json'), { force: true });
-      for (const file of [image, image.replace(/\.erofs$/, '.tar.gz')]) {
-        freedBytes += (await stat(file).catch(() => undefined))?.size ?? 0;
-        await rm(file, { force: true });
-      }
-      for (const owner of owners) await rm(join(this.root, 'owners', owner, hex), { force: true });
+      freedBytes += await this.removeLayer(layer.digest, owners);
       removed.push(layer.digest);
     }
     for (const name of options.sweepScratch === false ? [] : await readdir(join(this.root, 'tmp'))) {
@@ -270,10 +265,92 @@ export class LayerStore {
     return { removed, freedBytes };
   }
 
+  /**
+   * Deletes a layer and the marks of the projects that made it; the bytes it freed. The manifest
+   * goes first, so a crash midway leaves a file nobody names rather than a name without a file.
+   */
+  private async removeLayer(digest: string, owners: readonly string[]): Promise<number> {
+    const hex = digest.slice('sha256:'.length);
+    const image = this.layerPath(digest);
+    this.layerManifests.delete(digest);
+    await rm(image.replace(/\.erofs$/, '.json'), { force: true });
+    let freedBytes = 0;
+    for (const file of [image, image.replace(/\.erofs$/, '.tar.gz')]) {
+      freedBytes += (await stat(file).catch(() => undefined))?.size ?? 0;
+      await rm(file, { force: true });
+    }
+    for (const owner of owners) await rm(join(this.root, 'owners', owner, hex), { force: true });
+    return freedBytes;
+  }
+
+  /**
+   * The bytes `project` holds in the store: the layers it made (a layer another project made too
+   * counts for each) and its environments' manifests. What its store quota is measured against.
+   */
+  async bytesOf(project: string): Promise<number> {
+    let bytes = 0;
+    for (const hex of await readdir(join(this.root, 'owners', project)).catch(() => [] as string[])) {
+      const manifest = await this.cachedManifest(`sha256:${hex}`).catch(() => undefined);
+      bytes += manifest?.sizeBytes ?? 0;
+    }
+    const envs = join(this.root, 'projects', project, 'envs');
+    for (const name of await readdir(envs).catch(() => [] as string[])) {
+      for (const file of await readdir(join(envs, name)).catch(() => [] as string[]))
+        bytes += (await stat(join(envs, name, file)).catch(() => undefined))?.size ?? 0;
+    }
+    return bytes;
+  }
+
+  /**
+   * Runs `admit` alone among this process's admissions for `project`, so that two of its layers
+   * made at once cannot both fit in the room one of them leaves (see ProjectStore's quota).
+   */
+  async admitting<T>(project: string, admit: () => Promise<T>): Promise<T> {
+    const before = this.admissions.get(project) ?? Promise.resolve();
+    const mine = before.then(admit, admit);
+    const settled = mine.then(
+      () => undefined,
+      () => undefined,
+    );
+    this.admissions.set(project, settled);
+    try {
+      return await mine;
+    } finally {
+      if (this.admissions.get(project) === settled) this.admissions.delete(project);
+    }
+  }
+
+  /**
+   * Forgets a layer `project` just made but may not keep: deleted unless another project made it
+   * too, or an environment of any project references it.
+   */
+  async discardNew(project: string, digest: string): Promise<void> {
+    const hex = digest.slice('sha256:'.length);
+    const owners = (await this.ownersOf(hex)).filter((owner) => owner !== project);
+    if (owners.length > 0) return;
+    for (const environment of await this.allEnvironments()) if (environment.layers.includes(digest)) return;
+    await this.removeLayer(digest, [project]);
+  }
+
+  /** A layer's manifest, read once: a digest names fixed bytes. */
+  private async cachedManifest(digest: string): Promise<LayerManifest> {
+    let manifest = this.layerManifests.get(digest);
+    if (!manifest) {
+      manifest = await this.getLayer(digest);
+      this.layerManifests.set(digest, manifest);
+    }
+    return manifest;
+  }
+
   /** The projects that made a layer (hex digest). */
   private async ownersOf(hex: string): Promise<string[]> {
     const projects = await readdir(join(this.root, 'owners')).catch(() => [] as string[]);
     return projects.filter((project) => existsSync(join(this.root, 'owners', project, hex)));
+  }
+
+  /** Whether `project` made the layer (see {@link markOwner}). */
+  async isOwner(project: string, digest: string): Promise<boolean> {
+    return (await this.ownersOf(digest.slice('sha256:'.length))).includes(project);
   }
 
   /** Records that `project` made a layer, so that its layer gc may collect it. */
@@ -299,8 +376,12 @@ export class LayerStore {
   }
 
   /** The store as `project` sees it: its own environments first, then the shared ones. */
-  forProject(project: string, onLayerAdded?: (digest: string) => Promise<void>): ProjectStore {
-    return new ProjectStore(this, project, onLayerAdded);
+  forProject(
+    project: string,
+    onLayerAdded?: (digest: string) => Promise<void>,
+    quota?: StoreQuota,
+  ): ProjectStore {
+    return new ProjectStore(this, project, onLayerAdded, quota);
   }
 
   /**
@@ -401,15 +482,22 @@ export class LayerStore {
   async imagesOf(digests: readonly string[]): Promise<LayerImage[]> {
     return Promise.all(
       digests.map(async (digest) => {
-        let manifest = this.layerManifests.get(digest);
-        if (!manifest) {
-          manifest = await this.getLayer(digest);
-          this.layerManifests.set(digest, manifest);
-        }
+        const manifest = await this.cachedManifest(digest);
         return { digest, path: this.layerPath(digest), sizeBytes: manifest.sizeBytes };
       }),
     );
   }
+}
+
+/** What a project may hold in the store (see {@link LayerStore.bytesOf}). */
+export interface StoreQuota {
+  maxBytes: number;
+  /** Collects what the project made that nothing needs any more: called before a refusal. */
+  makeRoom: () => Promise<void>;
+}
+
+function mib(bytes: number): string {
+  return `${(bytes / 2 ** 20).toFixed(1)} MiB`;
 }
 
 /**
@@ -427,6 +515,8 @@ export class ProjectStore {
     readonly project: string,
     /** Told of each layer the project makes, so that its process can pin it while it is fresh. */
     private readonly onLayerAdded?: (digest: string) => Promise<void>,
+    /** The most the project may hold in the store; unbounded without. */
+    private readonly quota?: StoreQuota,
   ) {
     if (!PROJECT_NAME.test(project)) {
       throw new SandgymError(
@@ -434,6 +524,31 @@ export class ProjectStore {
         `Project "${project}" must be a-z, 0-9, _ and -, at most 64`,
       );
     }
+  }
+
+  /**
+   * Runs `keep`, which makes the project hold `bytes` more, if its quota has room for them, after
+   * collecting what it made that nothing needs if it has not; else refuses, retryably (removing
+   * environments, or its layers' ageing past their hold, makes room).
+   */
+  private async withinQuota(bytes: number, keep: () => Promise<void>): Promise<void> {
+    const quota = this.quota;
+    if (!quota) return keep();
+    await this.layers.admitting(this.project, async () => {
+      let used = await this.layers.bytesOf(this.project);
+      if (used + bytes > quota.maxBytes) {
+        await quota.makeRoom();
+        used = await this.layers.bytesOf(this.project);
+      }
+      if (used + bytes > quota.maxBytes) {
+        throw new SandgymError(
+          'resource_exhausted',
+          `Project ${this.project} holds ${mib(used)} of its ${mib(quota.maxBytes)} store quota${bytes > 1 ? `, and this needs ${mib(bytes)} more` : ''}: remove environments it no longer needs (a run's snapshots go with the run), or raise its quota (maxStoreBytes in the controller's grants file, the node's --max-store-mib)`,
+          { retryable: true },
+        );
+      }
+      await keep();
+    });
   }
 
   get root(): string {
@@ -444,25 +559,39 @@ export class ProjectStore {
     return join(this.root, 'projects', this.project, 'envs', name, `${version}.json`);
   }
 
-  /** Packs a folder into a layer the project made. */
+  /**
+   * Packs a folder into a layer the project made, within its store quota: a full project is
+   * refused before the folder is packed, and a layer that would take it past its quota is not kept.
+   */
   async addLayerFromDirectory(
     sourceDir: string,
     createdFrom: string,
     leaveOut: ErofsBuildOptions = {},
   ): Promise<LayerManifest> {
+    await this.withinQuota(1, () => Promise.resolve());
     const manifest = await this.layers.addLayerFromDirectory(sourceDir, createdFrom, leaveOut);
-    await this.layers.markOwner(this.project, manifest.digest);
-    await this.onLayerAdded?.(manifest.digest);
+    const { digest, sizeBytes } = manifest;
+    const owned = await this.layers.isOwner(this.project, digest);
+    await this.withinQuota(owned ? 0 : sizeBytes, () => this.layers.markOwner(this.project, digest)).catch(
+      async (error: unknown) => {
+        await this.layers.discardNew(this.project, digest);
+        throw error;
+      },
+    );
+    await this.onLayerAdded?.(digest);
     return manifest;
   }
 
-  /** Records an environment version of the project; its layers must be in the store already. */
+  /** Records an environment version of the project, within its store quota; its layers must be in the store already. */
   async putEnvironment(input: EnvironmentInput): Promise<Environment> {
     const environment = parseAt(environmentSchema, input, 'environment');
     for (const digest of environment.layers) await this.getLayer(digest);
     const path = this.envPath(environment.name, environment.version);
-    await mkdir(join(path, '..'), { recursive: true });
-    await writeFileAtomic(path, JSON.stringify(environment, null, 2));
+    const text = JSON.stringify(environment, null, 2);
+    await this.withinQuota(Buffer.byteLength(text), async () => {
+      await mkdir(join(path, '..'), { recursive: true });
+      await writeFileAtomic(path, text);
+    });
     return environment;
   }
 

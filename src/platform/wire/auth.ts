@@ -43,6 +43,12 @@ export function networkGrantOf(metadata: Metadata): NetworkGrant | undefined {
   return grant.data;
 }
 
+/**
+ * The metadata key a controller uses to pass a project's store quota, in bytes, with the calls
+ * that make layers (PackDiff), when its grant sets one.
+ */
+export const STORE_QUOTA_KEY = 'sandgym-store-quota';
+
 const PROJECT_NAME = /^[a-z0-9][a-z0-9_-]{0,63}$/;
 
 /** The quota a trusted caller passed with a call, if any; anything but a count is refused. */
@@ -51,6 +57,16 @@ export function quotaOf(metadata: Metadata): number | undefined {
   if (value === undefined) return undefined;
   if (typeof value !== 'string' || !/^\d{1,9}$/.test(value)) {
     throw new SandgymError('invalid_argument', `${QUOTA_KEY} must be a whole number of sandboxes`);
+  }
+  return Number(value);
+}
+
+/** The store quota a trusted caller passed with a call, if any; anything but a byte count is refused. */
+export function storeQuotaOf(metadata: Metadata): number | undefined {
+  const value = metadata.get(STORE_QUOTA_KEY)[0];
+  if (value === undefined) return undefined;
+  if (typeof value !== 'string' || !/^\d{1,15}$/.test(value)) {
+    throw new SandgymError('invalid_argument', `${STORE_QUOTA_KEY} must be a whole number of bytes`);
   }
   return Number(value);
 }

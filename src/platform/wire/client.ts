@@ -1,10 +1,12 @@
+import { setTimeout as sleep } from 'node:timers/promises';
 import { Client, Metadata, type CallOptions as GrpcCallOptions, type ServiceError } from '@grpc/grpc-js';
 import { SandgymError, type SandgymErrorCode } from '../../common/index.ts';
 import type { CallOptions } from '../../backends/index.ts';
 import { decodeMessage, encodeMessage } from './decode.ts';
 import { TRANSPORT_MAX_BYTES } from './server.ts';
 import { methodPath, type MethodDef, type ResponseOf, type ServiceDef } from './service.ts';
-import { fromStatus } from './status.ts';
+import { SendWindow } from './send-window.ts';
+import { fromStatus, wasUnread } from './status.ts';
 import { channelCredentials, type TlsFiles } from './tls.ts';
 
 /** Options for {@link WireClient}. */
@@ -17,6 +19,12 @@ export interface WireClientOptions {
   unreachable?: SandgymErrorCode;
   /** TLS to the server (and this client's certificate, for mutual TLS); plaintext without. */
   tls?: TlsFiles;
+  /**
+   * Bytes of request bodies this client sends at once; larger calls wait their turn here (see
+   * SendWindow). A client acting for one project sets it; one shared by many (a controller's) must
+   * not, or one project's calls would queue behind another's. @default no limit
+   */
+  sendWindowBytes?: number;
 }
 
 /** Call options, plus metadata for this call only. */
@@ -27,6 +35,13 @@ export interface WireCallOptions extends CallOptions {
 }
 
 const identity = (bytes: Buffer): Buffer => bytes;
+
+/**
+ * Pauses before sending again a call that a server refused unread (its project's request budget
+ * was full): they grow from the first to the longest, jittered.
+ */
+const FIRST_RESEND_MS = 25;
+const LONGEST_RESEND_MS = 1_000;
 
 type UnaryKeys<S extends ServiceDef> = {
   [K in keyof S['methods']]: S['methods'][K] extends { kind: 'unary' } ? K : never;
@@ -41,6 +56,7 @@ type StreamKeys<S extends ServiceDef> = {
  */
 export class WireClient<S extends ServiceDef> {
   private readonly client: Client;
+  private readonly window: SendWindow | undefined;
 
   constructor(
     readonly address: string,
@@ -54,14 +70,34 @@ export class WireClient<S extends ServiceDef> {
       'grpc.initial_reconnect_backoff_ms': 200,
       'grpc.max_reconnect_backoff_ms': 2_000,
     });
+    this.window = options.sendWindowBytes === undefined ? undefined : new SendWindow(options.sendWindowBytes);
   }
 
-  call<K extends UnaryKeys<S> & string>(
+  async call<K extends UnaryKeys<S> & string>(
     name: K,
     request: unknown,
     options: WireCallOptions = {},
   ): Promise<ResponseOf<S['methods'][K]>> {
     const out = this.outgoing<K>(name, request, options);
+    const resend = new Resend(options);
+    const sent = await this.window?.take(out.body.length, options.signal);
+    try {
+      for (;;) {
+        try {
+          return await this.callOnce(out, options);
+        } catch (error) {
+          if (!(await resend.after(error))) throw this.failure(error, options.unreachable);
+        }
+      }
+    } finally {
+      sent?.();
+    }
+  }
+
+  private callOnce<K extends UnaryKeys<S> & string>(
+    out: Outgoing<S, K>,
+    options: WireCallOptions,
+  ): Promise<ResponseOf<S['methods'][K]>> {
     return new Promise((resolve, reject) => {
       const call = this.client.makeUnaryRequest(
         out.path,
@@ -72,7 +108,7 @@ export class WireClient<S extends ServiceDef> {
         out.grpc,
         (error: ServiceError | null, response?: Buffer) => {
           cancel.release();
-          if (error) return reject(this.failure(error, options.unreachable));
+          if (error) return reject(error);
           try {
             resolve(out.decode(response ?? Buffer.alloc(0)));
           } catch (decodeError) {
@@ -84,30 +120,54 @@ export class WireClient<S extends ServiceDef> {
     });
   }
 
-  /** A server stream as an async iterable; breaking out of the loop cancels the call. */
+  /**
+   * A server stream as an async iterable; breaking out of the loop cancels the call. A stream
+   * refused unread before its first message is sent again, as a unary call is.
+   */
   async *stream<K extends StreamKeys<S> & string>(
     name: K,
     request: unknown,
     options: WireCallOptions = {},
   ): AsyncGenerator<ResponseOf<S['methods'][K]>> {
     const out = this.outgoing<K>(name, request, options);
-    const call = this.client.makeServerStreamRequest(
-      out.path,
-      identity,
-      identity,
-      out.body,
-      out.metadata,
-      out.grpc,
-    );
-    const cancel = cancelOnAbort(call, options.signal);
+    const resend = new Resend(options);
+    const sent = await this.window?.take(out.body.length, options.signal);
     try {
-      for await (const bytes of call as AsyncIterable<Buffer>) yield out.decode(bytes);
-    } catch (error) {
-      if (isServiceError(error)) throw this.failure(error);
-      throw asPlatformError(error);
+      yield* this.streamOnce(out, resend, options);
     } finally {
-      cancel.release();
-      call.cancel();
+      sent?.();
+    }
+  }
+
+  private async *streamOnce<K extends StreamKeys<S> & string>(
+    out: Outgoing<S, K>,
+    resend: Resend,
+    options: WireCallOptions,
+  ): AsyncGenerator<ResponseOf<S['methods'][K]>> {
+    for (;;) {
+      const call = this.client.makeServerStreamRequest(
+        out.path,
+        identity,
+        identity,
+        out.body,
+        out.metadata,
+        out.grpc,
+      );
+      const cancel = cancelOnAbort(call, options.signal);
+      let started = false;
+      try {
+        for await (const bytes of call as AsyncIterable<Buffer>) {
+          started = true;
+          yield out.decode(bytes);
+        }
+        return;
+      } catch (error) {
+        if (!started && (await resend.after(error))) continue;
+        throw isServiceError(error) ? this.failure(error) : asPlatformError(error);
+      } finally {
+        cancel.release();
+        call.cancel();
+      }
     }
   }
 
@@ -139,7 +199,7 @@ export class WireClient<S extends ServiceDef> {
     name: K,
     request: unknown,
     options: WireCallOptions,
-  ) {
+  ): Outgoing<S, K> {
     const method = this.method(name);
     const path = methodPath(this.service, name);
     return {
@@ -172,8 +232,45 @@ export class WireClient<S extends ServiceDef> {
     return options.timeoutMs === undefined ? {} : { deadline: Date.now() + options.timeoutMs };
   }
 
-  private failure(error: ServiceError, unreachable = this.options.unreachable): SandgymError {
-    return fromStatus(error, unreachable);
+  private failure(error: unknown, unreachable = this.options.unreachable): SandgymError {
+    if (error instanceof SandgymError) return error;
+    return isServiceError(error) ? fromStatus(error, unreachable) : asPlatformError(error);
+  }
+}
+
+/** One call as it goes out, encoded once however often it is sent. */
+interface Outgoing<S extends ServiceDef, K extends keyof S['methods']> {
+  path: string;
+  body: Buffer;
+  metadata: Metadata;
+  grpc: GrpcCallOptions;
+  decode: (bytes: Uint8Array) => ResponseOf<S['methods'][K]>;
+}
+
+/**
+ * When to send again a call that a server refused before reading it (see wasUnread): it never
+ * ran, so whatever its method, it goes again after a growing, jittered pause, for as long as the
+ * caller's own deadline and signal allow. A server's budget frees as its calls end, so a caller
+ * that waits gets its turn, the way it would in a queue.
+ */
+class Resend {
+  private readonly until: number;
+  private pauseMs = FIRST_RESEND_MS;
+
+  constructor(private readonly options: CallOptions) {
+    this.until = options.timeoutMs === undefined ? Infinity : Date.now() + options.timeoutMs;
+  }
+
+  /** Waits and says true when the call failed unread and may go again; false otherwise. */
+  async after(error: unknown): Promise<boolean> {
+    if (!isServiceError(error) || !wasUnread(error) || this.options.signal?.aborted) return false;
+    const pause = Math.min(this.pauseMs, LONGEST_RESEND_MS) * (0.5 + Math.random());
+    if (Date.now() + pause > this.until) return false;
+    this.pauseMs *= 2;
+    await sleep(pause, undefined, this.options.signal ? { signal: this.options.signal } : {}).catch(
+      () => undefined,
+    );
+    return !this.options.signal?.aborted;
   }
 }
 

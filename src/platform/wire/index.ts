@@ -10,11 +10,14 @@ export {
   tokenDigest,
   quotaOf,
   networkGrantOf,
+  storeQuotaOf,
   NETWORK_GRANT_KEY,
   PROJECT_KEY,
   QUOTA_KEY,
+  STORE_QUOTA_KEY,
 } from './auth.ts';
 export { readTlsFiles } from './tls.ts';
+export { RequestBudget, DEFAULT_IN_FLIGHT_BYTES } from './request-budget.ts';
 export type { TlsFiles, TlsPaths } from './tls.ts';
 export { ENVS, SANDBOXES, NODE, RUNS } from './services.ts';
 export type { EnvSpec } from './env-messages.ts';

@@ -20,6 +20,7 @@ import { toStatus } from './status.ts';
 import { callGuard } from './call-guard.ts';
 import { PROJECT_KEY } from './auth.ts';
 import { requestResolution, type IdResolvers, type RequestResolution } from './id-resolution.ts';
+import type { RequestBudget } from './request-budget.ts';
 import type { Authenticate, Principal } from './principal.ts';
 import { serverCredentials, type TlsFiles } from './tls.ts';
 
@@ -71,6 +72,8 @@ export interface WireServerOptions {
   resolvers: IdResolvers;
   logger: Logger;
   tls?: TlsFiles;
+  /** What the request bodies of each project's calls may hold at once. */
+  budget?: RequestBudget;
 }
 
 const identity = (bytes: Buffer): Buffer => bytes;
@@ -97,8 +100,10 @@ export class WireServer {
     const server = new Server({
       'grpc.max_receive_message_length': Math.max(...caps.values(), DEFAULT_MAX_REQUEST_BYTES),
       'grpc.max_send_message_length': TRANSPORT_MAX_BYTES,
-      // the token is checked and the body capped before a byte of the body is read
-      interceptors: [callGuard(options.authenticate, caps)],
+      // the token is checked, the body capped and its budget taken before a byte of it is read
+      interceptors: [
+        callGuard({ authenticate: options.authenticate, maxRequestBytes: caps, budget: options.budget }),
+      ],
     });
     for (const { service, handlers, resolvers } of registrations) {
       const clash = Object.keys(resolvers).find((kind) => kind in options.resolvers);

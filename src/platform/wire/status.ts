@@ -44,17 +44,30 @@ const CODE_OF_STATUS: Partial<Record<Status, SandgymErrorCode>> = {
 
 const CODE_KEY = 'sandgym-code';
 const RETRYABLE_KEY = 'sandgym-retryable';
+/** Set on a refusal sent before the request body was read: the call never ran, so any may be sent again. */
+const UNREAD_KEY = 'sandgym-unread';
 
 const KNOWN_CODES = new Set<string>(Object.keys(STATUS_OF_CODE));
 
 /** The status a server sends for a thrown value; anything not thrown on purpose is `platform_error`. */
-export function toStatus(error: unknown): Partial<StatusObject> {
+export function toStatus(error: unknown): StatusObject {
   const known = isSandgymError(error) ? error : undefined;
   const code: SandgymErrorCode = known?.code ?? 'platform_error';
   const metadata = new Metadata();
   metadata.set(CODE_KEY, code);
   metadata.set(RETRYABLE_KEY, String(known?.retryable ?? false));
   return { code: STATUS_OF_CODE[code], details: messageOf(error), metadata };
+}
+
+/** `status`, marked as sent before the request body was read (see {@link wasUnread}). */
+export function markUnread(status: StatusObject): StatusObject {
+  status.metadata.set(UNREAD_KEY, 'true');
+  return status;
+}
+
+/** Whether a server refused the call before reading its body: nothing ran, any method may be retried. */
+export function wasUnread(error: ServiceError): boolean {
+  return error.metadata?.get(UNREAD_KEY)[0] === 'true';
 }
 
 /**
