@@ -3,12 +3,7 @@ import { existsSync } from 'node:fs';
 import { copyFile, mkdir, readFile, readdir, rename, rm, stat, open, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
-import {
-  buildErofsImage,
-  sha256OfFile,
-  type ErofsBuildOptions,
-  type LayerImage,
-} from '../../backends/index.ts';
+import { buildErofsImage, sha256OfFile, type LayerImage } from '../../backends/index.ts';
 import { SandgymError, parseAt, writeFileAtomic } from '../../common/index.ts';
 import { ManifestCache } from './manifest-cache.ts';
 
@@ -121,14 +116,10 @@ export class LayerStore {
   }
 
   /** Packs a folder into an EROFS layer and stores it; returns its manifest. */
-  async addLayerFromDirectory(
-    sourceDir: string,
-    createdFrom: string,
-    leaveOut: ErofsBuildOptions = {},
-  ): Promise<LayerManifest> {
+  async addLayerFromDirectory(sourceDir: string, createdFrom: string): Promise<LayerManifest> {
     const temp = join(this.root, 'tmp', `layer-${randomBytes(6).toString('hex')}.erofs`);
     try {
-      await buildErofsImage(sourceDir, temp, leaveOut);
+      await buildErofsImage(sourceDir, temp);
       const file = await open(temp, 'r');
       await file.sync();
       await file.close();
@@ -445,12 +436,8 @@ export class ProjectStore {
   }
 
   /** Packs a folder into a layer the project made. */
-  async addLayerFromDirectory(
-    sourceDir: string,
-    createdFrom: string,
-    leaveOut: ErofsBuildOptions = {},
-  ): Promise<LayerManifest> {
-    const manifest = await this.layers.addLayerFromDirectory(sourceDir, createdFrom, leaveOut);
+  async addLayerFromDirectory(sourceDir: string, createdFrom: string): Promise<LayerManifest> {
+    const manifest = await this.layers.addLayerFromDirectory(sourceDir, createdFrom);
     await this.layers.markOwner(this.project, manifest.digest);
     await this.onLayerAdded?.(manifest.digest);
     return manifest;
