@@ -49,7 +49,6 @@ export { callOptionsOf } from './call-options.ts';
 export { isRootUser } from './internal/users.ts';
 export { buildErofsImage } from './host/erofs.ts';
 export type { DiffFilter, DroppedEntry, FilterReport } from './host/diff-filter.ts';
-export type { ErofsBuildOptions } from './host/erofs.ts';
 export { buildBusyboxRootfs, buildDebianRootfs } from './host/base-rootfs.ts';
 export type { DebianRootfsOptions } from './host/base-rootfs.ts';
 export { runProgram } from './host/run-program.ts';

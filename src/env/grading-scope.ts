@@ -31,6 +31,8 @@ const PROTECTED = [
   'etc/ld.so.conf',
   'etc/ld.so.conf.d',
   'etc/ld.so.cache',
+  // which modules the C library loads for name lookups (a relative one is found from the cwd)
+  'etc/nsswitch.conf',
   'etc/gitconfig',
   'root/.gitconfig',
   'root/.config/git',
@@ -59,6 +61,8 @@ const HOME_TOOL_DIRS =
  * one folder above /tests.
  */
 const HOOK_PATTERNS = [
+  // shared libraries the loader's cache finds there (official Python images keep libpython there)
+  '^usr/local/lib/[^/]+\\.so(\\.[0-9.]*)?$',
   '(^|/)(sitecustomize|usercustomize)(\\.[^/]*)?(/|$)',
   '\\.pth$',
   '(^|/)[^/]+\\.(dist|egg)-info/entry_points\\.txt$',
@@ -121,7 +125,13 @@ export function gradingScope(
   const outsideWork = (dir: string): boolean => !isWithin(dir, workdir) && dir !== '/';
   const relative = (dir: string): string => posix.normalize(dir).replace(/^\/+/, '').replace(/\/+$/, '');
   const pathDirs = (facts?.pathDirs ?? []).filter(outsideWork).map(relative);
-  const excludePaths = [...new Set([...PROTECTED, ...pathDirs, ...extraExcluded.map(relative)])];
+  // an interpreter reads pyvenv.cfg beside its folder's parent: its `home` moves the standard library
+  const venvConfigs = pathDirs.map((dir) =>
+    posix.join(posix.dirname(dir), 'pyvenv.cfg').replace(/^\.\//, ''),
+  );
+  const excludePaths = [
+    ...new Set([...PROTECTED, ...pathDirs, ...venvConfigs, ...extraExcluded.map(relative)]),
+  ];
   const regexes = [...HOOK_PATTERNS];
   const python = facts?.python;
   if (python) {
@@ -138,7 +148,7 @@ export function gradingScope(
   return {
     excludePaths,
     excludeRegexes: regexes,
-    reportPaths: [...new Set([...PROTECTED, ...pathDirs, ...shadowingPaths(workdir)])],
+    reportPaths: [...new Set([...PROTECTED, ...pathDirs, ...venvConfigs, ...shadowingPaths(workdir)])],
     hiddenPaths: HIDDEN,
   };
 }

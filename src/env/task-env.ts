@@ -255,8 +255,12 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     const reset = await this.inner.reset(options);
     const sandbox = this.inner.current!;
     await this.services?.join(sandbox, this.mainServiceName());
-    // before anything runs in it, the sandbox shows what a clean one of its environment holds
-    this.scope = gradingScope(await this.facts(sandbox), this.workdir(), this.taskExclusions());
+    // before anything runs in it, a clean sandbox of the task's environment shows what it holds
+    this.scope = gradingScope(
+      await this.cleanFacts(sandbox, environment),
+      this.workdir(),
+      this.taskExclusions(),
+    );
     await sandbox.exec(['mkdir', '-p', '/logs/agent', '/logs/artifacts']);
     const agentUser = this.userOf(this.task.agentUser);
     // the agent's own log folders are its to write, as Harbor mounts them for it
@@ -293,11 +297,37 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     return this.options.run ? { run: this.options.run } : {};
   }
 
-  private facts(sandbox: Sandbox): Promise<InterpreterFacts> {
-    const key = sandbox.layers.map((layer) => layer.digest).join(',');
+  /**
+   * What a clean sandbox of the task's own environment holds: the agent's fresh sandbox itself,
+   * or, when it started from a checkpoint that holds the agent's earlier changes, a sandbox made
+   * to be probed and closed.
+   */
+  private cleanFacts(sandbox: Sandbox, environment: string): Promise<InterpreterFacts> {
+    const built = this.built;
+    if (!built || environment === `${built.name}:${built.version}`)
+      return this.facts(sandbox.layers, () => probeInterpreters(sandbox));
+    return this.facts(
+      built.layers.map((digest) => ({ digest })),
+      async () => {
+        await using clean = await this.platform.createSandbox({
+          environment: `${built.name}:${built.version}`,
+          resources: { ...this.task.resources },
+          env: this.task.env,
+          ...this.inRun(),
+        });
+        return probeInterpreters(clean);
+      },
+    );
+  }
+
+  private facts(
+    layers: readonly { digest: string }[],
+    probe: () => Promise<InterpreterFacts>,
+  ): Promise<InterpreterFacts> {
+    const key = layers.map((layer) => layer.digest).join(',');
     let facts = probed.get(key);
     if (!facts) {
-      facts = probeInterpreters(sandbox);
+      facts = probe();
       probed.set(key, facts);
       facts.catch(() => probed.delete(key));
       if (probed.size > PROBE_CACHE_SIZE) probed.delete(probed.keys().next().value ?? key);
@@ -529,8 +559,10 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     // while it is graded, the agent's sandbox is off its services' network (see TaskServices.leave)
     await this.services?.leave(agent);
     const tampered = [...new Set([...this.earlierTampering, ...present.map((path) => `/${path}`)])];
-    const clean = this.base ?? `${environment.name}:${environment.version}`;
-    const withDiff = await this.judge(clean, [layer.digest]).then(
+    // the agent's work is its diff over where its sandbox started (a checkpoint's stack, after a
+    // restore); the control run has none of it, so it starts from the task's own environment
+    const clean = `${environment.name}:${environment.version}`;
+    const withDiff = await this.judge(this.base ?? clean, [layer.digest]).then(
       (verdict) => ({ verdict }),
       (error: unknown) => ({ error }),
     );
@@ -559,10 +591,14 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
    */
   private async blame(clean: string, error: unknown): Promise<VerifierResult> {
     const anomaly = messageOf(error);
-    const control = await this.judge(clean, []).then(
-      () => undefined,
-      (failure: unknown) => failure,
-    );
+    // without the agent's changes means without what it did to the services too: fresh ones
+    const services = await TaskServices.start(this.platform, this.task, [], this.inRun());
+    const control = await this.judge(clean, [], services)
+      .then(
+        () => undefined,
+        (failure: unknown) => failure,
+      )
+      .finally(() => services?.close());
     if (control === undefined)
       return {
         reward: 0,
@@ -594,7 +630,11 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
   }
 
   /** Runs the verifiers in a fresh grader of `environment` plus `extraLayers`, within the grading deadline. */
-  private async judge(environment: string, extraLayers: string[]): Promise<VerifierResult> {
+  private async judge(
+    environment: string,
+    extraLayers: string[],
+    services: TaskServices | undefined = this.services,
+  ): Promise<VerifierResult> {
     const grader = await this.platform.createSandbox({
       environment,
       ...(extraLayers.length ? { extraLayers } : {}),
@@ -606,7 +646,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     });
     try {
       // the tests reach the services the agent worked with, by the same names
-      await this.services?.join(grader, this.mainServiceName());
+      await services?.join(grader, this.mainServiceName());
       const testUser = this.userOf(this.task.verifierUser);
       return await runVerifiers([...(this.options.verifiers ?? []), defaultVerifier(this.task)], {
         task: this.task,
@@ -622,7 +662,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
         ),
       });
     } finally {
-      await this.services?.leave(grader).catch(() => undefined);
+      await services?.leave(grader).catch(() => undefined);
       await grader.close();
     }
   }

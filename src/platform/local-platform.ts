@@ -646,6 +646,7 @@ export class LocalPlatform implements HostPlatform {
       ...(options.excludePaths ? { excludePaths: options.excludePaths } : {}),
       ...(options.reportPaths ? { reportPaths: options.reportPaths } : {}),
       ...(options.hiddenPaths ? { hiddenPaths: options.hiddenPaths } : {}),
+      ...(options.excludeRegexes ? { excludeRegexes: options.excludeRegexes } : {}),
     };
     const pack = async (dir: string, found: Pick<Sandbox, 'layers' | 'labels'>, report: FilterReport) => {
       // what a sandbox is packed into belongs to the sandbox's project, and counts in its quota
@@ -657,11 +658,7 @@ export class LocalPlatform implements HostPlatform {
         store,
         present: report.present,
         dropped: report.dropped,
-        layer: await store.addLayerFromDirectory(
-          dir,
-          `pack_diff of sandbox ${id}`,
-          options.excludeRegexes ? { excludeRegexes: options.excludeRegexes } : {},
-        ),
+        layer: await store.addLayerFromDirectory(dir, `pack_diff of sandbox ${id}`),
         parent: found.labels['environment'],
         stack: found.layers.map((l) => l.digest),
       };

@@ -102,11 +102,7 @@ describe('task users under attack', () => {
   it('refuses the agent root-only files', () =>
     attack('users', 'read_file of /etc/shadow, 0600 and 0700 root files', async () => {
       for (const path of ['/etc/shadow', '/root/secret', '/srv/vault/inside', '/home/app/../../root/secret'])
-        await refused(
-          task,
-          { type: 'read_file', path },
-          path.includes('..') ? 'invalid_action' : undefined,
-        );
+        await refused(task, { type: 'read_file', path }, path.includes('..') ? 'invalid_action' : undefined);
     }));
 
   it('refuses writes of root-owned files and into root-owned folders', () =>

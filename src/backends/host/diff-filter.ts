@@ -1,4 +1,5 @@
 import { Buffer } from 'node:buffer';
+import type { Dirent } from 'node:fs';
 import { lstat, mkdir, readdir, rename } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SandgymError, climbsOut } from '../../common/index.ts';
@@ -19,6 +20,11 @@ export interface DiffFilter {
   /** Paths whose presence in the diff is reported: written, deleted, or replaced through an ancestor. */
   reportPaths?: readonly string[];
   /**
+   * Regular expressions over paths (relative to the root): matching entries are left out with
+   * everything below them, before links are resolved (see {@link hiddenPaths}).
+   */
+  excludeRegexes?: readonly string[];
+  /**
    * Folders only a grader holds (tests, solutions, logs): a symlink of the diff that leads into
    * one, resolved as the sandbox would resolve it over the layers below, is left out, so a test
    * that compares the agent's file with its hidden expected one never compares that file with
@@ -34,6 +40,7 @@ export type DropReason =
   | 'special_file'
   | 'name_too_long'
   | 'path_too_long'
+  | 'name_not_utf8'
   | 'links_into_hidden';
 
 /** An entry taken out of a diff (excluded paths themselves are not listed). */
@@ -98,6 +105,7 @@ export async function filterDiffTree(
   for (const path of [...(filter.excludePaths ?? []), ...(filter.reportPaths ?? [])])
     if (climbsOut(path))
       throw new SandgymError('invalid_argument', `Diff path "${path}" must not contain a ".." component`);
+  const excluded = (filter.excludeRegexes ?? []).map(compileExclusion);
   const clearOpaque = (dirs: string[]) => copy.clearOpaque(dirs);
   await mkdir(trash, { recursive: true });
   let trashed = 0;
@@ -139,9 +147,22 @@ export async function filterDiffTree(
   const pending: string[] = [''];
   while (pending.length > 0) {
     const dir = pending.pop() ?? '';
-    for (const entry of await readdir(join(tree, dir), { withFileTypes: true })) {
+    for (const entry of await namedEntries(join(tree, dir))) {
       const rel = dir ? `${dir}/${entry.name}` : entry.name;
+      if (!entry.isUtf8) {
+        // no path string names it again: moved away by its bytes, and reported readably
+        await rename(
+          Buffer.concat([Buffer.from(`${join(tree, dir)}/`), entry.bytes]),
+          join(trash, String(trashed++)),
+        );
+        dropped.push({ path: rel, reason: 'name_not_utf8' });
+        continue;
+      }
       let reason: Exclude<DropReason, 'excluded'> | undefined;
+      if (excluded.some((regex) => regex.test(rel))) {
+        await discard(rel); // left out as asked, so not reported
+        continue;
+      }
       if (Buffer.byteLength(entry.name) > MAX_NAME_BYTES) reason = 'name_too_long';
       else if (rootBytes + Buffer.byteLength(rel) > MAX_PATH_BYTES) reason = 'path_too_long';
       else if (entry.isFIFO() || entry.isSocket() || entry.isBlockDevice()) reason = 'special_file';
@@ -176,6 +197,49 @@ export async function filterDiffTree(
     }
   }
   return { present: [...present], dropped };
+}
+
+/**
+ * A quantified group that itself holds a quantifier (`(a+)+`, `(x*y)*`): what makes a backtracking
+ * matcher take exponential time on a long path. Exclusions may come from a tenant.
+ */
+const NESTED_QUANTIFIER = /\([^()]*[*+}][^()]*\)[*+{]/;
+
+/** An exclusion pattern as a regular expression, refused when it could backtrack without end. */
+function compileExclusion(pattern: string): RegExp {
+  if (pattern.length > 16_384 || NESTED_QUANTIFIER.test(pattern))
+    throw new SandgymError(
+      'invalid_argument',
+      `Exclusion pattern ${JSON.stringify(pattern.slice(0, 80))} is too long or quantifies a quantified group: simplify it`,
+    );
+  try {
+    return new RegExp(pattern);
+  } catch (error) {
+    throw new SandgymError(
+      'invalid_argument',
+      `Exclusion pattern ${JSON.stringify(pattern.slice(0, 80))} is not a regular expression`,
+      {
+        cause: error,
+      },
+    );
+  }
+}
+
+/** A folder's entries with their names' bytes: names that are not UTF-8 cannot be joined as text. */
+async function namedEntries(dir: string): Promise<(Dirent & { bytes: Buffer; isUtf8: boolean })[]> {
+  const entries = (await readdir(Buffer.from(dir), {
+    withFileTypes: true,
+    encoding: 'buffer',
+  })) as unknown as Dirent<Buffer>[];
+  return entries.map((entry) => {
+    const bytes = entry.name;
+    const name = bytes.toString('utf8');
+    return Object.assign(entry as unknown as Dirent, {
+      name,
+      bytes,
+      isUtf8: Buffer.from(name, 'utf8').equals(bytes),
+    });
+  });
 }
 
 /** Magic links of /proc that lead to another root or to open files, wherever they are. */

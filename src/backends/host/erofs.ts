@@ -1,11 +1,5 @@
 import { runProgram } from './run-program.ts';
 
-/** What to leave out of an image: paths relative to the source folder, or regexes over them. */
-export interface ErofsBuildOptions {
-  excludePaths?: string[];
-  excludeRegexes?: string[];
-}
-
 /**
  * The image's build time: fixed, so one tree always packs to the same bytes and so the same
  * content address, and far in the future, because mkfs.erofs clamps file times to it (a
@@ -20,18 +14,10 @@ const BUILD_TIME = String(Date.UTC(2100, 0, 1) / 1000);
  * build time and the UUID are fixed, so the same tree gives the same bytes. lz4hc keeps images
  * small and is cheap to decompress on the read path.
  */
-export async function buildErofsImage(
-  sourceDir: string,
-  imagePath: string,
-  options: ErofsBuildOptions = {},
-): Promise<void> {
-  const excludes = [
-    ...(options.excludePaths ?? []).map((path) => `--exclude-path=${path}`),
-    ...(options.excludeRegexes ?? []).map((regex) => `--exclude-regex=${regex}`),
-  ];
+export async function buildErofsImage(sourceDir: string, imagePath: string): Promise<void> {
   await runProgram(
     'mkfs.erofs',
-    ['-zlz4hc', '-U', '00000000-0000-0000-0000-000000000000', ...excludes, imagePath, sourceDir],
+    ['-zlz4hc', '-U', '00000000-0000-0000-0000-000000000000', imagePath, sourceDir],
     { timeoutMs: 30 * 60_000, env: { SOURCE_DATE_EPOCH: BUILD_TIME } },
   );
 }

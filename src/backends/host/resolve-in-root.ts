@@ -31,7 +31,10 @@ export async function resolveInRoot(root: string, path: string): Promise<string 
     const info = await lstat(here).catch(() => undefined);
     if (info?.isSymbolicLink()) {
       if (++links > MAX_LINKS) return undefined;
-      const target = await readlink(here);
+      const bytes = await readlink(here, { encoding: 'buffer' });
+      const target = bytes.toString('utf8');
+      // a target no text names exactly is not followed as text: count it as leading anywhere
+      if (!Buffer.from(target, 'utf8').equals(bytes)) return undefined;
       if (target.startsWith('/')) resolved.length = 0;
       pending = [...components(target), ...pending];
       continue;

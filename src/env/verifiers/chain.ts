@@ -59,7 +59,10 @@ export class GradingAnomaly extends SandgymError {
       | 'forged_report'
       | 'forged_output'
       | 'harness_rewired'
-      | 'reward_contradicts_tests',
+      | 'run_interrupted'
+      | 'decided_by_code_under_test'
+      | 'reward_contradicts_tests'
+      | 'reward_file_unnamed',
     message: string,
     /**
      * What the run would have scored, for an anomaly that a verifier may show by habit (a reward

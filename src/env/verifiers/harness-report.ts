@@ -1,30 +1,47 @@
 import { z } from 'zod';
 import type { ExecResult } from '../../backends/index.ts';
 import type { PytestOutcome } from '../pytest-summary.ts';
-import { GradingAnomaly } from './chain.ts';
+import { GradingAnomaly, type VerifierResult } from './chain.ts';
 
-const pid = z.number().int().positive();
+/**
+ * What every record carries: the process, the token it drew when it loaded the reporter (a new
+ * process image under the same pid draws another), and how deep in nested pytest sessions it was.
+ */
+const origin = {
+  pid: z.number().int().positive(),
+  k: z.string().regex(/^[0-9a-f]{16}$/),
+  d: z.number().int().nonnegative(),
+};
 const session = z.number().int().nonnegative();
 
 /** The lines sandgym's pytest reporter (harness/sandgym_pytest_report.py) writes. */
 const recordSchema = z.discriminatedUnion('t', [
-  z.strictObject({ t: z.literal('load'), pid }),
-  z.strictObject({ t: z.literal('exit'), pid }),
-  z.strictObject({ t: z.literal('start'), pid, s: session }),
-  z.strictObject({ t: z.literal('end'), pid, s: session }),
-  z.strictObject({ t: z.literal('collect_error'), pid, s: session, nodeid: z.string() }),
+  z.strictObject({ t: z.literal('load'), ...origin }),
+  z.strictObject({ t: z.literal('exit'), ...origin }),
+  z.strictObject({ t: z.literal('start'), ...origin, s: session }),
+  z.strictObject({ t: z.literal('end'), ...origin, s: session }),
+  z.strictObject({ t: z.literal('collect_error'), ...origin, s: session, nodeid: z.string() }),
+  z.strictObject({
+    t: z.literal('collect_skip'),
+    ...origin,
+    s: session,
+    nodeid: z.string(),
+    foreign: z.boolean(),
+  }),
   z.strictObject({
     t: z.literal('test'),
-    pid,
+    ...origin,
     s: session,
     nodeid: z.string().max(4096),
     when: z.enum(['setup', 'call', 'teardown']),
     outcome: z.enum(['passed', 'failed', 'skipped', 'error']),
     xfail: z.boolean(),
+    foreign: z.literal(true).optional(),
   }),
+  z.strictObject({ t: z.literal('interrupted'), ...origin, s: session }),
   z.strictObject({
     t: z.literal('finish'),
-    pid,
+    ...origin,
     s: session,
     exitstatus: z.number().int(),
     failed: z.number().int().nonnegative(),
@@ -32,13 +49,13 @@ const recordSchema = z.discriminatedUnion('t', [
   }),
   z.strictObject({
     t: z.literal('rewired'),
-    pid,
+    ...origin,
     s: session,
     names: z.array(z.string().max(512)).max(50),
   }),
   z.strictObject({
     t: z.literal('runner'),
-    pid,
+    ...origin,
     name: z.string().max(64),
     tampered: z.array(z.string().max(512)).max(50),
   }),
@@ -60,6 +77,12 @@ export interface HarnessReport {
   runners: { name: string; tampered: string[] }[];
   /** pytest machinery whose behaviour was replaced while the tests ran. */
   rewired: string[];
+  /** Tests (or test files) skipped, expected to fail or stopped by a raise from outside the tests' own files. */
+  decidedElsewhere: string[];
+  /** Whether a session was stopped before its end (`pytest.exit`, an interrupt). */
+  interrupted: boolean;
+  /** Test files skipped whole while they were collected. */
+  skippedFiles: number;
 }
 
 /** Folds one test's phases into the outcome pytest's summary would show for it. */
@@ -87,12 +110,15 @@ export function readHarnessReport(run: Pick<ExecResult, 'report' | 'reportTrunca
       'forged_report',
       'The harness report went past its cap: something wrote more to it than the harness would',
     );
-  const loaded = new Set<number>();
-  const exited = new Set<number>();
+  const loaded = new Set<string>();
+  const exited = new Set<string>();
   const tests = new Map<string, PytestOutcome>();
   const collectErrors: string[] = [];
   const runners: HarnessReport['runners'] = [];
   const rewired: string[] = [];
+  const decidedElsewhere: string[] = [];
+  let interrupted = false;
+  let skippedFiles = 0;
   for (const [index, line] of (run.report ?? '').split('\n').entries()) {
     if (!line) continue;
     let record: HarnessRecord;
@@ -104,25 +130,35 @@ export function readHarnessReport(run: Pick<ExecResult, 'report' | 'reportTrunca
         `Line ${index + 1} of the harness report is not a record sandgym's harness writes: ${JSON.stringify(line.slice(0, 120))}`,
       );
     }
-    if (record.t === 'load') loaded.add(record.pid);
-    else if (record.t === 'exit') exited.add(record.pid);
-    else if (record.t === 'collect_error') collectErrors.push(record.nodeid);
+    const process = `${record.pid}:${record.k}`;
+    // sessions that tests run inside the run (pytester) report their own tests: not the run's
+    const outermost = record.d <= 1;
+    if (record.t === 'load') loaded.add(process);
+    else if (record.t === 'exit') exited.add(process);
     else if (record.t === 'rewired') rewired.push(...record.names);
-    else if (record.t === 'runner') {
-      loaded.add(record.pid);
-      runners.push({ name: record.name, tampered: record.tampered });
-    } else if (record.t === 'test') {
+    else if (record.t === 'runner') runners.push({ name: record.name, tampered: record.tampered });
+    else if (!outermost) continue;
+    else if (record.t === 'collect_error') collectErrors.push(record.nodeid);
+    else if (record.t === 'collect_skip') {
+      skippedFiles++;
+      if (record.foreign) decidedElsewhere.push(record.nodeid);
+    } else if (record.t === 'interrupted') interrupted = true;
+    else if (record.t === 'test') {
       const folded = foldOutcome(tests.get(record.nodeid), record);
       if (folded) tests.set(record.nodeid, folded);
+      if (record.foreign) decidedElsewhere.push(record.nodeid);
     }
   }
   return {
     processes: loaded.size,
-    unfinished: [...loaded].filter((id) => !exited.has(id)),
+    unfinished: [...loaded].filter((id) => !exited.has(id)).map((id) => Number(id.split(':')[0])),
     tests,
     collectErrors,
     runners,
     rewired,
+    decidedElsewhere: [...new Set(decidedElsewhere)],
+    interrupted,
+    skippedFiles,
   };
 }
 
@@ -150,6 +186,27 @@ export function checkRunSound(
       'harness_rewired',
       `While the tests ran, something replaced pytest's own ${report.rewired.slice(0, 5).join(', ')}${report.rewired.length > 5 ? ', ...' : ''}`,
     );
+  if (report.interrupted)
+    throw new GradingAnomaly(
+      'run_interrupted',
+      `${what} ran a pytest session that was stopped before its end`,
+    );
+}
+
+/**
+ * Fails grading with an anomaly when a skip, an expected failure or an exit that decided a test's
+ * outcome was raised from outside the tests' own files (the code under test calling
+ * `pytest.skip()`): where skipped tests count as passed (Terminal-Bench) or pytest's exit status
+ * decides the reward (Harbor), that is a pass the tests never gave. It carries the run's `verdict`:
+ * a task whose tests are skipped that way without the agent's changes too stands as it is.
+ */
+export function checkOutcomesDecidedByTests(report: HarnessReport, verdict: VerifierResult): void {
+  if (report.decidedElsewhere.length === 0) return;
+  throw new GradingAnomaly(
+    'decided_by_code_under_test',
+    `Code outside the tests skipped or stopped ${report.decidedElsewhere.slice(0, 5).join(', ')}${report.decidedElsewhere.length > 5 ? ', ...' : ''}`,
+    verdict,
+  );
 }
 
 /** Whether pytest reported a test of the run failing or erroring, or a file that did not collect. */

@@ -1,7 +1,26 @@
-import { stageFolder } from '../stage-folder.ts';
+import { readFile, stat } from 'node:fs/promises';
+import { filesUnder, stageFolder } from '../stage-folder.ts';
 import { GradingAnomaly, asTestUser, endLeftoverProcesses, outputTails, type Verifier } from './chain.ts';
 import { harnessEnv, stageHarness } from './harness.ts';
-import { checkRunSound, harnessDetails, readHarnessReport, reportsFailures } from './harness-report.ts';
+import {
+  checkOutcomesDecidedByTests,
+  checkRunSound,
+  harnessDetails,
+  readHarnessReport,
+  reportsFailures,
+} from './harness-report.ts';
+
+/** Whether any file of a task's tests folder names `file` (a test script writing it does). */
+async function testsName(testsDir: string, file: string): Promise<boolean> {
+  for (const path of await filesUnder(testsDir)) {
+    const info = await stat(path);
+    if (info.size <= MAX_NAMING_FILE_BYTES && (await readFile(path, 'latin1')).includes(file)) return true;
+  }
+  return false;
+}
+
+/** Files of the tests larger than this are data, not scripts that write a reward. */
+const MAX_NAMING_FILE_BYTES = 4 << 20;
 
 /** What a test run may print, and its harness report hold, and still be read whole. */
 const RUN_OUTPUT_CAP_BYTES = 16 << 20;
@@ -94,14 +113,16 @@ export function rewardFileVerifier(testsDir: string, timeoutMs: number): Verifie
     const harness = readHarnessReport(run);
     checkRunSound('tests/test.sh', run, harness);
     const files = (await grader.listDir('/logs/verifier', deadline.call())).map((e) => e.name);
-    const json = files.includes('reward.json');
-    if (!json && !files.includes('reward.txt')) {
+    if (!files.includes('reward.json') && !files.includes('reward.txt')) {
       throw new GradingAnomaly(
         'no_reward',
         `tests/test.sh ended (exit ${run.exitCode ?? run.signal}) without writing /logs/verifier/reward.txt or reward.json`,
       );
     }
-    const path = json ? '/logs/verifier/reward.json' : '/logs/verifier/reward.txt';
+    // as Harbor reads them: reward.txt when there is one, else reward.json
+    const json = !files.includes('reward.txt');
+    const name = json ? 'reward.json' : 'reward.txt';
+    const path = `/logs/verifier/${name}`;
     const text = (await grader.readFile(path, { ...deadline.call(), maxBytes: 1 << 20 })).toString();
     const range = task.rewardRange ?? DEFAULT_REWARD_RANGE;
     const { reward, metrics } = parseReward(text, json, range);
@@ -116,6 +137,14 @@ export function rewardFileVerifier(testsDir: string, timeoutMs: number): Verifie
         ...harnessDetails(harness),
       },
     };
+    // A reward file no file of the tests names was written by something else: the code under test.
+    if (!(await testsName(testsDir, name)))
+      throw new GradingAnomaly(
+        'reward_file_unnamed',
+        `The reward came from ${name}, which no file of the task's tests writes`,
+        verdict,
+      );
+    checkOutcomesDecidedByTests(harness, verdict);
     // A full reward that the run's own tests contradict may have been written by a process of the
     // code under test racing test.sh; the run without the agent's changes decides (see GradingAnomaly).
     if (reward === range[1] && reportsFailures(harness))

@@ -28,11 +28,14 @@ class UnittestRecorder(unittest.TestResult):
 
 
 # The code under test runs in this process: if it rewires the test machinery, no status counts.
-watched = [unittest.TestCase, unittest.TestResult, unittest.TestSuite, unittest.TestLoader,
-           UnittestRecorder, reporter, sys.modules[__name__]]
+watched = [UnittestRecorder, reporter, sys.modules[__name__]]
+for name in ('unittest.case', 'unittest.result', 'unittest.suite', 'unittest.loader', 'unittest.util'):
+    module = sys.modules.get(name)
+    if module is not None:
+        watched += [module] + [v for v in list(vars(module).values()) if isinstance(v, type) and v.__module__ == name]
 if node_ids:
-    import pytest, _pytest.runner, _pytest.python, _pytest.reports  # noqa: E401
-    watched += [_pytest.runner, _pytest.python.Function, _pytest.reports.TestReport, pytest]
+    import pytest, _pytest.runner, _pytest.python, _pytest.reports, pluggy  # noqa: E401
+    watched += [_pytest.runner, _pytest.python.Function, _pytest.reports.TestReport, pytest, pluggy]
 before = [(holder, dict(vars(holder))) for holder in watched]
 
 if node_ids:

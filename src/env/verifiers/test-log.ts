@@ -5,7 +5,13 @@ import type { TaskGrading } from '../tasks/task.ts';
 import { TERMINAL_BENCH_TEST_DIR as TESTS_DIR } from '../tasks/terminal-bench.ts';
 import { GradingAnomaly, asTestUser, endLeftoverProcesses, outputTails, type Verifier } from './chain.ts';
 import { harnessEnv, stageHarness } from './harness.ts';
-import { checkRunSound, harnessDetails, readHarnessReport, type HarnessReport } from './harness-report.ts';
+import {
+  checkOutcomesDecidedByTests,
+  checkRunSound,
+  harnessDetails,
+  readHarnessReport,
+  type HarnessReport,
+} from './harness-report.ts';
 
 /** What a test run may print and still be read whole: its summary comes last. */
 const TEST_LOG_CAP_BYTES = 16 << 20;
@@ -16,16 +22,20 @@ const TEST_LOG_CAP_BYTES = 16 << 20;
  * something else (the code under test writing into the runner's output).
  */
 function checkPrintedAgainstReport(printed: PytestResult[], report: HarnessReport): void {
-  if (report.tests.size === 0) return; // pytest ran without sandgym's reporter: nothing to check against
+  if (report.processes === 0) return; // pytest ran without sandgym's reporter: nothing to check against
   const reported = new Map<string, Set<boolean>>();
   for (const [nodeId, outcome] of report.tests) {
     const test = nodeId.includes('::') ? nodeId.slice(nodeId.indexOf('::') + 2) : nodeId;
     reported.set(test, (reported.get(test) ?? new Set()).add(PASSING_OUTCOMES.has(outcome)));
   }
-  for (const result of printed) {
-    if (reported.get(result.test)?.has(result.passed)) continue;
-    // skips are summed up by location (`SKIPPED [2] test_x.py:10: reason`), with no test to match
-    if (result.outcome === 'SKIPPED' && /^\[\d+\] /.test(result.test)) continue;
+  const skipped = [...report.tests.values()].filter((outcome) => outcome === 'SKIPPED').length;
+  // only a line that passes can forge a pass: one that fails lowers the reward whoever printed it
+  for (const result of printed.filter((r) => r.passed)) {
+    if (reported.get(result.test)?.has(true)) continue;
+    // skips are summed up by location (`SKIPPED [2] test_x.py:10: reason`), with no test to match:
+    // pytest must have skipped something
+    if (result.outcome === 'SKIPPED' && /^\[\d+\] /.test(result.test) && skipped + report.skippedFiles > 0)
+      continue;
     throw new GradingAnomaly(
       'forged_output',
       `run-tests.sh printed "${result.outcome} ${result.test}", which pytest did not report${reported.has(result.test) ? ' with that outcome' : ''}: something else wrote into the test runner's output`,
@@ -84,7 +94,7 @@ export function testLogVerifier(
         )
         .map(([test, outcome]) => ({ test, outcome })),
     ];
-    return {
+    const verdict = {
       reward: failed.length === 0 ? 1 : 0,
       details: {
         reason:
@@ -100,5 +110,7 @@ export function testLogVerifier(
         ...outputTails(run),
       },
     };
+    checkOutcomesDecidedByTests(harness, verdict);
+    return verdict;
   };
 }

@@ -3,12 +3,7 @@ import { existsSync } from 'node:fs';
 import { copyFile, mkdir, readFile, readdir, rename, rm, stat, open, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
-import {
-  buildErofsImage,
-  sha256OfFile,
-  type ErofsBuildOptions,
-  type LayerImage,
-} from '../../backends/index.ts';
+import { buildErofsImage, sha256OfFile, type LayerImage } from '../../backends/index.ts';
 import { SandgymError, parseAt, writeFileAtomic } from '../../common/index.ts';
 import { ManifestCache } from './manifest-cache.ts';
 
@@ -123,14 +118,10 @@ export class LayerStore {
   }
 
   /** Packs a folder into an EROFS layer and stores it; returns its manifest. */
-  async addLayerFromDirectory(
-    sourceDir: string,
-    createdFrom: string,
-    leaveOut: ErofsBuildOptions = {},
-  ): Promise<LayerManifest> {
+  async addLayerFromDirectory(sourceDir: string, createdFrom: string): Promise<LayerManifest> {
     const temp = join(this.root, 'tmp', `layer-${randomBytes(6).toString('hex')}.erofs`);
     try {
-      await buildErofsImage(sourceDir, temp, leaveOut);
+      await buildErofsImage(sourceDir, temp);
       const file = await open(temp, 'r');
       await file.sync();
       await file.close();
@@ -563,13 +554,9 @@ export class ProjectStore {
    * Packs a folder into a layer the project made, within its store quota: a full project is
    * refused before the folder is packed, and a layer that would take it past its quota is not kept.
    */
-  async addLayerFromDirectory(
-    sourceDir: string,
-    createdFrom: string,
-    leaveOut: ErofsBuildOptions = {},
-  ): Promise<LayerManifest> {
+  async addLayerFromDirectory(sourceDir: string, createdFrom: string): Promise<LayerManifest> {
     await this.withinQuota(1, () => Promise.resolve());
-    const manifest = await this.layers.addLayerFromDirectory(sourceDir, createdFrom, leaveOut);
+    const manifest = await this.layers.addLayerFromDirectory(sourceDir, createdFrom);
     const { digest, sizeBytes } = manifest;
     const owned = await this.layers.isOwner(this.project, digest);
     await this.withinQuota(owned ? 0 : sizeBytes, () => this.layers.markOwner(this.project, digest)).catch(

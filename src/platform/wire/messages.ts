@@ -263,6 +263,7 @@ export const packDiffResult = z.object({
           'special_file',
           'name_too_long',
           'path_too_long',
+          'name_not_utf8',
           'links_into_hidden',
         ]),
       }),

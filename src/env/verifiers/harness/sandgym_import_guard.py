@@ -56,11 +56,12 @@ def install(started_with=None):
     from importlib.machinery import PathFinder
     stdlib_dirs = _stdlib_dirs()
     protected = _stdlib_names(stdlib_dirs) | HARNESS_NAMES
-    # folders of the code under test that were on the path from the start (PYTHONPATH=. in a
-    # test script): never trusted for protected names
-    untrusted = [os.path.realpath(d) for d in os.environ.get('SANDGYM_UNTRUSTED_DIRS', '').split(':') if d]
+    # the agent's workdir itself, on the path from the start (PYTHONPATH=. in a test script):
+    # never trusted for protected names. Folders below it are (a virtual environment a test
+    # script makes there holds the pytest it runs).
+    untrusted = {os.path.realpath(d) for d in os.environ.get('SANDGYM_UNTRUSTED_DIRS', '').split(':') if d}
     entries = [e for e in (sys.path if started_with is None else started_with) if e]
-    real = [(e, os.path.realpath(e)) for e in entries if not _within(os.path.realpath(e), untrusted)]
+    real = [(e, os.path.realpath(e)) for e in entries if os.path.realpath(e) not in untrusted]
     stdlib = [e for e, r in real if _within(r, stdlib_dirs) or r.endswith('.zip')]
     sites = [e for e, r in real if os.path.basename(r) in ('site-packages', 'dist-packages') and e not in stdlib]
     others = [e for e, _ in real if e not in stdlib and e not in sites]
@@ -76,6 +77,9 @@ def install(started_with=None):
             if name not in protected and not name.startswith(HARNESS_PREFIXES):
                 return None
             spec = PathFinder.find_spec(name, trusted, target)
+            # a name that merely looks like a plugin's, installed nowhere, is anyone's to have
+            if spec is None and name not in protected:
+                return None
             if spec is None:
                 raise ModuleNotFoundError(
                     'No module named %r where the interpreter keeps its own modules '
