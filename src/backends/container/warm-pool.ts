@@ -167,12 +167,21 @@ export class WarmPool {
           this.creating === 0 &&
           this.count(qos) + (this.reserved.get(qos) ?? 0) < this.target(qos)
         ) {
-          const shell = await this.factory.createShell(qos);
+          // its place is held while it starts: scrubbed shells coming back meanwhile count it
+          this.reserved.set(qos, (this.reserved.get(qos) ?? 0) + 1);
+          let shell: WarmShell;
+          try {
+            shell = await this.factory.createShell(qos);
+          } catch (error) {
+            this.unreserve(qos);
+            throw error;
+          }
           if (this.closed) {
+            this.unreserve(qos);
             await this.factory.destroyShell(shell);
             return;
           }
-          this.put(shell);
+          this.put(shell, true);
           this.backoffMs = 0;
         }
       }
