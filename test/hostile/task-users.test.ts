@@ -320,7 +320,7 @@ describe('task users under attack', () => {
       const transport = new StdioClientTransport({
         command: 'node',
         args: [CLI, 'mcp', '--environment', environment, '--user', 'app'],
-        env: { ...process.env, SANDGYM_DATA_DIR: env.dataDir },
+        env: { ...process.env, SANDGYM_DATA_DIR: env.dataDir, SANDGYM_STORE: STORE_DIR },
         stderr: 'pipe',
       });
       await client.connect(transport);
