@@ -1,15 +1,19 @@
 import { execFile } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { existsSync, lstatSync, readFileSync, readdirSync, readlinkSync, statSync } from 'node:fs';
-import { chown, mkdir, rm, symlink, writeFile } from 'node:fs/promises';
+import { chown, mkdir, rm, symlink, utimes, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { isSandgymError } from '../../src/common/index.ts';
 import { buildLayerFromOci, buildLayerFromTar } from '../../src/platform/index.ts';
-import { RootedTree } from '../../src/platform/layer-build/rooted-tree.ts';
-import { extractTar, type WhiteoutMode } from '../../src/platform/layer-build/tar-extract.ts';
+import { RootedTree, withRootedTree } from '../../src/platform/layer-build/rooted-tree.ts';
+import {
+  extractTar,
+  normaliseFolderTimes,
+  type WhiteoutMode,
+} from '../../src/platform/layer-build/tar-extract.ts';
 import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
 import { TestRegistry, writeOciLayout } from '../support/registry.ts';
 import { tarArchive, type TestTarEntry } from '../support/tar-writer.ts';
@@ -639,5 +643,58 @@ ADD honest.tar /opt/
       console.log(`generated archives: ${outcomes.extracted} extracted, ${outcomes.refused} refused`);
       expect(outcomes.extracted).toBeGreaterThan(300);
       expect(outcomes.refused).toBeGreaterThan(300);
+    }));
+});
+
+/**
+ * The store's scratch folders: a build's tree has every folder's times set to 0 (as an image
+ * wants), and an archive can make a tree deeper than any path the kernel takes. Collection must
+ * never take a build in progress for leftovers, and must still remove leftovers however deep.
+ */
+describe('store scratch under attack', () => {
+  let env: TestPlatform;
+  /** Names longer than any path the kernel takes, once joined under the store. */
+  const DEEP = Array.from({ length: 16 }, (_, i) => `${i}`.padEnd(250, 'd')).join('/');
+
+  beforeAll(async () => {
+    env = await createTestPlatform('hostile-scratch', { privateStore: true });
+  });
+
+  afterAll(async () => {
+    await env?.[Symbol.asyncDispose]();
+  });
+
+  const collect = () =>
+    env.platform.store.layers.collectGarbage({ minAgeMs: 0, pinned: new Set(), sweepScratch: true });
+
+  it('never collects a build in progress whose folder times are 0', () =>
+    attack('archive', 'gc of a build whose tree times were set to 0', async () => {
+      const dir = await env.platform.store.scratch('inuse');
+      await writeFile(join(dir, 'f'), 'x');
+      await withRootedTree(dir, 'test', (tree) => normaliseFolderTimes(tree));
+      expect(statSync(dir).mtimeMs).toBe(0);
+      await collect();
+      expect(existsSync(join(dir, 'f'))).toBe(true);
+      await env.platform.store.removeScratch(dir);
+      expect(existsSync(dir)).toBe(false);
+    }));
+
+  it('removes a tree deeper than PATH_MAX, in a build that fails and in collection', () =>
+    attack('archive', 'scratch deeper than PATH_MAX', async () => {
+      const tmp = join(env.platform.store.root, 'tmp');
+      const before = new Set(readdirSync(tmp));
+      const archive = join(env.dataDir, 'deep.tar');
+      await writeFile(archive, tarArchive([{ path: `${DEEP}/f`, data: 'deep' }]));
+      // the build may keep or refuse the tree; either way its scratch goes
+      await buildLayerFromTar(env.platform.store, archive).catch(() => undefined);
+      expect(readdirSync(tmp).filter((name) => !before.has(name))).toEqual([]);
+      // a crashed writer's deep leftovers: its marker an hour and more old
+      const dir = await env.platform.store.scratch('crashed');
+      await withRootedTree(dir, 'test', (tree) => tree.makeFolder(DEEP));
+      const old = new Date(Date.now() - 2 * 60 * 60_000);
+      await utimes(`${dir}.live`, old, old);
+      await collect();
+      expect(existsSync(dir)).toBe(false);
+      expect(readdirSync(tmp).filter((name) => !before.has(name))).toEqual([]);
     }));
 });

@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import type { Stats } from 'node:fs';
-import { chmod, lchown, mkdir, realpath, rm, utimes } from 'node:fs/promises';
+import { chmod, lchown, mkdir, realpath, utimes } from 'node:fs/promises';
 import { basename, dirname, join, posix, relative, resolve } from 'node:path';
 import type { BackendSandbox } from '../../backends/index.ts';
 import { SandgymError, readRegularFile, resolveBeneath } from '../../common/index.ts';
@@ -626,7 +626,7 @@ async function folderStep(host: BuildHost, layers: string[], folder: string, whe
     }
     return (await host.store.addLayerFromDirectory(root, `${where}: WORKDIR ${folder}`)).digest;
   } finally {
-    await rm(root, { recursive: true, force: true });
+    await host.store.removeScratch(root);
   }
 }
 
@@ -744,7 +744,7 @@ async function copyPlan(
         });
         return (await host.store.addLayerFromDirectory(root, `${where}: ${copy.text}`)).digest;
       } finally {
-        await rm(root, { recursive: true, force: true });
+        await host.store.removeScratch(root);
       }
     },
   };

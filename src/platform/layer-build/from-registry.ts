@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { mkdir, rm } from 'node:fs/promises';
+import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { runProgram } from '../../backends/index.ts';
 import { SandgymError } from '../../common/index.ts';
@@ -124,6 +124,6 @@ export async function pullImage(
     });
     return { environment, digest, cached: false };
   } finally {
-    await rm(layout, { recursive: true, force: true });
+    await store.removeScratch(layout);
   }
 }
