@@ -506,6 +506,50 @@ ADD honest.tar /opt/
           await refusedWithoutHarm(() => buildFrom(name), /is refused/, 'not_found');
       }));
 
+    /** Every layer blob (not JSON) of the store's registry blob caches, wherever they are kept. */
+    function cachedLayerBlobs(): string[] {
+      const root = env.platform.store.root;
+      const caches = [
+        join(root, 'cache/oci-blobs/sha256'),
+        ...readdirSync(join(root, 'projects')).map((p) =>
+          join(root, 'projects', p, 'cache/oci-blobs/sha256'),
+        ),
+      ].filter((dir) => existsSync(dir));
+      return caches.flatMap((dir) =>
+        readdirSync(dir)
+          .map((name) => join(dir, name))
+          .filter((path) => {
+            try {
+              JSON.parse(readFileSync(path, 'utf8'));
+              return false;
+            } catch {
+              return true;
+            }
+          }),
+      );
+    }
+
+    it('never builds from a cached blob whose bytes do not match its digest', () =>
+      attack('archive', 'registry blob cache poisoned under a digest', async () => {
+        const top: TestTarEntry[] = [
+          { path: 'opt/', type: 'dir' },
+          { path: 'opt/real', data: 'real\n' },
+        ];
+        await push('cache/first', top);
+        await buildFrom('cache/first');
+        const poisoned = cachedLayerBlobs();
+        expect(poisoned.length).toBeGreaterThan(0);
+        for (const path of poisoned) await writeFile(path, tarArchive([{ path: 'poison', data: SECRET }]));
+        // the same layers under another name: the cache holds them already
+        await push('cache/second', top);
+        const { environment } = (await buildFrom('cache/second')) as { environment: { layers: string[] } };
+        const seen = await inLayers(environment.layers, (root) => ({
+          poison: existsSync(join(root, 'poison')),
+          real: readFileSync(join(root, 'opt/real'), 'utf8'),
+        }));
+        expect(seen).toEqual({ poison: false, real: 'real\n' });
+      }));
+
     it('honest twin: an image with whiteouts, an opaque folder and hard links pulls and builds', async () => {
       await push('honest/tool', [
         { path: 'etc/.wh.base' },
