@@ -183,6 +183,16 @@ describe('paths a task names, under attack', () => {
       }));
   }
 
+  it('refuses a folder of tasks whose entry links to a task elsewhere on the host', () =>
+    attack('build', 'folder of tasks: an entry linking out', async () => {
+      const elsewhere = await harborTask('    image: busybox:latest\n');
+      const suite = join(env.dataDir, `suite-${++count}`);
+      await mkdir(suite, { recursive: true });
+      await symlink(elsewhere, join(suite, 'linked-task'));
+      const text = await refusal(loadTasks([suite]));
+      expect(text).toMatch(/linked-task.*is outside/);
+    }));
+
   it('refuses a Dockerfile or context outside the root it is built under, quoting nothing', () =>
     attack('build', 'builder: Dockerfile and context outside the root', async () => {
       const dir = await harborTask('    image: busybox:latest\n');

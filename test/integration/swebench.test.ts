@@ -202,7 +202,7 @@ describe('SWE-bench tasks', () => {
       rows,
       `${JSON.stringify({
         instance_id: 'pyfuncs__half-1',
-        repo,
+        repo: 'pyfuncs', // beside the rows
         base_commit: base,
         patch,
         test_patch: testPatch,
