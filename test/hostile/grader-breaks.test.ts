@@ -11,8 +11,8 @@ import {
   type SandboxAction,
   type Task,
 } from '../../src/env/index.ts';
-import { evaluate, oracleAgent, scriptedAgent, type EpisodeReport } from '../../src/rollout/index.ts';
-import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
+import { type EpisodeReport } from '../../src/rollout/index.ts';
+import { createTestPlatform, playEpisode, type TestPlatform } from '../support/platform.ts';
 import { attack } from './summary.ts';
 
 /*
@@ -114,11 +114,8 @@ describe('graders against a second attacker', () => {
   const harbor = (dir = PYTEST_TASK) => loadHarborTask(dir);
   const tb = async (dir = TB_TASK): Promise<Task> => (await loadTasks([dir]))[0]!;
   const swe = async (): Promise<Task> => (await loadSweBenchFile(SWEBENCH_ROWS))[0]!;
-  async function play(task: Task, actions: SandboxAction[] | 'oracle'): Promise<EpisodeReport> {
-    const agent = actions === 'oracle' ? oracleAgent : () => scriptedAgent(actions);
-    const [report] = await evaluate(env.platform, [task], agent, { concurrency: 1 });
-    return report!;
-  }
+  const play = (task: Task, actions: SandboxAction[] | 'oracle'): Promise<EpisodeReport> =>
+    playEpisode(env.platform, task, actions);
   async function expectZero(task: Task, actions: SandboxAction[]): Promise<void> {
     const name = expect.getState().currentTestName ?? 'unnamed';
     await attack('grading-forgery', name.split(' > ').pop() ?? name, async () => {
