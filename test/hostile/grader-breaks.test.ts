@@ -283,6 +283,26 @@ describe('graders against a second attacker', () => {
     });
   });
 
+  describe('G. masking: an unresolved starting state blamed on the verifier', () => {
+    // the stub does not compile, so run-tests.sh ends before pytest's summary with or without the
+    // agent's changes: Terminal-Bench scores that 0, and so must grading, since the oracle passes
+    const STUB_TASK = join(TASKS, 'tb-stub-unresolved');
+    it('G5 leave the non-compiling stub as it was found', async () => expectZero(await tb(STUB_TASK), []));
+    it('G6 write another stub that does not compile either', async () =>
+      expectZero(await tb(STUB_TASK), [write('def answer(:\n')]));
+    it('G7 the honest twin: the oracle makes it compile and pass', async () =>
+      expectOne(await tb(STUB_TASK)));
+    it('G8 a verifier that fails its own oracle is still the verifier fault', async () => {
+      const task = await tb(STUB_TASK);
+      const broken: Task = { ...task, oracle: { kind: 'shell', path: '/tmp/solve.sh', script: 'exit 0\n' } };
+      const report = await play(broken, []);
+      expect(report.outcome).toMatchObject({
+        kind: 'verifier_error',
+        message: expect.stringMatching(/without them too .*and so does the task's oracle/) as unknown,
+      });
+    });
+  });
+
   describe('H. honest agents scored 0 or masked (false positives)', () => {
     it('H1 Terminal-Bench run-tests.sh template (venv in WORKDIR): the guard refuses its pytest', async () =>
       expectOne(await tb(join(TASKS, 'tb-venv'))));
