@@ -77,6 +77,16 @@ function cachedPromise<T>(cache: Map<string, Promise<T>>, key: string, make: () 
   return value;
 }
 
+/** How much of a failing verifier's output a `verifier_error`'s message carries. */
+const LAST_WORDS_CHARS = 1500;
+
+/** The end of what a verifier printed before an anomaly, for the message of a `verifier_error`. */
+function lastWords(error: unknown): string {
+  if (!(error instanceof GradingAnomaly) || !error.output) return '';
+  const tail = `${error.output.stdoutTail}\n${error.output.stderrTail}`.trim().slice(-LAST_WORDS_CHARS);
+  return tail ? `. Without the agent's changes, the verifier's output ended with:\n${tail}` : '';
+}
+
 /** An outcome in a few words, for a message. */
 function outcomeText(reward: number, outcome: StepOutcome): string {
   if (outcome.kind === 'ok') return `reward ${reward}`;
@@ -666,7 +676,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
       };
     throw new SandgymError(
       'failed_precondition',
-      `The verifier of task ${this.task.id} failed with the agent's changes (${anomaly}) and without them too (${messageOf(control)}), ${oracle.why}: the verifier is at fault`,
+      `The verifier of task ${this.task.id} failed with the agent's changes (${anomaly}) and without them too (${messageOf(control)}), ${oracle.why}: the verifier is at fault${lastWords(control)}`,
       { cause: control },
     );
   }

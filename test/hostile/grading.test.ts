@@ -85,12 +85,18 @@ describe('grading integrity', () => {
     }));
 
   it('blames a verifier that fails without the agent too: verifier_error', async () => {
-    const broken = await variant(HELLO_TASK, 'no-reward', { 'tests/test.sh': '#!/bin/bash\nexit 3\n' });
+    const broken = await variant(HELLO_TASK, 'no-reward', {
+      'tests/test.sh': '#!/bin/bash\necho "grader config not found"\nexit 3\n',
+    });
     const report = await play(broken, []);
     expect(report.outcome).toMatchObject({
       kind: 'verifier_error',
       message: expect.stringMatching(/without writing .*reward.* without them too/) as unknown,
     });
+    // what the verifier said is in the outcome, so a report of it shows why
+    expect((report.outcome as { message: string }).message).toMatch(
+      /output ended with:\ngrader config not found/,
+    );
   });
 
   for (const [value, why] of [
