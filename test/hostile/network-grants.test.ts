@@ -62,7 +62,8 @@ const GRANTS = {
 
 /** A TCP or UDP destination an attack tries from inside a sandbox. */
 interface Target {
-  kind: 'tcp' | 'udp';
+  /** `ttl1`: a datagram that expires at the first router (DOOR_PROBE only). */
+  kind: 'tcp' | 'udp' | 'ttl1';
   host: string;
   port: number;
 }
@@ -102,6 +103,57 @@ for t in json.loads(sys.argv[1]):
 print(json.dumps(out))
 `;
 
+/**
+ * Tries each target once, every packet sent out of the interface named after the targets (if
+ * any) whatever the routes say (IP_UNICAST_IF needs no privilege; the kernel then takes any
+ * address as on the link, so it asks the link who has it). TTL=1 datagrams report the ICMP error
+ * a router answered with.
+ */
+const DOOR_PROBE = `
+import json, socket, struct, sys, time
+IP_UNICAST_IF, IP_RECVERR = 50, 11
+door = sys.argv[2] if len(sys.argv) > 2 else ''
+out = []
+for t in json.loads(sys.argv[1]):
+    kind, host, port = t['kind'], t['host'], t['port']
+    try:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM if kind != 'tcp' else socket.SOCK_STREAM)
+        if door:
+            s.setsockopt(socket.IPPROTO_IP, IP_UNICAST_IF, struct.pack('!I', socket.if_nametoindex(door)))
+        if kind == 'tcp':
+            s.settimeout(3)
+            s.connect((host, port))
+            data = b''
+            try:
+                data = s.recv(200)
+            except Exception:
+                pass
+            outcome = 'connected:' + data.decode(errors='replace').strip()
+        else:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+            if kind == 'ttl1':
+                s.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, 1)
+                s.setsockopt(socket.IPPROTO_IP, IP_RECVERR, 1)
+            s.sendto(b'probe', (host, port))
+            outcome = 'sent'
+            if kind == 'ttl1':
+                time.sleep(1)
+                try:
+                    _, cmsgs, _, _ = s.recvmsg(64, 512, socket.MSG_ERRQUEUE | socket.MSG_DONTWAIT)
+                    for _, _, err in cmsgs:
+                        # struct sock_extended_err, then the offender's sockaddr_in
+                        icmp_type, code = err[5], err[6]
+                        offender = socket.inet_ntoa(err[20:24])
+                        outcome = 'icmp ' + str(icmp_type) + '/' + str(code) + ' from ' + offender
+                except BlockingIOError:
+                    pass
+        s.close()
+    except Exception as e:
+        outcome = 'failed:' + type(e).__name__ + ' ' + str(e)
+    out.append({'target': kind + ' ' + host + ' ' + str(port), 'outcome': outcome})
+print(json.dumps(out))
+`;
+
 /** The node host's first global IPv4 address on an interface of its own (not the test's or sandgym's). */
 function hostAddress(): string {
   const out = execFileSync('ip', ['-4', '-o', 'addr', 'show', 'scope', 'global'], { encoding: 'utf8' });
@@ -122,8 +174,9 @@ async function secretServer(name: string, host: string): Promise<{ server: Serve
   return { server, port: (server.address() as AddressInfo).port };
 }
 
-async function probe(sandbox: Sandbox, targets: Target[]): Promise<Outcome[]> {
-  const result = await sandbox.exec(['python3', '-c', PROBE, JSON.stringify(targets)], {
+async function probe(sandbox: Sandbox, targets: Target[], door?: string): Promise<Outcome[]> {
+  const script = door === undefined ? ['python3', '-c', PROBE] : ['python3', '-c', DOOR_PROBE];
+  const result = await sandbox.exec([...script, JSON.stringify(targets), ...(door ? [door] : [])], {
     timeoutMs: 180_000,
   });
   expect(result.exitCode, `${sandbox.id}: ${result.stderr}`).toBe(0);
@@ -355,6 +408,16 @@ describe('network grants and the guard', () => {
         network: ['cidr:0.0.0.0/0'],
       });
       await expectOnlyUpstream(attacker);
+      // a datagram that dies at the first router learns nothing of the node host's routes
+      const ttl1 = (address: string): Target => ({ kind: 'ttl1', host: address, port: udpPort() });
+      const gateway = await gatewayOf(attacker);
+      const expiring = await probe(
+        attacker,
+        [host, gateway, UPSTREAM, UPSTREAM_LINK, LINK_LOCAL, OTHER_NODE_SANDBOX, victimAddress].map(ttl1),
+        '',
+      );
+      // (the guard's own refusal, type 3, names only the address the sandbox sent to)
+      expect(expiring.filter((a) => a.outcome.startsWith('icmp 11/'))).toEqual([]);
     }));
 
   it('holds the guard whatever the rules are spelled as, and after SetNetwork', () =>
@@ -581,6 +644,79 @@ describe('network grants and the guard', () => {
       );
       expect(made.id).toBeTruthy();
     }));
+
+  it('keeps a group network member off the node host, through grp0 whatever the routes say', () =>
+    attack('network', 'group member sends to the node host out of grp0', async () => {
+      const group = await embedded.platform.createGroupNetwork();
+      try {
+        // a task's service: loopback and its group only; and one that has egress besides
+        await using attacker = await embedded.platform.createSandbox({ environment: 'debian:bookworm' });
+        await using wide = await embedded.platform.createSandbox({
+          environment: 'debian:bookworm',
+          network: ['cidr:0.0.0.0/0'],
+        });
+        const [attackerAddress] = [await group.join(attacker), await group.join(wide)];
+        const groupBroadcast = attackerAddress.replace(/\.\d+$/, '.255');
+        const tcp = (address: string, port: number): Target => ({ kind: 'tcp', host: address, port });
+        const udpTo = (address: string, kind: 'udp' | 'ttl1' = 'udp'): Target => ({
+          kind,
+          host: address,
+          port: udpPort(),
+        });
+        const targets = [
+          tcp(host, ports.host),
+          tcp(host, ports.everywhere),
+          tcp(SECONDARY, ports.secondary),
+          tcp(UPSTREAM_LINK, ports.everywhere),
+          tcp(host, cluster.controller.metricsPort),
+          tcp(LINK_LOCAL, 8080),
+          tcp(victimAddress, 9000),
+          udpTo(host),
+          udpTo(SECONDARY),
+          udpTo(UPSTREAM_LINK),
+          udpTo('255.255.255.255'),
+          udpTo(groupBroadcast),
+          udpTo(host, 'ttl1'),
+          udpTo(UPSTREAM, 'ttl1'),
+          udpTo(LINK_LOCAL, 'ttl1'),
+        ];
+        for (const sandbox of [attacker, wide]) {
+          datagrams.length = 0;
+          const outcomes = await probe(sandbox, targets, 'grp0');
+          await new Promise((resolve) => setTimeout(resolve, 500));
+          expect(
+            {
+              reached: outcomes.filter((a) => !a.outcome.startsWith('failed:') && a.outcome !== 'sent'),
+              datagrams,
+            },
+            `what ${sandbox.id} reached out of grp0, and the datagrams the node host received`,
+          ).toEqual({ reached: [], datagrams: [] });
+        }
+      } finally {
+        await group.close();
+      }
+    }));
+
+  it('honest: group members reach each other on their group, with or without egress', async () => {
+    const group = await embedded.platform.createGroupNetwork();
+    try {
+      await using client = await embedded.platform.createSandbox({ environment: 'debian:bookworm' });
+      await using service = await embedded.platform.createSandbox({
+        environment: 'busybox:latest',
+        network: [`host:${UPSTREAM}:8080`],
+      });
+      await group.join(client);
+      const serviceAddress = await group.join(service);
+      await service.exec(['sh', '-c', 'mkdir -p /srv && echo service > /srv/id && httpd -p 9000 -h /srv']);
+      const outcomes = await probe(client, [{ kind: 'tcp', host: serviceAddress, port: 9000 }], 'grp0');
+      expect(outcomes[0]?.outcome).toMatch(/^connected/);
+      const plain = await probe(client, [{ kind: 'tcp', host: serviceAddress, port: 9000 }]);
+      expect(plain[0]?.outcome).toMatch(/^connected/);
+      expect(await fetchUpstream(service, 8080)).toBe('port 8080');
+    } finally {
+      await group.close();
+    }
+  });
 
   it('honest: a granted host, a range inside a granted cidr, and the rule book reach their server', async () => {
     await using sandbox = await client('narrow').createSandbox({

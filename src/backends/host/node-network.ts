@@ -133,6 +133,12 @@ export class NodeNetwork {
           type filter hook input priority filter; policy accept;
           iifname "${bridge}" jump egress
         }
+        chain prerouting {
+          type filter hook prerouting priority filter; policy accept;
+          # the kernel answers a packet that expires here before any forward rule sees it: its
+          # "time exceeded" would map the host's routes, the guarded ones included
+          iifname "${bridge}" ip ttl <= 1 fib daddr type != local drop
+        }
         chain postrouting {
           type nat hook postrouting priority srcnat; policy accept;
           ip saddr ${this.cidr} oifname != "${bridge}" masquerade
