@@ -218,6 +218,10 @@ function expectUpstreamStanding(): void {
   ).toContain(`upstream${UPSTREAM_INDEX}`);
 }
 
+async function networkNamespaceOf(sandbox: Sandbox): Promise<string> {
+  return (await sandbox.exec(['readlink', '/proc/self/ns/net'])).stdout.trim();
+}
+
 /** The directed broadcast of the /20 a gateway is on. */
 function broadcastOf(gateway: string): string {
   const n = gateway.split('.').reduce((sum, part) => sum * 256 + Number(part), 0) | 0xfff;
@@ -694,6 +698,56 @@ describe('network grants and the guard', () => {
         }
       } finally {
         await group.close();
+      }
+    }));
+
+  it("gives a warm shell's next tenant none of its last tenant's group networks", () =>
+    attack('network', 'a pooled shell keeps grp0', async () => {
+      await using warm = await createTestPlatform('network-warm', { warmPool: { latency: 1 } });
+      const { platform } = warm;
+      await platform.warmPool.filled();
+      const group = await platform.createGroupNetwork();
+      const other = await platform.createGroupNetwork();
+      try {
+        await using service = await platform.createSandbox({ environment: 'busybox:latest' });
+        const serviceAddress = await group.join(service);
+        await service.exec(['sh', '-c', 'mkdir -p /srv && echo service > /srv/id && httpd -p 9000 -h /srv']);
+        // the first tenant ends without leaving its group: its shell goes back to the pool
+        const first = await platform.createSandbox({ environment: 'debian:bookworm' });
+        const namespace = await networkNamespaceOf(first);
+        try {
+          await group.join(first);
+          expect(await probe(first, [{ kind: 'tcp', host: serviceAddress, port: 9000 }])).toMatchObject([
+            { outcome: expect.stringMatching(/^connected/) as unknown },
+          ]);
+        } finally {
+          await first.close();
+        }
+        await using second = await platform.createSandbox({ environment: 'debian:bookworm' });
+        expect(await networkNamespaceOf(second), 'the very same container').toBe(namespace);
+        const links = (await second.readFile('/proc/net/dev')).toString();
+        expect(
+          links
+            .split('\n')
+            .slice(2)
+            .map((l) => l.split(':')[0]!.trim())
+            .filter(Boolean),
+        ).toEqual(['lo']);
+        const reached = await probe(second, [{ kind: 'tcp', host: serviceAddress, port: 9000 }]);
+        expect(reached[0]?.outcome).toMatch(/^failed:/);
+        // honest: the next tenant joins a group of its own and reaches only that one's members
+        await using peer = await platform.createSandbox({ environment: 'busybox:latest' });
+        const peerAddress = await other.join(peer);
+        await peer.exec(['sh', '-c', 'mkdir -p /srv && echo peer > /srv/id && httpd -p 9000 -h /srv']);
+        await other.join(second);
+        const mine = await probe(second, [
+          { kind: 'tcp', host: peerAddress, port: 9000 },
+          { kind: 'tcp', host: serviceAddress, port: 9000 },
+        ]);
+        expect(mine.map((o) => o.outcome.replace(/:.*/, ''))).toEqual(['connected', 'failed']);
+      } finally {
+        await group.close();
+        await other.close();
       }
     }));
 

@@ -3,6 +3,7 @@ import { controlPlaneOf, mergeControlPlanes, type ControlPlane } from '../host/e
 import type { GroupNetwork } from '../host/group-network.ts';
 import { checkRuleBook, resolveRules, type NetworkRuleBook } from '../host/network-rules.ts';
 import { NodeNetwork, removeStaleNetwork, type NetworkAttachment } from '../host/node-network.ts';
+import { runProgram } from '../host/run-program.ts';
 import type { WarmShell } from './warm-pool.ts';
 
 /**
@@ -96,6 +97,30 @@ export class ContainerEgress {
     const attachment = await this.attached.get(slot)?.catch(() => undefined);
     this.attached.delete(slot);
     if (attachment && this.network) await (await this.network).detach(attachment);
+  }
+
+  /**
+   * Puts a container's network namespace back to loopback only, for its next tenant: off the node
+   * network, and every other link (a group network's `grp0`, whoever put it there, left or not)
+   * deleted, the group's end of the pair with it. Fails unless loopback alone is left, so a
+   * shell never goes back to the pool still on a network of its last tenant.
+   */
+  async isolate(shell: WarmShell): Promise<void> {
+    await this.detach(shell.slot);
+    const pid = shell.agentPid ?? (await soleOrFirstProcess(shell));
+    const left = await runProgram('nsenter', [
+      `--net=/proc/${pid}/ns/net`,
+      'sh',
+      '-c',
+      `links() { ip -o link show | awk -F'[:@ ]+' '{print $2}'; }
+       for l in $(links); do [ "$l" = lo ] || ip link del "$l" 2>/dev/null; done; links`,
+    ]);
+    const links = left.split('\n').filter(Boolean);
+    if (links.join() !== 'lo')
+      throw new SandgymError(
+        'platform_error',
+        `Container ${shell.slot} keeps links beyond loopback: ${links.join(', ')}`,
+      );
   }
 
   /** The node network goes with the last sandbox; one a crashed predecessor left goes too. */
