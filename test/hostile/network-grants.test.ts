@@ -1,4 +1,4 @@
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { createSocket, type Socket } from 'node:dgram';
 import { rm } from 'node:fs/promises';
@@ -59,6 +59,49 @@ const GRANTS = {
   // no network in the grant: loopback only
   [TOKENS.plain]: { project: 'plain', maxSandboxes: 20 },
 };
+
+/** The upstream's UDP port that, once a datagram arrives, sends its sender a datagram every 100 ms. */
+const PUSH_PORT = 9100;
+const PUSHER = `
+import socket, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(('0.0.0.0', ${PUSH_PORT}))
+s.setblocking(False)
+peers, n, end = set(), 0, time.time() + 300
+while time.time() < end:
+    try:
+        while True:
+            peers.add(s.recvfrom(64)[1])
+    except BlockingIOError:
+        pass
+    for peer in peers:
+        n += 1
+        s.sendto(b'push %d' % n, peer)
+    time.sleep(0.1)
+`;
+/**
+ * In the sandbox: says hello to the pusher from port 5555 every half second (unless told to keep
+ * quiet), and counts in /tmp/pushed the datagrams that come back.
+ */
+const LISTENER = `
+import socket, sys, threading, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(('0.0.0.0', 5555))
+def hello():
+    while True:
+        try:
+            s.sendto(b'hello', (sys.argv[2], ${PUSH_PORT}))
+        except OSError:
+            pass
+        time.sleep(0.5)
+if sys.argv[1] == 'hello':
+    threading.Thread(target=hello, daemon=True).start()
+n = 0
+while True:
+    s.recv(64)
+    n += 1
+    open('/tmp/pushed', 'w').write(str(n))
+`;
 
 /** A TCP or UDP destination an attack tries from inside a sandbox. */
 interface Target {
@@ -748,6 +791,64 @@ describe('network grants and the guard', () => {
       } finally {
         await group.close();
         await other.close();
+      }
+    }));
+
+  it("forgets a sandbox's flows when its rules narrow and when its address is freed", () =>
+    attack('network', 'flows outliving their rule, and a recycled address', async () => {
+      const pusher = spawn(
+        'ip',
+        ['netns', 'exec', `sandgym-test-upstream${UPSTREAM_INDEX}`, 'python3', '-c', PUSHER],
+        { stdio: 'ignore' },
+      );
+      const pushed = async (sandbox: Sandbox): Promise<number> =>
+        Number((await sandbox.readFile('/tmp/pushed').catch(() => Buffer.from('0'))).toString());
+      const listen = (sandbox: Sandbox, hello: boolean): Promise<unknown> =>
+        sandbox.exec([
+          'sh',
+          '-c',
+          `python3 -c "$0" ${hello ? 'hello' : 'quiet'} ${UPSTREAM} >/dev/null 2>&1 &`,
+          LISTENER,
+        ]);
+      /** Datagrams that arrive over a second and a half (a live flow brings some 15). */
+      const arriving = async (sandbox: Sandbox): Promise<number> => {
+        const before = await pushed(sandbox);
+        await new Promise((resolve) => setTimeout(resolve, 1500));
+        return (await pushed(sandbox)) - before;
+      };
+      try {
+        const first = await embedded.platform.createSandbox({
+          environment: 'debian:bookworm',
+          network: [`host:${UPSTREAM}:${PUSH_PORT}`],
+        });
+        let address = '';
+        try {
+          address = (await first.exec(['hostname', '-I'])).stdout.trim();
+          await listen(first, true);
+          await waitUntil(async () => (await pushed(first)) > 0, 'the pushed flow');
+          // the rule goes: the flow it let in goes with it
+          await first.setNetwork([]);
+          expect(await arriving(first), 'datagrams after the rule went').toBeLessThanOrEqual(1);
+          // back on the rule: the flow starts afresh, and the sandbox ends with it open
+          await first.setNetwork([`host:${UPSTREAM}:${PUSH_PORT}`]);
+          const sofar = await pushed(first);
+          await waitUntil(async () => (await pushed(first)) > sofar + 1, 'the flow again');
+        } finally {
+          await first.close();
+        }
+        // the next sandbox on the same address, listening where the first was, never says hello
+        await using second = await embedded.platform.createSandbox({
+          environment: 'debian:bookworm',
+          network: [`host:${UPSTREAM}:8080`],
+        });
+        expect((await second.exec(['hostname', '-I'])).stdout.trim(), 'a recycled address').toBe(address);
+        await listen(second, false);
+        // its rules work, and the host learns its new link address
+        const [honest] = await probe(second, [{ kind: 'tcp', host: UPSTREAM, port: 8080 }]);
+        expect(honest?.outcome).toMatch(/^connected/);
+        expect(await arriving(second), "datagrams of the first sandbox's flow").toBe(0);
+      } finally {
+        pusher.kill('SIGKILL');
       }
     }));
 
