@@ -1,9 +1,9 @@
-import { execFileSync, spawn } from 'node:child_process';
+import { execFileSync, spawn, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { createSocket, type Socket } from 'node:dgram';
 import { rm } from 'node:fs/promises';
 import { createServer, type AddressInfo, type Server } from 'node:net';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { waitUntil } from '../../benchmarks/loopback.ts';
 import { silentLogger } from '../../src/common/index.ts';
@@ -849,6 +849,50 @@ describe('network grants and the guard', () => {
         expect(await arriving(second), "datagrams of the first sandbox's flow").toBe(0);
       } finally {
         pusher.kill('SIGKILL');
+      }
+    }));
+
+  it('narrows the rules of a sandbox adopted after its node died, and keeps the rules it had', () =>
+    attack('network', 'SetNetwork on an adopted sandbox', async () => {
+      const dataDir = join(TEST_DATA_ROOT, `network-adopt-${randomBytes(4).toString('hex')}`);
+      // the first owner gives a durable sandbox the upstream's /30, narrows it, and dies
+      const first = spawnSync(
+        process.execPath,
+        [
+          '--input-type=module',
+          '-e',
+          `
+const { Platform } = await import(${JSON.stringify(resolve('dist/src/index.js'))});
+const platform = await Platform.local({ dataDir: process.env.DATA, storeDir: process.env.STORE, durable: true });
+const sandbox = await platform.createSandbox({ environment: 'busybox:latest', network: ['cidr:10.250.${UPSTREAM_INDEX}.0/30'] });
+await sandbox.setNetwork(['host:${UPSTREAM}:8080', 'host:${UPSTREAM}:8081']);
+console.log(JSON.stringify({ id: sandbox.id }));
+process.exit(0);
+`,
+        ],
+        { env: { ...process.env, DATA: dataDir, STORE: STORE_DIR }, encoding: 'utf8', timeout: 120_000 },
+      );
+      expect(first.status, first.stderr).toBe(0);
+      const { id } = JSON.parse(first.stdout) as { id: string };
+      const successor = await Platform.local({ dataDir, storeDir: STORE_DIR, durable: true });
+      try {
+        const adopted = await successor.adoptSandboxes();
+        expect(adopted.map((s) => s.id)).toEqual([id]);
+        const sandbox = adopted[0]!;
+        const reach = async (): Promise<string[]> =>
+          Promise.all([8080, 8081, CONTROLLER_PORT].map((port) => fetchUpstream(sandbox, port)));
+        // the rules it had when its owner died, and not the wider ones it was created with
+        expect(await reach()).toEqual(['port 8080', 'port 8081', 'refused']);
+        // narrowed to nothing first: its veth of the dead owner's network must not keep its rules
+        await sandbox.setNetwork([]);
+        expect(await reach()).toEqual(['refused', 'refused', 'refused']);
+        await sandbox.setNetwork([`host:${UPSTREAM}:8080`]);
+        expect(await reach()).toEqual(['port 8080', 'refused', 'refused']);
+        await sandbox.close();
+      } finally {
+        await successor.gc().catch(() => undefined);
+        await successor.close();
+        await rm(dataDir, { recursive: true, force: true });
       }
     }));
 
