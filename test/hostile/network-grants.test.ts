@@ -917,6 +917,31 @@ process.exit(0);
     }
   });
 
+  it('honest: a group member that hibernates and resumes is still on its group', async () => {
+    const group = await embedded.platform.createGroupNetwork();
+    try {
+      await using service = await embedded.platform.createSandbox({ environment: 'busybox:latest' });
+      await using member = await embedded.platform.createSandbox({ environment: 'busybox:latest' });
+      const serviceAddress = await group.join(service);
+      await group.join(member);
+      await service.exec(['sh', '-c', 'mkdir -p /srv && echo service > /srv/id && httpd -p 9000 -h /srv']);
+      const fetch = async (): Promise<string> =>
+        (
+          await member.exec([
+            'sh',
+            '-c',
+            `timeout 5 wget -q -O - http://${serviceAddress}:9000/id 2>/dev/null || echo refused`,
+          ])
+        ).stdout.trim();
+      expect(await fetch()).toBe('service');
+      await member.hibernate();
+      await member.resume();
+      expect(await fetch()).toBe('service');
+    } finally {
+      await group.close();
+    }
+  });
+
   it('honest: a granted host, a range inside a granted cidr, and the rule book reach their server', async () => {
     await using sandbox = await client('narrow').createSandbox({
       environment: 'busybox:latest',

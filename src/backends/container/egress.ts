@@ -17,6 +17,8 @@ export class ContainerEgress {
   private network: Promise<NodeNetwork> | undefined;
   /** Containers on the node network, by slot. */
   private readonly attached = new Map<string, Promise<NetworkAttachment>>();
+  /** Containers put on a group network (until their namespace is loopback only again). */
+  private readonly grouped = new Set<string>();
   /** What the guard keeps every container from beyond the fixed ranges (see {@link guard}). */
   private controlPlane: ControlPlane;
 
@@ -80,6 +82,14 @@ export class ContainerEgress {
     return this.attached.has(slot);
   }
 
+  /**
+   * Whether a container has a link beyond loopback that reaches into the node's namespace (the
+   * node network, a group): a memory image's restore cannot rebuild it.
+   */
+  hasOuterLinks(slot: string): boolean {
+    return this.attached.has(slot) || this.grouped.has(slot);
+  }
+
   /** Packets of a container its rules dropped for want of a route. */
   async denied(slot: string): Promise<number> {
     const attachment = await this.attached.get(slot)?.catch(() => undefined);
@@ -89,6 +99,7 @@ export class ContainerEgress {
 
   /** Puts a container on a group network; its address there. */
   async joinGroup(shell: WarmShell, group: GroupNetwork): Promise<string> {
+    this.grouped.add(shell.slot);
     return group.join(shell.agentPid ?? (await soleOrFirstProcess(shell)));
   }
 
@@ -96,6 +107,7 @@ export class ContainerEgress {
   async detach(slot: string): Promise<void> {
     const attachment = await this.attached.get(slot)?.catch(() => undefined);
     this.attached.delete(slot);
+    this.grouped.delete(slot);
     if (attachment && this.network) await (await this.network).detach(attachment);
   }
 
