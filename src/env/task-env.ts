@@ -772,6 +772,9 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
   async close(): Promise<void> {
     if (this.isClosed) return;
     this.isClosed = true;
+    // off its services' network before its sandbox ends (and its shell may go back to the pool)
+    const agent = this.inner?.current;
+    if (agent) await this.services?.leave(agent).catch(() => undefined);
     await this.inner?.close();
     await this.services?.close();
   }
