@@ -167,6 +167,50 @@ describe('task users under attack', () => {
       await rootFilesUntouched();
     }));
 
+  it("reads procfs and sysfs with the user's rights, not root's", () =>
+    attack('users', 'file calls into root-only /proc and /sys entries', async () => {
+      // procfs and sysfs check credentials and capabilities, not only modes: what root may read
+      // there (pid 1 is the agent itself), the user may not, through any file call
+      const rootOnly = (
+        await asRoot(
+          'for f in $(find /proc/sys /sys -xdev -type f -perm -0400 ! -perm -0004 2>/dev/null | head -n 400); do ' +
+            'cat "$f" >/dev/null 2>&1 && echo "$f"; done | head -n 6',
+        )
+      )
+        .split('\n')
+        .filter(Boolean);
+      expect(rootOnly.length).toBeGreaterThan(0);
+      for (const path of [
+        '/proc/1/environ',
+        '/proc/1/maps',
+        '/proc/1/auxv',
+        '/proc/1/syscall',
+        ...rootOnly,
+      ]) {
+        const observation = await observe(task, { type: 'read_file', path });
+        expect(observation, path).toMatchObject({ type: 'error' });
+        await expectCode(sandbox.readFile(path, { user: 'app' }), 'permission_denied');
+      }
+      for (const path of ['/proc/1/fd', '/proc/1/map_files']) {
+        expect(await observe(task, { type: 'list_dir', path }), path).toMatchObject({ type: 'error' });
+      }
+      // the same files of a process of the user's own are the user's to read
+      const own = await shell(task, 'MARK=own-process sleep 600 >/dev/null 2>&1 & echo $!');
+      const pid = own.stdout.trim();
+      expect(await observe(task, { type: 'read_file', path: `/proc/${pid}/environ` })).toMatchObject({
+        type: 'file',
+        content: expect.stringContaining('MARK=own-process') as unknown,
+      });
+      expect(await observe(task, { type: 'list_dir', path: `/proc/${pid}/fd` })).toMatchObject({
+        type: 'dir',
+      });
+      const status = await observe(task, { type: 'read_file', path: '/proc/self/status' });
+      expect(status).toMatchObject({ type: 'file' });
+      expect((status as { content: string }).content).toMatch(/^Uid:\s+\d+\s+1000\s+\d+\s+1000$/m);
+      expect((status as { content: string }).content).toMatch(/^CapEff:\s+0+$/m);
+      await shell(task, `kill ${pid}`);
+    }));
+
   it('makes every file the agent writes its own, setuid bits included', () =>
     attack('users', 'setuid modes and root-owned files through write_file', async () => {
       await observe(task, { type: 'write_file', path: '/home/app/made', content: 'x' });
