@@ -234,6 +234,11 @@ int files_put(const char *path, const char *text, uint32_t mode) {
   return write_whole(rel, (const uint8_t *)text, strlen(text), mode, &what);
 }
 
+/* A listing stops at this many entries or bytes of entries, far below the channel's frame limit
+ * (a folder of millions of long names would not fit in one reply) and says it stopped. */
+#define LIST_MAX_ENTRIES 50000u
+#define LIST_MAX_BYTES (16u << 20)
+
 static const char *type_name(mode_t mode) {
   if (S_ISREG(mode)) return "file";
   if (S_ISDIR(mode)) return "dir";
@@ -256,8 +261,13 @@ void file_list(uint32_t id, const mp_item *path) {
   mp_writer entries;
   mp_writer_init(&entries);
   uint32_t count = 0;
+  bool truncated = false;
   for (struct dirent *e; (e = readdir(dir));) {
     if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+    if (count >= LIST_MAX_ENTRIES || entries.len >= LIST_MAX_BYTES) {
+      truncated = true;
+      break;
+    }
     struct stat st;
     if (fstatat(dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) continue;
     mp_map(&entries, 4);
@@ -274,7 +284,11 @@ void file_list(uint32_t id, const mp_item *path) {
   closedir(dir);
   /* the entries were encoded apart because their count is known only at the end */
   mp_writer w;
-  reply_begin(&w, "ok", id, 1);
+  reply_begin(&w, "ok", id, truncated ? 2 : 1);
+  if (truncated) {
+    mp_str(&w, "truncated");
+    mp_bool(&w, true);
+  }
   mp_str(&w, "entries");
   mp_array(&w, count);
   mp_raw(&w, entries.data, entries.len);

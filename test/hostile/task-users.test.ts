@@ -211,6 +211,34 @@ describe('task users under attack', () => {
       await shell(task, `kill ${pid}`);
     }));
 
+  it('answers a listing too large for one reply with some of it, never a crash', () =>
+    attack('users', 'list_dir of a folder whose listing is over the frame limit', async () => {
+      // room for 330,000 names of 250 bytes: a whole listing would be over the agent's 80 MiB frame
+      await using gym = SandboxEnv.create(env.platform, {
+        sandbox: { environment, resources: { memoryMib: 2048 } },
+        user: 'app',
+      });
+      await gym.reset();
+      const long = 'n'.repeat(244);
+      const made = await shell(
+        gym,
+        `mkdir /tmp/wide && cd /tmp/wide && seq 100001 430000 | sed 's/^/${long}/' | xargs touch && ls | wc -l`,
+      );
+      expect(made.stdout.trim()).toBe('330000');
+      const listed = await observe(gym, { type: 'list_dir', path: '/tmp/wide' });
+      expect(listed).toMatchObject({ type: 'dir', truncated: true });
+      const entries = (listed as { entries: unknown[] }).entries;
+      expect(entries.length).toBeGreaterThan(0);
+      expect(entries.length).toBeLessThan(330000);
+      const listing = await gym.current!.listDir('/tmp/wide', { user: 'app' });
+      expect(listing.truncated).toBe(true);
+      // the episode goes on
+      expect((await shell(gym, 'id -u')).stdout).toBe('1000\n');
+      const small = await observe(gym, { type: 'list_dir', path: '/srv' });
+      expect(small).toMatchObject({ type: 'dir' });
+      expect(small).not.toHaveProperty('truncated');
+    }));
+
   it('makes every file the agent writes its own, setuid bits included', () =>
     attack('users', 'setuid modes and root-owned files through write_file', async () => {
       await observe(task, { type: 'write_file', path: '/home/app/made', content: 'x' });
