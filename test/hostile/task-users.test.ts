@@ -239,6 +239,43 @@ describe('task users under attack', () => {
       expect(small).not.toHaveProperty('truncated');
     }));
 
+  it('never has the grader read a reward file the code under test pointed it at', () =>
+    attack('users', 'replacing /logs/verifier (or the reward file) with a symlink', async () => {
+      // tests that run as app, in an image that gave app /logs, next to a root-only reward file
+      const dir = join(env.dataDir, 'verifier-user-task');
+      await cp(TASK, dir, { recursive: true });
+      const toml = await readFile(join(dir, 'task.toml'), 'utf8');
+      await writeFile(join(dir, 'task.toml'), toml.replace('[verifier]\n', '[verifier]\nuser = "app"\n'));
+      await writeFile(
+        join(dir, 'environment', 'Dockerfile'),
+        `${await readFile(join(TASK, 'environment', 'Dockerfile'), 'utf8')}` +
+          'RUN mkdir -p /logs/verifier && chown app /logs && echo 1 > /srv/vault/reward.txt && echo 1 > /root/reward.txt\n',
+      );
+      // the tests run whatever the code under test left in its workdir first
+      await writeFile(
+        join(dir, 'tests', 'test.sh'),
+        `#!/bin/sh\n[ -f /srv/work/hook.sh ] && sh /srv/work/hook.sh\n${await readFile(join(TASK, 'tests', 'test.sh'), 'utf8')}`,
+      );
+      const loaded = await loadHarborTask(dir);
+      for (const hook of [
+        'rm -rf /logs/verifier; ln -s /srv/vault /logs/verifier',
+        'rm -rf /logs/verifier; ln -s /root /logs/verifier',
+        'mkdir -p /tmp/v && ln -s /root/reward.txt /tmp/v/reward.txt && rm -rf /logs/verifier && mv /tmp/v /logs/verifier',
+        'rm -f /logs/verifier/reward.txt; ln -s /srv/vault/reward.txt /logs/verifier/reward.txt',
+      ]) {
+        await using cheat = TaskEnv.create(env.platform, loaded);
+        await cheat.reset();
+        await observe(cheat, { type: 'write_file', path: '/srv/work/hook.sh', content: `${hook}; exit 0\n` });
+        const graded = await cheat.step({ type: 'submit' });
+        expect(graded.reward, hook).toBe(0);
+      }
+      // the honest twin: the same tests, run as app, score the real work
+      await using honest = TaskEnv.create(env.platform, loaded);
+      await honest.reset();
+      await observe(honest, { type: 'write_file', path: '/srv/work/out.txt', content: 'done\n' });
+      expect((await honest.step({ type: 'submit' })).reward).toBe(1);
+    }));
+
   it('makes every file the agent writes its own, setuid bits included', () =>
     attack('users', 'setuid modes and root-owned files through write_file', async () => {
       await observe(task, { type: 'write_file', path: '/home/app/made', content: 'x' });
