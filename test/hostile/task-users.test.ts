@@ -276,6 +276,48 @@ describe('task users under attack', () => {
       expect((await honest.step({ type: 'submit' })).reward).toBe(1);
     }));
 
+  it("never re-runs the task's setup over the agent's files when a checkpoint is restored", () =>
+    attack(
+      'users',
+      "restoring a disk checkpoint re-running setup as root through the agent's symlinks",
+      async () => {
+        // setup as root writes a state file and gives it to the agent
+        const loaded = {
+          ...(await loadHarborTask(TASK)),
+          setupScript:
+            'echo ready > /srv/work/state && chown app /srv/work/state && chmod 600 /srv/work/state',
+        };
+        await using episode = TaskEnv.create(env.platform, loaded);
+        await episode.reset();
+        const first = episode.sandbox!;
+        const shadow = (await first.exec(['cat', '/etc/shadow'])).stdout;
+        // the agent swaps the state file for links to root's files
+        const planted = await shell(
+          episode,
+          'rm /srv/work/state && ln -s /etc/shadow /srv/work/state && echo mine > /home/app/note',
+        );
+        expect(planted.exitCode, planted.stderr).toBe(0);
+        await episode.restore(await episode.checkpoint({ depth: 'disk' }));
+        const restored = episode.sandbox!;
+        expect(restored.id).not.toBe(first.id);
+        const seen = await restored.exec([
+          'sh',
+          '-c',
+          'cat /etc/shadow; stat -c %u:%a /etc/shadow; readlink /srv/work/state; cat /home/app/note; stat -c %U /logs/agent',
+        ]);
+        expect(seen.stdout).toBe(`${shadow}0:600\n/etc/shadow\nmine\napp\n`);
+        await refused(episode, { type: 'read_file', path: '/srv/work/state' });
+        expect((await shell(episode, 'id -u')).stdout).toBe('1000\n');
+        // the honest twin: a setup that can run only once, and an episode restored from its checkpoint
+        await using once = TaskEnv.create(env.platform, { ...loaded, setupScript: 'mkdir /srv/once' });
+        await once.reset();
+        await observe(once, { type: 'write_file', path: '/srv/work/out.txt', content: 'done\n' });
+        await once.restore(await once.checkpoint({ depth: 'disk' }));
+        expect(await observe(once, { type: 'list_dir', path: '/srv/once' })).toMatchObject({ type: 'dir' });
+        expect((await once.step({ type: 'submit' })).reward).toBe(1);
+      },
+    ));
+
   it('makes every file the agent writes its own, setuid bits included', () =>
     attack('users', 'setuid modes and root-owned files through write_file', async () => {
       await observe(task, { type: 'write_file', path: '/home/app/made', content: 'x' });
