@@ -225,11 +225,34 @@ void file_write(uint32_t id, const mp_item *path, const mp_item *data, uint32_t 
   send_ok(id);
 }
 
+/* Makes rel's parent folders as root's own: each a folder (never a symlink) that root owns and no
+ * one else may write, made 0755 where missing. 0, or an errno. */
+static int root_parents(char *rel) {
+  for (char *slash = strchr(rel, '/'); slash; slash = strchr(slash + 1, '/')) {
+    *slash = 0;
+    if (mkdirat(root_fd, rel, 0755) < 0 && errno != EEXIST) {
+      *slash = '/';
+      return errno;
+    }
+    int fd = open_in_root(rel, O_PATH | O_DIRECTORY | O_NOFOLLOW, 0);
+    *slash = '/';
+    struct stat st;
+    bool own = fd >= 0 && fstat(fd, &st) == 0 && st.st_uid == 0 && !(st.st_mode & 022);
+    if (fd >= 0) close(fd);
+    if (!own) return EPERM;
+  }
+  return 0;
+}
+
 int files_put(const char *path, const char *text, uint32_t mode) {
   follow_root();
   char rel[4096];
   mp_item item = {.type = MP_STR, .ptr = (const uint8_t *)path, .len = (uint32_t)strlen(path)};
   if (checked_path(&item, rel, sizeof rel)) return EINVAL;
+  /* the agent's own file: nothing the sandbox made may stand in for its folders (a symlink to
+   * /etc, a folder a user could write and so fill with a value of its own) */
+  int err = root_parents(rel);
+  if (err) return err;
   const char *what;
   return write_whole(rel, (const uint8_t *)text, strlen(text), mode, &what);
 }

@@ -465,6 +465,45 @@ describe('task users under attack', () => {
       expect((await shell(resumed, 'id -u')).stdout).toBe('1000\n');
     }));
 
+  it("acts as the task's user when attached to its sandbox without a user", () =>
+    attack('users', 'attaching to a task sandbox without naming a user (sandgym mcp --sandbox)', async () => {
+      // what `sandgym mcp --sandbox ID` does without --user
+      await using attached = await SandboxEnv.attach(env.platform, sandbox, 'attached-without-user', {});
+      expect((await shell(attached, 'id -u')).stdout).toBe('1000\n');
+      await refused(attached, { type: 'read_file', path: '/root/secret' });
+      await refused(attached, { type: 'write_file', path: '/etc/passwd', content: 'x' });
+      await rootFilesUntouched();
+      // a user named on purpose is still the one used
+      await using named = await SandboxEnv.attach(env.platform, sandbox, 'attached-as-root', {
+        user: 'root',
+      });
+      expect((await shell(named, 'id -u')).stdout).toBe('0\n');
+    }));
+
+  it('has the fork value written only into folders root keeps', () =>
+    attack('users', 'a symlinked /run/sandgym for the fork value a restore writes', async () => {
+      await using gym = SandboxEnv.create(env.platform, { sandbox: { environment }, user: 'app' });
+      await gym.reset();
+      const box = gym.current!;
+      // an image whose /run anyone may write: the user puts its own folder, or a link, there
+      await box.exec(['sh', '-c', 'mkdir -p /run && chmod 1777 /run && rm -rf /run/sandgym']);
+      expect((await shell(gym, 'ln -s /etc /run/sandgym && echo ok')).stdout).toBe('ok\n');
+      await box.restore(await box.checkpoint());
+      const seen = await box.exec([
+        'sh',
+        '-c',
+        'ls -A /etc | grep -c -e fork -e sandgym-write; echo $SANDGYM_FORK',
+      ]);
+      expect(seen.stdout).toMatch(/^0\n[0-9a-f]{32}\n$/);
+      // where root keeps the folder, the value is there, and the user cannot change it
+      await box.exec(['sh', '-c', 'rm /run/sandgym && chmod 755 /run']);
+      await box.restore(await box.checkpoint());
+      const fork = (await box.readFile('/run/sandgym/fork')).toString();
+      expect(fork).toMatch(/^[0-9a-f]{32}$/);
+      await refused(gym, { type: 'write_file', path: '/run/sandgym/fork', content: 'forged' });
+      expect((await box.readFile('/run/sandgym/fork')).toString()).toBe(fork);
+    }));
+
   it('holds through MCP tools', () =>
     attack('users', 'MCP tools with --user', async () => {
       const client = new Client({ name: 'sandgym-test', version: '1.0.0' });
