@@ -273,11 +273,15 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     return this.start(`${environment.name}:${environment.version}`, this.task.agentTimeoutMs, options);
   }
 
-  /** Starts the agent's sandbox from a stored environment, with `budgetMs` of agent time. */
+  /**
+   * Starts the agent's sandbox from a stored environment, with `budgetMs` of agent time;
+   * `restoring` when that environment is a disk checkpoint of an episode.
+   */
   private async start(
     environment: string,
     budgetMs: number,
     options: ResetOptions,
+    restoring = false,
   ): Promise<ResetResult<TaskObservation, TaskResetInfo>> {
     if (this.isClosed)
       throw new SandgymError('failed_precondition', 'Cannot reset: the environment is closed');
@@ -307,11 +311,17 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
       this.workdir(),
       this.taskExclusions(),
     );
-    await sandbox.exec(['mkdir', '-p', '/logs/agent', '/logs/artifacts']);
-    const agentUser = this.userOf(this.task.agentUser);
-    // the agent's own log folders are its to write, as Harbor mounts them for it
-    if (!isRoot(agentUser)) await sandbox.exec(['chown', '-R', agentUser, '/logs/agent', '/logs/artifacts']);
-    if (this.task.setupScript !== undefined) await this.runSetupScript(sandbox, this.task.setupScript);
+    // A checkpoint's files already hold what setup did. Setup runs as root, so run again over the
+    // agent's files it would follow the agent's symlinks (a chown or a write onto /etc/shadow),
+    // and a script that is not idempotent would fail: it runs only in a fresh episode.
+    if (!restoring) {
+      await sandbox.exec(['mkdir', '-p', '/logs/agent', '/logs/artifacts']);
+      const agentUser = this.userOf(this.task.agentUser);
+      // the agent's own log folders are its to write, as Harbor mounts them for it
+      if (!isRoot(agentUser))
+        await sandbox.exec(['chown', '-R', agentUser, '/logs/agent', '/logs/artifacts']);
+      if (this.task.setupScript !== undefined) await this.runSetupScript(sandbox, this.task.setupScript);
+    }
     // the stage boundary: the same sandbox, the agent stage's rules
     await sandbox.setNetwork(this.task.network.agent);
     this.deadline = Date.now() + budgetMs;
@@ -502,9 +512,12 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
       return { ...opened, info: { ...opened.info, restoredFrom: checkpoint } };
     }
     await this.prepare();
-    const restored = await this.start(checkpoint.environment, checkpoint.budgetLeftMs, {
-      options: { episodeId: `${checkpoint.episodeId}@${checkpoint.environment}` },
-    });
+    const restored = await this.start(
+      checkpoint.environment,
+      checkpoint.budgetLeftMs,
+      { options: { episodeId: `${checkpoint.episodeId}@${checkpoint.environment}` } },
+      true,
+    );
     this.base = checkpoint.environment;
     this.earlierTampering = checkpoint.tampered;
     return { ...restored, info: { ...restored.info, restoredFrom: checkpoint } };

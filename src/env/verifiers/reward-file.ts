@@ -120,7 +120,18 @@ export function rewardFileVerifier(testsDir: string, timeoutMs: number): Verifie
       if (run.timedOut) throw new GradingAnomaly('timeout', `The tests ran out of their ${timeoutMs} ms`);
       const harness = readHarnessReport(run);
       checkRunSound('tests/test.sh', run, harness);
-      const files = (await grader.listDir('/logs/verifier', deadline.call())).map((e) => e.name);
+      // The reward is read as the tests' user, from the folder the grader made, never through a
+      // link: code under test that replaced /logs/verifier (or a reward file) with a symlink must
+      // not have the grader read, with root's rights, a file it chose.
+      const asTests = runAs.user === undefined ? {} : { user: runAs.user };
+      const logs = await grader.listDir('/logs', deadline.call());
+      if (logs.find((e) => e.name === 'verifier')?.type !== 'dir')
+        throw new GradingAnomaly('no_reward', '/logs/verifier is no longer the folder the grader made');
+      const listed = await grader.listDir('/logs/verifier', { ...deadline.call(), ...asTests });
+      const links = listed.filter((e) => e.type !== 'file' && /^reward\.(txt|json)$/.test(e.name));
+      if (links.length)
+        throw new GradingAnomaly('bad_reward', `/logs/verifier/${links[0]!.name} is not a regular file`);
+      const files = listed.map((e) => e.name);
       if (!files.includes('reward.json') && !files.includes('reward.txt')) {
         throw new GradingAnomaly(
           'no_reward',
@@ -131,7 +142,9 @@ export function rewardFileVerifier(testsDir: string, timeoutMs: number): Verifie
       const json = !files.includes('reward.txt');
       const name = json ? 'reward.json' : 'reward.txt';
       const path = `/logs/verifier/${name}`;
-      const text = (await grader.readFile(path, { ...deadline.call(), maxBytes: 1 << 20 })).toString();
+      const text = (
+        await grader.readFile(path, { ...deadline.call(), ...asTests, maxBytes: 1 << 20 })
+      ).toString();
       const range = task.rewardRange ?? DEFAULT_REWARD_RANGE;
       const { reward, metrics } = parseReward(text, json, range);
       const verdict = {
