@@ -9,10 +9,18 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { isSandgymError } from '../../src/common/index.ts';
 import { buildLayerFromOci, buildLayerFromTar } from '../../src/platform/index.ts';
 import { RootedTree } from '../../src/platform/layer-build/rooted-tree.ts';
-import { extractTar, type WhiteoutMode } from '../../src/platform/layer-build/tar-extract.ts';
+import { MAX_IMAGE_LAYERS } from '../../src/platform/layer-build/from-oci.ts';
+import { MAX_TREE_DEPTH } from '../../src/platform/layer-build/rooted-tree.ts';
+import {
+  ArchiveBudget,
+  DEFAULT_ARCHIVE_LIMITS,
+  extractTar,
+  type ArchiveLimits,
+  type WhiteoutMode,
+} from '../../src/platform/layer-build/tar-extract.ts';
 import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
 import { TestRegistry, writeOciLayout } from '../support/registry.ts';
-import { tarArchive, type TestTarEntry } from '../support/tar-writer.ts';
+import { paxRecord, tarArchive, tarHeader, type TestTarEntry } from '../support/tar-writer.ts';
 import { fingerprint, generateArchive, problemsInRoot, seededRandom } from './archive-fuzz.ts';
 import { attack } from './summary.ts';
 
@@ -640,4 +648,243 @@ ADD honest.tar /opt/
       expect(outcomes.extracted).toBeGreaterThan(300);
       expect(outcomes.refused).toBeGreaterThan(300);
     }));
+  /**
+   * Archives shaped to exhaust the node rather than escape: data claimed by entries that hold
+   * none, quadratic headers, bombs, counts and depths without end. Each is refused naming the
+   * archive and entry, within a bound on memory, and leaves nothing behind.
+   */
+  describe('archives that would exhaust the node', () => {
+    const MiB = 2 ** 20;
+    const pad = (size: number): Buffer => Buffer.alloc((512 - (size % 512)) % 512);
+
+    /** Extracts a stream of chunks into a fresh folder; the outcome, and the folder. */
+    async function extractInto(
+      chunks: Iterable<Buffer> | AsyncIterable<Buffer>,
+      mode: WhiteoutMode,
+      limits?: Partial<ArchiveLimits>,
+    ): Promise<{ error: unknown; root: string }> {
+      const root = join(env.dataDir, `exhaust-${count++}`);
+      await mkdir(root);
+      const tree = await RootedTree.open(root, 'hostile.tar');
+      const budget = new ArchiveBudget({ ...DEFAULT_ARCHIVE_LIMITS, ...limits });
+      const error: unknown = await extractTar(Readable.from(chunks), 'hostile.tar', tree, mode, budget)
+        .then(
+          () => undefined,
+          (e: unknown) => e,
+        )
+        .finally(() => tree.close());
+      return { error, root };
+    }
+
+    function expectRefusal(error: unknown, message: RegExp): void {
+      expect(isSandgymError(error, 'invalid_argument'), `expected a refusal, got ${String(error)}`).toBe(
+        true,
+      );
+      expect(errorText(error)).toMatch(/hostile\.tar/);
+      expect(errorText(error)).toMatch(message);
+    }
+
+    it('streams past the data of folders, links and devices instead of holding it', () =>
+      attack('archive', 'data claimed by a non-file entry (memory)', async () => {
+        const CLAIM = 512 * MiB;
+        for (const [type, link] of [
+          ['dir', ''],
+          ['symlink', 'target'],
+          ['hardlink', 'nothing'],
+        ] as const) {
+          let peak = 0;
+          const base = process.memoryUsage().arrayBuffers;
+          async function* archive(): AsyncGenerator<Buffer> {
+            yield tarHeader(`big-${type}`, type, CLAIM, link);
+            for (let sent = 0; sent < CLAIM; sent += MiB) {
+              peak = Math.max(peak, process.memoryUsage().arrayBuffers - base);
+              yield Buffer.alloc(MiB); // a new buffer each time, as a stream reads them
+            }
+            yield tarArchive([{ path: 'after', data: 'still read\n' }]);
+          }
+          const { error, root } = await extractInto(archive(), 'layer');
+          // the hard link names no earlier file: refused, but only after its data was passed over
+          if (type === 'hardlink') expectRefusal(error, /hard link target/);
+          else {
+            expect(error).toBeUndefined();
+            expect(readFileSync(join(root, 'after'), 'utf8')).toBe('still read\n');
+          }
+          expect(peak, `${type}: bytes held while its data streamed past`).toBeLessThan(CLAIM / 4);
+        }
+      }));
+
+    it('refuses pax headers that are malformed or pile up, in one pass', () =>
+      attack('archive', 'quadratic pax headers (CPU, memory)', async () => {
+        const entry = (records: Buffer): Buffer[] => [
+          tarHeader('PaxHeader', 'x', records.length),
+          records,
+          pad(records.length),
+          tarArchive([{ path: 'f', data: 'x' }]),
+        ];
+        // "2a2a2a…": every offset parses as a record of length 2 whose end is the header's end,
+        // which made each record scan the rest of the header
+        const quadratic = Buffer.from('2a'.repeat(256 * 1024));
+        expectRefusal((await extractInto(entry(quadratic), 'layer')).error, /pax record .* malformed/);
+        for (const bad of ['5 a=b', '4 ab\n', '99 a=b\n', 'x3 a=\n', '-1 a=b\n'])
+          expectRefusal((await extractInto(entry(Buffer.from(bad)), 'layer')).error, /pax record/);
+        // many headers before one entry, each within the bound, together far past it
+        const piled: Buffer[] = [];
+        for (let i = 0; i < 40; i++) {
+          const records = Buffer.from(paxRecord(`SCHILY.xattr.user.k${i}`, 'v'.repeat(64 * 1024)));
+          piled.push(tarHeader('PaxHeader', 'x', records.length), records, pad(records.length));
+        }
+        piled.push(...entry(Buffer.alloc(0)).slice(3));
+        expectRefusal((await extractInto(piled, 'layer')).error, /headers of \d+ bytes before one entry/);
+      }));
+
+    it('honest twin: pax headers with many well-formed records extract', async () => {
+      let records = '';
+      for (let i = 0; i < 5000; i++) records += paxRecord(`SCHILY.xattr.user.k${i}`, `value ${i}`);
+      records += paxRecord('path', 'dir/naïve name');
+      const data = Buffer.from(records);
+      const { error, root } = await extractInto(
+        [
+          tarHeader('PaxHeader', 'x', data.length),
+          data,
+          pad(data.length),
+          tarArchive([{ path: 'ignored', data: 'ok\n' }]),
+        ],
+        'layer',
+      );
+      expect(error).toBeUndefined();
+      expect(readFileSync(join(root, 'dir', 'naïve name'), 'utf8')).toBe('ok\n');
+    });
+
+    it('refuses a gzip bomb past the store quota, and keeps nothing of it', () =>
+      attack('archive', 'gzip bomb (disk)', async () => {
+        const store = env.platform.storeFor('bombs', 16 * MiB);
+        const bomb = tarArchive([{ path: 'zeros', data: Buffer.alloc(64 * MiB) }], { gzip: true });
+        const scratch = join(env.dataDir, 'store', 'tmp');
+        const before = readdirSync(scratch).sort();
+        for (const [surface, path] of [
+          ['from-tar', await file('bomb.tar.gz', bomb)],
+          ['from-oci', await file('bomb-image.tar', dockerSave({ data: bomb }))],
+        ] as const) {
+          const error: unknown = await (
+            surface === 'from-tar' ? buildLayerFromTar(store, path) : buildLayerFromOci(store, path)
+          ).then(
+            () => undefined,
+            (e: unknown) => e,
+          );
+          expect(isSandgymError(error, 'invalid_argument'), `${surface}: ${String(error)}`).toBe(true);
+          expect(errorText(error)).toMatch(
+            /entry "zeros" is refused: the archive unpacks to more than 16 MiB/,
+          );
+          expect(readdirSync(scratch).sort()).toEqual(before);
+          expect(await store.listLayers()).toEqual([]);
+        }
+      }));
+
+    it('honest twin: an archive within the quota unpacks', async () => {
+      const store = env.platform.storeFor('within', 16 * MiB);
+      const archive = tarArchive([{ path: 'data', data: randomBytes(4 * MiB) }], { gzip: true });
+      const layer = await buildLayerFromTar(store, await file('within.tar.gz', archive));
+      expect(layer.digest).toMatch(/^sha256:/);
+    });
+
+    it('refuses an archive of more entries or whiteouts than it may hold', () =>
+      attack('archive', 'entries and whiteouts without end (inodes, time)', async () => {
+        const many = (n: number, name: (i: number) => string): TestTarEntry[] =>
+          Array.from({ length: n }, (_, i) => ({ path: name(i) }));
+        expectRefusal(
+          (await extractInto([tarArchive(many(1001, (i) => `f${i}`))], 'layer', { maxEntries: 1000 })).error,
+          /entry "f1000" is refused: the archive holds more than 1000 entries/,
+        );
+        for (const mode of ['layer', 'apply'] as const)
+          expectRefusal(
+            (await extractInto([tarArchive(many(101, (i) => `d/.wh.f${i}`))], mode, { maxWhiteouts: 100 }))
+              .error,
+            /entry "d\/.wh.f100" is refused: the archive holds more than 100 whiteouts/,
+          );
+        // the node's own bounds hold for every surface
+        expect(DEFAULT_ARCHIVE_LIMITS.maxEntries).toBeLessThanOrEqual(2_000_000);
+        expect(DEFAULT_ARCHIVE_LIMITS.maxWhiteouts).toBeLessThanOrEqual(100_000);
+      }));
+
+    it('refuses folders nested past the bound on every surface, leaving nothing behind', () =>
+      attack('archive', 'a very deep folder chain (descriptors, stack)', async () => {
+        const deep = 'd/'.repeat(MAX_TREE_DEPTH + 1);
+        for (const [name, entries] of [
+          ['a file', [{ path: `${deep}f`, data: 'x' }]],
+          ['folders', [{ path: deep, type: 'dir' }]],
+          ['a whiteout', [{ path: `${deep}.wh.x` }]],
+          ['a symlink', [{ path: `${deep}l`, type: 'symlink', linkTarget: 'x' }]],
+        ] as [string, TestTarEntry[]][])
+          for (const [surface, make] of Object.entries(SURFACES))
+            await refusedWithoutHarm(() => make(entries), /folders deep/).catch((error: unknown) => {
+              throw new Error(`${name} (${surface}): ${String(error)}`);
+            });
+        const scratch = readdirSync(join(env.dataDir, 'store', 'tmp')).filter((n) => n !== 'another-build');
+        expect(scratch).toEqual([]);
+      }));
+
+    it('honest twin: a tree nested to the bound unpacks', async () => {
+      const deep = 'd/'.repeat(MAX_TREE_DEPTH - 1);
+      const { error, root } = await extractInto(
+        [tarArchive([{ path: `${deep}f`, data: 'deep\n' }])],
+        'layer',
+      );
+      expect(error).toBeUndefined();
+      expect(readFileSync(join(root, deep, 'f'), 'utf8')).toBe('deep\n');
+    });
+
+    it('refuses an image of more layers than overlayfs stacks, and unpacks a repeated layer once', () =>
+      attack('archive', 'many or repeated layers (work)', async () => {
+        const image = (layers: number, distinct: boolean): Buffer =>
+          tarArchive([
+            {
+              path: 'manifest.json',
+              data: JSON.stringify([
+                {
+                  Config: 'config.json',
+                  Layers: Array.from({ length: layers }, (_, i) => `l${distinct ? i : 0}/layer.tar`),
+                },
+              ]),
+            },
+            { path: 'config.json', data: '{"config":{}}' },
+            ...Array.from({ length: distinct ? layers : 1 }, (_, i) => ({
+              path: `l${i}/layer.tar`,
+              data: tarArchive([{ path: `f${i}`, data: `${i}\n` }]),
+            })),
+          ]);
+        await refusedWithoutHarm(
+          async () =>
+            buildLayerFromOci(env.platform.store, await file('tall.tar', image(MAX_IMAGE_LAYERS + 1, true))),
+          /has 129 layers; at most 128/,
+        );
+        await refusedWithoutHarm(
+          async () => buildLayerFromOci(env.platform.store, await file('repeated.tar', image(5000, false))),
+          /has 5000 layers/,
+        );
+      }));
+
+    it('honest twin: an image repeating its empty layer builds', async () => {
+      const empty = tarArchive([]);
+      const { layer } = await buildLayerFromOci(
+        env.platform.store,
+        await file(
+          'empty-layers.tar',
+          tarArchive([
+            {
+              path: 'manifest.json',
+              data: JSON.stringify([
+                { Config: 'config.json', Layers: ['base/layer.tar', ...Array(20).fill('empty/layer.tar')] },
+              ]),
+            },
+            { path: 'config.json', data: '{"config":{}}' },
+            { path: 'base/layer.tar', data: tarArchive([{ path: 'etc/base', data: 'base\n' }]) },
+            { path: 'empty/layer.tar', data: empty },
+          ]),
+        ),
+      );
+      await inLayers([layer.digest], (root) =>
+        expect(readFileSync(join(root, 'etc/base'), 'utf8')).toBe('base\n'),
+      );
+    });
+  });
 });

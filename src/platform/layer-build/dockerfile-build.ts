@@ -19,6 +19,7 @@ import {
   type Heredoc,
 } from './dockerfile-parse.ts';
 import { withRootedTree, type RootedTree } from './rooted-tree.ts';
+import { storeBudget } from './tar-extract.ts';
 import { copyIntoTree, type TreeSource } from './tree-copy.ts';
 
 /** What the builder needs from the platform. */
@@ -148,6 +149,13 @@ export async function buildFromDockerfile(
       ? {}
       : { deadlineAt: Date.now() + options.timeoutMs, timeoutMs: options.timeoutMs }),
   };
+  // the build's deadline covers every step: pulls (FROM, COPY --from an image) and ADD's unpacking
+  // stop at it as RUN does, so no slow registry or archive stalls a build past its limit
+  const registry: RegistryOptions = {
+    ...options.registry,
+    ...(run.deadlineAt === undefined ? {} : { deadlineAt: run.deadlineAt }),
+  };
+  const stepOptions = { ...options, registry };
   const notes: string[] = [];
   const steps: BuildStep[] = [];
   const record = (step: BuildStep): void => {
@@ -170,9 +178,21 @@ export async function buildFromDockerfile(
   for (const instruction of instructions) {
     const line = instruction.line;
     const where = `${file} line ${line}`;
+    if (run.deadlineAt !== undefined && Date.now() > run.deadlineAt)
+      throw new SandgymError(
+        'failed_precondition',
+        `${where}: not started: the build ran past its time limit of ${Math.round((run.timeoutMs ?? 0) / 1000)} s`,
+      );
     if (instruction.kind === 'FROM') {
       finishStage();
-      stage = await startStage(host, instruction, { globalArgs, stages, options, where, notes, escape });
+      stage = await startStage(host, instruction, {
+        globalArgs,
+        stages,
+        options: stepOptions,
+        where,
+        notes,
+        escape,
+      });
       stageName = instruction.stage;
       record({ line, instruction: instruction.text, outcome: 'config' });
       continue;
@@ -265,14 +285,7 @@ export async function buildFromDockerfile(
         const sources: CopySources = {
           stages,
           // COPY --from an image: from the store or its registry; a fallback makes no sense here
-          image: (name, at) =>
-            resolveBaseImage(
-              host.store,
-              name,
-              options.registry ? { registry: options.registry } : {},
-              at,
-              notes,
-            ),
+          image: (name, at) => resolveBaseImage(host.store, name, { registry }, at, notes),
         };
         const plan = await planStep(host, instruction, stage, sources, context, run, { file, line }, expand);
         stage.key = hash(stage.key, instruction.text, stage.config, plan.key);
@@ -498,7 +511,7 @@ async function planStep(
     }
     case 'COPY':
     case 'ADD':
-      return copyPlan(host, instruction, stage, sources, context, at, expand);
+      return copyPlan(host, instruction, stage, sources, context, at, expand, run.deadlineAt);
   }
 }
 
@@ -633,6 +646,7 @@ async function copyPlan(
   context: BuildContext,
   at: { file: string; line: number },
   expand: (value: string) => string,
+  deadlineAt: number | undefined,
 ): Promise<StepPlan> {
   const where = `${at.file} line ${at.line}`;
   const flags = copy.flags;
@@ -700,7 +714,12 @@ async function copyPlan(
         const owner =
           chown === undefined ? { uid: 0, gid: 0 } : await resolveOwner(host, ownerLayers, chown, where);
         await withRootedTree(root, `${where}: ${copy.kind}`, async (to) => {
-          const options = { kind: copy.kind, intoFolder, where };
+          const options = {
+            kind: copy.kind,
+            intoFolder,
+            where,
+            budget: await storeBudget(host.store, deadlineAt),
+          };
           const written =
             source.kind === 'heredocs'
               ? await writeHeredocs(to, source.documents, destination, intoFolder)

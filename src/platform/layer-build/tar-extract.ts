@@ -2,7 +2,7 @@ import { open, type FileHandle } from 'node:fs/promises';
 import type { Readable } from 'node:stream';
 import { createGunzip } from 'node:zlib';
 import { SandgymError } from '../../common/index.ts';
-import type { EntryAttributes, RootedTree } from './rooted-tree.ts';
+import { MAX_TREE_DEPTH, type EntryAttributes, type RootedTree } from './rooted-tree.ts';
 import { TarReader, type TarEntry } from './tar-reader.ts';
 
 /**
@@ -18,13 +18,101 @@ const OPAQUE_MARKER = '.wh..wh..opq';
 /** AUFS's own bookkeeping (`.wh..wh.plnk/`, `.wh..wh.aufs`): Docker skips it, and so do we. */
 const AUFS_META_PREFIX = '.wh..wh.';
 
+/**
+ * What unpacking may cost the node, for one archive or, shared, for all the layers of one image.
+ * An archive is the word of whoever made it: its sizes, counts and depths are checked as they
+ * come, before the work they ask for, so no archive can exhaust memory, disk, inodes or time.
+ */
+export interface ArchiveLimits {
+  /** Bytes of file data written (a gzip or zstd bomb inflates past this and is refused). */
+  maxBytes: number;
+  /** Entries of every kind. */
+  maxEntries: number;
+  /** Whiteouts: in a layer each one is a device node made by a program of its own. */
+  maxWhiteouts: number;
+  /** Folders deep (the tree enforces its own bound as well, see RootedTree). */
+  maxDepth: number;
+  /** The time the whole unpacking must end by (ms since the epoch), e.g. a build's deadline. */
+  deadlineAt?: number;
+}
+
+/** The bounds a node holds every archive to; `maxBytes` is lowered to what its store can take. */
+export const DEFAULT_ARCHIVE_LIMITS: ArchiveLimits = {
+  maxBytes: 256 * 2 ** 30,
+  maxEntries: 2_000_000,
+  maxWhiteouts: 100_000,
+  maxDepth: MAX_TREE_DEPTH,
+};
+
+/** What an archive, or the layers of one image together, have used of their {@link ArchiveLimits}. */
+export class ArchiveBudget {
+  private bytes = 0;
+  private entries = 0;
+  private whiteouts = 0;
+
+  constructor(readonly limits: ArchiveLimits = DEFAULT_ARCHIVE_LIMITS) {}
+
+  private check(archive: string, path: string): void {
+    const { deadlineAt } = this.limits;
+    if (deadlineAt !== undefined && Date.now() > deadlineAt)
+      throw new SandgymError(
+        'failed_precondition',
+        `${archive}: unpacking stopped at entry "${path}": it ran past its time limit`,
+      );
+  }
+
+  /** Counts one entry at `depth` folders down. */
+  entry(archive: string, path: string, depth: number, whiteout: boolean): void {
+    this.check(archive, path);
+    const { maxEntries, maxWhiteouts, maxDepth } = this.limits;
+    if (++this.entries > maxEntries)
+      refuse(archive, path, `the archive holds more than ${maxEntries} entries`);
+    if (whiteout && ++this.whiteouts > maxWhiteouts)
+      refuse(archive, path, `the archive holds more than ${maxWhiteouts} whiteouts`);
+    if (depth > maxDepth) refuse(archive, path, `it is more than ${maxDepth} folders deep`);
+  }
+
+  /** A file's data, counted as it is written: past the bound it stops, mid-file. */
+  async *data(archive: string, path: string, chunks: AsyncIterable<Buffer>): AsyncGenerator<Buffer> {
+    for await (const chunk of chunks) {
+      this.bytes += chunk.length;
+      if (this.bytes > this.limits.maxBytes)
+        refuse(
+          archive,
+          path,
+          `the archive unpacks to more than ${Math.floor(this.limits.maxBytes / 2 ** 20)} MiB (the store's room or the project's store quota)`,
+        );
+      this.check(archive, path);
+      yield chunk;
+    }
+  }
+}
+
+/**
+ * A budget for unpacking into the store: bytes no more than the store has room for (its free
+ * space, the project's quota), and the time limit of what asked for it, if any.
+ */
+export async function storeBudget(
+  store: { unpackRoomBytes(): Promise<number> },
+  deadlineAt?: number,
+): Promise<ArchiveBudget> {
+  const maxBytes = Math.min(DEFAULT_ARCHIVE_LIMITS.maxBytes, await store.unpackRoomBytes());
+  return new ArchiveBudget({
+    ...DEFAULT_ARCHIVE_LIMITS,
+    maxBytes,
+    ...(deadlineAt === undefined ? {} : { deadlineAt }),
+  });
+}
+
 function refuse(archive: string, path: string, why: string): never {
   throw new SandgymError('invalid_argument', `${archive}: entry "${path}" is refused: ${why}`);
 }
 
-/** A relative, normalised path inside the tree; absolute paths and ".." are attacks. */
+/**
+ * A relative, normalised path inside the tree: an absolute name means the same name beneath the
+ * root, as Docker reads it; ".." is an attack.
+ */
 function inTree(archive: string, raw: string): string {
-  if (raw.startsWith('/')) refuse(archive, raw, 'absolute paths may not appear in a layer');
   const parts = raw.split('/').filter((p) => p !== '' && p !== '.');
   if (parts.includes('..')) refuse(archive, raw, '".." would leave the tree');
   return parts.join('/');
@@ -44,9 +132,10 @@ export async function extractTar(
   archive: string,
   tree: RootedTree,
   whiteouts: WhiteoutMode,
+  budget: ArchiveBudget = new ArchiveBudget(),
 ): Promise<void> {
   try {
-    await extractEntries(new TarReader(stream, archive), archive, tree, whiteouts);
+    await extractEntries(new TarReader(stream, archive), archive, tree, whiteouts, budget);
   } finally {
     // a refused entry or an end marker before the end of the file stops the reading early: the
     // file is closed here, not whenever the stream is collected
@@ -59,6 +148,7 @@ async function extractEntries(
   archive: string,
   tree: RootedTree,
   whiteouts: WhiteoutMode,
+  budget: ArchiveBudget,
 ): Promise<void> {
   const created = new Set<string>();
   // the regular files this archive wrote, by path, with their inodes: the only hard link targets
@@ -69,6 +159,7 @@ async function extractEntries(
     if (!rel) continue; // the archive's own root folder
     const names = rel.split('/');
     const name = names.pop() ?? '';
+    budget.entry(archive, entry.path, names.length + 1, name.startsWith(WHITEOUT_PREFIX));
     if (names.some((parent) => parent.startsWith(AUFS_META_PREFIX))) continue;
     if (name.startsWith(WHITEOUT_PREFIX)) {
       await applyWhiteout(
@@ -87,7 +178,16 @@ async function extractEntries(
         folders.push([rel, entry]); // modes and times last, once their contents are written
         break;
       case 'file':
-        files.set(rel, (await tree.writeFile(rel, reader.readData(), attributesOf(entry))).ino);
+        files.set(
+          rel,
+          (
+            await tree.writeFile(
+              rel,
+              budget.data(archive, entry.path, reader.readData()),
+              attributesOf(entry),
+            )
+          ).ino,
+        );
         break;
       case 'symlink':
         await tree.symlink(rel, entry.linkTarget, attributesOf(entry));
