@@ -436,6 +436,82 @@ describe('archives under attack', () => {
           await refusedWithoutHarm(build(file), /line 2: ADD .* is refused/);
         }));
 
+    it("holds ADD's unpacking and every other step to the build's time limit", () =>
+      attack('archive', 'a build step outside the time limit (ADD, FROM)', async () => {
+        const slow = tarArchive(Array.from({ length: 3000 }, (_, i) => ({ path: `many/f${i}`, data: 'x' })));
+        const file = await context('FROM busybox:latest\nADD slow.tar /opt/\n', { 'slow.tar': slow });
+        const error: unknown = await env.platform
+          .buildFromDockerfile({ file, name: `attack:${count++}`, timeoutMs: 1 })
+          .then(
+            () => undefined,
+            (e: unknown) => e,
+          );
+        expect(isSandgymError(error, 'failed_precondition'), String(error)).toBe(true);
+        expect(errorText(error)).toMatch(/line [12]: .*time limit/);
+      }));
+
+    it('refuses COPY --exclude and --parents rather than ignoring them', () =>
+      attack('archive', 'COPY flags silently ignored', async () => {
+        for (const line of [
+          'COPY --exclude=*.txt . /ctx/',
+          'COPY --parents notes.txt /ctx/',
+          'ADD --exclude=x . /ctx/',
+        ])
+          await refusedWithoutHarm(
+            build(await context(`FROM busybox:latest\n${line}\n`)),
+            /line 2: (COPY|ADD) --(exclude|parents) is not supported/,
+          );
+      }));
+
+    it('refuses a stage alias that reads as an index, and matches aliases case-insensitively', () =>
+      attack('archive', 'stage alias and index confusion', async () => {
+        // "AS 1" on the first stage once made --from=1 pick it instead of the second
+        const confused = `FROM busybox:latest AS 1\nRUN echo first > /which\nFROM busybox:latest\nRUN echo second > /which\nFROM busybox:latest\nCOPY --from=1 /which /which\n`;
+        await refusedWithoutHarm(build(await context(confused)), /"1" is no stage name/);
+        const twice = `FROM busybox:latest AS a\nFROM busybox:latest AS A\n`;
+        await refusedWithoutHarm(build(await context(twice)), /already named "a"/);
+      }));
+
+    it('honest twin: --from by index and by alias in any case picks the stage Docker picks', async () => {
+      const file = await context(
+        `FROM busybox:latest AS First\nRUN echo first > /which\nFROM busybox:latest\nRUN echo second > /which\nFROM busybox:latest\nCOPY --from=FIRST /which /a\nCOPY --from=1 /which /b\n`,
+      );
+      const { environment } = await build(file)();
+      const seen = await inLayers(environment.layers, (root) =>
+        ['a', 'b'].map((n) => readFileSync(join(root, n), 'utf8')),
+      );
+      expect(seen).toEqual(['first\n', 'second\n']);
+    });
+
+    it("follows the image's own symlinks for COPY's destination, inside the image", () =>
+      attack('archive', 'COPY into a symlinked folder of the image (merged /usr)', async () => {
+        const file = await context(
+          `FROM busybox:latest
+RUN mkdir -p /usr/mybin && ln -s usr/mybin /mybin && ln -s /usr/mybin /abs && ln -s ../../../../.. /up
+COPY notes.txt /mybin/
+COPY notes.txt /abs/sub/
+COPY notes.txt /up/etc/escaped
+`,
+        );
+        const { environment } = await build(file)();
+        const seen = await inLayers(environment.layers, (root) => ({
+          link: readlinkSync(join(root, 'mybin')),
+          abs: readlinkSync(join(root, 'abs')),
+          copied: readFileSync(join(root, 'usr/mybin/notes.txt'), 'utf8'),
+          sub: readFileSync(join(root, 'usr/mybin/sub/notes.txt'), 'utf8'),
+          // a link climbing out of the image resolves at its root, as Docker's does
+          escaped: readFileSync(join(root, 'etc/escaped'), 'utf8'),
+        }));
+        expect(seen).toEqual({
+          link: 'usr/mybin',
+          abs: '/usr/mybin',
+          copied: 'notes\n',
+          sub: 'notes\n',
+          escaped: 'notes\n',
+        });
+        expect(existsSync(join(host, 'etc'))).toBe(false);
+      }));
+
     it('honest twin: COPY --from follows links inside the stage, --chown names its users, ADD unpacks', async () => {
       const honest = tarArchive([
         { path: 'lib/', type: 'dir' },
