@@ -770,6 +770,7 @@ ADD honest.tar /opt/
         ] as const) {
           let peak = 0;
           const base = process.memoryUsage().arrayBuffers;
+          // eslint-disable-next-line @typescript-eslint/require-await -- an async source, as a stream is
           async function* archive(): AsyncGenerator<Buffer> {
             yield tarHeader(`big-${type}`, type, CLAIM, link);
             for (let sent = 0; sent < CLAIM; sent += MiB) {
@@ -939,6 +940,91 @@ ADD honest.tar /opt/
         );
       }));
 
+    it('refuses names that are not UTF-8 rather than letting two collide', () =>
+      attack('archive', 'non-UTF-8 names colliding after decoding', async () => {
+        // two byte-different Latin-1 names, both decoded as "caf\ufffd" by a lossy decoder
+        const entries = (name: Buffer, data: string): Buffer[] => [
+          tarHeader(name, 'file', data.length),
+          Buffer.from(data),
+          pad(data.length),
+        ];
+        const archive = [
+          ...entries(Buffer.from([0x63, 0x61, 0x66, 0xe9]), 'first'),
+          ...entries(Buffer.from([0x63, 0x61, 0x66, 0xe8]), 'second'),
+          Buffer.alloc(1024),
+        ];
+        for (const mode of ['layer', 'apply'] as const) {
+          const { error, root } = await extractInto(archive, mode);
+          expectRefusal(error, /entry "caf\ufffd" is refused: the name .* is not valid UTF-8/);
+          expect(readdirSync(root)).toEqual([]);
+        }
+      }));
+
+    it('refuses sparse files, which it would unpack wrong', () =>
+      attack('archive', 'sparse files (GNU 0.0, 0.1, 1.0, old GNU)', async () => {
+        const sparse = (records: string): Buffer[] => {
+          const data = Buffer.from(records);
+          return [
+            tarHeader('PaxHeader', 'x', data.length),
+            data,
+            pad(data.length),
+            tarArchive([{ path: 'GNUSparseFile.0/f', data: '1\n0\n4\nabcd' }]),
+          ];
+        };
+        for (const records of [
+          paxRecord('GNU.sparse.size', '1048576') +
+            paxRecord('GNU.sparse.numblocks', '1') +
+            paxRecord('GNU.sparse.offset', '0') +
+            paxRecord('GNU.sparse.numbytes', '4'),
+          paxRecord('GNU.sparse.size', '1048576') + paxRecord('GNU.sparse.map', '0,4'),
+          paxRecord('GNU.sparse.major', '1') +
+            paxRecord('GNU.sparse.minor', '0') +
+            paxRecord('GNU.sparse.name', 'f') +
+            paxRecord('GNU.sparse.realsize', '1048576'),
+        ])
+          expectRefusal(
+            (await extractInto(sparse(records), 'layer')).error,
+            /sparse files are not supported/,
+          );
+        expectRefusal(
+          (await extractInto([tarHeader('f', 'S', 0), Buffer.alloc(1024)], 'layer')).error,
+          /unsupported tar type "S" \(a GNU sparse file\)/,
+        );
+      }));
+
+    it('reads absolute names beneath the root, and zstd layers, as Docker does', () =>
+      attack('archive', 'absolute names and zstd layers read unlike Docker', async () => {
+        const entries: TestTarEntry[] = [
+          { path: '/etc/abs', data: 'abs\n' },
+          { path: '//opt//x', data: 'x\n' },
+          { path: '/etc/hard', type: 'hardlink', linkTarget: '/etc/abs' },
+        ];
+        for (const mode of ['layer', 'apply'] as const) {
+          const { error, root } = await extractInto([tarArchive(entries)], mode);
+          expect(error).toBeUndefined();
+          expect(readFileSync(join(root, 'etc/abs'), 'utf8')).toBe('abs\n');
+          expect(readFileSync(join(root, 'opt/x'), 'utf8')).toBe('x\n');
+          expect(statSync(join(root, 'etc/hard')).ino).toBe(statSync(join(root, 'etc/abs')).ino);
+        }
+        const plain = await file('zstd-layer.tar', tarArchive([{ path: 'etc/z', data: 'zstd\n' }]));
+        await run('zstd', ['-q', '-f', plain, '-o', `${plain}.zst`]);
+        const { layer } = await buildLayerFromOci(
+          env.platform.store,
+          await file('zstd-image.tar', dockerSave({ data: readFileSync(`${plain}.zst`) })),
+        );
+        await inLayers([layer.digest], (root) =>
+          expect(readFileSync(join(root, 'etc/z'), 'utf8')).toBe('zstd\n'),
+        );
+        // a corrupt zstd layer is an error, never a shorter archive
+        const corrupt = readFileSync(`${plain}.zst`);
+        corrupt.writeUInt32LE(0xdeadbeef, corrupt.length - 8);
+        await refusedWithoutHarm(
+          async () =>
+            buildLayerFromOci(env.platform.store, await file('zstd-bad.tar', dockerSave({ data: corrupt }))),
+          /zstd|truncated|corrupt/,
+        );
+      }));
+
     it('honest twin: an image repeating its empty layer builds', async () => {
       const empty = tarArchive([]);
       const { layer } = await buildLayerFromOci(
@@ -949,7 +1035,10 @@ ADD honest.tar /opt/
             {
               path: 'manifest.json',
               data: JSON.stringify([
-                { Config: 'config.json', Layers: ['base/layer.tar', ...Array(20).fill('empty/layer.tar')] },
+                {
+                  Config: 'config.json',
+                  Layers: ['base/layer.tar', ...Array.from({ length: 20 }, () => 'empty/layer.tar')],
+                },
               ]),
             },
             { path: 'config.json', data: '{"config":{}}' },

@@ -1,5 +1,6 @@
+import { spawn } from 'node:child_process';
 import { open, type FileHandle } from 'node:fs/promises';
-import type { Readable } from 'node:stream';
+import { Readable } from 'node:stream';
 import { createGunzip } from 'node:zlib';
 import { SandgymError } from '../../common/index.ts';
 import { MAX_TREE_DEPTH, type EntryAttributes, type RootedTree } from './rooted-tree.ts';
@@ -260,19 +261,55 @@ export async function normaliseFolderTimes(tree: RootedTree): Promise<void> {
   await tree.setFolderTimes(0);
 }
 
-/** A tar's stream from an open file, gunzipped when it starts with the gzip magic; it closes the file. */
+/** zstd's frame magic (28 b5 2f fd), as image layers of `application/vnd.oci.image.layer.v1.tar+zstd` start. */
+const ZSTD_MAGIC = Buffer.from([0x28, 0xb5, 0x2f, 0xfd]);
+
+/**
+ * A tar's stream from an open file, gunzipped or un-zstd'ed by its first bytes (not its name or
+ * media type, which its maker chose); it closes the file.
+ */
 export async function tarStream(file: FileHandle): Promise<Readable> {
-  const head = Buffer.alloc(2);
-  await file.read(head, 0, 2, 0).catch(async (error: unknown) => {
+  const head = Buffer.alloc(4);
+  await file.read(head, 0, 4, 0).catch(async (error: unknown) => {
     await file.close();
     throw error;
   });
   const stream = file.createReadStream({ start: 0 });
+  if (head.equals(ZSTD_MAGIC)) return Readable.from(unzstd(stream));
   if (head[0] !== 0x1f || head[1] !== 0x8b) return stream;
   const gunzip = stream.pipe(createGunzip());
   // the file goes with the stream its reader holds, however that ends
   gunzip.once('close', () => stream.destroy());
   return gunzip;
+}
+
+/**
+ * A zstd stream's bytes, by the zstd program (Node 20 has no zstd). Its exit status is checked at
+ * the end, so a corrupt stream is an error and never a silently shorter archive; however the
+ * reading ends, the program is stopped and the file closed.
+ */
+async function* unzstd(source: Readable): AsyncGenerator<Buffer> {
+  const child = spawn('zstd', ['--decompress', '--stdout', '--quiet', '--memory=128MB'], {
+    stdio: ['pipe', 'pipe', 'pipe'],
+  });
+  const exited = new Promise<string | undefined>((done) => {
+    let said = '';
+    child.stderr.on('data', (chunk: Buffer) => (said = `${said}${chunk.toString()}`.slice(-500)));
+    child.once('error', (error) => done(error.message));
+    child.once('close', (code) => done(code === 0 ? undefined : said.trim() || `zstd exited with ${code}`));
+  });
+  // the program stops reading when we stop it: its stdin's EPIPE is no error of ours
+  child.stdin.on('error', () => undefined);
+  source.pipe(child.stdin);
+  try {
+    for await (const chunk of child.stdout) yield chunk as Buffer;
+    const failure = await exited;
+    if (failure !== undefined)
+      throw new SandgymError('invalid_argument', `a zstd-compressed layer cannot be read: ${failure}`);
+  } finally {
+    child.kill();
+    source.destroy();
+  }
 }
 
 /** A tar file's stream by its path (the user's own archive). */
