@@ -872,6 +872,11 @@ ADD honest.tar /opt/
           (await extractInto([tarArchive(many(1001, (i) => `f${i}`))], 'layer', { maxEntries: 1000 })).error,
           /entry "f1000" is refused: the archive holds more than 1000 entries/,
         );
+        // entries skipped (the root folder, again and again) count as well
+        expectRefusal(
+          (await extractInto([tarArchive(many(1001, () => './'))], 'layer', { maxEntries: 1000 })).error,
+          /more than 1000 entries/,
+        );
         for (const mode of ['layer', 'apply'] as const)
           expectRefusal(
             (await extractInto([tarArchive(many(101, (i) => `d/.wh.f${i}`))], mode, { maxWhiteouts: 100 }))

@@ -157,10 +157,11 @@ async function extractEntries(
   const folders: [string, TarEntry][] = [];
   for (let entry = await reader.next(); entry; entry = await reader.next()) {
     const rel = inTree(archive, entry.path);
-    if (!rel) continue; // the archive's own root folder
-    const names = rel.split('/');
+    const names = rel ? rel.split('/') : [];
     const name = names.pop() ?? '';
+    // every entry counts, those skipped too: a million "./" entries are work as well
     budget.entry(archive, entry.path, names.length + 1, name.startsWith(WHITEOUT_PREFIX));
+    if (!rel) continue; // the archive's own root folder
     if (names.some((parent) => parent.startsWith(AUFS_META_PREFIX))) continue;
     if (name.startsWith(WHITEOUT_PREFIX)) {
       await applyWhiteout(
