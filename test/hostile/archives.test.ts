@@ -818,7 +818,16 @@ ADD honest.tar /opt/
       let records = '';
       for (let i = 0; i < 5000; i++) records += paxRecord(`SCHILY.xattr.user.k${i}`, `value ${i}`);
       records += paxRecord('path', 'dir/naïve name');
-      const data = Buffer.from(records);
+      // a file capability, as GNU tar writes Debian's ping: its value is binary, not UTF-8
+      const capability = Buffer.from([0x01, 0x00, 0x00, 0x02, 0x00, 0x20, 0xff, 0xfe]);
+      const body = Buffer.concat([
+        Buffer.from(' SCHILY.xattr.security.capability='),
+        capability,
+        Buffer.from('\n'),
+      ]);
+      const binary = Buffer.concat([Buffer.from(String(body.length + 2)), body]);
+      expect(binary.length).toBe(body.length + 2);
+      const data = Buffer.concat([Buffer.from(records), binary]);
       const { error, root } = await extractInto(
         [
           tarHeader('PaxHeader', 'x', data.length),

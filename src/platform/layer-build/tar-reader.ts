@@ -88,11 +88,18 @@ function paxRecords(data: Buffer, refuse: (why: string) => never): Map<string, s
       refuse(`a pax record at byte ${offset} is malformed`);
     const eq = data.indexOf(0x3d, at + 1);
     if (eq < 0 || eq >= end - 1) refuse(`a pax record at byte ${offset} has no "="`);
-    records.set(utf8(data.subarray(at + 1, eq), refuse), utf8(data.subarray(eq + 1, end - 1), refuse));
+    const key = utf8(data.subarray(at + 1, eq), refuse);
+    const value = data.subarray(eq + 1, end - 1);
+    // names must be exact; other values are numbers, or bytes we do not use (an xattr's, such
+    // as a file capability, is binary)
+    records.set(key, NAME_KEYS.has(key) ? utf8(value, refuse) : value.toString('utf8'));
     offset = end;
   }
   return records;
 }
+
+/** The pax keys that hold names. */
+const NAME_KEYS = new Set(['path', 'linkpath']);
 
 const strictUtf8 = new TextDecoder('utf-8', { fatal: true });
 
