@@ -203,6 +203,7 @@ describe('archives under attack', () => {
         () => [
           { path: 'f', data: 'planted' },
           { path: 'out', type: 'symlink', linkTarget: host },
+          { path: `${host.slice(1)}/`, type: 'dir' },
           { path: 'out/planted', type: 'hardlink', linkTarget: 'f' },
         ],
       ],
@@ -1037,6 +1038,52 @@ ADD honest.tar /opt/
             buildLayerFromOci(env.platform.store, await file('zstd-bad.tar', dockerSave({ data: corrupt }))),
           /zstd|truncated|corrupt/,
         );
+      }));
+
+    it("follows a lower layer's symlinks inside the root when an image is flattened, as Docker does", () =>
+      attack('archive', "an upper layer's entry under a lower layer's symlink", async () => {
+        const lower = tarArchive([
+          { path: 'usr/lib/old', data: 'old\n' },
+          { path: 'usr/bin/', type: 'dir' },
+          { path: 'lib', type: 'symlink', linkTarget: 'usr/lib' },
+          { path: 'bin', type: 'symlink', linkTarget: '/usr/bin' },
+          // links out of the root, as an image may hold: followed, they stay inside it
+          { path: 'out', type: 'symlink', linkTarget: host },
+          { path: `${host.slice(1)}/`, type: 'dir' },
+          { path: 'up', type: 'symlink', linkTarget: '../../../..' },
+        ]);
+        const upper = tarArchive([
+          { path: 'lib/x', data: 'x\n' },
+          { path: 'lib/.wh.old' },
+          { path: 'lib/y', type: 'hardlink', linkTarget: 'lib/x' },
+          { path: 'bin/tool', data: 'tool\n' },
+          { path: 'out/planted', data: 'planted\n' },
+          { path: 'up/etc/escaped', data: 'escaped\n' },
+        ]);
+        const image = await file(
+          'lower-links.tar',
+          tarArchive([
+            {
+              path: 'manifest.json',
+              data: JSON.stringify([{ Config: 'config.json', Layers: ['l0/layer.tar', 'l1/layer.tar'] }]),
+            },
+            { path: 'config.json', data: '{"config":{}}' },
+            { path: 'l0/layer.tar', data: lower },
+            { path: 'l1/layer.tar', data: upper },
+          ]),
+        );
+        const before = fingerprint(host, '');
+        const { layer } = await buildLayerFromOci(env.platform.store, image);
+        expect(fingerprint(host, '')).toEqual(before);
+        await inLayers([layer.digest], (root) => {
+          expect(readlinkSync(join(root, 'lib'))).toBe('usr/lib');
+          expect(readlinkSync(join(root, 'bin'))).toBe('/usr/bin');
+          expect(readdirSync(join(root, 'usr/lib')).sort()).toEqual(['x', 'y']);
+          expect(statSync(join(root, 'usr/lib/y')).ino).toBe(statSync(join(root, 'usr/lib/x')).ino);
+          expect(readFileSync(join(root, 'usr/bin/tool'), 'utf8')).toBe('tool\n');
+          expect(readFileSync(join(root, host, 'planted'), 'utf8')).toBe('planted\n');
+          expect(readFileSync(join(root, 'etc/escaped'), 'utf8')).toBe('escaped\n');
+        });
       }));
 
     it('honest twin: an image repeating its empty layer builds', async () => {

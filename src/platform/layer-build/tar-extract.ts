@@ -156,22 +156,19 @@ async function extractEntries(
   const files = new Map<string, number>();
   const folders: [string, TarEntry][] = [];
   for (let entry = await reader.next(); entry; entry = await reader.next()) {
-    const rel = inTree(archive, entry.path);
-    const names = rel ? rel.split('/') : [];
+    const path = inTree(archive, entry.path);
+    const names = path ? path.split('/') : [];
     const name = names.pop() ?? '';
     // every entry counts, those skipped too: a million "./" entries are work as well
     budget.entry(archive, entry.path, names.length + 1, name.startsWith(WHITEOUT_PREFIX));
-    if (!rel) continue; // the archive's own root folder
+    if (!path) continue; // the archive's own root folder
     if (names.some((parent) => parent.startsWith(AUFS_META_PREFIX))) continue;
+    const dir = whiteouts === 'apply' ? await lowerParent(tree, names, created) : names.join('/');
     if (name.startsWith(WHITEOUT_PREFIX)) {
-      await applyWhiteout(
-        tree,
-        { archive, entry: entry.path, dir: names.join('/'), name },
-        whiteouts,
-        created,
-      );
+      await applyWhiteout(tree, { archive, entry: entry.path, dir, name }, whiteouts, created);
       continue;
     }
+    const rel = dir ? `${dir}/${name}` : name;
     const existing = await tree.lstat(rel);
     if (existing && !(entry.type === 'dir' && existing.isDirectory())) await tree.remove(rel);
     switch (entry.type) {
@@ -195,7 +192,11 @@ async function extractEntries(
         await tree.symlink(rel, entry.linkTarget, attributesOf(entry));
         break;
       case 'hardlink': {
-        const target = inTree(archive, entry.linkTarget);
+        const targetNames = inTree(archive, entry.linkTarget).split('/');
+        const targetName = targetNames.pop() ?? '';
+        const targetDir =
+          whiteouts === 'apply' ? await lowerParent(tree, targetNames, created) : targetNames.join('/');
+        const target = targetDir ? `${targetDir}/${targetName}` : targetName;
         const inode = files.get(target);
         if (inode === undefined)
           refuse(
@@ -215,6 +216,38 @@ async function extractEntries(
   }
   // a folder a later entry replaced or whited out is gone: nothing to set
   for (const [rel, entry] of folders.reverse()) await tree.setAttributes(rel, attributesOf(entry));
+}
+
+/**
+ * The folder an entry goes in when an image is flattened: a symlink a lower layer left on its
+ * path (`lib -> usr/lib` on merged /usr) is followed inside the root, as Docker's chrooted
+ * unpacking does, so the upper layer's `lib/x` lands in `usr/lib` and `lib` stays a link. A symlink
+ * this archive made is not followed: a write through it is refused, as a layer's own trick.
+ */
+async function lowerParent(
+  tree: RootedTree,
+  names: readonly string[],
+  created: Set<string>,
+): Promise<string> {
+  const dir = names.join('/');
+  if (!dir) return dir;
+  // the common case costs one walk: the folder is there (or missing) with no symlink on the way
+  const direct = await tree.lstat(dir).catch(() => null);
+  if (direct === undefined || direct?.isDirectory()) return dir;
+  let resolved: string[] = [];
+  for (const [i, name] of names.entries()) {
+    const candidate = [...resolved, name].join('/');
+    const stats = await tree.lstat(candidate).catch(() => undefined);
+    if (stats?.isSymbolicLink() && !created.has(candidate)) {
+      const real = await tree.realPath(candidate);
+      // a dangling link: left on the path, where the write is refused naming it
+      if (real === undefined) return [...resolved, ...names.slice(i)].join('/');
+      resolved = real ? real.split('/') : [];
+      continue;
+    }
+    resolved.push(name);
+  }
+  return resolved.join('/');
 }
 
 /** A whiteout entry: the folder it is in, and its name. */
