@@ -492,6 +492,9 @@ RUN mkdir -p /usr/mybin && ln -s usr/mybin /mybin && ln -s /usr/mybin /abs && ln
 COPY notes.txt /mybin/
 COPY notes.txt /abs/sub/
 COPY notes.txt /up/etc/escaped
+WORKDIR /app
+COPY notes.txt /app
+COPY notes.txt /abs
 `,
         );
         const { environment } = await build(file)();
@@ -502,6 +505,9 @@ COPY notes.txt /up/etc/escaped
           sub: readFileSync(join(root, 'usr/mybin/sub/notes.txt'), 'utf8'),
           // a link climbing out of the image resolves at its root, as Docker's does
           escaped: readFileSync(join(root, 'etc/escaped'), 'utf8'),
+          // a folder of the image named without a trailing slash is copied into, not replaced
+          app: readFileSync(join(root, 'app/notes.txt'), 'utf8'),
+          mybin: readdirSync(join(root, 'usr/mybin')).sort(),
         }));
         expect(seen).toEqual({
           link: 'usr/mybin',
@@ -509,6 +515,8 @@ COPY notes.txt /up/etc/escaped
           copied: 'notes\n',
           sub: 'notes\n',
           escaped: 'notes\n',
+          app: 'notes\n',
+          mybin: ['notes.txt', 'sub'],
         });
         expect(existsSync(join(host, 'etc'))).toBe(false);
       }));

@@ -737,17 +737,23 @@ async function copyPlan(
       try {
         const owner =
           chown === undefined ? { uid: 0, gid: 0 } : await resolveOwner(host, ownerLayers, chown, where);
-        const target = await resolveDestination(host, ownerLayers, destination, intoFolder, where);
+        const { target, intoFolder: into } = await resolveDestination(
+          host,
+          ownerLayers,
+          destination,
+          intoFolder,
+          where,
+        );
         await withRootedTree(root, `${where}: ${copy.kind}`, async (to) => {
           const options = {
             kind: copy.kind,
-            intoFolder,
+            intoFolder: into,
             where,
             budget: await storeBudget(host.store, deadlineAt),
           };
           const written =
             source.kind === 'heredocs'
-              ? await writeHeredocs(to, source.documents, target, intoFolder)
+              ? await writeHeredocs(to, source.documents, target, into)
               : source.kind === 'layers'
                 ? await host.withLayerStack(source.layers, (stageRoot) =>
                     withRootedTree(stageRoot, `${where}: --from`, async (from) =>
@@ -780,8 +786,10 @@ async function copyPlan(
 /**
  * Where COPY/ADD write in the stage: the destination with the image's own symlinks on it followed
  * inside the stage, as Docker does (`COPY x /bin/` on a merged-/usr base writes /usr/bin/x, and
- * keeps /bin the link it is). A file destination's own name is kept; what does not exist yet is
- * made as written. The result has no symlink of the stage on it and never leaves its root.
+ * keeps /bin the link it is). A file destination that is a folder of the stage (`COPY app.py
+ * /app` after `WORKDIR /app`) is copied into, as Docker does, never replaced by the file; what
+ * does not exist yet is made as written. The result has no symlink of the stage on it and never
+ * leaves its root.
  */
 async function resolveDestination(
   host: BuildHost,
@@ -789,17 +797,26 @@ async function resolveDestination(
   destination: string,
   intoFolder: boolean,
   where: string,
-): Promise<string> {
+): Promise<{ target: string; intoFolder: boolean }> {
   const names = destination.split('/').filter(Boolean);
-  const last = intoFolder ? [] : names.splice(-1);
-  if (layers.length === 0 || names.length === 0) return destination;
+  if (layers.length === 0 || names.length === 0) return { target: destination, intoFolder };
   return host.withLayerStack(layers, (root) =>
     withRootedTree(root, where, async (stage) => {
+      if (!intoFolder) {
+        const real = await stage.realPath(names.join('/'));
+        if (real !== undefined && (await stage.lstat(real))?.isDirectory())
+          return { target: `/${real}`, intoFolder: true };
+      }
+      const last = intoFolder ? [] : names.splice(-1);
       for (let known = names.length; known > 0; known--) {
         const real = await stage.realPath(names.slice(0, known).join('/'));
-        if (real !== undefined) return `/${[real, ...names.slice(known), ...last].filter(Boolean).join('/')}`;
+        if (real !== undefined)
+          return {
+            target: `/${[real, ...names.slice(known), ...last].filter(Boolean).join('/')}`,
+            intoFolder,
+          };
       }
-      return destination;
+      return { target: destination, intoFolder };
     }),
   );
 }
