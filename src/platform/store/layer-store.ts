@@ -1,6 +1,17 @@
 import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { copyFile, mkdir, readFile, readdir, rename, rm, stat, open, writeFile } from 'node:fs/promises';
+import {
+  copyFile,
+  mkdir,
+  readFile,
+  readdir,
+  rename,
+  rm,
+  stat,
+  statfs,
+  open,
+  writeFile,
+} from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { buildErofsImage, sha256OfFile, type LayerImage } from '../../backends/index.ts';
@@ -487,6 +498,9 @@ export interface StoreQuota {
   makeRoom: () => Promise<void>;
 }
 
+/** What the store's filesystem keeps free whatever an archive asks (other builds, the node's own files). */
+const UNPACK_RESERVE_BYTES = 2 * 2 ** 30;
+
 function mib(bytes: number): string {
   return `${(bytes / 2 ** 20).toFixed(1)} MiB`;
 }
@@ -668,6 +682,17 @@ export class ProjectStore {
 
   scratch(prefix: string): Promise<string> {
     return this.layers.scratch(prefix);
+  }
+
+  /**
+   * The most an archive unpacked for this project may write into scratch space: its store quota
+   * (the layer it makes must fit there anyway), and no more than the store's filesystem has free,
+   * less a reserve, so that no archive can fill the node's disk.
+   */
+  async unpackRoomBytes(): Promise<number> {
+    const fs = await statfs(this.root);
+    const free = Math.max(0, fs.bavail * fs.bsize - UNPACK_RESERVE_BYTES);
+    return Math.min(free, this.quota?.maxBytes ?? Infinity);
   }
 
   /** The layer a build step of this project with this cache key made, if it is still there. */
