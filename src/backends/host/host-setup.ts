@@ -35,6 +35,8 @@ const REQUIRED_PROGRAMS: Record<string, string> = {
   git: 'git',
   // FROM images pulled from OCI registries
   skopeo: 'skopeo',
+  // zstd-compressed layers of such images
+  zstd: 'zstd',
   // a swap file for hibernation (sandgym setup --swap-mib)
   mkswap: 'util-linux',
   swapon: 'mount',
