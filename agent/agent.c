@@ -29,6 +29,7 @@
 #include <sys/prctl.h>
 #include <time.h>
 #include <sys/signalfd.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "channel.h"
@@ -227,13 +228,60 @@ static void handle_exec(request *req) {
 
 static void shutdown_sandbox(void);
 
-/* A file call, made with the request's user as the agent's filesystem credentials (creds.c). */
-static void handle_file(request *req) {
-  if (!creds_enter_fs(&req->as)) return send_errno(req->id, errno, "cannot act as the request's user");
+static void do_file(request *req) {
   if (mp_item_is(&req->op, "read")) file_read(req->id, &req->path, req->max_bytes);
   else if (mp_item_is(&req->op, "write")) file_write(req->id, &req->path, &req->data, (uint32_t)req->mode);
   else file_list(req->id, &req->path);
-  creds_leave_fs(&req->as);
+}
+
+/* A file call. The platform's own (no user) runs here, as root. One with a user runs in a child
+ * that has taken on the user's ids with no capabilities (creds_become): procfs and sysfs decide
+ * on credentials and capabilities rather than modes, and /proc/1 is the agent itself, so only a
+ * separate process with the user's rights reads them as the user would. The child writes its
+ * reply to a pipe; the agent forwards it only when the child ended well, so nothing the call
+ * meets can put half a frame on the channel. */
+static void handle_file(request *req) {
+  if (req->as.uid < 0) return do_file(req);
+  int pipefd[2];
+  if (pipe2(pipefd, O_CLOEXEC) < 0) return send_errno(req->id, errno, "cannot start the file call");
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(pipefd[0]);
+    close(pipefd[1]);
+    return send_errno(req->id, errno, "cannot start the file call");
+  }
+  if (pid == 0) {
+    close(pipefd[0]);
+    channel_init(pipefd[1]);
+    if (!creds_become(&req->as)) send_errno(req->id, errno, "cannot act as the request's user");
+    else do_file(req);
+    _exit(0);
+  }
+  close(pipefd[1]);
+  size_t len = 0, cap = 65536;
+  uint8_t *buf = malloc(cap);
+  for (;;) {
+    if (buf && len == cap) {
+      uint8_t *grown = cap < (size_t)CHANNEL_MAX_FRAME * 2 ? realloc(buf, cap * 2) : NULL;
+      if (!grown) free(buf);
+      buf = grown;
+      cap *= 2;
+    }
+    uint8_t sink[4096];
+    ssize_t k = buf ? read(pipefd[0], buf + len, cap - len) : read(pipefd[0], sink, sizeof sink);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) break;
+    if (buf) len += (size_t)k;
+  }
+  close(pipefd[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+  /* exactly one whole frame, from a child that exited: anything else is the call's error */
+  bool whole = buf && len >= 4 && WIFEXITED(status) && WEXITSTATUS(status) == 0 &&
+               ((size_t)buf[0] << 24 | (size_t)buf[1] << 16 | (size_t)buf[2] << 8 | buf[3]) == len - 4;
+  if (whole) channel_write_raw(buf, len);
+  else send_error(req->id, "io_error", "the file call ended without a reply");
+  free(buf);
 }
 
 /* An ok that says which protocol this agent speaks: what a channel reopened to it learns it from. */

@@ -31,9 +31,33 @@ static void write_all(const uint8_t *p, size_t n) {
 
 void channel_write_raw(const uint8_t *p, size_t n) { write_all(p, n); }
 
+/* The request id of a reply the writer holds (reply_begin wrote its type, then its id). */
+static bool reply_id(const mp_writer *w, uint32_t *id) {
+  mp_reader r = {.p = w->data, .end = w->data + (w->len < 64 ? w->len : 64)};
+  mp_item it;
+  if (!mp_next(&r, &it) || it.type != MP_MAP) return false;
+  for (uint32_t i = 0; i < 2; i++) {
+    mp_item key, value;
+    if (!mp_next(&r, &key) || !mp_next(&r, &value)) return false;
+    if (mp_item_is(&key, "id") && value.type == MP_INT && value.i >= 0 && value.i <= UINT32_MAX) {
+      *id = (uint32_t)value.i;
+      return true;
+    }
+  }
+  return false;
+}
+
 void channel_send(mp_writer *w) {
   if (w->failed) {
     mp_writer_free(w);
+    return;
+  }
+  if (w->len > CHANNEL_MAX_FRAME) {
+    /* a reply the host could not take would end the sandbox: it becomes that call's error */
+    uint32_t id;
+    bool known = reply_id(w, &id);
+    mp_writer_free(w);
+    if (known) send_error(id, "reply_too_large", "the reply would not fit in one channel frame");
     return;
   }
   uint8_t header[4] = {(uint8_t)(w->len >> 24), (uint8_t)(w->len >> 16), (uint8_t)(w->len >> 8), (uint8_t)w->len};

@@ -1,22 +1,19 @@
-/* Filesystem credentials around one file call. The agent serves one request at a time from one
- * thread, so switching its own fsuid, fsgid and groups for the call is safe and costs four
- * system calls (a child that drops to the user would cost a fork). While the fsuid is not 0 the
- * kernel takes the filesystem capabilities (CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_CHOWN, CAP_FSETID…)
- * out of the effective set, so opens, the folders a write makes, its temp file and its rename are
- * checked as the user's and what they create is the user's. The real and saved uids stay 0, so no
- * process of the sandbox may signal or trace the agent meanwhile, and the fsuid change keeps it
- * not dumpable. */
+/* Who a file call acts as. A call with a user runs in a child of the agent made to be that user
+ * (see handle_file in agent.c): the user's gid and groups, and the user's uid as its effective
+ * (and so filesystem) uid, with no capabilities at all, so every check the kernel makes, modes as
+ * much as procfs's and sysfs's checks of credentials and capabilities, is the user's. Its real
+ * and saved uids stay 0, so no process of the user's may signal it, and it is not dumpable, so
+ * none may trace it or open its memory. */
 #define _GNU_SOURCE
 #include "creds.h"
 
 #include <errno.h>
 #include <grp.h>
-#include <stdio.h>
-#include <sys/fsuid.h>
+#include <linux/capability.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
-
-static gid_t own_groups[CREDS_MAX_GROUPS];
-static int own_ngroups;
 
 bool creds_read_groups(mp_reader *r, const mp_item *array, creds *c) {
   bool ok = array->len <= CREDS_MAX_GROUPS;
@@ -36,26 +33,25 @@ bool creds_read_groups(mp_reader *r, const mp_item *array, creds *c) {
   return ok;
 }
 
-bool creds_enter_fs(const creds *c) {
-  if (c->uid < 0) return true;
-  own_ngroups = getgroups(CREDS_MAX_GROUPS, own_groups);
-  if (own_ngroups < 0) return false;
-  if (setgroups(c->ngroups, c->groups) < 0) return false;
-  setfsgid((gid_t)c->gid);
-  setfsuid((uid_t)c->uid);
-  /* both calls answer with the previous id whether or not they worked: ask again */
-  if ((gid_t)setfsgid((gid_t)-1) == (gid_t)c->gid && (uid_t)setfsuid((uid_t)-1) == (uid_t)c->uid) return true;
-  creds_leave_fs(c);
-  errno = EPERM;
-  return false;
-}
-
-void creds_leave_fs(const creds *c) {
-  if (c->uid < 0) return;
-  setfsuid(0);
-  setfsgid(0);
-  if (setfsuid((uid_t)-1) != 0 || setfsgid((gid_t)-1) != 0 || setgroups((size_t)own_ngroups, own_groups) < 0) {
-    dprintf(2, "sandgym-agent: cannot take back root's credentials after a file call\n");
-    _exit(113);
+bool creds_become(const creds *c) {
+  if (c->gid < 0) {
+    errno = EINVAL;
+    return false;
   }
+  if (setgroups(c->ngroups, c->groups) < 0 || setresgid((gid_t)c->gid, (gid_t)c->gid, (gid_t)c->gid) < 0) return false;
+  /* the real and saved uids stay 0: no process of the user's may signal this one */
+  if (setresuid(0, (uid_t)c->uid, 0) < 0) return false;
+  /* the euid change emptied the effective set; empty the others too, so none can come back */
+  struct __user_cap_header_struct header = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+  struct __user_cap_data_struct none[2];
+  memset(none, 0, sizeof none);
+  if (syscall(SYS_capset, &header, none) < 0) return false;
+  prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+  /* a credential change may make a process dumpable again (fs.suid_dumpable): never this one */
+  if (prctl(PR_SET_DUMPABLE, 0) < 0) return false;
+  if (geteuid() != (uid_t)c->uid || getegid() != (gid_t)c->gid) {
+    errno = EPERM;
+    return false;
+  }
+  return true;
 }

@@ -1,6 +1,6 @@
 /* Who a request acts as: the uid, gid and supplementary groups the host resolved from the
- * sandbox's own /etc/passwd and /etc/group. Commands run with them; file calls are made with them
- * as the agent's filesystem credentials, so the kernel's own checks apply to every path. */
+ * sandbox's own /etc/passwd and /etc/group. Commands and file calls run with them, so the kernel's
+ * own checks apply to every path. */
 #ifndef SANDGYM_CREDS_H
 #define SANDGYM_CREDS_H
 
@@ -21,9 +21,8 @@ typedef struct {
 
 /* Reads a request's `groups` array into c; false (the reader past the array) when it is bad. */
 bool creds_read_groups(mp_reader *r, const mp_item *array, creds *c);
-/* Takes on c's filesystem credentials for one file call; false (with errno) when it cannot. */
-bool creds_enter_fs(const creds *c);
-/* Goes back to the agent's own; a failure ends the agent rather than serve root's calls as a user. */
-void creds_leave_fs(const creds *c);
+/* Makes this process (a child forked for one file call) c's user, with no capabilities; false
+ * (with errno) when it cannot. There is no way back. */
+bool creds_become(const creds *c);
 
 #endif

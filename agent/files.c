@@ -225,14 +225,42 @@ void file_write(uint32_t id, const mp_item *path, const mp_item *data, uint32_t 
   send_ok(id);
 }
 
+/* Makes rel's parent folders as root's own: each a folder (never a symlink) that root owns and no
+ * one else may write, made 0755 where missing. 0, or an errno. */
+static int root_parents(char *rel) {
+  for (char *slash = strchr(rel, '/'); slash; slash = strchr(slash + 1, '/')) {
+    *slash = 0;
+    if (mkdirat(root_fd, rel, 0755) < 0 && errno != EEXIST) {
+      *slash = '/';
+      return errno;
+    }
+    int fd = open_in_root(rel, O_PATH | O_DIRECTORY | O_NOFOLLOW, 0);
+    *slash = '/';
+    struct stat st;
+    bool own = fd >= 0 && fstat(fd, &st) == 0 && st.st_uid == 0 && !(st.st_mode & 022);
+    if (fd >= 0) close(fd);
+    if (!own) return EPERM;
+  }
+  return 0;
+}
+
 int files_put(const char *path, const char *text, uint32_t mode) {
   follow_root();
   char rel[4096];
   mp_item item = {.type = MP_STR, .ptr = (const uint8_t *)path, .len = (uint32_t)strlen(path)};
   if (checked_path(&item, rel, sizeof rel)) return EINVAL;
+  /* the agent's own file: nothing the sandbox made may stand in for its folders (a symlink to
+   * /etc, a folder a user could write and so fill with a value of its own) */
+  int err = root_parents(rel);
+  if (err) return err;
   const char *what;
   return write_whole(rel, (const uint8_t *)text, strlen(text), mode, &what);
 }
+
+/* A listing stops at this many entries or bytes of entries, far below the channel's frame limit
+ * (a folder of millions of long names would not fit in one reply) and says it stopped. */
+#define LIST_MAX_ENTRIES 50000u
+#define LIST_MAX_BYTES (16u << 20)
 
 static const char *type_name(mode_t mode) {
   if (S_ISREG(mode)) return "file";
@@ -256,8 +284,13 @@ void file_list(uint32_t id, const mp_item *path) {
   mp_writer entries;
   mp_writer_init(&entries);
   uint32_t count = 0;
+  bool truncated = false;
   for (struct dirent *e; (e = readdir(dir));) {
     if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+    if (count >= LIST_MAX_ENTRIES || entries.len >= LIST_MAX_BYTES) {
+      truncated = true;
+      break;
+    }
     struct stat st;
     if (fstatat(dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) continue;
     mp_map(&entries, 4);
@@ -274,7 +307,11 @@ void file_list(uint32_t id, const mp_item *path) {
   closedir(dir);
   /* the entries were encoded apart because their count is known only at the end */
   mp_writer w;
-  reply_begin(&w, "ok", id, 1);
+  reply_begin(&w, "ok", id, truncated ? 2 : 1);
+  if (truncated) {
+    mp_str(&w, "truncated");
+    mp_bool(&w, true);
+  }
   mp_str(&w, "entries");
   mp_array(&w, count);
   mp_raw(&w, entries.data, entries.len);

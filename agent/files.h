@@ -12,7 +12,8 @@ bool files_reopen_root(void);
 void file_read(uint32_t id, const mp_item *path, uint64_t max_bytes);
 void file_write(uint32_t id, const mp_item *path, const mp_item *data, uint32_t mode);
 void file_list(uint32_t id, const mp_item *path);
-/* The agent's own write of a whole file (an absolute path), as file_write makes it: 0 or an errno. */
+/* The agent's own write of a whole file (an absolute path), as file_write makes it, in folders
+ * only root may change (else EPERM): 0 or an errno. */
 int files_put(const char *path, const char *text, uint32_t mode);
 
 #endif

@@ -30,6 +30,7 @@ export type {
   CallOptions,
   CheckpointOptions,
   DirEntry,
+  DirListing,
   ExecOptions,
   ExecResult,
   ExecStream,

@@ -19,6 +19,7 @@ export type {
   CallOptions,
   CheckpointOptions,
   DirEntry,
+  DirListing,
   ExecChunk,
   ExecOptions,
   ExecResult,

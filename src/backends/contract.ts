@@ -166,6 +166,12 @@ export interface DirEntry {
   mode: number;
 }
 
+/**
+ * A folder's entries. `truncated`: the folder holds more than one reply may carry (the agent lists
+ * at most 50,000 entries or 16 MiB of them), and these are only some of them.
+ */
+export type DirListing = DirEntry[] & { truncated?: boolean };
+
 /** What {@link BackendSandbox.hibernate} did, as measured. */
 export interface HibernateReport {
   /**
@@ -281,7 +287,7 @@ export interface BackendSandbox extends AsyncDisposable {
   execStream(argv: string[], options?: ExecOptions): ExecStream;
   readFile(path: string, options?: ReadFileOptions): Promise<Buffer>;
   writeFile(path: string, data: string | Uint8Array, options?: WriteFileOptions): Promise<void>;
-  listDir(path: string, options?: ListDirOptions): Promise<DirEntry[]>;
+  listDir(path: string, options?: ListDirOptions): Promise<DirListing>;
   pause(options?: CallOptions): Promise<void>;
   /**
    * Frees the sandbox's memory while keeping it: frozen, then its memory pushed out as far as the

@@ -20,6 +20,7 @@ export type {
   BackendSandbox,
   CallOptions,
   DirEntry,
+  DirListing,
   ExecChunk,
   ExecOptions,
   ExecResult,

@@ -65,6 +65,12 @@ export interface SandboxEnvOptions {
 }
 
 /**
+ * The label a sandbox made by an env with a user carries: who its agent acts as (a caller's own
+ * label, not a reserved one: it only says who an env that attaches and names no user acts as).
+ */
+export const AGENT_USER_LABEL = 'agent-user';
+
+/**
  * A gym environment over one sandbox: each reset starts a fresh sandbox, each step is an action
  * in it, run by the platform where the sandbox runs and recorded in its trajectory log exactly
  * once: a client that crashed and retries, or another client that attaches, fast-forwards over
@@ -138,8 +144,11 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
     if (this.isClosed)
       throw new SandgymError('failed_precondition', 'Cannot reset: the environment is closed');
     await this.releaseSandbox();
+    const request = this.options.sandbox ?? {};
+    const user = this.options.user;
     const sandbox = await this.platform.createSandbox(
-      this.options.sandbox ?? {},
+      // the user goes with the sandbox: whoever attaches to it later acts as that user too
+      user === undefined ? request : { ...request, labels: { ...request.labels, [AGENT_USER_LABEL]: user } },
       options.signal ? { signal: options.signal } : {},
     );
     this.sandbox = sandbox;
@@ -215,9 +224,14 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
     return { ...result, info };
   }
 
-  /** Who the agent acts as in `sandbox`: the env's user, else its environment's USER. */
+  /**
+   * Who the agent acts as in `sandbox`: the env's user, else the one the env that made the
+   * sandbox named (a task's agent user), else its environment's USER.
+   */
   private userOf(sandbox: Sandbox): Promise<string> {
     if (this.options.user !== undefined) return Promise.resolve(this.options.user);
+    const named = sandbox.labels[AGENT_USER_LABEL];
+    if (named !== undefined) return Promise.resolve(named);
     const environment = sandbox.labels['environment'];
     if (!environment) return Promise.resolve('root');
     let user = this.environmentUsers.get(environment);

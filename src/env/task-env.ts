@@ -15,7 +15,8 @@ import type {
   StepInfo,
   StepResult,
 } from './environment.ts';
-import type { SandboxAction, SandboxObservation } from '../platform/index.ts';
+import type { SandboxAction, SandboxObservation, StepOutcome } from '../platform/index.ts';
+import { oraclePlan } from './oracle-plan.ts';
 import { SandboxEnv, type DiskCheckpointRef, type MemoryCheckpointRef } from './sandbox-env.ts';
 import { TaskError, checkTaskLimits, taskStorageStem, type Task } from './tasks/task.ts';
 import { HARBOR_SOLUTION_DIR } from './tasks/harbor.ts';
@@ -47,7 +48,50 @@ const INFRA_CODES = ['node_lost', 'admission_rejected', 'platform_error'] as con
  * serves every episode of every task on them in this process.
  */
 const probed = new Map<string, Promise<InterpreterFacts>>();
-const PROBE_CACHE_SIZE = 256;
+
+/**
+ * Whether a task's verifier passes its oracle, per loaded task (its tests and oracle are part of
+ * it, not of its layers) and layer stack: asked only when grading fails alike with and without
+ * the agent's changes, and the same in every episode of the task.
+ */
+const oracleVerdicts = new WeakMap<Task, Map<string, Promise<OracleVerdict>>>();
+
+/** Whether the verifier passes the task's oracle, and if not, what the oracle's run said. */
+interface OracleVerdict {
+  passes: boolean;
+  why: string;
+}
+
+/** The most entries each of the caches above keeps; the oldest go first. */
+const CACHE_SIZE = 256;
+
+/** `make()`'s promise for `key`, made once while it is cached; a rejected one is forgotten. */
+function cachedPromise<T>(cache: Map<string, Promise<T>>, key: string, make: () => Promise<T>): Promise<T> {
+  let value = cache.get(key);
+  if (!value) {
+    value = make();
+    cache.set(key, value);
+    value.catch(() => cache.delete(key));
+    if (cache.size > CACHE_SIZE) cache.delete(cache.keys().next().value ?? key);
+  }
+  return value;
+}
+
+/** How much of a failing verifier's output a `verifier_error`'s message carries. */
+const LAST_WORDS_CHARS = 1500;
+
+/** The end of what a verifier printed before an anomaly, for the message of a `verifier_error`. */
+function lastWords(error: unknown): string {
+  if (!(error instanceof GradingAnomaly) || !error.output) return '';
+  const tail = `${error.output.stdoutTail}\n${error.output.stderrTail}`.trim().slice(-LAST_WORDS_CHARS);
+  return tail ? `. Without the agent's changes, the verifier's output ended with:\n${tail}` : '';
+}
+
+/** An outcome in a few words, for a message. */
+function outcomeText(reward: number, outcome: StepOutcome): string {
+  if (outcome.kind === 'ok') return `reward ${reward}`;
+  return `${outcome.kind}: ${outcome.message}`;
+}
 
 /** The name a task's Dockerfile build is stored under. */
 function taskEnvironmentName(task: Task): string {
@@ -131,6 +175,8 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
   private services: TaskServices | undefined;
   /** What grading takes from the agent's diff: known once a clean sandbox was probed. */
   private scope: GradingScope = BASE_SCOPE;
+  /** Set once this episode is the oracle's: its solution is in the sandbox. */
+  private solutionStaged = false;
 
   private constructor(
     private readonly platform: PlatformClient,
@@ -228,11 +274,15 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     return this.start(`${environment.name}:${environment.version}`, this.task.agentTimeoutMs, options);
   }
 
-  /** Starts the agent's sandbox from a stored environment, with `budgetMs` of agent time. */
+  /**
+   * Starts the agent's sandbox from a stored environment, with `budgetMs` of agent time;
+   * `restoring` when that environment is a disk checkpoint of an episode.
+   */
   private async start(
     environment: string,
     budgetMs: number,
     options: ResetOptions,
+    restoring = false,
   ): Promise<ResetResult<TaskObservation, TaskResetInfo>> {
     if (this.isClosed)
       throw new SandgymError('failed_precondition', 'Cannot reset: the environment is closed');
@@ -262,11 +312,17 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
       this.workdir(),
       this.taskExclusions(),
     );
-    await sandbox.exec(['mkdir', '-p', '/logs/agent', '/logs/artifacts']);
-    const agentUser = this.userOf(this.task.agentUser);
-    // the agent's own log folders are its to write, as Harbor mounts them for it
-    if (!isRoot(agentUser)) await sandbox.exec(['chown', '-R', agentUser, '/logs/agent', '/logs/artifacts']);
-    if (this.task.setupScript !== undefined) await this.runSetupScript(sandbox, this.task.setupScript);
+    // A checkpoint's files already hold what setup did. Setup runs as root, so run again over the
+    // agent's files it would follow the agent's symlinks (a chown or a write onto /etc/shadow),
+    // and a script that is not idempotent would fail: it runs only in a fresh episode.
+    if (!restoring) {
+      await sandbox.exec(['mkdir', '-p', '/logs/agent', '/logs/artifacts']);
+      const agentUser = this.userOf(this.task.agentUser);
+      // the agent's own log folders are its to write, as Harbor mounts them for it
+      if (!isRoot(agentUser))
+        await sandbox.exec(['chown', '-R', agentUser, '/logs/agent', '/logs/artifacts']);
+      if (this.task.setupScript !== undefined) await this.runSetupScript(sandbox, this.task.setupScript);
+    }
     // the stage boundary: the same sandbox, the agent stage's rules
     await sandbox.setNetwork(this.task.network.agent);
     this.deadline = Date.now() + budgetMs;
@@ -286,6 +342,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     const oracle = this.task.oracle;
     if (oracle?.kind === 'shell') await sandbox.writeFile(oracle.path, oracle.script, { mode: 0o755 });
     // a reference program or a patch the oracle writes as any agent would
+    this.solutionStaged = true;
     if (oracle?.kind !== 'script') return;
     await stageFolder(sandbox, oracle.dir, HARBOR_SOLUTION_DIR);
     const user = this.userOf(this.task.agentUser);
@@ -325,15 +382,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     layers: readonly { digest: string }[],
     probe: () => Promise<InterpreterFacts>,
   ): Promise<InterpreterFacts> {
-    const key = layers.map((layer) => layer.digest).join(',');
-    let facts = probed.get(key);
-    if (!facts) {
-      facts = probe();
-      probed.set(key, facts);
-      facts.catch(() => probed.delete(key));
-      if (probed.size > PROBE_CACHE_SIZE) probed.delete(probed.keys().next().value ?? key);
-    }
-    return facts;
+    return cachedPromise(probed, layers.map((layer) => layer.digest).join(','), probe);
   }
 
   /** Who runs as `taskUser` when the task names one, else the image's USER; root is the default. */
@@ -464,9 +513,12 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
       return { ...opened, info: { ...opened.info, restoredFrom: checkpoint } };
     }
     await this.prepare();
-    const restored = await this.start(checkpoint.environment, checkpoint.budgetLeftMs, {
-      options: { episodeId: `${checkpoint.episodeId}@${checkpoint.environment}` },
-    });
+    const restored = await this.start(
+      checkpoint.environment,
+      checkpoint.budgetLeftMs,
+      { options: { episodeId: `${checkpoint.episodeId}@${checkpoint.environment}` } },
+      true,
+    );
     this.base = checkpoint.environment;
     this.earlierTampering = checkpoint.tampered;
     return { ...restored, info: { ...restored.info, restoredFrom: checkpoint } };
@@ -623,11 +675,69 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
           control: "the verifier shows the same without the agent's changes: it is the verifier's way",
         },
       };
+    // Both runs failed alike: either the verifier is broken, or the task's starting state fails
+    // its tests before they can report (a stub that does not compile), which the harness scores 0.
+    // Only a run of the oracle tells the two apart; without one, the verifier takes the blame.
+    const oracle = await this.oracleVerdict(clean);
+    if (oracle.passes)
+      return {
+        reward: 0,
+        details: {
+          reason: `unresolved: the tests fail the same way with the agent's changes (${anomaly}) and on the task's starting state (${messageOf(control)}), and they pass the task's oracle, so the verifier works`,
+          anomaly,
+          control: "the task's starting state fails the same way; its oracle passes",
+        },
+      };
     throw new SandgymError(
       'failed_precondition',
-      `The verifier of task ${this.task.id} failed with the agent's changes (${anomaly}) and without them too (${messageOf(control)}): the verifier is at fault`,
+      `The verifier of task ${this.task.id} failed with the agent's changes (${anomaly}) and without them too (${messageOf(control)}), ${oracle.why}: the verifier is at fault${lastWords(control)}`,
       { cause: control },
     );
+  }
+
+  /**
+   * Whether the task's verifier passes its own oracle (run once per task and environment in this
+   * process, in an env of its own). Never from the oracle's own episode: there, a failure is the
+   * verifier's.
+   */
+  private oracleVerdict(clean: string): Promise<OracleVerdict> {
+    if (this.solutionStaged) return Promise.resolve({ passes: false, why: "and this is the task's oracle" });
+    if (!this.task.oracle)
+      return Promise.resolve({ passes: false, why: 'and the task has no oracle to tell' });
+    const stack = this.built?.layers.join(',') ?? clean;
+    let verdicts = oracleVerdicts.get(this.task);
+    if (!verdicts) {
+      verdicts = new Map<string, Promise<OracleVerdict>>();
+      oracleVerdicts.set(this.task, verdicts);
+    }
+    return cachedPromise(verdicts, stack, () =>
+      this.runOracle().then(
+        ({ reward, outcome }) =>
+          outcome.kind === 'ok' && reward > 0
+            ? { passes: true, why: '' }
+            : { passes: false, why: `and so does the task's oracle (${outcomeText(reward, outcome)})` },
+        (error: unknown) => ({
+          passes: false,
+          why: `and the task's oracle could not run (${messageOf(error)})`,
+        }),
+      ),
+    );
+  }
+
+  /** One episode of the task's oracle, graded: what `sandgym check` runs, from inside grading. */
+  private async runOracle(): Promise<{ reward: number; outcome: StepOutcome }> {
+    const oracle = TaskEnv.create(this.platform, this.task, this.options);
+    try {
+      await oracle.reset();
+      await oracle.stageSolution();
+      for (const action of [...oraclePlan(this.task), { type: 'submit' } as const]) {
+        const { reward, outcome, terminated, truncated } = await oracle.step(action);
+        if (outcome.kind !== 'ok' || terminated || truncated) return { reward, outcome };
+      }
+      return { reward: 0, outcome: { kind: 'ok' } };
+    } finally {
+      await oracle.close();
+    }
   }
 
   /** Runs the verifiers in a fresh grader of `environment` plus `extraLayers`, within the grading deadline. */
@@ -676,6 +786,9 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
   async close(): Promise<void> {
     if (this.isClosed) return;
     this.isClosed = true;
+    // off its services' network before its sandbox ends (and its shell may go back to the pool)
+    const agent = this.inner?.current;
+    if (agent) await this.services?.leave(agent).catch(() => undefined);
     await this.inner?.close();
     await this.services?.close();
   }

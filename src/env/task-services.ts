@@ -1,4 +1,4 @@
-import { SandgymError, messageOf } from '../common/index.ts';
+import { SandgymError, isSandgymError, messageOf } from '../common/index.ts';
 import {
   hostPlatformOf,
   type HostPlatform,
@@ -7,7 +7,7 @@ import {
   type Sandbox,
   type SandboxGroupNetwork,
 } from '../platform/index.ts';
-import { taskStorageStem, type Task, type TaskService } from './tasks/task.ts';
+import { TaskError, taskStorageStem, type Task, type TaskService } from './tasks/task.ts';
 
 /** How long a service may take to listen on the ports its image exposes. */
 const READY_TIMEOUT_MS = 60_000;
@@ -196,12 +196,15 @@ async function serviceEnvironment(
     notes.push(...built.notes.map((n) => `service ${service.name}: ${n}`));
     return built.environment;
   } catch (error) {
-    throw new SandgymError(
-      'invalid_argument',
-      `Task ${task.id}: service "${service.name}": ${messageOf(error)}`,
-      {
-        cause: error,
-      },
+    // a service's Dockerfile or image is the task author's, as the main one is: their error, named
+    throw TaskError.fromPreparing(
+      task.id,
+      isSandgymError(error)
+        ? new SandgymError(error.code, `service "${service.name}": ${messageOf(error)}`, {
+            cause: error,
+            retryable: error.retryable,
+          })
+        : error,
     );
   }
 }

@@ -9,7 +9,7 @@ import { callOptionsOf } from '../backends/index.ts';
 import type {
   BackendName,
   CallOptions,
-  DirEntry,
+  DirListing,
   ExecChunk,
   ExecOptions,
   ExecResult,
@@ -195,13 +195,12 @@ export class RemoteSandbox implements Sandbox {
     );
   }
 
-  async listDir(path: string, options: ListDirOptions = {}): Promise<DirEntry[]> {
+  async listDir(path: string, options: ListDirOptions = {}): Promise<DirListing> {
     const user = options.user === undefined ? {} : { user: options.user };
-    return (
-      await this.guard(() =>
-        this.client.call('ListDir', { sandboxId: this.id, path, ...user }, callOptionsOf(options)),
-      )
-    ).entries;
+    const { entries, truncated } = await this.guard(() =>
+      this.client.call('ListDir', { sandboxId: this.id, path, ...user }, callOptionsOf(options)),
+    );
+    return truncated ? Object.assign(entries, { truncated }) : entries;
   }
 
   async pause(options: CallOptions = {}): Promise<void> {

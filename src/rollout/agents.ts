@@ -3,7 +3,7 @@ import { readFile } from 'node:fs/promises';
 import { resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { SandgymError } from '../common/index.ts';
-import { HARBOR_SOLUTION_DIR, type SandboxAction } from '../env/index.ts';
+import { oraclePlan, type SandboxAction } from '../env/index.ts';
 import type { Agent } from './agent-types.ts';
 import { openAiAgent, type OpenAiAgentOptions } from './llm-agent.ts';
 
@@ -11,38 +11,13 @@ export type { Agent, AgentContext, AgentDecision } from './agent-types.ts';
 export { AgentError, decisionOf } from './agent-types.ts';
 
 /**
- * The oracle: for a Harbor task, runs solve.sh from the solution folder the platform staged at
- * /solution, as Harbor does, from the image's working directory (solutions write relative paths
- * such as `answer.txt` and expect them in WORKDIR), through bash whether or not it is executable;
- * for a Terminal-Bench task, runs its staged solution script with bash, also from WORKDIR; for an
- * OJ problem, writes the reference program; for SWE-bench, applies the gold patch. Then it
- * submits. Its actions run as the task's agent user, as any agent's do.
+ * The oracle: takes the task's {@link oraclePlan} (its solution, run as the task's agent user, as
+ * any agent's actions are), then submits.
  */
 export function oracleAgent(): Agent {
   let plan: SandboxAction[] | undefined;
   const oracle: Agent = (_observation, { task, stepIndex }) => {
-    if (!plan) {
-      plan = [];
-      const oracle = task.oracle;
-      if (oracle?.kind === 'program')
-        plan.push({ type: 'write_file', path: oracle.path, content: oracle.content });
-      if (oracle?.kind === 'patch') {
-        plan.push({ type: 'write_file', path: '/tmp/sandgym-oracle.patch', content: oracle.patch });
-        plan.push({
-          type: 'exec',
-          command: ['git', '-C', oracle.repoPath, 'apply', '/tmp/sandgym-oracle.patch'],
-        });
-        plan.push({ type: 'exec', command: ['rm', '-f', '/tmp/sandgym-oracle.patch'] });
-      }
-      if (oracle?.kind === 'script') {
-        plan.push({
-          type: 'exec',
-          command: `if command -v bash >/dev/null; then bash ${HARBOR_SOLUTION_DIR}/solve.sh; else sh ${HARBOR_SOLUTION_DIR}/solve.sh; fi`,
-          ...(oracle.env && Object.keys(oracle.env).length ? { env: oracle.env } : {}),
-        });
-      }
-      if (oracle?.kind === 'shell') plan.push({ type: 'exec', command: ['bash', oracle.path] });
-    }
+    plan ??= oraclePlan(task);
     return Promise.resolve(plan[stepIndex] ?? { type: 'submit' });
   };
   return Object.assign(oracle, { isOracle: true });

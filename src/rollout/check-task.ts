@@ -75,17 +75,21 @@ export async function checkTask(platform: PlatformClient, task: Task): Promise<C
     await using env = TaskEnv.create(platform, task);
     await env.reset();
     const hidden = [...task.hiddenPaths, '/logs/verifier'];
-    // each path is passed as an argument, never spliced into the shell line
+    // each path is passed as an argument, never spliced into the shell line; an empty folder is
+    // no leak: Dockerfiles `mkdir -p /tests` for the harness to copy into later
     const probe = await env.sandbox!.exec([
       'sh',
       '-c',
-      'for p in "$@"; do [ -e "$p" ] && echo "$p"; done; true',
+      'for p in "$@"; do if [ -d "$p" ] && [ ! -L "$p" ] && [ -z "$(ls -A "$p")" ]; then echo "empty $p"; elif [ -e "$p" ] || [ -L "$p" ]; then echo "seen $p"; fi; done; true',
       'probe',
       ...hidden,
     ]);
-    const visible = probe.stdout.split('\n').filter(Boolean);
-    if (visible.length) throw new Error(`the agent can see ${visible.join(', ')}`);
-    return `none of ${hidden.join(', ')} in the agent sandbox`;
+    const found = probe.stdout.split('\n').filter(Boolean);
+    const seen = found.filter((line) => line.startsWith('seen ')).map((line) => line.slice(5));
+    const empty = found.filter((line) => line.startsWith('empty ')).map((line) => line.slice(6));
+    if (seen.length) throw new Error(`the agent can see ${seen.join(', ')}`);
+    const emptyNote = empty.length ? ` (${empty.join(', ')}: empty folders the image made)` : '';
+    return `nothing of ${hidden.join(', ')} in the agent sandbox${emptyNote}`;
   });
   await check('reset is deterministic', async () => {
     await using env = TaskEnv.create(platform, task);

@@ -137,6 +137,19 @@ export function generateArchive(random: () => number, { box }: FuzzBox): TestTar
     },
     // paths longer than a layer can hold
     () => push({ path: Array.from({ length: 18 }, () => 'P'.repeat(240)).join('/'), data: 'deep' }),
+    // folders nested past the tree's bound (256), as a file, a folder or a whiteout at the bottom
+    () =>
+      push({
+        path: `${'d/'.repeat(250 + Math.floor(random() * 20))}${pick(['f', 'sub/', '.wh.f'])}`,
+        type: 'file',
+        data: 'deep',
+      }),
+    // an absolute name, and a hard link to it by its absolute name: both beneath the root
+    () => {
+      const target = `/${path().replace(/^[./]+/, '')}`;
+      push({ path: target, data: 'absolute' });
+      push({ path: path(), type: 'hardlink', linkTarget: target });
+    },
     // plain entries
     () => {
       const type = pick(['file', 'file', 'dir', 'symlink', 'hardlink'] as const);

@@ -9,14 +9,19 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { isSandgymError } from '../../src/common/index.ts';
 import { buildLayerFromOci, buildLayerFromTar } from '../../src/platform/index.ts';
 import { RootedTree, withRootedTree } from '../../src/platform/layer-build/rooted-tree.ts';
+import { MAX_IMAGE_LAYERS } from '../../src/platform/layer-build/from-oci.ts';
+import { MAX_TREE_DEPTH } from '../../src/platform/layer-build/rooted-tree.ts';
 import {
+  ArchiveBudget,
+  DEFAULT_ARCHIVE_LIMITS,
   extractTar,
   normaliseFolderTimes,
+  type ArchiveLimits,
   type WhiteoutMode,
 } from '../../src/platform/layer-build/tar-extract.ts';
 import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
 import { TestRegistry, writeOciLayout } from '../support/registry.ts';
-import { tarArchive, type TestTarEntry } from '../support/tar-writer.ts';
+import { paxRecord, tarArchive, tarHeader, type TestTarEntry } from '../support/tar-writer.ts';
 import { fingerprint, generateArchive, problemsInRoot, seededRandom } from './archive-fuzz.ts';
 import { attack } from './summary.ts';
 
@@ -199,6 +204,7 @@ describe('archives under attack', () => {
         () => [
           { path: 'f', data: 'planted' },
           { path: 'out', type: 'symlink', linkTarget: host },
+          { path: `${host.slice(1)}/`, type: 'dir' },
           { path: 'out/planted', type: 'hardlink', linkTarget: 'f' },
         ],
       ],
@@ -431,6 +437,90 @@ describe('archives under attack', () => {
           const file = await context('FROM busybox:latest\nADD evil.tar /opt/\n', { 'evil.tar': archive });
           await refusedWithoutHarm(build(file), /line 2: ADD .* is refused/);
         }));
+
+    it("holds ADD's unpacking and every other step to the build's time limit", () =>
+      attack('archive', 'a build step outside the time limit (ADD, FROM)', async () => {
+        const slow = tarArchive(Array.from({ length: 3000 }, (_, i) => ({ path: `many/f${i}`, data: 'x' })));
+        const file = await context('FROM busybox:latest\nADD slow.tar /opt/\n', { 'slow.tar': slow });
+        const error: unknown = await env.platform
+          .buildFromDockerfile({ file, name: `attack:${count++}`, timeoutMs: 1 })
+          .then(
+            () => undefined,
+            (e: unknown) => e,
+          );
+        expect(isSandgymError(error, 'failed_precondition'), String(error)).toBe(true);
+        expect(errorText(error)).toMatch(/line [12]: .*time limit/);
+      }));
+
+    it('refuses COPY --exclude and --parents rather than ignoring them', () =>
+      attack('archive', 'COPY flags silently ignored', async () => {
+        for (const line of [
+          'COPY --exclude=*.txt . /ctx/',
+          'COPY --parents notes.txt /ctx/',
+          'ADD --exclude=x . /ctx/',
+        ])
+          await refusedWithoutHarm(
+            build(await context(`FROM busybox:latest\n${line}\n`)),
+            /line 2: (COPY|ADD) --(exclude|parents) is not supported/,
+          );
+      }));
+
+    it('refuses a stage alias that reads as an index, and matches aliases case-insensitively', () =>
+      attack('archive', 'stage alias and index confusion', async () => {
+        // "AS 1" on the first stage once made --from=1 pick it instead of the second
+        const confused = `FROM busybox:latest AS 1\nRUN echo first > /which\nFROM busybox:latest\nRUN echo second > /which\nFROM busybox:latest\nCOPY --from=1 /which /which\n`;
+        await refusedWithoutHarm(build(await context(confused)), /"1" is no stage name/);
+        const twice = `FROM busybox:latest AS a\nFROM busybox:latest AS A\n`;
+        await refusedWithoutHarm(build(await context(twice)), /already named "a"/);
+      }));
+
+    it('honest twin: --from by index and by alias in any case picks the stage Docker picks', async () => {
+      const file = await context(
+        `FROM busybox:latest AS First\nRUN echo first > /which\nFROM busybox:latest\nRUN echo second > /which\nFROM busybox:latest\nCOPY --from=FIRST /which /a\nCOPY --from=1 /which /b\n`,
+      );
+      const { environment } = await build(file)();
+      const seen = await inLayers(environment.layers, (root) =>
+        ['a', 'b'].map((n) => readFileSync(join(root, n), 'utf8')),
+      );
+      expect(seen).toEqual(['first\n', 'second\n']);
+    });
+
+    it("follows the image's own symlinks for COPY's destination, inside the image", () =>
+      attack('archive', 'COPY into a symlinked folder of the image (merged /usr)', async () => {
+        const file = await context(
+          `FROM busybox:latest
+RUN mkdir -p /usr/mybin && ln -s usr/mybin /mybin && ln -s /usr/mybin /abs && ln -s ../../../../.. /up
+COPY notes.txt /mybin/
+COPY notes.txt /abs/sub/
+COPY notes.txt /up/etc/escaped
+WORKDIR /app
+COPY notes.txt /app
+COPY notes.txt /abs
+`,
+        );
+        const { environment } = await build(file)();
+        const seen = await inLayers(environment.layers, (root) => ({
+          link: readlinkSync(join(root, 'mybin')),
+          abs: readlinkSync(join(root, 'abs')),
+          copied: readFileSync(join(root, 'usr/mybin/notes.txt'), 'utf8'),
+          sub: readFileSync(join(root, 'usr/mybin/sub/notes.txt'), 'utf8'),
+          // a link climbing out of the image resolves at its root, as Docker's does
+          escaped: readFileSync(join(root, 'etc/escaped'), 'utf8'),
+          // a folder of the image named without a trailing slash is copied into, not replaced
+          app: readFileSync(join(root, 'app/notes.txt'), 'utf8'),
+          mybin: readdirSync(join(root, 'usr/mybin')).sort(),
+        }));
+        expect(seen).toEqual({
+          link: 'usr/mybin',
+          abs: '/usr/mybin',
+          copied: 'notes\n',
+          sub: 'notes\n',
+          escaped: 'notes\n',
+          app: 'notes\n',
+          mybin: ['notes.txt', 'sub'],
+        });
+        expect(existsSync(join(host, 'etc'))).toBe(false);
+      }));
 
     it('honest twin: COPY --from follows links inside the stage, --chown names its users, ADD unpacks', async () => {
       const honest = tarArchive([
@@ -688,6 +778,394 @@ ADD honest.tar /opt/
       expect(outcomes.extracted).toBeGreaterThan(300);
       expect(outcomes.refused).toBeGreaterThan(300);
     }));
+  /**
+   * Archives shaped to exhaust the node rather than escape: data claimed by entries that hold
+   * none, quadratic headers, bombs, counts and depths without end. Each is refused naming the
+   * archive and entry, within a bound on memory, and leaves nothing behind.
+   */
+  describe('archives that would exhaust the node', () => {
+    const MiB = 2 ** 20;
+    const pad = (size: number): Buffer => Buffer.alloc((512 - (size % 512)) % 512);
+
+    /** Extracts a stream of chunks into a fresh folder; the outcome, and the folder. */
+    async function extractInto(
+      chunks: Iterable<Buffer> | AsyncIterable<Buffer>,
+      mode: WhiteoutMode,
+      limits?: Partial<ArchiveLimits>,
+    ): Promise<{ error: unknown; root: string }> {
+      const root = join(env.dataDir, `exhaust-${count++}`);
+      await mkdir(root);
+      const tree = await RootedTree.open(root, 'hostile.tar');
+      const budget = new ArchiveBudget({ ...DEFAULT_ARCHIVE_LIMITS, ...limits });
+      const error: unknown = await extractTar(Readable.from(chunks), 'hostile.tar', tree, mode, budget)
+        .then(
+          () => undefined,
+          (e: unknown) => e,
+        )
+        .finally(() => tree.close());
+      return { error, root };
+    }
+
+    function expectRefusal(error: unknown, message: RegExp): void {
+      expect(isSandgymError(error, 'invalid_argument'), `expected a refusal, got ${String(error)}`).toBe(
+        true,
+      );
+      expect(errorText(error)).toMatch(/hostile\.tar/);
+      expect(errorText(error)).toMatch(message);
+    }
+
+    it('streams past the data of folders, links and devices instead of holding it', () =>
+      attack('archive', 'data claimed by a non-file entry (memory)', async () => {
+        const CLAIM = 512 * MiB;
+        for (const [type, link] of [
+          ['dir', ''],
+          ['symlink', 'target'],
+          ['hardlink', 'nothing'],
+        ] as const) {
+          let peak = 0;
+          const base = process.memoryUsage().arrayBuffers;
+          // eslint-disable-next-line @typescript-eslint/require-await -- an async source, as a stream is
+          async function* archive(): AsyncGenerator<Buffer> {
+            yield tarHeader(`big-${type}`, type, CLAIM, link);
+            for (let sent = 0; sent < CLAIM; sent += MiB) {
+              peak = Math.max(peak, process.memoryUsage().arrayBuffers - base);
+              yield Buffer.alloc(MiB); // a new buffer each time, as a stream reads them
+            }
+            yield tarArchive([{ path: 'after', data: 'still read\n' }]);
+          }
+          const { error, root } = await extractInto(archive(), 'layer');
+          // the hard link names no earlier file: refused, but only after its data was passed over
+          if (type === 'hardlink') expectRefusal(error, /hard link target/);
+          else {
+            expect(error).toBeUndefined();
+            expect(readFileSync(join(root, 'after'), 'utf8')).toBe('still read\n');
+          }
+          expect(peak, `${type}: bytes held while its data streamed past`).toBeLessThan(CLAIM / 4);
+        }
+      }));
+
+    it('refuses pax headers that are malformed or pile up, in one pass', () =>
+      attack('archive', 'quadratic pax headers (CPU, memory)', async () => {
+        const entry = (records: Buffer): Buffer[] => [
+          tarHeader('PaxHeader', 'x', records.length),
+          records,
+          pad(records.length),
+          tarArchive([{ path: 'f', data: 'x' }]),
+        ];
+        // "2a2a2a…": every offset parses as a record of length 2 whose end is the header's end,
+        // which made each record scan the rest of the header
+        const quadratic = Buffer.from('2a'.repeat(256 * 1024));
+        expectRefusal((await extractInto(entry(quadratic), 'layer')).error, /pax record .* malformed/);
+        for (const bad of ['5 a=b', '4 ab\n', '99 a=b\n', 'x3 a=\n', '-1 a=b\n'])
+          expectRefusal((await extractInto(entry(Buffer.from(bad)), 'layer')).error, /pax record/);
+        // many headers before one entry, each within the bound, together far past it
+        const piled: Buffer[] = [];
+        for (let i = 0; i < 40; i++) {
+          const records = Buffer.from(paxRecord(`SCHILY.xattr.user.k${i}`, 'v'.repeat(64 * 1024)));
+          piled.push(tarHeader('PaxHeader', 'x', records.length), records, pad(records.length));
+        }
+        piled.push(...entry(Buffer.alloc(0)).slice(3));
+        expectRefusal((await extractInto(piled, 'layer')).error, /headers of \d+ bytes before one entry/);
+      }));
+
+    it('honest twin: pax headers with many well-formed records extract', async () => {
+      let records = '';
+      for (let i = 0; i < 5000; i++) records += paxRecord(`SCHILY.xattr.user.k${i}`, `value ${i}`);
+      records += paxRecord('path', 'dir/naïve name');
+      // a file capability, as GNU tar writes Debian's ping: its value is binary, not UTF-8
+      const capability = Buffer.from([0x01, 0x00, 0x00, 0x02, 0x00, 0x20, 0xff, 0xfe]);
+      const body = Buffer.concat([
+        Buffer.from(' SCHILY.xattr.security.capability='),
+        capability,
+        Buffer.from('\n'),
+      ]);
+      const binary = Buffer.concat([Buffer.from(String(body.length + 2)), body]);
+      expect(binary.length).toBe(body.length + 2);
+      const data = Buffer.concat([Buffer.from(records), binary]);
+      const { error, root } = await extractInto(
+        [
+          tarHeader('PaxHeader', 'x', data.length),
+          data,
+          pad(data.length),
+          tarArchive([{ path: 'ignored', data: 'ok\n' }]),
+        ],
+        'layer',
+      );
+      expect(error).toBeUndefined();
+      expect(readFileSync(join(root, 'dir', 'naïve name'), 'utf8')).toBe('ok\n');
+    });
+
+    it('refuses a gzip bomb past the store quota, and keeps nothing of it', () =>
+      attack('archive', 'gzip bomb (disk)', async () => {
+        const store = env.platform.storeFor('bombs', 16 * MiB);
+        const bomb = tarArchive([{ path: 'zeros', data: Buffer.alloc(64 * MiB) }], { gzip: true });
+        const scratch = join(env.dataDir, 'store', 'tmp');
+        const before = readdirSync(scratch).sort();
+        for (const [surface, path] of [
+          ['from-tar', await file('bomb.tar.gz', bomb)],
+          ['from-oci', await file('bomb-image.tar', dockerSave({ data: bomb }))],
+        ] as const) {
+          const error: unknown = await (
+            surface === 'from-tar' ? buildLayerFromTar(store, path) : buildLayerFromOci(store, path)
+          ).then(
+            () => undefined,
+            (e: unknown) => e,
+          );
+          expect(isSandgymError(error, 'invalid_argument'), `${surface}: ${String(error)}`).toBe(true);
+          expect(errorText(error)).toMatch(
+            /entry "zeros" is refused: the archive unpacks to more than 16 MiB/,
+          );
+          expect(readdirSync(scratch).sort()).toEqual(before);
+          expect(await store.listLayers()).toEqual([]);
+        }
+      }));
+
+    it('honest twin: an archive within the quota unpacks', async () => {
+      const store = env.platform.storeFor('within', 16 * MiB);
+      const archive = tarArchive([{ path: 'data', data: randomBytes(4 * MiB) }], { gzip: true });
+      const layer = await buildLayerFromTar(store, await file('within.tar.gz', archive));
+      expect(layer.digest).toMatch(/^sha256:/);
+    });
+
+    it('refuses an archive of more entries or whiteouts than it may hold', () =>
+      attack('archive', 'entries and whiteouts without end (inodes, time)', async () => {
+        const many = (n: number, name: (i: number) => string): TestTarEntry[] =>
+          Array.from({ length: n }, (_, i) => ({ path: name(i) }));
+        expectRefusal(
+          (await extractInto([tarArchive(many(1001, (i) => `f${i}`))], 'layer', { maxEntries: 1000 })).error,
+          /entry "f1000" is refused: the archive holds more than 1000 entries/,
+        );
+        // entries skipped (the root folder, again and again) count as well
+        expectRefusal(
+          (await extractInto([tarArchive(many(1001, () => './'))], 'layer', { maxEntries: 1000 })).error,
+          /more than 1000 entries/,
+        );
+        for (const mode of ['layer', 'apply'] as const)
+          expectRefusal(
+            (await extractInto([tarArchive(many(101, (i) => `d/.wh.f${i}`))], mode, { maxWhiteouts: 100 }))
+              .error,
+            /entry "d\/.wh.f100" is refused: the archive holds more than 100 whiteouts/,
+          );
+        // the node's own bounds hold for every surface
+        expect(DEFAULT_ARCHIVE_LIMITS.maxEntries).toBeLessThanOrEqual(2_000_000);
+        expect(DEFAULT_ARCHIVE_LIMITS.maxWhiteouts).toBeLessThanOrEqual(100_000);
+      }));
+
+    it('refuses folders nested past the bound on every surface, leaving nothing behind', () =>
+      attack('archive', 'a very deep folder chain (descriptors, stack)', async () => {
+        const deep = 'd/'.repeat(MAX_TREE_DEPTH + 1);
+        for (const [name, entries] of [
+          ['a file', [{ path: `${deep}f`, data: 'x' }]],
+          ['folders', [{ path: deep, type: 'dir' }]],
+          ['a whiteout', [{ path: `${deep}.wh.x` }]],
+          ['a symlink', [{ path: `${deep}l`, type: 'symlink', linkTarget: 'x' }]],
+        ] as [string, TestTarEntry[]][])
+          for (const [surface, make] of Object.entries(SURFACES))
+            await refusedWithoutHarm(() => make(entries), /folders deep/).catch((error: unknown) => {
+              throw new Error(`${name} (${surface}): ${String(error)}`);
+            });
+        const scratch = readdirSync(join(env.dataDir, 'store', 'tmp')).filter((n) => n !== 'another-build');
+        expect(scratch).toEqual([]);
+      }));
+
+    it('honest twin: a tree nested to the bound unpacks', async () => {
+      const deep = 'd/'.repeat(MAX_TREE_DEPTH - 1);
+      const { error, root } = await extractInto(
+        [tarArchive([{ path: `${deep}f`, data: 'deep\n' }])],
+        'layer',
+      );
+      expect(error).toBeUndefined();
+      expect(readFileSync(join(root, deep, 'f'), 'utf8')).toBe('deep\n');
+    });
+
+    it('refuses an image of more layers than overlayfs stacks, and unpacks a repeated layer once', () =>
+      attack('archive', 'many or repeated layers (work)', async () => {
+        const image = (layers: number, distinct: boolean): Buffer =>
+          tarArchive([
+            {
+              path: 'manifest.json',
+              data: JSON.stringify([
+                {
+                  Config: 'config.json',
+                  Layers: Array.from({ length: layers }, (_, i) => `l${distinct ? i : 0}/layer.tar`),
+                },
+              ]),
+            },
+            { path: 'config.json', data: '{"config":{}}' },
+            ...Array.from({ length: distinct ? layers : 1 }, (_, i) => ({
+              path: `l${i}/layer.tar`,
+              data: tarArchive([{ path: `f${i}`, data: `${i}\n` }]),
+            })),
+          ]);
+        await refusedWithoutHarm(
+          async () =>
+            buildLayerFromOci(env.platform.store, await file('tall.tar', image(MAX_IMAGE_LAYERS + 1, true))),
+          /has 129 layers; at most 128/,
+        );
+        await refusedWithoutHarm(
+          async () => buildLayerFromOci(env.platform.store, await file('repeated.tar', image(5000, false))),
+          /has 5000 layers/,
+        );
+      }));
+
+    it('refuses names that are not UTF-8 rather than letting two collide', () =>
+      attack('archive', 'non-UTF-8 names colliding after decoding', async () => {
+        // two byte-different Latin-1 names, both decoded as "caf\ufffd" by a lossy decoder
+        const entries = (name: Buffer, data: string): Buffer[] => [
+          tarHeader(name, 'file', data.length),
+          Buffer.from(data),
+          pad(data.length),
+        ];
+        const archive = [
+          ...entries(Buffer.from([0x63, 0x61, 0x66, 0xe9]), 'first'),
+          ...entries(Buffer.from([0x63, 0x61, 0x66, 0xe8]), 'second'),
+          Buffer.alloc(1024),
+        ];
+        for (const mode of ['layer', 'apply'] as const) {
+          const { error, root } = await extractInto(archive, mode);
+          expectRefusal(error, /entry "caf\ufffd" is refused: the name .* is not valid UTF-8/);
+          expect(readdirSync(root)).toEqual([]);
+        }
+      }));
+
+    it('refuses sparse files, which it would unpack wrong', () =>
+      attack('archive', 'sparse files (GNU 0.0, 0.1, 1.0, old GNU)', async () => {
+        const sparse = (records: string): Buffer[] => {
+          const data = Buffer.from(records);
+          return [
+            tarHeader('PaxHeader', 'x', data.length),
+            data,
+            pad(data.length),
+            tarArchive([{ path: 'GNUSparseFile.0/f', data: '1\n0\n4\nabcd' }]),
+          ];
+        };
+        for (const records of [
+          paxRecord('GNU.sparse.size', '1048576') +
+            paxRecord('GNU.sparse.numblocks', '1') +
+            paxRecord('GNU.sparse.offset', '0') +
+            paxRecord('GNU.sparse.numbytes', '4'),
+          paxRecord('GNU.sparse.size', '1048576') + paxRecord('GNU.sparse.map', '0,4'),
+          paxRecord('GNU.sparse.major', '1') +
+            paxRecord('GNU.sparse.minor', '0') +
+            paxRecord('GNU.sparse.name', 'f') +
+            paxRecord('GNU.sparse.realsize', '1048576'),
+        ])
+          expectRefusal(
+            (await extractInto(sparse(records), 'layer')).error,
+            /sparse files are not supported/,
+          );
+        expectRefusal(
+          (await extractInto([tarHeader('f', 'S', 0), Buffer.alloc(1024)], 'layer')).error,
+          /unsupported tar type "S" \(a GNU sparse file\)/,
+        );
+      }));
+
+    it('reads absolute names beneath the root, and zstd layers, as Docker does', () =>
+      attack('archive', 'absolute names and zstd layers read unlike Docker', async () => {
+        const entries: TestTarEntry[] = [
+          { path: '/etc/abs', data: 'abs\n' },
+          { path: '//opt//x', data: 'x\n' },
+          { path: '/etc/hard', type: 'hardlink', linkTarget: '/etc/abs' },
+        ];
+        for (const mode of ['layer', 'apply'] as const) {
+          const { error, root } = await extractInto([tarArchive(entries)], mode);
+          expect(error).toBeUndefined();
+          expect(readFileSync(join(root, 'etc/abs'), 'utf8')).toBe('abs\n');
+          expect(readFileSync(join(root, 'opt/x'), 'utf8')).toBe('x\n');
+          expect(statSync(join(root, 'etc/hard')).ino).toBe(statSync(join(root, 'etc/abs')).ino);
+        }
+        const plain = await file('zstd-layer.tar', tarArchive([{ path: 'etc/z', data: 'zstd\n' }]));
+        await run('zstd', ['-q', '-f', plain, '-o', `${plain}.zst`]);
+        const { layer } = await buildLayerFromOci(
+          env.platform.store,
+          await file('zstd-image.tar', dockerSave({ data: readFileSync(`${plain}.zst`) })),
+        );
+        await inLayers([layer.digest], (root) =>
+          expect(readFileSync(join(root, 'etc/z'), 'utf8')).toBe('zstd\n'),
+        );
+        // a corrupt zstd layer is an error, never a shorter archive
+        const corrupt = readFileSync(`${plain}.zst`);
+        corrupt.writeUInt32LE(0xdeadbeef, corrupt.length - 8);
+        await refusedWithoutHarm(
+          async () =>
+            buildLayerFromOci(env.platform.store, await file('zstd-bad.tar', dockerSave({ data: corrupt }))),
+          /zstd|truncated|corrupt/,
+        );
+      }));
+
+    it("follows a lower layer's symlinks inside the root when an image is flattened, as Docker does", () =>
+      attack('archive', "an upper layer's entry under a lower layer's symlink", async () => {
+        const lower = tarArchive([
+          { path: 'usr/lib/old', data: 'old\n' },
+          { path: 'usr/bin/', type: 'dir' },
+          { path: 'lib', type: 'symlink', linkTarget: 'usr/lib' },
+          { path: 'bin', type: 'symlink', linkTarget: '/usr/bin' },
+          // links out of the root, as an image may hold: followed, they stay inside it
+          { path: 'out', type: 'symlink', linkTarget: host },
+          { path: `${host.slice(1)}/`, type: 'dir' },
+          { path: 'up', type: 'symlink', linkTarget: '../../../..' },
+        ]);
+        const upper = tarArchive([
+          { path: 'lib/x', data: 'x\n' },
+          { path: 'lib/.wh.old' },
+          { path: 'lib/y', type: 'hardlink', linkTarget: 'lib/x' },
+          { path: 'bin/tool', data: 'tool\n' },
+          { path: 'out/planted', data: 'planted\n' },
+          { path: 'up/etc/escaped', data: 'escaped\n' },
+        ]);
+        const image = await file(
+          'lower-links.tar',
+          tarArchive([
+            {
+              path: 'manifest.json',
+              data: JSON.stringify([{ Config: 'config.json', Layers: ['l0/layer.tar', 'l1/layer.tar'] }]),
+            },
+            { path: 'config.json', data: '{"config":{}}' },
+            { path: 'l0/layer.tar', data: lower },
+            { path: 'l1/layer.tar', data: upper },
+          ]),
+        );
+        const before = fingerprint(host, '');
+        const { layer } = await buildLayerFromOci(env.platform.store, image);
+        expect(fingerprint(host, '')).toEqual(before);
+        await inLayers([layer.digest], (root) => {
+          expect(readlinkSync(join(root, 'lib'))).toBe('usr/lib');
+          expect(readlinkSync(join(root, 'bin'))).toBe('/usr/bin');
+          expect(readdirSync(join(root, 'usr/lib')).sort()).toEqual(['x', 'y']);
+          expect(statSync(join(root, 'usr/lib/y')).ino).toBe(statSync(join(root, 'usr/lib/x')).ino);
+          expect(readFileSync(join(root, 'usr/bin/tool'), 'utf8')).toBe('tool\n');
+          expect(readFileSync(join(root, host, 'planted'), 'utf8')).toBe('planted\n');
+          expect(readFileSync(join(root, 'etc/escaped'), 'utf8')).toBe('escaped\n');
+        });
+      }));
+
+    it('honest twin: an image repeating its empty layer builds', async () => {
+      const empty = tarArchive([]);
+      const { layer } = await buildLayerFromOci(
+        env.platform.store,
+        await file(
+          'empty-layers.tar',
+          tarArchive([
+            {
+              path: 'manifest.json',
+              data: JSON.stringify([
+                {
+                  Config: 'config.json',
+                  Layers: ['base/layer.tar', ...Array.from({ length: 20 }, () => 'empty/layer.tar')],
+                },
+              ]),
+            },
+            { path: 'config.json', data: '{"config":{}}' },
+            { path: 'base/layer.tar', data: tarArchive([{ path: 'etc/base', data: 'base\n' }]) },
+            { path: 'empty/layer.tar', data: empty },
+          ]),
+        ),
+      );
+      await inLayers([layer.digest], (root) =>
+        expect(readFileSync(join(root, 'etc/base'), 'utf8')).toBe('base\n'),
+      );
+    });
+  });
 });
 
 /**

@@ -1,4 +1,4 @@
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { readFileSync, readdirSync, statSync, writeFileSync } from 'node:fs';
 import { cp, mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
@@ -23,7 +23,13 @@ import {
   type Task,
 } from '../../src/env/index.ts';
 import { evaluate, scriptedAgent, type EpisodeReport } from '../../src/rollout/index.ts';
-import { STORE_DIR, TEST_DATA_ROOT, createTestPlatform, type TestPlatform } from '../support/platform.ts';
+import {
+  STORE_DIR,
+  TEST_DATA_ROOT,
+  createTestPlatform,
+  smallVolumePlatform,
+  type TestPlatform,
+} from '../support/platform.ts';
 import { attack } from './summary.ts';
 
 const MIB = 2 ** 20;
@@ -282,25 +288,16 @@ describe('request bodies in flight', () => {
 
 /** A node whose volume one tenant fills and leaves: the next must find the room it left. */
 describe('a volume freed by one tenant', () => {
-  const mountPoint = join(TEST_DATA_ROOT, `budgets-volume-${process.pid}`);
+  let volume: Awaited<ReturnType<typeof smallVolumePlatform>>;
   let platform: LocalPlatform;
 
   beforeAll(async () => {
-    await mkdir(mountPoint, { recursive: true });
-    expect(spawnSync('mount', ['-t', 'tmpfs', '-o', 'size=700m', 'tmpfs', mountPoint]).status).toBe(0);
-    platform = await Platform.local({
-      dataDir: join(mountPoint, 'data'),
-      storeDir: STORE_DIR,
-      nodeId: 'budgetsvol',
-    });
+    volume = await smallVolumePlatform('budgetsvol', 700);
+    platform = volume.platform;
   });
 
   afterAll(async () => {
-    await platform?.close();
-    // the volume's loop device lets go of its image a moment after the volume is unmounted
-    for (let attempt = 0; attempt < 50 && spawnSync('umount', [mountPoint]).status !== 0; attempt++)
-      await new Promise((resolve) => setTimeout(resolve, 100));
-    await rm(mountPoint, { recursive: true, force: true });
+    await volume?.[Symbol.asyncDispose]();
   });
 
   it('gives the next tenant the room the last one freed, at once', () =>

@@ -11,8 +11,8 @@ import {
   type SandboxAction,
   type Task,
 } from '../../src/env/index.ts';
-import { evaluate, oracleAgent, scriptedAgent, type EpisodeReport } from '../../src/rollout/index.ts';
-import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
+import { type EpisodeReport } from '../../src/rollout/index.ts';
+import { createTestPlatform, playEpisode, type TestPlatform } from '../support/platform.ts';
 import { attack } from './summary.ts';
 
 /*
@@ -114,11 +114,8 @@ describe('graders against a second attacker', () => {
   const harbor = (dir = PYTEST_TASK) => loadHarborTask(dir);
   const tb = async (dir = TB_TASK): Promise<Task> => (await loadTasks([dir]))[0]!;
   const swe = async (): Promise<Task> => (await loadSweBenchFile(SWEBENCH_ROWS))[0]!;
-  async function play(task: Task, actions: SandboxAction[] | 'oracle'): Promise<EpisodeReport> {
-    const agent = actions === 'oracle' ? oracleAgent : () => scriptedAgent(actions);
-    const [report] = await evaluate(env.platform, [task], agent, { concurrency: 1 });
-    return report!;
-  }
+  const play = (task: Task, actions: SandboxAction[] | 'oracle'): Promise<EpisodeReport> =>
+    playEpisode(env.platform, task, actions);
   async function expectZero(task: Task, actions: SandboxAction[]): Promise<void> {
     const name = expect.getState().currentTestName ?? 'unnamed';
     await attack('grading-forgery', name.split(' > ').pop() ?? name, async () => {
@@ -283,6 +280,26 @@ describe('graders against a second attacker', () => {
       } finally {
         await te.close();
       }
+    });
+  });
+
+  describe('G. masking: an unresolved starting state blamed on the verifier', () => {
+    // the stub does not compile, so run-tests.sh ends before pytest's summary with or without the
+    // agent's changes: Terminal-Bench scores that 0, and so must grading, since the oracle passes
+    const STUB_TASK = join(TASKS, 'tb-stub-unresolved');
+    it('G5 leave the non-compiling stub as it was found', async () => expectZero(await tb(STUB_TASK), []));
+    it('G6 write another stub that does not compile either', async () =>
+      expectZero(await tb(STUB_TASK), [write('def answer(:\n')]));
+    it('G7 the honest twin: the oracle makes it compile and pass', async () =>
+      expectOne(await tb(STUB_TASK)));
+    it('G8 a verifier that fails its own oracle is still the verifier fault', async () => {
+      const task = await tb(STUB_TASK);
+      const broken: Task = { ...task, oracle: { kind: 'shell', path: '/tmp/solve.sh', script: 'exit 0\n' } };
+      const report = await play(broken, []);
+      expect(report.outcome).toMatchObject({
+        kind: 'verifier_error',
+        message: expect.stringMatching(/without them too .*and so does the task's oracle/) as unknown,
+      });
     });
   });
 

@@ -7,8 +7,8 @@ import {
   type SandboxAction,
   type Task,
 } from '../../src/env/index.ts';
-import { evaluate, oracleAgent, scriptedAgent, type EpisodeReport } from '../../src/rollout/index.ts';
-import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
+import { evaluate, oracleAgent, type EpisodeReport } from '../../src/rollout/index.ts';
+import { createTestPlatform, playEpisode, type TestPlatform } from '../support/platform.ts';
 import { attack } from './summary.ts';
 
 const PYTEST_TASK = resolve('test/hostile/tasks/pytest-answer');
@@ -59,11 +59,8 @@ describe('graders under attack from the code they run', () => {
     await env?.[Symbol.asyncDispose]();
   });
 
-  async function play(task: Task, actions: SandboxAction[]): Promise<EpisodeReport> {
-    const [report] = await evaluate(env.platform, [task], () => scriptedAgent(actions), { concurrency: 1 });
-    if (!report) throw new Error('no report');
-    return report;
-  }
+  const play = (task: Task, actions: SandboxAction[]): Promise<EpisodeReport> =>
+    playEpisode(env.platform, task, actions);
 
   async function expectNoReward(task: Task, actions: SandboxAction[]): Promise<EpisodeReport> {
     const report = await play(task, actions);

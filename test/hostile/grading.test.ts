@@ -3,8 +3,8 @@ import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TOOLING_CHEATS } from '../../examples/agents/cheats.ts';
 import { SandboxEnv, loadHarborTask, type SandboxAction, type Task } from '../../src/env/index.ts';
-import { oracleAgent, scriptedAgent, evaluate, type EpisodeReport } from '../../src/rollout/index.ts';
-import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
+import { oracleAgent, evaluate, type EpisodeReport } from '../../src/rollout/index.ts';
+import { createTestPlatform, playEpisode, type TestPlatform } from '../support/platform.ts';
 import { attack } from './summary.ts';
 
 const PYTEST_TASK = resolve('test/hostile/tasks/pytest-answer');
@@ -25,11 +25,8 @@ describe('grading integrity', () => {
     await env?.[Symbol.asyncDispose]();
   });
 
-  async function play(task: Task, actions: SandboxAction[]): Promise<EpisodeReport> {
-    const [report] = await evaluate(env.platform, [task], () => scriptedAgent(actions), { concurrency: 1 });
-    if (!report) throw new Error('no report');
-    return report;
-  }
+  const play = (task: Task, actions: SandboxAction[]): Promise<EpisodeReport> =>
+    playEpisode(env.platform, task, actions);
 
   /** A copy of a task folder with some of its files changed. */
   async function variant(from: string, name: string, files: Record<string, string>): Promise<Task> {
@@ -88,12 +85,18 @@ describe('grading integrity', () => {
     }));
 
   it('blames a verifier that fails without the agent too: verifier_error', async () => {
-    const broken = await variant(HELLO_TASK, 'no-reward', { 'tests/test.sh': '#!/bin/bash\nexit 3\n' });
+    const broken = await variant(HELLO_TASK, 'no-reward', {
+      'tests/test.sh': '#!/bin/bash\necho "grader config not found"\nexit 3\n',
+    });
     const report = await play(broken, []);
     expect(report.outcome).toMatchObject({
       kind: 'verifier_error',
       message: expect.stringMatching(/without writing .*reward.* without them too/) as unknown,
     });
+    // what the verifier said is in the outcome, so a report of it shows why
+    expect((report.outcome as { message: string }).message).toMatch(
+      /output ended with:\ngrader config not found/,
+    );
   });
 
   for (const [value, why] of [

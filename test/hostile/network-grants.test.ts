@@ -1,9 +1,9 @@
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawn, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { createSocket, type Socket } from 'node:dgram';
 import { rm } from 'node:fs/promises';
 import { createServer, type AddressInfo, type Server } from 'node:net';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { waitUntil } from '../../benchmarks/loopback.ts';
 import { silentLogger } from '../../src/common/index.ts';
@@ -60,9 +60,53 @@ const GRANTS = {
   [TOKENS.plain]: { project: 'plain', maxSandboxes: 20 },
 };
 
+/** The upstream's UDP port that, once a datagram arrives, sends its sender a datagram every 100 ms. */
+const PUSH_PORT = 9100;
+const PUSHER = `
+import socket, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(('0.0.0.0', ${PUSH_PORT}))
+s.setblocking(False)
+peers, n, end = set(), 0, time.time() + 300
+while time.time() < end:
+    try:
+        while True:
+            peers.add(s.recvfrom(64)[1])
+    except BlockingIOError:
+        pass
+    for peer in peers:
+        n += 1
+        s.sendto(b'push %d' % n, peer)
+    time.sleep(0.1)
+`;
+/**
+ * In the sandbox: says hello to the pusher from port 5555 every half second (unless told to keep
+ * quiet), and counts in /tmp/pushed the datagrams that come back.
+ */
+const LISTENER = `
+import socket, sys, threading, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(('0.0.0.0', 5555))
+def hello():
+    while True:
+        try:
+            s.sendto(b'hello', (sys.argv[2], ${PUSH_PORT}))
+        except OSError:
+            pass
+        time.sleep(0.5)
+if sys.argv[1] == 'hello':
+    threading.Thread(target=hello, daemon=True).start()
+n = 0
+while True:
+    s.recv(64)
+    n += 1
+    open('/tmp/pushed', 'w').write(str(n))
+`;
+
 /** A TCP or UDP destination an attack tries from inside a sandbox. */
 interface Target {
-  kind: 'tcp' | 'udp';
+  /** `ttl1`: a datagram that expires at the first router (DOOR_PROBE only). */
+  kind: 'tcp' | 'udp' | 'ttl1';
   host: string;
   port: number;
 }
@@ -102,6 +146,57 @@ for t in json.loads(sys.argv[1]):
 print(json.dumps(out))
 `;
 
+/**
+ * Tries each target once, every packet sent out of the interface named after the targets (if
+ * any) whatever the routes say (IP_UNICAST_IF needs no privilege; the kernel then takes any
+ * address as on the link, so it asks the link who has it). TTL=1 datagrams report the ICMP error
+ * a router answered with.
+ */
+const DOOR_PROBE = `
+import json, socket, struct, sys, time
+IP_UNICAST_IF, IP_RECVERR = 50, 11
+door = sys.argv[2] if len(sys.argv) > 2 else ''
+out = []
+for t in json.loads(sys.argv[1]):
+    kind, host, port = t['kind'], t['host'], t['port']
+    try:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM if kind != 'tcp' else socket.SOCK_STREAM)
+        if door:
+            s.setsockopt(socket.IPPROTO_IP, IP_UNICAST_IF, struct.pack('!I', socket.if_nametoindex(door)))
+        if kind == 'tcp':
+            s.settimeout(3)
+            s.connect((host, port))
+            data = b''
+            try:
+                data = s.recv(200)
+            except Exception:
+                pass
+            outcome = 'connected:' + data.decode(errors='replace').strip()
+        else:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+            if kind == 'ttl1':
+                s.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, 1)
+                s.setsockopt(socket.IPPROTO_IP, IP_RECVERR, 1)
+            s.sendto(b'probe', (host, port))
+            outcome = 'sent'
+            if kind == 'ttl1':
+                time.sleep(1)
+                try:
+                    _, cmsgs, _, _ = s.recvmsg(64, 512, socket.MSG_ERRQUEUE | socket.MSG_DONTWAIT)
+                    for _, _, err in cmsgs:
+                        # struct sock_extended_err, then the offender's sockaddr_in
+                        icmp_type, code = err[5], err[6]
+                        offender = socket.inet_ntoa(err[20:24])
+                        outcome = 'icmp ' + str(icmp_type) + '/' + str(code) + ' from ' + offender
+                except BlockingIOError:
+                    pass
+        s.close()
+    except Exception as e:
+        outcome = 'failed:' + type(e).__name__ + ' ' + str(e)
+    out.append({'target': kind + ' ' + host + ' ' + str(port), 'outcome': outcome})
+print(json.dumps(out))
+`;
+
 /** The node host's first global IPv4 address on an interface of its own (not the test's or sandgym's). */
 function hostAddress(): string {
   const out = execFileSync('ip', ['-4', '-o', 'addr', 'show', 'scope', 'global'], { encoding: 'utf8' });
@@ -122,8 +217,9 @@ async function secretServer(name: string, host: string): Promise<{ server: Serve
   return { server, port: (server.address() as AddressInfo).port };
 }
 
-async function probe(sandbox: Sandbox, targets: Target[]): Promise<Outcome[]> {
-  const result = await sandbox.exec(['python3', '-c', PROBE, JSON.stringify(targets)], {
+async function probe(sandbox: Sandbox, targets: Target[], door?: string): Promise<Outcome[]> {
+  const script = door === undefined ? ['python3', '-c', PROBE] : ['python3', '-c', DOOR_PROBE];
+  const result = await sandbox.exec([...script, JSON.stringify(targets), ...(door ? [door] : [])], {
     timeoutMs: 180_000,
   });
   expect(result.exitCode, `${sandbox.id}: ${result.stderr}`).toBe(0);
@@ -163,6 +259,10 @@ function expectUpstreamStanding(): void {
     namespaces,
     `the upstream's namespace is gone (did another test run's clean-up remove it?)`,
   ).toContain(`upstream${UPSTREAM_INDEX}`);
+}
+
+async function networkNamespaceOf(sandbox: Sandbox): Promise<string> {
+  return (await sandbox.exec(['readlink', '/proc/self/ns/net'])).stdout.trim();
 }
 
 /** The directed broadcast of the /20 a gateway is on. */
@@ -355,6 +455,16 @@ describe('network grants and the guard', () => {
         network: ['cidr:0.0.0.0/0'],
       });
       await expectOnlyUpstream(attacker);
+      // a datagram that dies at the first router learns nothing of the node host's routes
+      const ttl1 = (address: string): Target => ({ kind: 'ttl1', host: address, port: udpPort() });
+      const gateway = await gatewayOf(attacker);
+      const expiring = await probe(
+        attacker,
+        [host, gateway, UPSTREAM, UPSTREAM_LINK, LINK_LOCAL, OTHER_NODE_SANDBOX, victimAddress].map(ttl1),
+        '',
+      );
+      // (the guard's own refusal, type 3, names only the address the sandbox sent to)
+      expect(expiring.filter((a) => a.outcome.startsWith('icmp 11/'))).toEqual([]);
     }));
 
   it('holds the guard whatever the rules are spelled as, and after SetNetwork', () =>
@@ -581,6 +691,256 @@ describe('network grants and the guard', () => {
       );
       expect(made.id).toBeTruthy();
     }));
+
+  it('keeps a group network member off the node host, through grp0 whatever the routes say', () =>
+    attack('network', 'group member sends to the node host out of grp0', async () => {
+      const group = await embedded.platform.createGroupNetwork();
+      try {
+        // a task's service: loopback and its group only; and one that has egress besides
+        await using attacker = await embedded.platform.createSandbox({ environment: 'debian:bookworm' });
+        await using wide = await embedded.platform.createSandbox({
+          environment: 'debian:bookworm',
+          network: ['cidr:0.0.0.0/0'],
+        });
+        const [attackerAddress] = [await group.join(attacker), await group.join(wide)];
+        const groupBroadcast = attackerAddress.replace(/\.\d+$/, '.255');
+        const tcp = (address: string, port: number): Target => ({ kind: 'tcp', host: address, port });
+        const udpTo = (address: string, kind: 'udp' | 'ttl1' = 'udp'): Target => ({
+          kind,
+          host: address,
+          port: udpPort(),
+        });
+        const targets = [
+          tcp(host, ports.host),
+          tcp(host, ports.everywhere),
+          tcp(SECONDARY, ports.secondary),
+          tcp(UPSTREAM_LINK, ports.everywhere),
+          tcp(host, cluster.controller.metricsPort),
+          tcp(LINK_LOCAL, 8080),
+          tcp(victimAddress, 9000),
+          udpTo(host),
+          udpTo(SECONDARY),
+          udpTo(UPSTREAM_LINK),
+          udpTo('255.255.255.255'),
+          udpTo(groupBroadcast),
+          udpTo(host, 'ttl1'),
+          udpTo(UPSTREAM, 'ttl1'),
+          udpTo(LINK_LOCAL, 'ttl1'),
+        ];
+        for (const sandbox of [attacker, wide]) {
+          datagrams.length = 0;
+          const outcomes = await probe(sandbox, targets, 'grp0');
+          await new Promise((resolve) => setTimeout(resolve, 500));
+          expect(
+            {
+              reached: outcomes.filter((a) => !a.outcome.startsWith('failed:') && a.outcome !== 'sent'),
+              datagrams,
+            },
+            `what ${sandbox.id} reached out of grp0, and the datagrams the node host received`,
+          ).toEqual({ reached: [], datagrams: [] });
+        }
+      } finally {
+        await group.close();
+      }
+    }));
+
+  it("gives a warm shell's next tenant none of its last tenant's group networks", () =>
+    attack('network', 'a pooled shell keeps grp0', async () => {
+      await using warm = await createTestPlatform('network-warm', { warmPool: { latency: 1 } });
+      const { platform } = warm;
+      await platform.warmPool.filled();
+      const group = await platform.createGroupNetwork();
+      const other = await platform.createGroupNetwork();
+      try {
+        await using service = await platform.createSandbox({ environment: 'busybox:latest' });
+        const serviceAddress = await group.join(service);
+        await service.exec(['sh', '-c', 'mkdir -p /srv && echo service > /srv/id && httpd -p 9000 -h /srv']);
+        // the first tenant ends without leaving its group: its shell goes back to the pool
+        const first = await platform.createSandbox({ environment: 'debian:bookworm' });
+        const namespace = await networkNamespaceOf(first);
+        try {
+          await group.join(first);
+          expect(await probe(first, [{ kind: 'tcp', host: serviceAddress, port: 9000 }])).toMatchObject([
+            { outcome: expect.stringMatching(/^connected/) as unknown },
+          ]);
+        } finally {
+          await first.close();
+        }
+        await using second = await platform.createSandbox({ environment: 'debian:bookworm' });
+        expect(await networkNamespaceOf(second), 'the very same container').toBe(namespace);
+        const links = (await second.readFile('/proc/net/dev')).toString();
+        expect(
+          links
+            .split('\n')
+            .slice(2)
+            .map((l) => l.split(':')[0]!.trim())
+            .filter(Boolean),
+        ).toEqual(['lo']);
+        const reached = await probe(second, [{ kind: 'tcp', host: serviceAddress, port: 9000 }]);
+        expect(reached[0]?.outcome).toMatch(/^failed:/);
+        // honest: the next tenant joins a group of its own and reaches only that one's members
+        await using peer = await platform.createSandbox({ environment: 'busybox:latest' });
+        const peerAddress = await other.join(peer);
+        await peer.exec(['sh', '-c', 'mkdir -p /srv && echo peer > /srv/id && httpd -p 9000 -h /srv']);
+        await other.join(second);
+        const mine = await probe(second, [
+          { kind: 'tcp', host: peerAddress, port: 9000 },
+          { kind: 'tcp', host: serviceAddress, port: 9000 },
+        ]);
+        expect(mine.map((o) => o.outcome.replace(/:.*/, ''))).toEqual(['connected', 'failed']);
+      } finally {
+        await group.close();
+        await other.close();
+      }
+    }));
+
+  it("forgets a sandbox's flows when its rules narrow and when its address is freed", () =>
+    attack('network', 'flows outliving their rule, and a recycled address', async () => {
+      const pusher = spawn(
+        'ip',
+        ['netns', 'exec', `sandgym-test-upstream${UPSTREAM_INDEX}`, 'python3', '-c', PUSHER],
+        { stdio: 'ignore' },
+      );
+      const pushed = async (sandbox: Sandbox): Promise<number> =>
+        Number((await sandbox.readFile('/tmp/pushed').catch(() => Buffer.from('0'))).toString());
+      const listen = (sandbox: Sandbox, hello: boolean): Promise<unknown> =>
+        sandbox.exec([
+          'sh',
+          '-c',
+          `python3 -c "$0" ${hello ? 'hello' : 'quiet'} ${UPSTREAM} >/dev/null 2>&1 &`,
+          LISTENER,
+        ]);
+      /** Datagrams that arrive over a second and a half (a live flow brings some 15). */
+      const arriving = async (sandbox: Sandbox): Promise<number> => {
+        const before = await pushed(sandbox);
+        await new Promise((resolve) => setTimeout(resolve, 1500));
+        return (await pushed(sandbox)) - before;
+      };
+      try {
+        const first = await embedded.platform.createSandbox({
+          environment: 'debian:bookworm',
+          network: [`host:${UPSTREAM}:${PUSH_PORT}`],
+        });
+        let address = '';
+        try {
+          address = (await first.exec(['hostname', '-I'])).stdout.trim();
+          await listen(first, true);
+          await waitUntil(async () => (await pushed(first)) > 0, 'the pushed flow');
+          // the rule goes: the flow it let in goes with it
+          await first.setNetwork([]);
+          expect(await arriving(first), 'datagrams after the rule went').toBeLessThanOrEqual(1);
+          // back on the rule: the flow starts afresh, and the sandbox ends with it open
+          await first.setNetwork([`host:${UPSTREAM}:${PUSH_PORT}`]);
+          const sofar = await pushed(first);
+          await waitUntil(async () => (await pushed(first)) > sofar + 1, 'the flow again');
+        } finally {
+          await first.close();
+        }
+        // the next sandbox on the same address, listening where the first was, never says hello
+        await using second = await embedded.platform.createSandbox({
+          environment: 'debian:bookworm',
+          network: [`host:${UPSTREAM}:8080`],
+        });
+        expect((await second.exec(['hostname', '-I'])).stdout.trim(), 'a recycled address').toBe(address);
+        await listen(second, false);
+        // its rules work, and the host learns its new link address
+        const [honest] = await probe(second, [{ kind: 'tcp', host: UPSTREAM, port: 8080 }]);
+        expect(honest?.outcome).toMatch(/^connected/);
+        expect(await arriving(second), "datagrams of the first sandbox's flow").toBe(0);
+      } finally {
+        pusher.kill('SIGKILL');
+      }
+    }));
+
+  it('narrows the rules of a sandbox adopted after its node died, and keeps the rules it had', () =>
+    attack('network', 'SetNetwork on an adopted sandbox', async () => {
+      const dataDir = join(TEST_DATA_ROOT, `network-adopt-${randomBytes(4).toString('hex')}`);
+      // the first owner gives a durable sandbox the upstream's /30, narrows it, and dies
+      const first = spawnSync(
+        process.execPath,
+        [
+          '--input-type=module',
+          '-e',
+          `
+const { Platform } = await import(${JSON.stringify(resolve('dist/src/index.js'))});
+const platform = await Platform.local({ dataDir: process.env.DATA, storeDir: process.env.STORE, durable: true });
+const sandbox = await platform.createSandbox({ environment: 'busybox:latest', network: ['cidr:10.250.${UPSTREAM_INDEX}.0/30'] });
+await sandbox.setNetwork(['host:${UPSTREAM}:8080', 'host:${UPSTREAM}:8081']);
+console.log(JSON.stringify({ id: sandbox.id }));
+process.exit(0);
+`,
+        ],
+        { env: { ...process.env, DATA: dataDir, STORE: STORE_DIR }, encoding: 'utf8', timeout: 120_000 },
+      );
+      expect(first.status, first.stderr).toBe(0);
+      const { id } = JSON.parse(first.stdout) as { id: string };
+      const successor = await Platform.local({ dataDir, storeDir: STORE_DIR, durable: true });
+      try {
+        const adopted = await successor.adoptSandboxes();
+        expect(adopted.map((s) => s.id)).toEqual([id]);
+        const sandbox = adopted[0]!;
+        const reach = async (): Promise<string[]> =>
+          Promise.all([8080, 8081, CONTROLLER_PORT].map((port) => fetchUpstream(sandbox, port)));
+        // the rules it had when its owner died, and not the wider ones it was created with
+        expect(await reach()).toEqual(['port 8080', 'port 8081', 'refused']);
+        // narrowed to nothing first: its veth of the dead owner's network must not keep its rules
+        await sandbox.setNetwork([]);
+        expect(await reach()).toEqual(['refused', 'refused', 'refused']);
+        await sandbox.setNetwork([`host:${UPSTREAM}:8080`]);
+        expect(await reach()).toEqual(['port 8080', 'refused', 'refused']);
+        await sandbox.close();
+      } finally {
+        await successor.gc().catch(() => undefined);
+        await successor.close();
+        await rm(dataDir, { recursive: true, force: true });
+      }
+    }));
+
+  it('honest: group members reach each other on their group, with or without egress', async () => {
+    const group = await embedded.platform.createGroupNetwork();
+    try {
+      await using client = await embedded.platform.createSandbox({ environment: 'debian:bookworm' });
+      await using service = await embedded.platform.createSandbox({
+        environment: 'busybox:latest',
+        network: [`host:${UPSTREAM}:8080`],
+      });
+      await group.join(client);
+      const serviceAddress = await group.join(service);
+      await service.exec(['sh', '-c', 'mkdir -p /srv && echo service > /srv/id && httpd -p 9000 -h /srv']);
+      const outcomes = await probe(client, [{ kind: 'tcp', host: serviceAddress, port: 9000 }], 'grp0');
+      expect(outcomes[0]?.outcome).toMatch(/^connected/);
+      const plain = await probe(client, [{ kind: 'tcp', host: serviceAddress, port: 9000 }]);
+      expect(plain[0]?.outcome).toMatch(/^connected/);
+      expect(await fetchUpstream(service, 8080)).toBe('port 8080');
+    } finally {
+      await group.close();
+    }
+  });
+
+  it('honest: a group member that hibernates and resumes is still on its group', async () => {
+    const group = await embedded.platform.createGroupNetwork();
+    try {
+      await using service = await embedded.platform.createSandbox({ environment: 'busybox:latest' });
+      await using member = await embedded.platform.createSandbox({ environment: 'busybox:latest' });
+      const serviceAddress = await group.join(service);
+      await group.join(member);
+      await service.exec(['sh', '-c', 'mkdir -p /srv && echo service > /srv/id && httpd -p 9000 -h /srv']);
+      const fetch = async (): Promise<string> =>
+        (
+          await member.exec([
+            'sh',
+            '-c',
+            `timeout 5 wget -q -O - http://${serviceAddress}:9000/id 2>/dev/null || echo refused`,
+          ])
+        ).stdout.trim();
+      expect(await fetch()).toBe('service');
+      await member.hibernate();
+      await member.resume();
+      expect(await fetch()).toBe('service');
+    } finally {
+      await group.close();
+    }
+  });
 
   it('honest: a granted host, a range inside a granted cidr, and the rule book reach their server', async () => {
     await using sandbox = await client('narrow').createSandbox({

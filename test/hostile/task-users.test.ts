@@ -167,6 +167,157 @@ describe('task users under attack', () => {
       await rootFilesUntouched();
     }));
 
+  it("reads procfs and sysfs with the user's rights, not root's", () =>
+    attack('users', 'file calls into root-only /proc and /sys entries', async () => {
+      // procfs and sysfs check credentials and capabilities, not only modes: what root may read
+      // there (pid 1 is the agent itself), the user may not, through any file call
+      const rootOnly = (
+        await asRoot(
+          'for f in $(find /proc/sys /sys -xdev -type f -perm -0400 ! -perm -0004 2>/dev/null | head -n 400); do ' +
+            'cat "$f" >/dev/null 2>&1 && echo "$f"; done | head -n 6',
+        )
+      )
+        .split('\n')
+        .filter(Boolean);
+      expect(rootOnly.length).toBeGreaterThan(0);
+      for (const path of [
+        '/proc/1/environ',
+        '/proc/1/maps',
+        '/proc/1/auxv',
+        '/proc/1/syscall',
+        ...rootOnly,
+      ]) {
+        const observation = await observe(task, { type: 'read_file', path });
+        expect(observation, path).toMatchObject({ type: 'error' });
+        await expectCode(sandbox.readFile(path, { user: 'app' }), 'permission_denied');
+      }
+      for (const path of ['/proc/1/fd', '/proc/1/map_files']) {
+        expect(await observe(task, { type: 'list_dir', path }), path).toMatchObject({ type: 'error' });
+      }
+      // the same files of a process of the user's own are the user's to read
+      const own = await shell(task, 'MARK=own-process sleep 600 >/dev/null 2>&1 & echo $!');
+      const pid = own.stdout.trim();
+      expect(await observe(task, { type: 'read_file', path: `/proc/${pid}/environ` })).toMatchObject({
+        type: 'file',
+        content: expect.stringContaining('MARK=own-process') as unknown,
+      });
+      expect(await observe(task, { type: 'list_dir', path: `/proc/${pid}/fd` })).toMatchObject({
+        type: 'dir',
+      });
+      const status = await observe(task, { type: 'read_file', path: '/proc/self/status' });
+      expect(status).toMatchObject({ type: 'file' });
+      expect((status as { content: string }).content).toMatch(/^Uid:\s+\d+\s+1000\s+\d+\s+1000$/m);
+      expect((status as { content: string }).content).toMatch(/^CapEff:\s+0+$/m);
+      await shell(task, `kill ${pid}`);
+    }));
+
+  it('answers a listing too large for one reply with some of it, never a crash', () =>
+    attack('users', 'list_dir of a folder whose listing is over the frame limit', async () => {
+      // room for 330,000 names of 250 bytes: a whole listing would be over the agent's 80 MiB frame
+      await using gym = SandboxEnv.create(env.platform, {
+        sandbox: { environment, resources: { memoryMib: 2048 } },
+        user: 'app',
+      });
+      await gym.reset();
+      const long = 'n'.repeat(244);
+      const made = await shell(
+        gym,
+        `mkdir /tmp/wide && cd /tmp/wide && seq 100001 430000 | sed 's/^/${long}/' | xargs touch && ls | wc -l`,
+      );
+      expect(made.stdout.trim()).toBe('330000');
+      const listed = await observe(gym, { type: 'list_dir', path: '/tmp/wide' });
+      expect(listed).toMatchObject({ type: 'dir', truncated: true });
+      const entries = (listed as { entries: unknown[] }).entries;
+      expect(entries.length).toBeGreaterThan(0);
+      expect(entries.length).toBeLessThan(330000);
+      const listing = await gym.current!.listDir('/tmp/wide', { user: 'app' });
+      expect(listing.truncated).toBe(true);
+      // the episode goes on
+      expect((await shell(gym, 'id -u')).stdout).toBe('1000\n');
+      const small = await observe(gym, { type: 'list_dir', path: '/srv' });
+      expect(small).toMatchObject({ type: 'dir' });
+      expect(small).not.toHaveProperty('truncated');
+    }));
+
+  it('never has the grader read a reward file the code under test pointed it at', () =>
+    attack('users', 'replacing /logs/verifier (or the reward file) with a symlink', async () => {
+      // tests that run as app, in an image that gave app /logs, next to a root-only reward file
+      const dir = join(env.dataDir, 'verifier-user-task');
+      await cp(TASK, dir, { recursive: true });
+      const toml = await readFile(join(dir, 'task.toml'), 'utf8');
+      await writeFile(join(dir, 'task.toml'), toml.replace('[verifier]\n', '[verifier]\nuser = "app"\n'));
+      await writeFile(
+        join(dir, 'environment', 'Dockerfile'),
+        `${await readFile(join(TASK, 'environment', 'Dockerfile'), 'utf8')}` +
+          'RUN mkdir -p /logs/verifier && chown app /logs && echo 1 > /srv/vault/reward.txt && echo 1 > /root/reward.txt\n',
+      );
+      // the tests run whatever the code under test left in its workdir first
+      await writeFile(
+        join(dir, 'tests', 'test.sh'),
+        `#!/bin/sh\n[ -f /srv/work/hook.sh ] && sh /srv/work/hook.sh\n${await readFile(join(TASK, 'tests', 'test.sh'), 'utf8')}`,
+      );
+      const loaded = await loadHarborTask(dir);
+      for (const hook of [
+        'rm -rf /logs/verifier; ln -s /srv/vault /logs/verifier',
+        'rm -rf /logs/verifier; ln -s /root /logs/verifier',
+        'mkdir -p /tmp/v && ln -s /root/reward.txt /tmp/v/reward.txt && rm -rf /logs/verifier && mv /tmp/v /logs/verifier',
+        'rm -f /logs/verifier/reward.txt; ln -s /srv/vault/reward.txt /logs/verifier/reward.txt',
+      ]) {
+        await using cheat = TaskEnv.create(env.platform, loaded);
+        await cheat.reset();
+        await observe(cheat, { type: 'write_file', path: '/srv/work/hook.sh', content: `${hook}; exit 0\n` });
+        const graded = await cheat.step({ type: 'submit' });
+        expect(graded.reward, hook).toBe(0);
+      }
+      // the honest twin: the same tests, run as app, score the real work
+      await using honest = TaskEnv.create(env.platform, loaded);
+      await honest.reset();
+      await observe(honest, { type: 'write_file', path: '/srv/work/out.txt', content: 'done\n' });
+      expect((await honest.step({ type: 'submit' })).reward).toBe(1);
+    }));
+
+  it("never re-runs the task's setup over the agent's files when a checkpoint is restored", () =>
+    attack(
+      'users',
+      "restoring a disk checkpoint re-running setup as root through the agent's symlinks",
+      async () => {
+        // setup as root writes a state file and gives it to the agent
+        const loaded = {
+          ...(await loadHarborTask(TASK)),
+          setupScript:
+            'echo ready > /srv/work/state && chown app /srv/work/state && chmod 600 /srv/work/state',
+        };
+        await using episode = TaskEnv.create(env.platform, loaded);
+        await episode.reset();
+        const first = episode.sandbox!;
+        const shadow = (await first.exec(['cat', '/etc/shadow'])).stdout;
+        // the agent swaps the state file for links to root's files
+        const planted = await shell(
+          episode,
+          'rm /srv/work/state && ln -s /etc/shadow /srv/work/state && echo mine > /home/app/note',
+        );
+        expect(planted.exitCode, planted.stderr).toBe(0);
+        await episode.restore(await episode.checkpoint({ depth: 'disk' }));
+        const restored = episode.sandbox!;
+        expect(restored.id).not.toBe(first.id);
+        const seen = await restored.exec([
+          'sh',
+          '-c',
+          'cat /etc/shadow; stat -c %u:%a /etc/shadow; readlink /srv/work/state; cat /home/app/note; stat -c %U /logs/agent',
+        ]);
+        expect(seen.stdout).toBe(`${shadow}0:600\n/etc/shadow\nmine\napp\n`);
+        await refused(episode, { type: 'read_file', path: '/srv/work/state' });
+        expect((await shell(episode, 'id -u')).stdout).toBe('1000\n');
+        // the honest twin: a setup that can run only once, and an episode restored from its checkpoint
+        await using once = TaskEnv.create(env.platform, { ...loaded, setupScript: 'mkdir /srv/once' });
+        await once.reset();
+        await observe(once, { type: 'write_file', path: '/srv/work/out.txt', content: 'done\n' });
+        await once.restore(await once.checkpoint({ depth: 'disk' }));
+        expect(await observe(once, { type: 'list_dir', path: '/srv/once' })).toMatchObject({ type: 'dir' });
+        expect((await once.step({ type: 'submit' })).reward).toBe(1);
+      },
+    ));
+
   it('makes every file the agent writes its own, setuid bits included', () =>
     attack('users', 'setuid modes and root-owned files through write_file', async () => {
       await observe(task, { type: 'write_file', path: '/home/app/made', content: 'x' });
@@ -312,6 +463,45 @@ describe('task users under attack', () => {
       await refused(resumed, { type: 'read_file', path: '/root/secret' });
       await refused(resumed, { type: 'write_file', path: '/etc/passwd', content: 'x' });
       expect((await shell(resumed, 'id -u')).stdout).toBe('1000\n');
+    }));
+
+  it("acts as the task's user when attached to its sandbox without a user", () =>
+    attack('users', 'attaching to a task sandbox without naming a user (sandgym mcp --sandbox)', async () => {
+      // what `sandgym mcp --sandbox ID` does without --user
+      await using attached = await SandboxEnv.attach(env.platform, sandbox, 'attached-without-user', {});
+      expect((await shell(attached, 'id -u')).stdout).toBe('1000\n');
+      await refused(attached, { type: 'read_file', path: '/root/secret' });
+      await refused(attached, { type: 'write_file', path: '/etc/passwd', content: 'x' });
+      await rootFilesUntouched();
+      // a user named on purpose is still the one used
+      await using named = await SandboxEnv.attach(env.platform, sandbox, 'attached-as-root', {
+        user: 'root',
+      });
+      expect((await shell(named, 'id -u')).stdout).toBe('0\n');
+    }));
+
+  it('has the fork value written only into folders root keeps', () =>
+    attack('users', 'a symlinked /run/sandgym for the fork value a restore writes', async () => {
+      await using gym = SandboxEnv.create(env.platform, { sandbox: { environment }, user: 'app' });
+      await gym.reset();
+      const box = gym.current!;
+      // an image whose /run anyone may write: the user puts its own folder, or a link, there
+      await box.exec(['sh', '-c', 'mkdir -p /run && chmod 1777 /run && rm -rf /run/sandgym']);
+      expect((await shell(gym, 'ln -s /etc /run/sandgym && echo ok')).stdout).toBe('ok\n');
+      await box.restore(await box.checkpoint());
+      const seen = await box.exec([
+        'sh',
+        '-c',
+        'ls -A /etc | grep -c -e fork -e sandgym-write; echo $SANDGYM_FORK',
+      ]);
+      expect(seen.stdout).toMatch(/^0\n[0-9a-f]{32}\n$/);
+      // where root keeps the folder, the value is there, and the user cannot change it
+      await box.exec(['sh', '-c', 'rm /run/sandgym && chmod 755 /run']);
+      await box.restore(await box.checkpoint());
+      const fork = (await box.readFile('/run/sandgym/fork')).toString();
+      expect(fork).toMatch(/^[0-9a-f]{32}$/);
+      await refused(gym, { type: 'write_file', path: '/run/sandgym/fork', content: 'forged' });
+      expect((await box.readFile('/run/sandgym/fork')).toString()).toBe(fork);
     }));
 
   it('holds through MCP tools', () =>

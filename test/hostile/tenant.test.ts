@@ -1,6 +1,5 @@
 import { spawn, spawnSync } from 'node:child_process';
 import { readdirSync, statSync } from 'node:fs';
-import { mkdir, rm } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../src/common/index.ts';
@@ -12,7 +11,12 @@ import {
   type InProcessCluster,
 } from '../support/in-process-cluster.ts';
 import { expectCode } from '../support/errors.ts';
-import { STORE_DIR, TEST_DATA_ROOT, createTestPlatform, type TestPlatform } from '../support/platform.ts';
+import {
+  STORE_DIR,
+  createTestPlatform,
+  smallVolumePlatform,
+  type TestPlatform,
+} from '../support/platform.ts';
 import { attack } from './summary.ts';
 
 const GRANTS = {
@@ -173,23 +177,16 @@ describe('tenant isolation', () => {
 
 /** A node whose disk is small: the scratch volume must fail like a full disk, never like a broken one. */
 describe('a small node volume', () => {
-  const mountPoint = join(TEST_DATA_ROOT, `small-disk-${process.pid}`);
+  let volume: Awaited<ReturnType<typeof smallVolumePlatform>>;
   let platform: LocalPlatform;
 
   beforeAll(async () => {
-    await mkdir(mountPoint, { recursive: true });
-    expect(spawnSync('mount', ['-t', 'tmpfs', '-o', 'size=700m', 'tmpfs', mountPoint]).status).toBe(0);
-    platform = await Platform.local({
-      dataDir: join(mountPoint, 'data'),
-      storeDir: STORE_DIR,
-      nodeId: 'smalldisk',
-    });
+    volume = await smallVolumePlatform('smalldisk', 700);
+    platform = volume.platform;
   });
 
   afterAll(async () => {
-    await platform?.close();
-    spawnSync('umount', [mountPoint]);
-    await rm(mountPoint, { recursive: true, force: true });
+    await volume?.[Symbol.asyncDispose]();
   });
 
   it('sizes its default disk cap to the volume, refuses a cap it cannot hold, and fails full writes with ENOSPC', () =>
@@ -230,7 +227,7 @@ describe('a small node volume', () => {
   it('caps what a sandbox writes in the tar loading mode too', () =>
     attack('tenant', 'disk fill in tar mode', async () => {
       const tarMode = await Platform.local({
-        dataDir: join(mountPoint, 'tar-data'),
+        dataDir: join(volume.mountPoint, 'tar-data'),
         storeDir: STORE_DIR,
         nodeId: 'tarmode',
         loadMode: 'tar',

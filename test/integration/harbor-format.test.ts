@@ -1,4 +1,4 @@
-import { chmod, mkdir, writeFile } from 'node:fs/promises';
+import { chmod, cp, mkdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadTasks } from '../../src/env/index.ts';
@@ -137,5 +137,16 @@ describe('Harbor tasks as published', () => {
     });
     const nop = await evaluate(env.platform, tasks, nopAgent, { concurrency: 2 });
     expect(nop.map((r) => [r.task, r.reward, r.outcome.kind])).toEqual(tasks.map((t) => [t.id, 0, 'ok']));
+  });
+
+  it("takes a compose service whose Dockerfile fails for the task author's error, naming the service", async () => {
+    const dir = join(env.dataDir, 'broken-service', 'compose-main');
+    await cp(join(FIXTURES, 'compose-main'), dir, { recursive: true });
+    await writeFile(join(dir, 'environment', 'web', 'Dockerfile'), 'FROM debian:bookworm\nRUN exit 7\n');
+    const [report] = await evaluate(env.platform, await loadTasks([dir]), nopAgent, { concurrency: 1 });
+    expect(report?.outcome).toMatchObject({
+      kind: 'task_error',
+      message: expect.stringMatching(/service "web".*exit/) as unknown,
+    });
   });
 });

@@ -151,6 +151,31 @@ describe('Harbor tasks, fresh-box grading and evaluation', () => {
     });
   });
 
+  it('tells empty hidden folders the Dockerfile made from hidden content the agent can see', async () => {
+    const hiddenCheck = async (dockerfileLines: string): Promise<{ passed: boolean; detail: string }> => {
+      const dir = await taskCopy('hidden-folders', (d) =>
+        writeFile(
+          join(d, 'environment', 'Dockerfile'),
+          `FROM debian:bookworm-slim\nWORKDIR /app\n${dockerfileLines}`,
+        ),
+      );
+      const results = await checkTask(env.platform, await loadHarborTask(dir));
+      const hidden = results.find((r) => r.name === 'nothing hidden is visible to the agent');
+      if (!hidden) throw new Error(`no hidden-files check among ${results.map((r) => r.name).join(', ')}`);
+      return hidden;
+    };
+    // what Aider Polyglot and TermiGen Dockerfiles do: folders for the harness to fill later
+    expect(await hiddenCheck('RUN mkdir -p /tests /solution\n')).toMatchObject({
+      passed: true,
+      detail: expect.stringMatching(/\/tests, \/solution: empty folders the image made/) as unknown,
+    });
+    expect(await hiddenCheck('RUN mkdir -p /tests && echo expected > /tests/expected.txt\n')).toMatchObject({
+      passed: false,
+      detail: expect.stringMatching(/the agent can see \/tests/) as unknown,
+    });
+    expect(await hiddenCheck('RUN ln -s /app /solution\n')).toMatchObject({ passed: false });
+  });
+
   it('runs from the command line with the exit codes the README gives', () => {
     const cliEnv = { ...process.env, SANDGYM_DATA_DIR: env.dataDir, SANDGYM_STORE: env.platform.store.root };
     const out = join(env.dataDir, 'eval.json');

@@ -1,5 +1,6 @@
+import { spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { rm } from 'node:fs/promises';
+import { mkdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { openHandlesUnder } from './open-handles.ts';
 import {
@@ -16,6 +17,8 @@ import {
   defaultStoreDir,
   type LocalPlatform,
 } from '../../src/platform/index.ts';
+import type { SandboxAction, Task } from '../../src/env/index.ts';
+import { evaluate, oracleAgent, scriptedAgent, type EpisodeReport } from '../../src/rollout/index.ts';
 
 /** Each test file's platform has a data folder of its own below this; the layer store is shared. */
 export const TEST_DATA_ROOT = join(defaultDataDir(), 'tests');
@@ -111,4 +114,50 @@ export async function busyboxSpecFactory(): Promise<() => SandboxSpec> {
 /** A rule book that lets builds reach Debian's package mirror (see hostDebianMirrorRules). */
 export function debianMirrorRules(): Promise<NetworkRuleBook> {
   return hostDebianMirrorRules();
+}
+
+/**
+ * Plays one episode of `task` on `platform` with a scripted agent (or the task's oracle) and
+ * returns its report, as `sandgym eval` would grade it.
+ */
+export async function playEpisode(
+  platform: LocalPlatform,
+  task: Task,
+  actions: SandboxAction[] | 'oracle',
+): Promise<EpisodeReport> {
+  const agent = actions === 'oracle' ? oracleAgent : () => scriptedAgent(actions);
+  const [report] = await evaluate(platform, [task], agent, { concurrency: 1 });
+  if (!report) throw new Error(`no report for task ${task.id}`);
+  return report;
+}
+
+/**
+ * A platform whose data folder is on a tmpfs of `sizeMib`, for tests of a node whose disk fills;
+ * dispose it to close the platform and unmount the volume.
+ */
+export async function smallVolumePlatform(
+  name: string,
+  sizeMib: number,
+): Promise<AsyncDisposable & { platform: LocalPlatform; mountPoint: string }> {
+  const mountPoint = join(TEST_DATA_ROOT, `${name}-${process.pid}`);
+  await mkdir(mountPoint, { recursive: true });
+  const mounted = spawnSync('mount', ['-t', 'tmpfs', '-o', `size=${sizeMib}m`, 'tmpfs', mountPoint]);
+  if (mounted.status !== 0)
+    throw new Error(`cannot mount a tmpfs at ${mountPoint}: ${String(mounted.stderr)}`);
+  const platform = await Platform.local({
+    dataDir: join(mountPoint, 'data'),
+    storeDir: STORE_DIR,
+    nodeId: name,
+  });
+  return {
+    platform,
+    mountPoint,
+    async [Symbol.asyncDispose]() {
+      await platform.close();
+      // the volume's loop device lets go of its image a moment after the volume is unmounted
+      for (let attempt = 0; attempt < 50 && spawnSync('umount', [mountPoint]).status !== 0; attempt++)
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      await rm(mountPoint, { recursive: true, force: true });
+    },
+  };
 }

@@ -49,8 +49,29 @@ function record(
   return [header, data, Buffer.alloc((512 - (data.length % 512)) % 512)];
 }
 
+/**
+ * One raw 512-byte header claiming `size` bytes of data, whatever its type: the data (and its
+ * padding) is the caller's to stream after it, so a test can claim gigabytes without holding them.
+ */
+export function tarHeader(
+  path: string | Buffer,
+  type: keyof typeof FLAGS | 'x' | 'L' | 'S',
+  size: number,
+  linkTarget = '',
+): Buffer {
+  const flag = type in FLAGS ? FLAGS[type as keyof typeof FLAGS] : type;
+  const [header] = record('', flag, Buffer.alloc(0), { mode: 0o644, linkTarget });
+  Buffer.from(path).copy(header!, 0, 0, 100);
+  octal(header!, 124, 12, size);
+  header!.fill(0x20, 148, 156);
+  let sum = 0;
+  for (const byte of header!) sum += byte;
+  field(header!, 148, 8, `${sum.toString(8).padStart(6, '0')}\0 `);
+  return header!;
+}
+
 /** A pax record, "<length> key=value\n", its length counting itself. */
-function paxRecord(key: string, value: string): string {
+export function paxRecord(key: string, value: string): string {
   const body = ` ${key}=${value}\n`;
   const bodyBytes = Buffer.byteLength(body);
   let length = bodyBytes + 1;

@@ -510,7 +510,11 @@ export class ContainerBackend implements Backend {
       diskUsage: () => this.scratch.usage(shell.scratch),
       diskUsedNow: () => this.scratch.usedNow(shell.scratch),
       network: {
-        set: (rules) => this.egress.set(shell, rules),
+        set: async (rules) => {
+          // recorded first: a successor adopting it after a crash applies what was last asked
+          await this.recordRules(shell.slot, rules);
+          await this.egress.set(shell, rules);
+        },
         denied: () => this.egress.denied(shell.slot),
         attached: () => this.egress.isAttached(shell.slot),
       },
@@ -523,6 +527,14 @@ export class ContainerBackend implements Backend {
     });
     this.sandboxes.add(sandbox);
     return sandbox;
+  }
+
+  /** Notes a sandbox's current network rules in its record, for {@link adopt}. */
+  private async recordRules(slot: string, rules: readonly string[]): Promise<void> {
+    const dir = this.launcher.pathsOf(slot).dir;
+    const state = await readContainerState(dir);
+    if (!state?.spec) return;
+    await this.launcher.saveState(dir, { ...state, spec: { ...state.spec, network: [...rules] } });
   }
 
   /**
@@ -641,6 +653,10 @@ export class ContainerBackend implements Backend {
       scratch,
       diskMib: spec.resources.diskMib,
     };
+    // its links on the dead owner's networks go, and its recorded rules apply on this one's, so
+    // every later SetNetwork rewrites rules this process holds
+    await this.egress.isolate(shell);
+    await this.egress.set(shell, spec.network);
     this.launcher.containers.set(slot, shell);
     const baseline = state.baseline;
     const sandbox = this.track(shell, spec, baseline, Date.parse(state.createdAt));

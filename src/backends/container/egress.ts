@@ -3,6 +3,7 @@ import { controlPlaneOf, mergeControlPlanes, type ControlPlane } from '../host/e
 import type { GroupNetwork } from '../host/group-network.ts';
 import { checkRuleBook, resolveRules, type NetworkRuleBook } from '../host/network-rules.ts';
 import { NodeNetwork, removeStaleNetwork, type NetworkAttachment } from '../host/node-network.ts';
+import { runProgram } from '../host/run-program.ts';
 import type { WarmShell } from './warm-pool.ts';
 
 /**
@@ -16,6 +17,8 @@ export class ContainerEgress {
   private network: Promise<NodeNetwork> | undefined;
   /** Containers on the node network, by slot. */
   private readonly attached = new Map<string, Promise<NetworkAttachment>>();
+  /** Containers put on a group network (until their namespace is loopback only again). */
+  private readonly grouped = new Set<string>();
   /** What the guard keeps every container from beyond the fixed ranges (see {@link guard}). */
   private controlPlane: ControlPlane;
 
@@ -79,6 +82,14 @@ export class ContainerEgress {
     return this.attached.has(slot);
   }
 
+  /**
+   * Whether a container has a link beyond loopback that reaches into the node's namespace (the
+   * node network, a group): a memory image's restore cannot rebuild it.
+   */
+  hasOuterLinks(slot: string): boolean {
+    return this.attached.has(slot) || this.grouped.has(slot);
+  }
+
   /** Packets of a container its rules dropped for want of a route. */
   async denied(slot: string): Promise<number> {
     const attachment = await this.attached.get(slot)?.catch(() => undefined);
@@ -88,6 +99,7 @@ export class ContainerEgress {
 
   /** Puts a container on a group network; its address there. */
   async joinGroup(shell: WarmShell, group: GroupNetwork): Promise<string> {
+    this.grouped.add(shell.slot);
     return group.join(shell.agentPid ?? (await soleOrFirstProcess(shell)));
   }
 
@@ -95,7 +107,32 @@ export class ContainerEgress {
   async detach(slot: string): Promise<void> {
     const attachment = await this.attached.get(slot)?.catch(() => undefined);
     this.attached.delete(slot);
+    this.grouped.delete(slot);
     if (attachment && this.network) await (await this.network).detach(attachment);
+  }
+
+  /**
+   * Puts a container's network namespace back to loopback only, for its next tenant: off the node
+   * network, and every other link (a group network's `grp0`, whoever put it there, left or not)
+   * deleted, the group's end of the pair with it. Fails unless loopback alone is left, so a
+   * shell never goes back to the pool still on a network of its last tenant.
+   */
+  async isolate(shell: WarmShell): Promise<void> {
+    await this.detach(shell.slot);
+    const pid = shell.agentPid ?? (await soleOrFirstProcess(shell));
+    const left = await runProgram('nsenter', [
+      `--net=/proc/${pid}/ns/net`,
+      'sh',
+      '-c',
+      `links() { ip -o link show | awk -F'[:@ ]+' '{print $2}'; }
+       for l in $(links); do [ "$l" = lo ] || ip link del "$l" 2>/dev/null; done; links`,
+    ]);
+    const links = left.split('\n').filter(Boolean);
+    if (links.join() !== 'lo')
+      throw new SandgymError(
+        'platform_error',
+        `Container ${shell.slot} keeps links beyond loopback: ${links.join(', ')}`,
+      );
   }
 
   /** The node network goes with the last sandbox; one a crashed predecessor left goes too. */

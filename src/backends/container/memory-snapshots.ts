@@ -52,10 +52,11 @@ export class ContainerMemorySnapshots {
       }
     };
     return {
-      // its network's veth pair reaches into the node's namespace, which a restore cannot rebuild
-      available: () => !this.egress.isAttached(shell.slot),
+      // a veth pair on the node network or a group reaches into the node's namespace, which a
+      // restore cannot rebuild: its processes would come back off the network
+      available: () => !this.egress.hasOuterLinks(shell.slot),
       unavailableBecause: () =>
-        'it is on the node network (its rules name addresses beyond loopback), which a restore cannot rebuild',
+        'it is on the node network (its rules name addresses beyond loopback) or a group network, which a restore cannot rebuild',
       dump: () =>
         logged('memory snapshot', async () => {
           const name = `memory-${randomBytes(6).toString('hex')}`;

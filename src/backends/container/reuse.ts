@@ -94,12 +94,14 @@ export class ContainerReuse {
    * Leaves nothing of a tenant in its container: every process ended (the agent as pid 1 kills
    * the whole pid namespace and reaps it), the cgroup checked to hold the agent alone, then the
    * empty shell root swapped in, which also brings a fresh /dev and removes every IPC object;
-   * the tenant's upper dir is deleted. False when any of it fails: the caller destroys it instead.
+   * the tenant's upper dir is deleted; its network namespace is loopback only again (every group
+   * network left). False when any of it fails: the caller destroys it instead.
    */
   async scrub(shell: WarmShell): Promise<boolean> {
     try {
       await shell.cgroup.setFrozen(false);
-      await this.egress.detach(shell.slot);
+      // back to loopback only: off the node network and every group network
+      await this.egress.isolate(shell);
       await shell.channel.call({ op: 'reset' }, { timeoutMs: RESET_TIMEOUT_MS });
       shell.agentPid = await soleProcess(shell);
       await this.checkAgentUnchanged(shell);

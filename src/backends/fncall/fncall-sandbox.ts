@@ -2,7 +2,7 @@ import { SandgymError, type FailureReason } from '../../common/index.ts';
 import type {
   BackendSandbox,
   CallOptions,
-  DirEntry,
+  DirListing,
   ListDirOptions,
   ExecOptions,
   ExecResult,
@@ -183,7 +183,7 @@ export class FnCallSandbox implements BackendSandbox {
     this.active = Date.now();
   }
 
-  async listDir(path: string, options: ListDirOptions = {}): Promise<DirEntry[]> {
+  async listDir(path: string, options: ListDirOptions = {}): Promise<DirListing> {
     checkSandboxPath(path);
     return this.withWorker('list a directory', options.signal, (worker) => worker.listDir(path, options));
   }

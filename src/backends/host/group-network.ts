@@ -12,6 +12,29 @@ const MEMBERS = 254;
 const CLAIMS_DIR = '/run/sandgym/groups';
 /** The interface a member sees its group on (its node-network veth, if any, is eth0). */
 const MEMBER_INTERFACE = 'grp0';
+/** The host-wide table that keeps every group off the host: see {@link GROUP_GUARD}. */
+const GUARD_TABLE = 'sandgym_groups';
+
+/**
+ * What reaches the host's own stack from a group's bridge is dropped: a member may name any
+ * address as on its link (IP_UNICAST_IF needs no privilege), broadcast, or take the host's bridge
+ * for a router, and the node network's guard never sees any of it. Input covers the host's
+ * addresses and broadcasts; forward covers routing through the host (bridged member-to-member
+ * frames, which br_netfilter shows here as in and out of the same bridge, still pass); the
+ * wildcard covers every group's bridge, made before or after. Written in one transaction and
+ * never removed, so two processes making groups at once both leave it whole, and every bridge
+ * is made after it.
+ */
+const GROUP_GUARD = `
+  add table inet ${GUARD_TABLE}
+  add chain inet ${GUARD_TABLE} input { type filter hook input priority filter - 10; policy accept; }
+  add chain inet ${GUARD_TABLE} forward { type filter hook forward priority filter - 10; policy accept; }
+  flush chain inet ${GUARD_TABLE} input
+  flush chain inet ${GUARD_TABLE} forward
+  add rule inet ${GUARD_TABLE} input iifname "sgg*" drop
+  add rule inet ${GUARD_TABLE} forward iifname "sgg*" oifname != "sgg*" drop
+  add rule inet ${GUARD_TABLE} forward oifname "sgg*" iifname != "sgg*" drop
+`;
 
 /**
  * 198.18.0.0/15 is set aside for benchmarking (RFC 2544) and routed nowhere, so a group's
@@ -59,9 +82,17 @@ export class GroupNetwork {
           join(claim, 'owner.json'),
           JSON.stringify({ owner: await processIdentity(process.pid) }),
         );
+        await runProgram('nft', ['-f', '-'], { input: GROUP_GUARD });
+        // no address of either family on the host's end, and no answer to who has one: members
+        // never learn the host's link address, so nothing they send is for the host
         await runProgram('sh', [
           '-c',
-          'ip link del "$1" 2>/dev/null; ip link add "$1" type bridge && ip link set "$1" up',
+          [
+            'ip link del "$1" 2>/dev/null; ip link add "$1" type bridge',
+            'echo 1 > /proc/sys/net/ipv6/conf/"$1"/disable_ipv6',
+            'echo 8 > /proc/sys/net/ipv4/conf/"$1"/arp_ignore',
+            'ip link set "$1" up',
+          ].join(' && '),
           'sh',
           group.bridge,
         ]);

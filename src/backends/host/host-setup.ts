@@ -16,6 +16,8 @@ const REQUIRED_PROGRAMS: Record<string, string> = {
   btrfs: 'btrfs-progs',
   // network policy for sandboxes that may reach anything beyond loopback
   nft: 'nftables',
+  // flows of a sandbox's address forgotten when its rules narrow or the address is freed
+  conntrack: 'conntrack',
   // the microvm backend: QEMU, the writable disk's filesystem, the guest kernel's unpacking
   'qemu-system-x86_64': 'qemu-system-x86',
   // only a Recommends of qemu-system-x86, which --no-install-recommends leaves out
@@ -33,6 +35,8 @@ const REQUIRED_PROGRAMS: Record<string, string> = {
   git: 'git',
   // FROM images pulled from OCI registries
   skopeo: 'skopeo',
+  // zstd-compressed layers of such images
+  zstd: 'zstd',
   // a swap file for hibernation (sandgym setup --swap-mib)
   mkswap: 'util-linux',
   swapon: 'mount',

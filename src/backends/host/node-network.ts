@@ -45,6 +45,8 @@ function addressOf(subnet: number, host: number): string {
  */
 export class NodeNetwork {
   private readonly attached = new Map<number, NetworkAttachment>();
+  /** What each attachment's rules allow now (`cidr` or `cidr:port`), to tell a narrowing. */
+  private readonly allowed = new Map<number, Set<string>>();
 
   private constructor(
     private readonly subnet: number,
@@ -133,6 +135,12 @@ export class NodeNetwork {
           type filter hook input priority filter; policy accept;
           iifname "${bridge}" jump egress
         }
+        chain prerouting {
+          type filter hook prerouting priority filter; policy accept;
+          # the kernel answers a packet that expires here before any forward rule sees it: its
+          # "time exceeded" would map the host's routes, the guarded ones included
+          iifname "${bridge}" ip ttl <= 1 fib daddr type != local drop
+        }
         chain postrouting {
           type nat hook postrouting priority srcnat; policy accept;
           ip saddr ${this.cidr} oifname != "${bridge}" masquerade
@@ -196,6 +204,9 @@ export class NodeNetwork {
    */
   async allow(attachment: NetworkAttachment, targets: readonly EgressTarget[]): Promise<void> {
     const { index, address } = attachment;
+    const now = new Set(targets.map((t) => (t.port === undefined ? t.cidr : `${t.cidr}:${t.port}`)));
+    const before = this.allowed.get(index);
+    this.allowed.set(index, now);
     const chain = `sandbox${index}`;
     const rules = targets.map(
       (t) =>
@@ -210,6 +221,9 @@ export class NodeNetwork {
       add rule inet ${this.table} ${chain} drop
       add element inet ${this.table} denials { ${address} : "denied${index}" }
       add element inet ${this.table} sandboxes { ${address} : jump ${chain} }`);
+    // the kernel keeps forwarding what flows the old rules let in (their replies meet no rule):
+    // a rule that goes takes its flows with it, the ones still allowed start again
+    if (before && [...before].some((target) => !now.has(target))) await forgetFlows(address);
   }
 
   /** New connections the sandbox's rules refused so far. */
@@ -229,16 +243,17 @@ export class NodeNetwork {
   /** Removes the sandbox's veth and rules; its namespace is back to loopback only. */
   async detach(attachment: NetworkAttachment): Promise<void> {
     const { index, address } = attachment;
-    try {
-      await runProgram('sh', ['-c', 'ip link del "$1" 2>/dev/null || true', 'sh', this.hostVeth(index)]);
-      await nft(`
-        delete element inet ${this.table} sandboxes { ${address} }
-        delete element inet ${this.table} denials { ${address} }
-        delete chain inet ${this.table} sandbox${index}
-        delete counter inet ${this.table} denied${index}`).catch(() => undefined);
-    } finally {
-      this.attached.delete(index);
-    }
+    await runProgram('sh', ['-c', 'ip link del "$1" 2>/dev/null || true', 'sh', this.hostVeth(index)]);
+    await nft(`
+      delete element inet ${this.table} sandboxes { ${address} }
+      delete element inet ${this.table} denials { ${address} }
+      delete chain inet ${this.table} sandbox${index}
+      delete counter inet ${this.table} denied${index}`).catch(() => undefined);
+    // the address is free again only once no flow of this sandbox is left on it: the next
+    // sandbox given it would be handed the rest (replies still in flight, a peer's stream)
+    await forgetFlows(address);
+    this.attached.delete(index);
+    this.allowed.delete(index);
   }
 
   get attachments(): number {
@@ -263,6 +278,19 @@ export class NodeNetwork {
       { retryable: true },
     );
   }
+}
+
+/** Removes every flow the kernel tracks to or from `address` (conntrack exits 1 when none). */
+async function forgetFlows(address: string): Promise<void> {
+  await runProgram('sh', [
+    '-c',
+    `for way in -s -d; do
+       out=$(conntrack -D "$way" "$1" 2>&1 >/dev/null)
+       case "$out" in *"flow entries have been deleted"*) ;; *) echo "$out" >&2; exit 1 ;; esac
+     done`,
+    'sh',
+    address,
+  ]);
 }
 
 function nft(script: string): Promise<string> {

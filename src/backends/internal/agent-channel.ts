@@ -15,7 +15,7 @@ import {
   type AgentOk,
   type AgentReady,
 } from './agent-protocol.ts';
-import { FrameReader, frame } from './frame-reader.ts';
+import { FrameReader, frame, replyIdOf, type OversizedFrame } from './frame-reader.ts';
 
 type OutputHandler = (stream: ExecChunk['stream'], data: Buffer) => void;
 
@@ -48,6 +48,7 @@ const AGENT_ERROR_CODES: Record<string, SandgymErrorCode> = {
   busy: 'resource_exhausted',
   no_resources: 'resource_exhausted',
   io_error: 'failed_precondition',
+  reply_too_large: 'resource_exhausted',
 };
 
 /** Drops undefined fields: msgpack has no such type, and encoders disagree on how to send it. */
@@ -265,10 +266,26 @@ export class AgentChannel {
       this.skipped = Buffer.alloc(0);
     }
     try {
-      for (const body of this.reader.push(chunk)) this.dispatch(body);
+      for (const body of this.reader.push(chunk))
+        if (Buffer.isBuffer(body)) this.dispatch(body);
+        else this.dropOversized(body);
     } catch (error) {
       this.fail(error instanceof Error ? error : new Error(String(error)));
     }
+  }
+
+  /** A reply too large to take fails its own call; the channel and every other call go on. */
+  private dropOversized(body: OversizedFrame): void {
+    const id = replyIdOf(body.head);
+    const pending = id === undefined ? undefined : this.pending.get(id);
+    if (id === undefined || !pending) return;
+    this.pending.delete(id);
+    pending.reject(
+      new SandgymError(
+        'resource_exhausted',
+        `The sandbox agent's ${body.oversized}-byte reply is over the ${MAX_FRAME_BYTES}-byte frame limit`,
+      ),
+    );
   }
 
   private dispatch(body: Buffer): void {

@@ -61,6 +61,8 @@ export const agentOkSchema = z.object({
   id: count,
   data: bytes.optional(),
   entries: z.array(agentDirEntrySchema).optional(),
+  /** `list`: the folder holds more entries than the agent lists (see file_list). */
+  truncated: z.boolean().optional(),
   /** `procs`: processes of the sandbox besides the agent (kernel threads not counted). */
   count: z.number().int().nonnegative().optional(),
   /** `procstate`: the agent's own process state now, as in its ready message. */

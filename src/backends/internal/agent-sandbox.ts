@@ -9,7 +9,7 @@ import type {
   BackendSandbox,
   CallOptions,
   CheckpointOptions,
-  DirEntry,
+  DirListing,
   ExecChunk,
   ExecOptions,
   ExecResult,
@@ -319,14 +319,15 @@ export abstract class AgentSandbox implements BackendSandbox {
     );
   }
 
-  async listDir(path: string, options: ListDirOptions = {}): Promise<DirEntry[]> {
+  async listDir(path: string, options: ListDirOptions = {}): Promise<DirListing> {
     checkSandboxPath(path);
     await this.ready('list a directory', options.signal);
     const user = await this.actingAs(options.user);
     const reply = await this.explained(
       this.channel.call({ op: 'list', path, ...credentialsOf(user) }, fileCallOptions(options)),
     );
-    return (reply.entries ?? []).sort((a, b) => a.name.localeCompare(b.name));
+    const entries = (reply.entries ?? []).sort((a, b) => a.name.localeCompare(b.name));
+    return reply.truncated ? Object.assign(entries, { truncated: true }) : entries;
   }
 
   /** Whether the OOM killer ended a process since the last time this was asked. */

@@ -73,6 +73,9 @@ export class GradingAnomaly extends SandgymError {
   ) {
     super('failed_precondition', message);
   }
+
+  /** The end of what the test run printed, when the anomaly came from one (see {@link judgeRun}). */
+  output?: { stdoutTail: string; stderrTail: string };
 }
 
 /**
@@ -121,6 +124,22 @@ export function customVerifier(decide: (context: VerifyContext) => Promise<Verif
 const OUTPUT_TAIL_CHARS = 4000;
 
 /** The ends of a verifier run's stdout and stderr, for the report. */
+/**
+ * Judges what a test run left with `judge`: an anomaly it finds carries the run's output tails,
+ * so a `verifier_error` can show the verifier's own words.
+ */
+export async function judgeRun<T>(
+  run: { stdout: string; stderr: string },
+  judge: () => T | Promise<T>,
+): Promise<T> {
+  try {
+    return await judge();
+  } catch (error) {
+    if (error instanceof GradingAnomaly) error.output ??= outputTails(run);
+    throw error;
+  }
+}
+
 export function outputTails(run: { stdout: string; stderr: string }): {
   stdoutTail: string;
   stderrTail: string;

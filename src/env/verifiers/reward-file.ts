@@ -1,6 +1,13 @@
 import { readFile, stat } from 'node:fs/promises';
 import { filesUnder, stageFolder } from '../stage-folder.ts';
-import { GradingAnomaly, asTestUser, endLeftoverProcesses, outputTails, type Verifier } from './chain.ts';
+import {
+  GradingAnomaly,
+  asTestUser,
+  endLeftoverProcesses,
+  judgeRun,
+  outputTails,
+  type Verifier,
+} from './chain.ts';
 import { harnessEnv, stageHarness } from './harness.ts';
 import {
   checkOutcomesDecidedByTests,
@@ -109,50 +116,65 @@ export function rewardFileVerifier(testsDir: string, timeoutMs: number): Verifie
     // an image without bash (busybox) runs the script with its sh
     if (run.exitCode === 127 && /cannot run bash/.test(run.stderr)) run = await runTests('sh');
     await endLeftoverProcesses(grader, deadline);
-    if (run.timedOut) throw new GradingAnomaly('timeout', `The tests ran out of their ${timeoutMs} ms`);
-    const harness = readHarnessReport(run);
-    checkRunSound('tests/test.sh', run, harness);
-    const files = (await grader.listDir('/logs/verifier', deadline.call())).map((e) => e.name);
-    if (!files.includes('reward.json') && !files.includes('reward.txt')) {
-      throw new GradingAnomaly(
-        'no_reward',
-        `tests/test.sh ended (exit ${run.exitCode ?? run.signal}) without writing /logs/verifier/reward.txt or reward.json`,
-      );
-    }
-    // as Harbor reads them: reward.txt when there is one, else reward.json
-    const json = !files.includes('reward.txt');
-    const name = json ? 'reward.json' : 'reward.txt';
-    const path = `/logs/verifier/${name}`;
-    const text = (await grader.readFile(path, { ...deadline.call(), maxBytes: 1 << 20 })).toString();
-    const range = task.rewardRange ?? DEFAULT_REWARD_RANGE;
-    const { reward, metrics } = parseReward(text, json, range);
-    const verdict = {
-      reward,
-      details: {
-        reason: `tests/test.sh (exit ${run.exitCode ?? run.signal}) wrote ${json ? `reward.json ${text.trim().slice(0, 200)}` : `reward.txt ${text.trim()}`}`,
-        exitCode: run.exitCode,
-        ...outputTails(run),
-        rewardFile: true,
-        ...(metrics ? { metrics } : {}),
-        ...harnessDetails(harness),
-      },
-    };
-    // A reward file no file of the tests names was written by something else: the code under test.
-    if (!(await testsName(testsDir, name)))
-      throw new GradingAnomaly(
-        'reward_file_unnamed',
-        `The reward came from ${name}, which no file of the task's tests writes`,
-        verdict,
-      );
-    checkOutcomesDecidedByTests(harness, verdict);
-    // A full reward that the run's own tests contradict may have been written by a process of the
-    // code under test racing test.sh; the run without the agent's changes decides (see GradingAnomaly).
-    if (reward === range[1] && reportsFailures(harness))
-      throw new GradingAnomaly(
-        'reward_contradicts_tests',
-        `The reward file says ${reward}, the most a run can score, while pytest reported failing tests`,
-        verdict,
-      );
-    return verdict;
+    return judgeRun(run, async () => {
+      if (run.timedOut) throw new GradingAnomaly('timeout', `The tests ran out of their ${timeoutMs} ms`);
+      const harness = readHarnessReport(run);
+      checkRunSound('tests/test.sh', run, harness);
+      // The reward is read as the tests' user, from the folder the grader made, never through a
+      // link: code under test that replaced /logs/verifier (or a reward file) with a symlink must
+      // not have the grader read, with root's rights, a file it chose.
+      const asTests = runAs.user === undefined ? {} : { user: runAs.user };
+      const logs = await grader.listDir('/logs', deadline.call());
+      if (logs.find((e) => e.name === 'verifier')?.type !== 'dir')
+        throw new GradingAnomaly('no_reward', '/logs/verifier is no longer the folder the grader made');
+      const listed = await grader.listDir('/logs/verifier', { ...deadline.call(), ...asTests });
+      const links = listed.filter((e) => e.type !== 'file' && /^reward\.(txt|json)$/.test(e.name));
+      if (links.length)
+        throw new GradingAnomaly('bad_reward', `/logs/verifier/${links[0]!.name} is not a regular file`);
+      const files = listed.map((e) => e.name);
+      if (!files.includes('reward.json') && !files.includes('reward.txt')) {
+        throw new GradingAnomaly(
+          'no_reward',
+          `tests/test.sh ended (exit ${run.exitCode ?? run.signal}) without writing /logs/verifier/reward.txt or reward.json`,
+        );
+      }
+      // as Harbor reads them: reward.txt when there is one, else reward.json
+      const json = !files.includes('reward.txt');
+      const name = json ? 'reward.json' : 'reward.txt';
+      const path = `/logs/verifier/${name}`;
+      const text = (
+        await grader.readFile(path, { ...deadline.call(), ...asTests, maxBytes: 1 << 20 })
+      ).toString();
+      const range = task.rewardRange ?? DEFAULT_REWARD_RANGE;
+      const { reward, metrics } = parseReward(text, json, range);
+      const verdict = {
+        reward,
+        details: {
+          reason: `tests/test.sh (exit ${run.exitCode ?? run.signal}) wrote ${json ? `reward.json ${text.trim().slice(0, 200)}` : `reward.txt ${text.trim()}`}`,
+          exitCode: run.exitCode,
+          ...outputTails(run),
+          rewardFile: true,
+          ...(metrics ? { metrics } : {}),
+          ...harnessDetails(harness),
+        },
+      };
+      // A reward file no file of the tests names was written by something else: the code under test.
+      if (!(await testsName(testsDir, name)))
+        throw new GradingAnomaly(
+          'reward_file_unnamed',
+          `The reward came from ${name}, which no file of the task's tests writes`,
+          verdict,
+        );
+      checkOutcomesDecidedByTests(harness, verdict);
+      // A full reward that the run's own tests contradict may have been written by a process of the
+      // code under test racing test.sh; the run without the agent's changes decides (see GradingAnomaly).
+      if (reward === range[1] && reportsFailures(harness))
+        throw new GradingAnomaly(
+          'reward_contradicts_tests',
+          `The reward file says ${reward}, the most a run can score, while pytest reported failing tests`,
+          verdict,
+        );
+      return verdict;
+    });
   };
 }

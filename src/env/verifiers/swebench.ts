@@ -9,6 +9,7 @@ import type { PytestOutcome } from '../pytest-summary.ts';
 import {
   GradingAnomaly,
   endLeftoverProcesses,
+  judgeRun,
   outputTails,
   type Verifier,
   type VerifierResult,
@@ -132,22 +133,24 @@ export function sweBenchVerifier(
       outputCapBytes: 16 << 20,
     });
     await endLeftoverProcesses(grader, deadline);
-    if (run.timedOut) throw new GradingAnomaly('timeout', `The tests ran out of their ${timeoutMs} ms`);
-    const report = readHarnessReport(run);
-    checkRunSound('the test runner', run, report);
-    // the runner always finishes and says so: if it did not, the code under test ended it
-    const runner = report.runners.find((r) => r.name === 'swebench');
-    if (!runner)
-      throw new GradingAnomaly(
-        'runner_ended_early',
-        `the test runner did not finish (exit ${run.exitCode ?? run.signal}) and never said it had`,
-      );
-    const status = (id: string): string => {
-      if (runner.tampered.length) return 'error';
-      const outcome = report.tests.get(id);
-      return outcome ? SWEBENCH_STATUS[outcome] : 'missing';
-    };
-    return sweBenchVerdict(grading, status, restored, runner.tampered, run);
+    return judgeRun(run, () => {
+      if (run.timedOut) throw new GradingAnomaly('timeout', `The tests ran out of their ${timeoutMs} ms`);
+      const report = readHarnessReport(run);
+      checkRunSound('the test runner', run, report);
+      // the runner always finishes and says so: if it did not, the code under test ended it
+      const runner = report.runners.find((r) => r.name === 'swebench');
+      if (!runner)
+        throw new GradingAnomaly(
+          'runner_ended_early',
+          `the test runner did not finish (exit ${run.exitCode ?? run.signal}) and never said it had`,
+        );
+      const status = (id: string): string => {
+        if (runner.tampered.length) return 'error';
+        const outcome = report.tests.get(id);
+        return outcome ? SWEBENCH_STATUS[outcome] : 'missing';
+      };
+      return sweBenchVerdict(grading, status, restored, runner.tampered, run);
+    });
   };
 }
 

@@ -3,7 +3,14 @@ import { PASSING_OUTCOMES, parsePytestSummary, type PytestResult } from '../pyte
 import { stageFolder } from '../stage-folder.ts';
 import type { TaskGrading } from '../tasks/task.ts';
 import { TERMINAL_BENCH_TEST_DIR as TESTS_DIR } from '../tasks/terminal-bench.ts';
-import { GradingAnomaly, asTestUser, endLeftoverProcesses, outputTails, type Verifier } from './chain.ts';
+import {
+  GradingAnomaly,
+  asTestUser,
+  endLeftoverProcesses,
+  judgeRun,
+  outputTails,
+  type Verifier,
+} from './chain.ts';
 import { harnessEnv, stageHarness } from './harness.ts';
 import {
   checkOutcomesDecidedByTests,
@@ -76,45 +83,47 @@ export function testLogVerifier(
       reportChannel: true,
     });
     await endLeftoverProcesses(grader, deadline);
-    if (run.timedOut) throw new GradingAnomaly('timeout', `The tests ran out of their ${timeoutMs} ms`);
-    const harness = readHarnessReport(run);
-    checkRunSound('run-tests.sh', run, harness);
-    const results = parsePytestSummary(`${run.stdout}\n${run.stderr}`);
-    if (!results?.length) {
-      throw new GradingAnomaly(
-        'no_report',
-        `run-tests.sh ended (exit ${run.exitCode ?? run.signal}) without a pytest short test summary that lists tests (pytest -rA prints one)`,
-      );
-    }
-    checkPrintedAgainstReport(results, harness);
-    // what pytest reported failing counts even where the printed summary left it out
-    const printedFailing = new Set(results.filter((r) => !r.passed).map((r) => r.test));
-    const failed = [
-      ...results.filter((r) => !r.passed),
-      ...[...harness.tests]
-        .filter(
-          ([id, outcome]) =>
-            !PASSING_OUTCOMES.has(outcome) && !printedFailing.has(id.split('::').slice(1).join('::')),
-        )
-        .map(([test, outcome]) => ({ test, outcome })),
-    ];
-    const verdict = {
-      reward: failed.length === 0 ? 1 : 0,
-      details: {
-        reason:
-          failed.length === 0
-            ? `all ${results.length} tests passed`
-            : `${failed.length} of ${results.length} tests did not pass: ${failed
-                .slice(0, 5)
-                .map((r) => `${r.test} ${r.outcome}`)
-                .join(', ')}${failed.length > 5 ? ', ...' : ''}`,
-        exitCode: run.exitCode,
-        tests: Object.fromEntries(results.map((r) => [r.test, r.outcome])),
-        ...harnessDetails(harness),
-        ...outputTails(run),
-      },
-    };
-    checkOutcomesDecidedByTests(harness, verdict);
-    return verdict;
+    return judgeRun(run, () => {
+      if (run.timedOut) throw new GradingAnomaly('timeout', `The tests ran out of their ${timeoutMs} ms`);
+      const harness = readHarnessReport(run);
+      checkRunSound('run-tests.sh', run, harness);
+      const results = parsePytestSummary(`${run.stdout}\n${run.stderr}`);
+      if (!results?.length) {
+        throw new GradingAnomaly(
+          'no_report',
+          `run-tests.sh ended (exit ${run.exitCode ?? run.signal}) without a pytest short test summary that lists tests (pytest -rA prints one)`,
+        );
+      }
+      checkPrintedAgainstReport(results, harness);
+      // what pytest reported failing counts even where the printed summary left it out
+      const printedFailing = new Set(results.filter((r) => !r.passed).map((r) => r.test));
+      const failed = [
+        ...results.filter((r) => !r.passed),
+        ...[...harness.tests]
+          .filter(
+            ([id, outcome]) =>
+              !PASSING_OUTCOMES.has(outcome) && !printedFailing.has(id.split('::').slice(1).join('::')),
+          )
+          .map(([test, outcome]) => ({ test, outcome })),
+      ];
+      const verdict = {
+        reward: failed.length === 0 ? 1 : 0,
+        details: {
+          reason:
+            failed.length === 0
+              ? `all ${results.length} tests passed`
+              : `${failed.length} of ${results.length} tests did not pass: ${failed
+                  .slice(0, 5)
+                  .map((r) => `${r.test} ${r.outcome}`)
+                  .join(', ')}${failed.length > 5 ? ', ...' : ''}`,
+          exitCode: run.exitCode,
+          tests: Object.fromEntries(results.map((r) => [r.test, r.outcome])),
+          ...harnessDetails(harness),
+          ...outputTails(run),
+        },
+      };
+      checkOutcomesDecidedByTests(harness, verdict);
+      return verdict;
+    });
   };
 }

@@ -19,6 +19,7 @@ import {
   type Heredoc,
 } from './dockerfile-parse.ts';
 import { withRootedTree, type RootedTree } from './rooted-tree.ts';
+import { storeBudget } from './tar-extract.ts';
 import { copyIntoTree, type TreeSource } from './tree-copy.ts';
 
 /** What the builder needs from the platform. */
@@ -159,6 +160,13 @@ export async function buildFromDockerfile(
       ? {}
       : { deadlineAt: Date.now() + options.timeoutMs, timeoutMs: options.timeoutMs }),
   };
+  // the build's deadline covers every step: pulls (FROM, COPY --from an image) and ADD's unpacking
+  // stop at it as RUN does, so no slow registry or archive stalls a build past its limit
+  const registry: RegistryOptions = {
+    ...options.registry,
+    ...(run.deadlineAt === undefined ? {} : { deadlineAt: run.deadlineAt }),
+  };
+  const stepOptions = { ...options, registry };
   const notes: string[] = [];
   const steps: BuildStep[] = [];
   const record = (step: BuildStep): void => {
@@ -174,16 +182,40 @@ export async function buildFromDockerfile(
   const finishStage = (): void => {
     if (!stage) return;
     finished.push(stage);
-    stages.set(String(finished.length - 1), stage);
+    // names and indexes apart: a name that looked like an index would shadow another stage
     if (stageName) stages.set(stageName, stage);
   };
 
   for (const instruction of instructions) {
     const line = instruction.line;
     const where = `${file} line ${line}`;
+    if (run.deadlineAt !== undefined && Date.now() > run.deadlineAt)
+      throw new SandgymError(
+        'failed_precondition',
+        `${where}: not started: the build ran past its time limit of ${Math.round((run.timeoutMs ?? 0) / 1000)} s`,
+      );
     if (instruction.kind === 'FROM') {
       finishStage();
-      stage = await startStage(host, instruction, { globalArgs, stages, options, where, notes, escape });
+      // Docker's rule (names are lower-cased by the parser): a letter first, so a name is never
+      // read as an index, and each name once
+      if (instruction.stage !== undefined && !STAGE_NAME.test(instruction.stage))
+        throw new SandgymError(
+          'invalid_argument',
+          `${where}: "${instruction.stage}" is no stage name: it must start with a letter, then letters, digits, "-", "_" or "."`,
+        );
+      if (instruction.stage !== undefined && stages.has(instruction.stage))
+        throw new SandgymError(
+          'invalid_argument',
+          `${where}: a stage is already named "${instruction.stage}"`,
+        );
+      stage = await startStage(host, instruction, {
+        globalArgs,
+        stages,
+        options: stepOptions,
+        where,
+        notes,
+        escape,
+      });
       stageName = instruction.stage;
       record({ line, instruction: instruction.text, outcome: 'config' });
       continue;
@@ -274,16 +306,10 @@ export async function buildFromDockerfile(
         if (instruction.kind === 'WORKDIR')
           stage.config.workdir = posix.resolve(stage.config.workdir, expand(instruction.path));
         const sources: CopySources = {
-          stages,
+          // --from names a stage by its name, else by its index (Docker's order), else an image
+          stage: (name) => stages.get(name) ?? (/^\d+$/.test(name) ? finished[Number(name)] : undefined),
           // COPY --from an image: from the store or its registry; a fallback makes no sense here
-          image: (name, at) =>
-            resolveBaseImage(
-              host.store,
-              name,
-              options.registry ? { registry: options.registry } : {},
-              at,
-              notes,
-            ),
+          image: (name, at) => resolveBaseImage(host.store, name, { registry }, at, notes),
         };
         const plan = await planStep(host, instruction, stage, sources, context, run, { file, line }, expand);
         stage.key = hash(stage.key, instruction.text, stage.config, plan.key);
@@ -302,7 +328,7 @@ export async function buildFromDockerfile(
   if (!target) {
     throw new SandgymError(
       'invalid_argument',
-      `${file}: no stage named "${options.target}" (stages: ${[...stages.keys()].filter((k) => !/^\d+$/.test(k)).join(', ') || 'unnamed'})`,
+      `${file}: no stage named "${options.target}" (stages: ${[...stages.keys()].join(', ') || 'unnamed'})`,
     );
   }
   if (target.layers.length === 0)
@@ -334,6 +360,9 @@ function expandOptional(
 function commandArgv(command: Command, shell: readonly string[]): string[] {
   return command.form === 'exec' ? command.argv : [...shell, command.text];
 }
+
+/** A stage name Docker accepts (after lower-casing). */
+const STAGE_NAME = /^[a-z][a-z0-9._-]*$/;
 
 /** What a stage's start needs from the build around it. */
 interface StageStart {
@@ -474,7 +503,7 @@ interface RunSettings {
 
 /** What COPY --from may name: an earlier stage, or an image. */
 interface CopySources {
-  stages: ReadonlyMap<string, Stage>;
+  stage: (name: string) => Stage | undefined;
   image: (name: string, where: string) => Promise<Environment>;
 }
 
@@ -509,7 +538,7 @@ async function planStep(
     }
     case 'COPY':
     case 'ADD':
-      return copyPlan(host, instruction, stage, sources, context, at, expand);
+      return copyPlan(host, instruction, stage, sources, context, at, expand, run.deadlineAt);
   }
 }
 
@@ -644,6 +673,7 @@ async function copyPlan(
   context: BuildContext,
   at: { file: string; line: number },
   expand: (value: string) => string,
+  deadlineAt: number | undefined,
 ): Promise<StepPlan> {
   const where = `${at.file} line ${at.line}`;
   const flags = copy.flags;
@@ -653,6 +683,14 @@ async function copyPlan(
     /(^|\/)\.$/.test(copy.destination) ||
     copy.sources.length > 1 ||
     copy.heredocs.length > 1;
+  // Dockerfile 1.7's --exclude and --parents change what is copied: ignored, they would copy
+  // what the author meant to leave out, or flatten what they meant to keep nested
+  for (const flag of ['exclude', 'parents'])
+    if (flags[flag] !== undefined)
+      throw new SandgymError(
+        'invalid_argument',
+        `${where}: ${copy.kind} --${flag} is not supported here; copy without it (a RUN step can prune or move what was copied)`,
+      );
   const chown = typeof flags['chown'] === 'string' ? expand(flags['chown']) : undefined;
   const chmodFlag = typeof flags['chmod'] === 'string' ? expand(flags['chmod']) : undefined;
   const mode = chmodFlag === undefined ? undefined : Number.parseInt(chmodFlag, 8);
@@ -671,7 +709,7 @@ async function copyPlan(
   } else if (typeof flags['from'] === 'string') {
     const name = expand(flags['from']).toLowerCase();
     const other =
-      sources.stages.get(name) ??
+      sources.stage(name) ??
       (await sources.image(name, `${where}: --from`).catch((error: unknown) => {
         throw new SandgymError(
           'invalid_argument',
@@ -710,21 +748,27 @@ async function copyPlan(
       try {
         const owner =
           chown === undefined ? { uid: 0, gid: 0 } : await resolveOwner(host, ownerLayers, chown, where);
+        const { target, intoFolder: into } = await resolveDestination(
+          host,
+          ownerLayers,
+          destination,
+          intoFolder,
+          where,
+        );
         await withRootedTree(root, `${where}: ${copy.kind}`, async (to) => {
-          const options = { kind: copy.kind, intoFolder, where };
+          const options = {
+            kind: copy.kind,
+            intoFolder: into,
+            where,
+            budget: await storeBudget(host.store, deadlineAt),
+          };
           const written =
             source.kind === 'heredocs'
-              ? await writeHeredocs(to, source.documents, destination, intoFolder)
+              ? await writeHeredocs(to, source.documents, target, into)
               : source.kind === 'layers'
                 ? await host.withLayerStack(source.layers, (stageRoot) =>
                     withRootedTree(stageRoot, `${where}: --from`, async (from) =>
-                      copyIntoTree(
-                        from,
-                        await stageSources(from, source.paths, where),
-                        to,
-                        destination,
-                        options,
-                      ),
+                      copyIntoTree(from, await stageSources(from, source.paths, where), to, target, options),
                     ),
                   )
                 : await withRootedTree(context.root, `${where}: build context`, (from) =>
@@ -735,7 +779,7 @@ async function copyPlan(
                         name: basename(path),
                       })),
                       to,
-                      destination,
+                      target,
                       { ...options, keep: (path) => context.keeps(join(context.root, path)) },
                     ),
                   );
@@ -748,6 +792,44 @@ async function copyPlan(
       }
     },
   };
+}
+
+/**
+ * Where COPY/ADD write in the stage: the destination with the image's own symlinks on it followed
+ * inside the stage, as Docker does (`COPY x /bin/` on a merged-/usr base writes /usr/bin/x, and
+ * keeps /bin the link it is). A file destination that is a folder of the stage (`COPY app.py
+ * /app` after `WORKDIR /app`) is copied into, as Docker does, never replaced by the file; what
+ * does not exist yet is made as written. The result has no symlink of the stage on it and never
+ * leaves its root.
+ */
+async function resolveDestination(
+  host: BuildHost,
+  layers: string[],
+  destination: string,
+  intoFolder: boolean,
+  where: string,
+): Promise<{ target: string; intoFolder: boolean }> {
+  const names = destination.split('/').filter(Boolean);
+  if (layers.length === 0 || names.length === 0) return { target: destination, intoFolder };
+  return host.withLayerStack(layers, (root) =>
+    withRootedTree(root, where, async (stage) => {
+      if (!intoFolder) {
+        const real = await stage.realPath(names.join('/'));
+        if (real !== undefined && (await stage.lstat(real))?.isDirectory())
+          return { target: `/${real}`, intoFolder: true };
+      }
+      const last = intoFolder ? [] : names.splice(-1);
+      for (let known = names.length; known > 0; known--) {
+        const real = await stage.realPath(names.slice(0, known).join('/'));
+        if (real !== undefined)
+          return {
+            target: `/${[real, ...names.slice(known), ...last].filter(Boolean).join('/')}`,
+            intoFolder,
+          };
+      }
+      return { target: destination, intoFolder };
+    }),
+  );
 }
 
 /** Writes COPY's here-documents: each a file named as its marker in the destination folder, or the destination itself. */

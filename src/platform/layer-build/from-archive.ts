@@ -1,7 +1,7 @@
 import { resolve } from 'node:path';
 import type { LayerManifest, ProjectStore } from '../store/layer-store.ts';
 import { withRootedTree } from './rooted-tree.ts';
-import { extractTar, normaliseFolderTimes, openTar } from './tar-extract.ts';
+import { extractTar, normaliseFolderTimes, openTar, storeBudget } from './tar-extract.ts';
 
 /**
  * A layer from a tar (plain or gzip). Whiteouts in it become overlay whiteouts, so the layer
@@ -12,7 +12,7 @@ export async function buildLayerFromTar(store: ProjectStore, archive: string): P
   const dir = await store.scratch('tar');
   try {
     await withRootedTree(dir, path, async (tree) => {
-      await extractTar(await openTar(path), path, tree, 'layer');
+      await extractTar(await openTar(path), path, tree, 'layer', await storeBudget(store));
       await normaliseFolderTimes(tree);
     });
     return await store.addLayerFromDirectory(dir, `tar ${path}`);

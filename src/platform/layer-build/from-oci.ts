@@ -4,7 +4,7 @@ import { z } from 'zod';
 import { SandgymError, parseAt } from '../../common/index.ts';
 import type { Environment, ImageMetadata, LayerManifest, ProjectStore } from '../store/layer-store.ts';
 import { RootedTree } from './rooted-tree.ts';
-import { extractTar, normaliseFolderTimes, openTar, tarStream } from './tar-extract.ts';
+import { extractTar, normaliseFolderTimes, openTar, storeBudget, tarStream } from './tar-extract.ts';
 
 const dockerManifestSchema = z
   .array(z.object({ Config: z.string(), Layers: z.array(z.string()).min(1) }))
@@ -148,7 +148,15 @@ export interface OciReadOptions {
   tag?: string;
   /** Blobs kept outside the layout (skopeo's `--dest-shared-blob-dir`). */
   blobDir?: string;
+  /** When unpacking must have ended (ms since the epoch): a build's deadline. */
+  deadlineAt?: number;
 }
+
+/**
+ * The most layers an image may have: overlayfs stacks at most 128 (Docker refuses more), and each
+ * one is a whole archive to unpack.
+ */
+export const MAX_IMAGE_LAYERS = 128;
 
 /**
  * One layer from an OCI image archive (docker save output, or an OCI layout folder or tar).
@@ -172,15 +180,40 @@ export async function buildLayerFromOci(
   try {
     const isFolder = (await stat(path)).isDirectory();
     const layout = await openTree(isFolder ? path : unpacked, path);
-    if (!isFolder) await extractTar(await openTar(path), path, layout, 'layer');
+    if (!isFolder)
+      await extractTar(
+        await openTar(path),
+        path,
+        layout,
+        'layer',
+        await storeBudget(store, options.deadlineAt),
+      );
     const blobs = options.blobDir ? await openTree(options.blobDir, `${path} blobs`) : undefined;
     const parts = await imageParts(layout, path, options, blobs);
+    if (parts.layers.length > MAX_IMAGE_LAYERS)
+      throw new SandgymError(
+        'invalid_argument',
+        `${path}: the image has ${parts.layers.length} layers; at most ${MAX_IMAGE_LAYERS} are unpacked`,
+      );
     const output = await openTree(tree, path);
-    for (const layer of parts.layers) {
+    // all the layers together are held to one budget: the same blob named a hundred times, or a
+    // hundred small bombs, cost no more than one image may
+    const budget = await storeBudget(store, options.deadlineAt);
+    for (const [i, layer] of parts.layers.entries()) {
+      // a layer applied twice in a row changes nothing (its whiteouts and opaque folders remove
+      // only what it does not write itself): Docker's empty layers repeat so
+      const previous = parts.layers[i - 1];
+      if (previous && previous.tree === layer.tree && previous.path === layer.path) continue;
       const label = `${path} layer ${layer.path}`;
       const into = await output.subtree('', label);
       try {
-        await extractTar(await tarStream(await layer.tree.openResolved(layer.path)), label, into, 'apply');
+        await extractTar(
+          await tarStream(await layer.tree.openResolved(layer.path)),
+          label,
+          into,
+          'apply',
+          budget,
+        );
       } finally {
         await into.close();
       }

@@ -25,6 +25,8 @@ export interface RegistryOptions {
   insecureRegistries?: readonly string[];
   /** How long one pull may take; default 10 minutes. */
   timeoutMs?: number;
+  /** When the pull, its unpacking included, must have ended (ms since the epoch): a build's deadline. */
+  deadlineAt?: number;
 }
 
 /** What {@link pullImage} did. */
@@ -127,13 +129,23 @@ export async function pullImage(
   options: RegistryOptions = {},
 ): Promise<PulledImage> {
   const name = pulledEnvironmentName(ref);
-  const timeoutMs = options.timeoutMs ?? DEFAULT_PULL_TIMEOUT_MS;
+  // one deadline for the whole pull, download and unpacking alike: a registry that dribbles or a
+  // layer that unpacks slowly cannot stall whoever asked past it
+  const deadlineAt = Math.min(
+    options.deadlineAt ?? Infinity,
+    Date.now() + (options.timeoutMs ?? DEFAULT_PULL_TIMEOUT_MS),
+  );
+  const left = (): number => {
+    const ms = deadlineAt - Date.now();
+    if (ms <= 0) throw new SandgymError('failed_precondition', `Cannot pull ${ref.familiar}: out of time`);
+    return ms;
+  };
   let digest = ref.digest;
   if (!digest) {
     const manifest = await runProgram(
       'skopeo',
       ['inspect', '--raw', ...skopeoFlags(ref, options, ''), transportReference(ref)],
-      { timeoutMs },
+      { timeoutMs: left() },
     ).catch((error: unknown) => {
       throw pullError(ref, error);
     });
@@ -164,7 +176,7 @@ export async function pullImage(
           transportReference(ref, digest),
           `oci:${layout}:${version}`,
         ],
-        { timeoutMs },
+        { timeoutMs: left() },
       ).catch((error: unknown) => {
         throw pullError(ref, error);
       });
@@ -180,6 +192,7 @@ export async function pullImage(
     const { layer, config, image } = await buildLayerFromOci(store, layout, {
       blobDir: blobs,
       tag: version,
+      deadlineAt,
     });
     const environment = await store.putEnvironment({
       name,

@@ -24,6 +24,12 @@ const FILE_FLAGS = O_RDONLY | O_NOFOLLOW | O_NONBLOCK;
 /** Linux's NAME_MAX, and PATH_MAX less its NUL: longer is no name a layer image can hold. */
 const NAME_MAX_BYTES = 255;
 const PATH_MAX_BYTES = 4095;
+/**
+ * How many folders deep a path may go. Each level of a walk holds a folder open, so a chain of
+ * thousands (which PATH_MAX alone allows with one-letter names) would exhaust descriptors; real
+ * trees (node_modules, Java packages) stay far below this.
+ */
+export const MAX_TREE_DEPTH = 256;
 /** As the kernel's MAXSYMLINKS: a chain of links longer than this is a loop. */
 const MAX_LINK_HOPS = 40;
 
@@ -124,6 +130,7 @@ export class RootedTree implements AsyncDisposable {
     if (Buffer.byteLength(path) > PATH_MAX_BYTES)
       this.refuse(path, `the path is longer than ${PATH_MAX_BYTES} bytes`);
     const names = path.split('/').filter((name) => name !== '' && name !== '.');
+    if (names.length > MAX_TREE_DEPTH) this.refuse(path, `it is more than ${MAX_TREE_DEPTH} folders deep`);
     for (const name of names) this.checkName(path, name);
     return names;
   }
@@ -332,7 +339,9 @@ export class RootedTree implements AsyncDisposable {
       const names = this.names(path);
       const start = await this.detachedFolder(names, path);
       const found: TreeEntry[] = [];
-      const visit = async (folder: FileHandle, prefix: string): Promise<void> => {
+      const visit = async (folder: FileHandle, prefix: string, depth: number): Promise<void> => {
+        // a tree someone else made (a stage's RUN steps) may nest folders without end
+        if (depth > MAX_TREE_DEPTH) this.refuse(prefix, `it is more than ${MAX_TREE_DEPTH} folders deep`);
         for (const name of (await readdir(at(folder))).sort()) {
           const child = prefix ? `${prefix}/${name}` : name;
           const stats = keep(child) ? await lstatOrUndefined(at(folder, name)) : undefined;
@@ -341,7 +350,7 @@ export class RootedTree implements AsyncDisposable {
           if (!stats.isDirectory()) continue;
           const inner = await open(at(folder, name), FOLDER_FLAGS);
           try {
-            await visit(inner, child);
+            await visit(inner, child, depth + 1);
           } finally {
             await inner.close();
           }
@@ -349,7 +358,7 @@ export class RootedTree implements AsyncDisposable {
       };
       if (!start) return found;
       try {
-        await visit(start, names.join('/'));
+        await visit(start, names.join('/'), names.length + 1);
       } finally {
         await start.close();
       }

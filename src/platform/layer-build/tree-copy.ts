@@ -2,7 +2,7 @@ import type { Stats } from 'node:fs';
 import type { FileHandle } from 'node:fs/promises';
 import { SandgymError } from '../../common/index.ts';
 import type { RootedTree } from './rooted-tree.ts';
-import { extractTar, tarStream } from './tar-extract.ts';
+import { extractTar, tarStream, type ArchiveBudget } from './tar-extract.ts';
 
 /** One COPY/ADD source: its path in the source tree (no symlink left on it), and its name in a folder. */
 export interface TreeSource {
@@ -19,6 +19,8 @@ export interface CopyOptions {
   where: string;
   /** Which paths of the source tree to take (the build context's `.dockerignore`). */
   keep?: (path: string) => boolean;
+  /** What an archive ADD unpacks may cost (all archives of the step together). */
+  budget?: ArchiveBudget;
 }
 
 /** Whether a file is an archive ADD unpacks: a tar, or a gzip-compressed one (by its bytes, not its name). */
@@ -98,7 +100,7 @@ async function unpacked(
     const into = await to.subtree(target, label);
     try {
       handedOver = true; // the tar stream closes the file, however it ends
-      await extractTar(await tarStream(file), label, into, 'apply');
+      await extractTar(await tarStream(file), label, into, 'apply', options.budget);
     } finally {
       await into.close();
     }

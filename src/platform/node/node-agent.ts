@@ -370,12 +370,13 @@ export class NodeAgent {
         });
         return {};
       },
-      ListDir: async ({ sandboxId, path, user }, call) => ({
-        entries: await this.sandboxOf(sandboxId, call).listDir(path, {
+      ListDir: async ({ sandboxId, path, user }, call) => {
+        const entries = await this.sandboxOf(sandboxId, call).listDir(path, {
           signal: call.signal,
           ...(user === undefined ? {} : { user }),
-        }),
-      }),
+        });
+        return { entries: [...entries], ...(entries.truncated ? { truncated: true } : {}) };
+      },
       Pause: async ({ sandboxId }, call) => {
         await this.sandboxOf(sandboxId, call).pause({ signal: call.signal });
         return {};

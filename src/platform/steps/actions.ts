@@ -96,6 +96,12 @@ export type SandboxObservation =
     }
   | { type: 'file'; path: string; content: string }
   | { type: 'written'; path: string }
-  | { type: 'dir'; path: string; entries: { name: string; type: string; size: number }[] }
+  | {
+      type: 'dir';
+      path: string;
+      entries: { name: string; type: string; size: number }[];
+      /** Only some of the folder's entries: it holds more than one listing carries. */
+      truncated?: true;
+    }
   | { type: 'submitted' }
   | { type: 'error'; code: string; message: string };

@@ -124,6 +124,7 @@ async function act(
         type: 'dir',
         path: action.path,
         entries: entries.map(({ name, type, size }) => ({ name, type, size })),
+        ...(entries.truncated ? { truncated: true as const } : {}),
       });
     }
     case 'submit':

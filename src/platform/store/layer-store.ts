@@ -8,6 +8,7 @@ import {
   rename,
   rm,
   stat,
+  statfs,
   open,
   utimes,
   writeFile,
@@ -551,6 +552,9 @@ export interface StoreQuota {
   makeRoom: () => Promise<void>;
 }
 
+/** What the store's filesystem keeps free whatever an archive asks (other builds, the node's own files). */
+const UNPACK_RESERVE_BYTES = 2 * 2 ** 30;
+
 function mib(bytes: number): string {
   return `${(bytes / 2 ** 20).toFixed(1)} MiB`;
 }
@@ -736,6 +740,17 @@ export class ProjectStore {
 
   removeScratch(dir: string): Promise<void> {
     return this.layers.removeScratch(dir);
+  }
+
+  /**
+   * The most an archive unpacked for this project may write into scratch space: its store quota
+   * (the layer it makes must fit there anyway), and no more than the store's filesystem has free,
+   * less a reserve, so that no archive can fill the node's disk.
+   */
+  async unpackRoomBytes(): Promise<number> {
+    const fs = await statfs(this.root);
+    const free = Math.max(0, fs.bavail * fs.bsize - UNPACK_RESERVE_BYTES);
+    return Math.min(free, this.quota?.maxBytes ?? Infinity);
   }
 
   /** The layer a build step of this project with this cache key made, if it is still there. */

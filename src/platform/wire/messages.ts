@@ -134,6 +134,8 @@ export const dirEntries = z.object({
       mode: count,
     }),
   ),
+  /** The folder holds more entries than these (see DirListing). */
+  truncated: z.boolean().optional(),
 });
 
 export const hibernateReport = z.object({
