@@ -14,8 +14,8 @@ export interface JournalKey {
 }
 
 /**
- * The files and folders a task's run reads besides its own folder: its Dockerfiles and build
- * contexts (a compose file may point them anywhere), its tests and its solution.
+ * The files and folders a task's run reads: its Dockerfiles and build contexts, its tests and its
+ * solution (any of them may be a symlink to a folder shared by several tasks).
  */
 function referencedPaths(task: Task): string[] {
   const paths: string[] = [];
@@ -29,7 +29,7 @@ function referencedPaths(task: Task): string[] {
   return [...new Set(paths)].filter((path) => isAbsolute(path)).sort();
 }
 
-/** Feeds the content of a file, or of every file of a folder, to `hash`, named from `root`. */
+/** Feeds the content of a file, or of every file of a folder, to `hash`, each named by its path. */
 async function hashPath(hash: Hash, path: string): Promise<void> {
   const found = await stat(path).catch(() => undefined);
   if (!found) return void hash.update(`\0${path}\0missing`);
@@ -42,15 +42,15 @@ async function hashPath(hash: Hash, path: string): Promise<void> {
 
 /**
  * Feeds a task's content to `hash`: what it loaded as, every file of its folder, and every file
- * it references outside it, so an edit to any of them starts afresh.
+ * its run reads, so an edit to any of them starts afresh.
  */
 async function hashTask(hash: Hash, task: Task): Promise<void> {
   hash.update(JSON.stringify(task));
   const folder = await stat(task.source).catch(() => undefined);
   if (folder?.isDirectory()) await hashPath(hash, task.source);
-  const inside = (path: string) => path === task.source || path.startsWith(`${task.source}/`);
-  for (const path of referencedPaths(task))
-    if (!folder?.isDirectory() || !inside(path)) await hashPath(hash, path);
+  // each whole, even inside the folder: one reached through a symlink (a shared tests folder) is
+  // read through it, where the walk of the folder passes symlinks by
+  for (const path of referencedPaths(task)) await hashPath(hash, path);
 }
 
 /** An episode that started: where it runs, so a resumed eval can take it over. */

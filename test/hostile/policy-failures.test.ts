@@ -1,6 +1,6 @@
 import { spawn, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdir, readFile, readdir, rm, stat, writeFile } from 'node:fs/promises';
+import { mkdir, readFile, readdir, rm, stat, symlink, writeFile } from 'node:fs/promises';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join, resolve } from 'node:path';
@@ -1195,6 +1195,54 @@ describe('a policy cannot mask its own failures', () => {
         // the module now submits at once: task a must be run again, and score 0
         await writeFile(agent, agentModule(marker, false));
         expect(await rerun(args, env, cli.dataDir)).toBe(0);
+      }));
+
+    it('an edited helper module the agent imports does not reuse the old results', () =>
+      attack('policy', 'rerun with an edited helper of the agent module', async () => {
+        await using cli = await createTestPlatform('policy-journal-helper', { privateStore: true });
+        const tasksDir = await twoTasks(cli.dataDir);
+        const marker = join(cli.dataDir, 'hang');
+        const agent = join(cli.dataDir, 'agent.mjs');
+        const helper = join(cli.dataDir, 'lib', 'plan.mjs');
+        const env = { SANDGYM_DATA_DIR: cli.dataDir };
+        await mkdir(join(cli.dataDir, 'lib'), { recursive: true });
+        await writeFile(marker, '');
+        await writeFile(helper, 'export const solves = true;\n');
+        // the module itself never changes: what it does comes from its helper
+        await writeFile(
+          agent,
+          agentModule(marker, true)
+            .replace(
+              "import { existsSync } from 'node:fs';",
+              "import { existsSync } from 'node:fs';\nimport { solves } from './lib/plan.mjs';",
+            )
+            .replace('if (stepIndex === 0)', 'if (solves && stepIndex === 0)'),
+        );
+        const args = [tasksDir, '--agent', agent, '--concurrency', '1'];
+        await interrupted(args, env, cli.dataDir);
+        await rm(marker);
+        await writeFile(helper, 'export const solves = false;\n');
+        expect(await rerun(args, env, cli.dataDir)).toBe(0);
+      }));
+
+    it('an edit to a file a task reads through a symlink changes its journal', () =>
+      attack('policy', 'rerun after a shared tests folder changed', async () => {
+        const root = join(test.dataDir, `shared-tests-${randomBytes(4).toString('hex')}`);
+        const shared = join(root, 'shared-tests');
+        const task = join(root, 'task');
+        await mkdir(shared, { recursive: true });
+        await mkdir(join(task, 'environment'), { recursive: true });
+        await writeFile(join(task, 'instruction.md'), 'Do nothing.\n');
+        await writeFile(join(task, 'environment', 'Dockerfile'), 'FROM busybox:latest\n');
+        await writeFile(join(task, 'task.toml'), '');
+        await writeFile(join(shared, 'test.sh'), 'echo 1 > /logs/verifier/reward.txt\n');
+        await symlink(shared, join(task, 'tests'));
+        const key = async () => EvalJournal.pathFor(root, { tasks: await loadTasks([task]), agent: 'nop' });
+        const before = await key();
+        // the honest twin: nothing changed, the same journal
+        expect(await key()).toBe(before);
+        await writeFile(join(shared, 'test.sh'), 'echo 0 > /logs/verifier/reward.txt\n');
+        expect(await key()).not.toBe(before);
       }));
 
     it('another --base-url does not reuse the old endpoint’s results', () =>
