@@ -17,6 +17,7 @@ import {
   type StepResult,
   type Task,
 } from '../../src/env/index.ts';
+import { Platform } from '../../src/platform/index.ts';
 import { ENVS, SANDBOXES, WireClient } from '../../src/platform/wire/index.ts';
 import { secretRedactor } from '../../src/common/index.ts';
 import {
@@ -1099,6 +1100,41 @@ describe('a policy cannot mask its own failures', () => {
         ]);
       }));
   });
+
+  it("changes larger than the project's whole store quota are scored 0 with the reason", () =>
+    attack('policy', 'a diff larger than the store quota', async () => {
+      await using node = await createTestPlatform('policy-store-quota', { privateStore: true });
+      const token = 'small-store-token-5e3c1a9f7d2b4680';
+      const cluster = await startInProcessCluster({
+        dataDir: node.dataDir,
+        storeDir: join(node.dataDir, 'store'),
+        nodeId: 'quota',
+        grants: { [token]: { project: 'small', maxSandboxes: 4, maxStoreBytes: 4 * MIB } },
+        platform: { freshLayerHoldMs: 0 },
+      });
+      try {
+        await using platform = await Platform.connect(cluster.url, { token });
+        const solve = { type: 'write_file', path: '/work/solution.sh', content: OJ_SOLUTION } as const;
+        // the right program, with 10 MiB of comments: more than the project may ever store
+        const padded: SandboxAction[] = [
+          solve,
+          {
+            type: 'exec',
+            command: "head -c 8388608 /dev/urandom | base64 | sed 's/^/#/' >> /work/solution.sh",
+          },
+        ];
+        const [report] = await evaluate(platform, tasks, () => scriptedAgent(padded), { concurrency: 1 });
+        expect(report?.outcome, report?.error).toEqual({ kind: 'ok' });
+        expect(report?.reward).toBe(0);
+        expect(report?.details?.['reason']).toMatch(/store quota/);
+        // the honest twin: the program alone is graded as usual
+        const [fair] = await evaluate(platform, tasks, () => scriptedAgent([solve]), { concurrency: 1 });
+        expect(fair?.outcome, fair?.error).toEqual({ kind: 'ok' });
+        expect(fair?.reward).toBe(1);
+      } finally {
+        await cluster.close();
+      }
+    }));
 
   describe('the resume journal covers what the agent is', () => {
     /** Two OJ tasks, `a` and `b`; b says "(task b)". */
