@@ -9,7 +9,7 @@ export type { LogLevel, Logger, LoggerOptions } from './logger.ts';
 export { ENV_VAR_NAME, climbsOut, issuesText, parseAt, pathInTree, textWithoutNul } from './validation.ts';
 export { ID_KINDS, ids, names, notAnId, requestFields } from './id-fields.ts';
 export type { FieldRole, IdKind, RequestField } from './id-fields.ts';
-export { secretRedactor } from './redact.ts';
+export { secretRedactor, urlSecrets } from './redact.ts';
 export { plainJson } from './plain-json.ts';
 export type { Redactor } from './redact.ts';
 export { writeFileAtomic, writeSmallFileAtomicNow } from './atomic-file.ts';

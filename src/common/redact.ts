@@ -144,3 +144,17 @@ export function secretRedactor(secrets: readonly (string | undefined)[]): Redact
     value: <T>(input: T): T => (given.length ? (value(input) as T) : input),
   };
 }
+
+/**
+ * The secrets a URL carries in its user info (`https://user:key@host/`), which fetch quotes back
+ * in its errors: to redact beside an API key.
+ */
+export function urlSecrets(url: string | undefined): string[] {
+  if (!url) return [];
+  try {
+    const { username, password } = new URL(url);
+    return [password, username].filter(Boolean).flatMap((part) => [part, decodeURIComponent(part)]);
+  } catch {
+    return [];
+  }
+}

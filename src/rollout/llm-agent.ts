@@ -1,4 +1,4 @@
-import { messageOf, parseAt, secretRedactor } from '../common/index.ts';
+import { messageOf, parseAt, secretRedactor, urlSecrets } from '../common/index.ts';
 import { sandboxActionSchema, type SandboxAction, type TaskObservation } from '../env/index.ts';
 import type { Agent, AgentDecision } from './agent-types.ts';
 import type { TokenUsage } from './episode-report.ts';
@@ -221,7 +221,8 @@ const MAX_CONVERSATIONS = 4096;
  */
 export function openAiAgent(options: OpenAiAgentOptions): () => Agent {
   const url = `${options.baseUrl.replace(/\/+$/, '')}/chat/completions`;
-  const redactor = secretRedactor([options.apiKey]);
+  // the key, and whatever credentials the URL itself carries
+  const redactor = secretRedactor([options.apiKey, ...urlSecrets(options.baseUrl)]);
   const ask = (messages: ChatMessage[]): Promise<Completion> => {
     const request: ModelRequest = {
       url,

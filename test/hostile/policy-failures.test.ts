@@ -992,6 +992,22 @@ describe('a policy cannot mask its own failures', () => {
         expect(secretRedactor([API_KEY]).text('sk-proj and a1b2')).toBe('sk-proj and a1b2');
       }));
 
+    it('a key given in the base URL is in no report', () =>
+      attack('policy', "the key as the base URL's credentials", async () => {
+        const secret = `pw-${randomBytes(12).toString('hex')}`;
+        const withCredentials = baseUrl.replace('http://', `http://user:${secret}@`);
+        const [report] = await evaluate(
+          test.platform,
+          tasks,
+          openAiAgent({ model: 'honest', baseUrl: withCredentials }),
+          { concurrency: 1 },
+        );
+        // fetch refuses such a URL and quotes it: the eval's set-up, reported, without the secret
+        expect(report?.outcome).toMatchObject({ kind: 'infra_failure' });
+        expect(JSON.stringify(report)).not.toContain(secret);
+        expect(JSON.stringify(report)).toMatch(/\[redacted\]/);
+      }));
+
     it('an agent that never decides ends its episode, scored, and the eval goes on', () =>
       attack('policy', 'an agent that never returns', async () => {
         const never: Agent = (_observation, { task }) =>

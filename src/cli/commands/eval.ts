@@ -1,4 +1,4 @@
-import { secretRedactor, writeFileAtomic } from '../../common/index.ts';
+import { secretRedactor, urlSecrets, writeFileAtomic } from '../../common/index.ts';
 import { loadTasks } from '../../env/index.ts';
 import { join } from 'node:path';
 import { defaultDataDir, hostPlatformOf } from '../../platform/index.ts';
@@ -83,7 +83,7 @@ export async function evalCommand(args: string[]): Promise<number> {
     ...(apiKey ? { apiKey } : {}),
   });
   // the key goes nowhere this eval writes or prints, in any encoding
-  const redactor = secretRedactor([apiKey]);
+  const redactor = secretRedactor([apiKey, ...urlSecrets(baseUrl)]);
   const say = (line: string): boolean => process.stderr.write(redactor.text(line));
   const tasks = await loadTasks(parsed.positionals);
   const concurrency = positiveInt('concurrency', text(parsed, 'concurrency')) ?? 2;
