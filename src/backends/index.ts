@@ -53,6 +53,7 @@ export type { DiffFilter, DroppedEntry, FilterReport } from './host/diff-filter.
 export { buildBusyboxRootfs, buildDebianRootfs } from './host/base-rootfs.ts';
 export type { DebianRootfsOptions } from './host/base-rootfs.ts';
 export { runProgram } from './host/run-program.ts';
+export { unzstd } from './host/unzstd.ts';
 export { GroupNetwork } from './host/group-network.ts';
 export { BENCHMARK_PROGRAMS, TEST_PROGRAMS, installPrograms, prepareHost } from './host/host-setup.ts';
 export type { HostReport } from './host/host-setup.ts';

@@ -36,7 +36,7 @@ const USAGE = `usage: sandgym COMMAND [ARGS]
   layer gc [--min-age-minutes N] [--json] unused mounts, node copies and unreferenced layers (default age 60)
   env ls [--json] | env show NAME:VERSION environments: layer stacks plus config
   eval TASK... [--agent oracle|nop|openai:MODEL|MODULE.js] [--base-url URL] [--concurrency N] [--max-steps N]
-       [--json OUT] [--report OUT.html] [--atif DIR] [--run NAME [--lease 30s]]
+       [--json OUT] [--report OUT.html] [--atif DIR] [--run NAME [--lease 30s]] [--decision-timeout 30m]
        [--fallback-base ENV] [--registry-auth FILE] [--insecure-registry HOST]
                                           run Harbor, Terminal-Bench or SWE-bench tasks, grade each in a
                                           fresh sandbox; openai:MODEL drives an OpenAI-compatible endpoint

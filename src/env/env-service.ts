@@ -5,9 +5,12 @@ import { SandgymError, climbsOut, nodeScopedId } from '../common/index.ts';
 import {
   ENVS,
   register,
+  sameValue,
+  stepActionOf,
   type EnvSpec,
   type Handlers,
   type SandboxAction,
+  type StepAction,
   type HostPlatform,
   type ServedService,
 } from '../platform/index.ts';
@@ -36,8 +39,11 @@ interface Served {
   lastUsed: number;
   /** The index the next step must have. */
   next: number;
-  /** The last step and its result: a retry of its index (its answer was lost) gets it again. */
-  last?: { index: number; result: StepResult<unknown> };
+  /**
+   * The last step, its action as read and its result: a retry of its index with the same action
+   * (its answer was lost) gets it again; another action at that index is a divergence.
+   */
+  last?: { index: number; action: StepAction; result: StepResult<unknown> };
   /** Calls on one env run one at a time, in order. */
   queue: Promise<unknown>;
 }
@@ -158,7 +164,14 @@ export function envService(
       }),
     Step: ({ envId, stepIndex, action }, call) =>
       withEnv(envId, call.principal.project, async (served) => {
+        // read as the step reads it, so a retry matches whatever form the action came in
+        const read = stepActionOf(action);
         if (served.last && stepIndex === served.last.index) {
+          if (!sameValue(served.last.action, read))
+            throw new SandgymError(
+              'divergence',
+              `Step ${stepIndex} of env ${envId} already ran another action: ${JSON.stringify(served.last.action).slice(0, 1024)}`,
+            );
           return wireStep({ ...served.last.result, info: { ...served.last.result.info, replayed: true } });
         }
         if (stepIndex !== served.next) {
@@ -168,10 +181,10 @@ export function envService(
           );
         }
         // whatever it is: an invalid action is an observation of its step (see stepActionOf)
-        const result = await served.env.step(action as SandboxAction);
+        const result = await served.env.step(read as SandboxAction);
         // a step the platform could not answer keeps its index, for the retry
         if (!(result.outcome.kind === 'infra_failure' && result.outcome.reason === 'node_lost')) {
-          served.last = { index: stepIndex, result };
+          served.last = { index: stepIndex, action: read, result };
           served.next = stepIndex + 1;
         }
         return wireStep(result);

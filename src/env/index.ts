@@ -28,7 +28,7 @@ export type {
   TaskStepInfo,
 } from './task-env.ts';
 export { filesUnder } from './stage-folder.ts';
-export { HARBOR_SOLUTION_DIR, loadHarborTask } from './tasks/harbor.ts';
+export { loadHarborTask } from './tasks/harbor.ts';
 export { loadTasks } from './tasks/load-tasks.ts';
 export { parsePytestSummary } from './pytest-summary.ts';
 export { loadSweBenchFile } from './tasks/swebench.ts';

@@ -68,7 +68,7 @@ export interface SandboxEnvOptions {
  * The label a sandbox made by an env with a user carries: who its agent acts as (a caller's own
  * label, not a reserved one: it only says who an env that attaches and names no user acts as).
  */
-export const AGENT_USER_LABEL = 'agent-user';
+const AGENT_USER_LABEL = 'agent-user';
 
 /**
  * A gym environment over one sandbox: each reset starts a fresh sandbox, each step is an action

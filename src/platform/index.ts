@@ -58,7 +58,7 @@ export { parseImageReference } from './layer-build/image-reference.ts';
 export type { ImageReference } from './layer-build/image-reference.ts';
 export { TrajectoryLog } from './trajectory-log.ts';
 export type { TrajectoryRecord } from './trajectory-log.ts';
-export { lookupStep } from './exactly-once.ts';
+export { lookupStep, sameValue } from './exactly-once.ts';
 export type { StepKey, StepLog, StepLookup } from './exactly-once.ts';
 export { sandboxActionSchema } from './steps/actions.ts';
 export type { InvalidAction, SandboxAction, SandboxObservation, StepAction } from './steps/actions.ts';

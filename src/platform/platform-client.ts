@@ -43,7 +43,8 @@ export interface PlatformClient extends AsyncDisposable {
    * that is the sandbox's own stack plus that layer. New sandboxes of it start where this one is.
    * Takes a handle, or the id of a sandbox on this node that another process owns. Fails with
    * `resource_exhausted`: not retryable when the sandbox's changes are larger than its disk cap
-   * (see {@link isDiffLargerThanDisk}), retryable when its project's store quota is used up.
+   * or their layer than the project's whole store quota (see {@link isDiffLargerThanDisk}),
+   * retryable when its project's store quota is used up.
    */
   packDiff(sandbox: Sandbox | string, options: PackDiffOptions): Promise<PackDiffResult>;
   /**
@@ -120,8 +121,9 @@ export interface PackDiffOptions extends CallOptions {
 }
 
 /**
- * Whether `error` is packDiff's refusal of changes larger than their sandbox's disk cap by their
- * apparent size (sparse files count whole): the sandbox's own doing, which no retry changes.
+ * Whether `error` is packDiff's refusal of changes that can never be packed: larger than their
+ * sandbox's disk cap by their apparent size (sparse files count whole), or a layer larger than
+ * the project's whole store quota. The sandbox's own doing, which no retry changes.
  */
 export function isDiffLargerThanDisk(error: unknown): boolean {
   return isSandgymError(error, 'resource_exhausted') && !error.retryable;

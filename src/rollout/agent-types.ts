@@ -1,5 +1,11 @@
 import { z } from 'zod';
-import { SandgymError, issuesText, messageOf, type SandgymErrorOptions } from '../common/index.ts';
+import {
+  SandgymError,
+  issuesText,
+  messageOf,
+  type Redactor,
+  type SandgymErrorOptions,
+} from '../common/index.ts';
 import type { SandboxAction, Task, TaskObservation } from '../env/index.ts';
 import type { TokenUsage } from './episode-report.ts';
 
@@ -29,6 +35,11 @@ export type Agent = ((
    * ever sees one.
    */
   readonly isOracle?: boolean;
+  /**
+   * The agent's secrets (a model agent's API key): the rollout removes them from every step and
+   * report, whatever put them there (a model that pieced its key together in the sandbox).
+   */
+  readonly redactor?: Redactor;
 };
 
 /**
@@ -64,12 +75,13 @@ const decisionSchema = z.object({
  * whose usage or message is not sane is the agent's failure ({@link AgentError}).
  */
 export function decisionOf(answer: unknown): AgentDecision {
-  if (!answer || typeof answer !== 'object' || !Object.hasOwn(answer, 'action'))
-    return { action: answer as SandboxAction };
   let parsed;
   try {
+    if (!answer || typeof answer !== 'object' || !Object.hasOwn(answer, 'action'))
+      return { action: answer as SandboxAction };
     parsed = decisionSchema.safeParse(answer);
   } catch (error) {
+    // a revoked proxy, a getter that throws: read once, here, never again downstream
     throw new AgentError(`The agent's decision cannot be read: ${messageOf(error)}`, { cause: error });
   }
   if (!parsed.success) throw new AgentError(`The agent's decision is not sane: ${issuesText(parsed.error)}`);

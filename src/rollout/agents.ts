@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto';
 import { readFile } from 'node:fs/promises';
-import { resolve } from 'node:path';
-import { pathToFileURL } from 'node:url';
+import { dirname, resolve } from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
 import { SandgymError } from '../common/index.ts';
 import { oraclePlan, type SandboxAction } from '../env/index.ts';
 import type { Agent } from './agent-types.ts';
@@ -92,8 +92,42 @@ export async function resolveAgent(nameOrModule: string, model: ModelEndpoint = 
   }
   return {
     makeAgent: loaded.default as () => Agent,
-    identity: JSON.stringify({ module: path, sha256: createHash('sha256').update(content).digest('hex') }),
+    identity: JSON.stringify({ module: path, sha256: await moduleTreeHash(path, content) }),
   };
+}
+
+/** `import ... from 'x'`, `export ... from 'x'`, `import 'x'`, `import('x')`, `require('x')`. */
+const IMPORT_SPECIFIERS =
+  /\b(?:from\s*|import\s*\(?\s*|require\s*\(\s*)(['"])((?:\.{1,2}\/|\/|file:)[^'"\n]*)\1/g;
+/** The most local modules an agent's identity follows. */
+const MAX_AGENT_MODULES = 1000;
+
+/**
+ * A hash of an agent module and every local module it imports, transitively (what its results
+ * depend on besides packages): an edited helper changes it as an edited module does. Imports
+ * are found by their literal specifiers; one computed at run time is not followed.
+ */
+async function moduleTreeHash(entry: string, content: Buffer): Promise<string> {
+  const hash = createHash('sha256');
+  const seen = new Set<string>([entry]);
+  const queue: [string, Buffer][] = [[entry, content]];
+  for (let next = queue.shift(); next; next = queue.shift()) {
+    const [path, text] = next;
+    hash.update(`\0${path}\0`).update(text);
+    for (const match of text.toString('utf8').matchAll(IMPORT_SPECIFIERS)) {
+      const specifier = match[2]!;
+      const imported = specifier.startsWith('file:')
+        ? fileURLToPath(specifier)
+        : resolve(dirname(path), specifier);
+      if (seen.has(imported) || seen.size >= MAX_AGENT_MODULES) continue;
+      seen.add(imported);
+      const body = await readFile(imported).catch(() => undefined);
+      // a missing file fails the import itself; a folder or a package is left to Node
+      if (body) queue.push([imported, body]);
+      else hash.update(`\0${imported}\0missing`);
+    }
+  }
+  return hash.digest('hex');
 }
 
 /** `--agent openai:MODEL`: a model behind an OpenAI-compatible chat-completions endpoint. */

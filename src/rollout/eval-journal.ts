@@ -1,6 +1,7 @@
 import { createHash, type Hash } from 'node:crypto';
 import { mkdir, open, readFile, rm, stat } from 'node:fs/promises';
-import { dirname, relative } from 'node:path';
+import { dirname, isAbsolute, relative } from 'node:path';
+import { plainJson, type Redactor } from '../common/index.ts';
 import { filesUnder, type Task } from '../env/index.ts';
 import type { EpisodeReport } from './episode-report.ts';
 
@@ -12,15 +13,44 @@ export interface JournalKey {
   maxSteps?: number;
 }
 
-/** Feeds a task's content to `hash`: what it loaded as, and every file of its folder. */
+/**
+ * The files and folders a task's run reads: its Dockerfiles and build contexts, its tests and its
+ * solution (any of them may be a symlink to a folder shared by several tasks).
+ */
+function referencedPaths(task: Task): string[] {
+  const paths: string[] = [];
+  const source = (s: { kind: string; dockerfile?: string; context?: string }) => {
+    if (s.kind === 'dockerfile') paths.push(s.dockerfile!, s.context!);
+  };
+  source(task.environment);
+  for (const service of task.services ?? []) source(service.source);
+  if ('testsDir' in task.grading && task.grading.testsDir) paths.push(task.grading.testsDir);
+  if (task.oracle?.kind === 'script') paths.push(task.oracle.dir);
+  return [...new Set(paths)].filter((path) => isAbsolute(path)).sort();
+}
+
+/** Feeds the content of a file, or of every file of a folder, to `hash`, each named by its path. */
+async function hashPath(hash: Hash, path: string): Promise<void> {
+  const found = await stat(path).catch(() => undefined);
+  if (!found) return void hash.update(`\0${path}\0missing`);
+  const files = found.isDirectory() ? (await filesUnder(path)).sort() : [path];
+  for (const file of files) {
+    hash.update(`\0${path}\0${relative(path, file)}\0`);
+    hash.update(await readFile(file).catch(() => Buffer.from('\0unreadable')));
+  }
+}
+
+/**
+ * Feeds a task's content to `hash`: what it loaded as, every file of its folder, and every file
+ * its run reads, so an edit to any of them starts afresh.
+ */
 async function hashTask(hash: Hash, task: Task): Promise<void> {
   hash.update(JSON.stringify(task));
   const folder = await stat(task.source).catch(() => undefined);
-  if (!folder?.isDirectory()) return;
-  for (const file of (await filesUnder(task.source)).sort()) {
-    hash.update(`\0${relative(task.source, file)}\0`);
-    hash.update(await readFile(file));
-  }
+  if (folder?.isDirectory()) await hashPath(hash, task.source);
+  // each whole, even inside the folder: one reached through a symlink (a shared tests folder) is
+  // read through it, where the walk of the folder passes symlinks by
+  for (const path of referencedPaths(task)) await hashPath(hash, path);
 }
 
 /** An episode that started: where it runs, so a resumed eval can take it over. */
@@ -41,6 +71,7 @@ export class EvalJournal {
     readonly path: string,
     private readonly finished: Map<string, EpisodeReport>,
     private readonly started: Map<string, StartedEpisode>,
+    private readonly redactor: Redactor | undefined,
   ) {}
 
   /**
@@ -57,7 +88,11 @@ export class EvalJournal {
     return `${dir}/${hash.digest('hex').slice(0, 16)}.jsonl`;
   }
 
-  static async open(path: string): Promise<EvalJournal> {
+  /**
+   * `redactor` (the eval's secrets) is applied to each line once it is serialised, whatever field
+   * or encoding a secret came through.
+   */
+  static async open(path: string, options: { redactor?: Redactor } = {}): Promise<EvalJournal> {
     await mkdir(dirname(path), { recursive: true });
     const finished = new Map<string, EpisodeReport>();
     const started = new Map<string, StartedEpisode>();
@@ -71,7 +106,7 @@ export class EvalJournal {
         // a torn last line from a crash: that episode runs again
       }
     }
-    return new EvalJournal(path, finished, started);
+    return new EvalJournal(path, finished, started, options.redactor);
   }
 
   /** The report of a task that finished in an earlier run, if any. */
@@ -104,7 +139,9 @@ export class EvalJournal {
   private async append(entry: unknown): Promise<void> {
     const file = await open(this.path, 'a');
     try {
-      await file.write(`${JSON.stringify(entry)}\n`);
+      // whatever a report holds (a bigint, a cycle, a throwing toJSON) is written: never lost
+      const line = plainJson(entry);
+      await file.write(`${this.redactor ? this.redactor.text(line) : line}\n`);
       await file.datasync();
     } finally {
       await file.close();

@@ -1,4 +1,4 @@
-import { isSandgymError, messageOf } from '../common/index.ts';
+import { SandgymError, isSandgymError, messageOf, type Redactor } from '../common/index.ts';
 import {
   TaskEnv,
   TaskError,
@@ -35,6 +35,53 @@ export interface EvaluateOptions {
    * `TrainingCoordinator`): its phases pause, hibernate and resume them, and its end removes them.
    */
   run?: string;
+  /**
+   * The longest one decision of the agent may take; past it the episode ends, scored 0 with
+   * `agentFailure`, so an agent that never answers cannot hang the eval. Default 30 minutes,
+   * above a model agent's own request limits and retries.
+   */
+  decisionTimeoutMs?: number;
+  /**
+   * Removes secrets (an API key) from every step and report before anyone sees them: callbacks,
+   * the journal, the results. An agent's own redactor (see {@link Agent}) is applied as well.
+   */
+  redactor?: Redactor;
+}
+
+const DEFAULT_DECISION_TIMEOUT_MS = 30 * 60_000;
+
+/** What the agent answers for one step, within `timeoutMs`: else the agent's failure. */
+async function decide(
+  agent: Agent,
+  observation: TaskObservation,
+  context: Parameters<Agent>[1],
+  timeoutMs: number,
+): Promise<AgentDecision> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, fail) => {
+    timer = setTimeout(
+      () => fail(new AgentError(`The agent did not decide within ${timeoutMs} ms (decisionTimeoutMs)`)),
+      // past 2^31 - 1 ms a timer fires at once
+      Math.min(timeoutMs, 2 ** 31 - 1),
+    );
+  });
+  try {
+    const answer = Promise.resolve().then(() => agent(observation, context));
+    return decisionOf(await Promise.race([answer, late]));
+  } catch (error) {
+    // the platform's or the endpoint's errors keep their kind; anything else an agent throws, or an
+    // answer that cannot even be awaited (a revoked proxy, a `then` that throws), is its failure
+    if (error instanceof SandgymError) throw error;
+    throw new AgentError(`The agent failed to decide: ${messageOf(error)}`, { cause: error });
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** Every redactor that applies to an episode, as one. */
+function redactorOf(agent: Agent, options: EvaluateOptions): <T>(value: T) => T {
+  const redactors = [options.redactor, agent.redactor].filter((r): r is Redactor => !!r);
+  return <T>(value: T): T => redactors.reduce((out, redactor) => redactor.value(out), value);
 }
 
 /**
@@ -75,6 +122,7 @@ async function runEpisode(
   earlier: StartedEpisode | undefined,
 ): Promise<EpisodeReport> {
   const started = performance.now();
+  const redact = redactorOf(agent, options);
   await using env = TaskEnv.create(platform, task, options.run ? { run: options.run } : {});
   const takenOver = earlier ? await takeOver(platform, env, task, earlier) : undefined;
   const opened = takenOver ?? (await env.reset());
@@ -92,28 +140,34 @@ async function runEpisode(
     reward: number,
     outcome: StepOutcome,
     grade: Partial<Pick<Grade, 'tampered' | 'deniedEgress' | 'details'>> | undefined,
-  ): EpisodeReport => ({
-    task: task.id,
-    reward,
-    outcome,
-    steps,
-    durationMs: performance.now() - started,
-    tampered: grade?.tampered ?? [],
-    ...(grade?.deniedEgress ? { deniedEgress: grade.deniedEgress } : {}),
-    ...(grade?.details ? { details: grade.details } : {}),
-    ...(buildNotes.length ? { buildNotes } : {}),
-    sandboxId,
-    episodeId,
-    ...(takenOver ? { replayedSteps } : {}),
-    // the agent ran out its time budget: scored as it stands, never masked as infrastructure
-    ...(timeout ? { timeout } : {}),
-    trajectory,
-  });
+  ): EpisodeReport =>
+    redact({
+      task: task.id,
+      reward,
+      outcome,
+      steps,
+      durationMs: performance.now() - started,
+      tampered: grade?.tampered ?? [],
+      ...(grade?.deniedEgress ? { deniedEgress: grade.deniedEgress } : {}),
+      ...(grade?.details ? { details: grade.details } : {}),
+      ...(buildNotes.length ? { buildNotes } : {}),
+      sandboxId,
+      episodeId,
+      ...(takenOver ? { replayedSteps } : {}),
+      // the agent ran out its time budget: scored as it stands, never masked as infrastructure
+      ...(timeout ? { timeout } : {}),
+      trajectory,
+    });
   try {
     for (let stepIndex = 0; stepIndex < maxSteps; stepIndex++) {
       let decision: AgentDecision;
       try {
-        decision = decisionOf(await agent(observation, { task, episodeId, stepIndex }));
+        decision = await decide(
+          agent,
+          observation,
+          { task, episodeId, stepIndex },
+          options.decisionTimeoutMs ?? DEFAULT_DECISION_TIMEOUT_MS,
+        );
       } catch (error) {
         if (!(error instanceof AgentError)) throw error;
         // the policy failed to decide: its failure, scored, never masked as the platform's
@@ -134,7 +188,8 @@ async function runEpisode(
       }
       const { info } = result;
       if (info.replayed) replayedSteps++;
-      const event: StepEvent = {
+      // what the sandbox printed may hold a secret too (a key the model pieced together there)
+      const event: StepEvent = redact({
         task: task.id,
         episodeId,
         stepIndex,
@@ -149,7 +204,7 @@ async function runEpisode(
         ...(info.durationMs === undefined ? {} : { platformMs: info.durationMs }),
         ...(decision.usage ? { usage: decision.usage } : {}),
         ...(decision.message ? { agentMessage: decision.message } : {}),
-      };
+      });
       trajectory.push(event);
       options.onStep?.(event);
       observation = result.observation;
@@ -163,6 +218,23 @@ async function runEpisode(
     return report(maxSteps, grade.reward, { kind: 'ok' }, grade);
   } finally {
     options.onLifecycle?.({ task: task.id, sandboxId, state: 'stopped' });
+  }
+}
+
+/**
+ * Refuses two tasks with one id: results, the journal and resumes are keyed by id, so the second
+ * would take the first's result.
+ */
+function refuseDuplicateIds(tasks: readonly Task[]): void {
+  const seen = new Map<string, Task>();
+  for (const task of tasks) {
+    const first = seen.get(task.id);
+    if (first)
+      throw new SandgymError(
+        'invalid_argument',
+        `Two tasks have the id "${task.id}": ${first.source} and ${task.source}; give each task its own id`,
+      );
+    seen.set(task.id, task);
   }
 }
 
@@ -186,6 +258,7 @@ export async function evaluate(
   makeAgent: () => Agent,
   options: EvaluateOptions,
 ): Promise<EpisodeReport[]> {
+  refuseDuplicateIds(tasks);
   const reports: EpisodeReport[] = new Array<EpisodeReport>(tasks.length);
   const started = performance.now();
   let next = 0;
@@ -243,7 +316,9 @@ export async function evaluate(
           error: message,
         };
       }
-      if (!earlier && report.outcome.kind === 'ok') await options.journal?.record(report);
+      // a journal that cannot be written (a full disk) costs the resume, never this result
+      if (!earlier && report.outcome.kind === 'ok')
+        await options.journal?.record(report).catch(() => undefined);
       reports[index] = report;
       running--;
       done++;

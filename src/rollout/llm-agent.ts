@@ -1,4 +1,4 @@
-import { messageOf, parseAt, secretRedactor } from '../common/index.ts';
+import { messageOf, parseAt, secretRedactor, urlSecrets } from '../common/index.ts';
 import { sandboxActionSchema, type SandboxAction, type TaskObservation } from '../env/index.ts';
 import type { Agent, AgentDecision } from './agent-types.ts';
 import type { TokenUsage } from './episode-report.ts';
@@ -72,21 +72,139 @@ type ChatMessage =
   | { role: 'assistant'; content: string | null; tool_calls?: ToolCall[] }
   | { role: 'tool'; tool_call_id: string; content: string };
 
-/** The action a tool call asks for, or why it cannot be one (told to the model). */
-function actionOf(call: ToolCall): SandboxAction | { error: string } {
-  let args: Record<string, unknown>;
+/** The names of the tools the model is given. */
+const TOOL_NAMES = new Set(TOOLS.map((t) => t.function.name));
+
+/**
+ * A tool call as the conversation keeps it and sends back: its arguments a JSON object, or why
+ * not. What goes back to the endpoint is only ever well-formed (arguments the canonical JSON of
+ * an object, a name among the tools, a bounded id), so a malformed call the model made cannot make
+ * the endpoint fail on the next request (a 5xx, which would be taken for infrastructure).
+ */
+interface ReadCall {
+  echoed: ToolCall;
+  args?: Record<string, unknown>;
+  problem?: string;
+}
+
+function readCall(call: ToolCall, index: number): ReadCall {
+  const id = call.id.length > 0 && call.id.length <= MAX_CALL_ID_CHARS ? call.id : `call_${index}`;
+  const name = TOOL_NAMES.has(call.function.name) ? call.function.name : 'submit';
+  const bad = (problem: string): ReadCall => ({
+    echoed: { id, type: 'function', function: { name, arguments: '{}' } },
+    problem,
+  });
+  if (!TOOL_NAMES.has(call.function.name))
+    return bad(
+      `there is no tool "${clip(call.function.name, 200)}"; the tools are ${[...TOOL_NAMES].join(', ')}`,
+    );
+  let args: unknown;
   try {
-    args = JSON.parse(call.function.arguments || '{}') as Record<string, unknown>;
+    args = JSON.parse(call.function.arguments || '{}');
   } catch (error) {
-    return { error: `the arguments are not JSON: ${messageOf(error)}` };
+    return bad(`the arguments are not JSON: ${messageOf(error)}`);
   }
-  const { timeout_ms: timeoutMs, ...rest } = args;
+  // `null`, a number, a string or a list is JSON too, but no tool's arguments
+  if (!args || typeof args !== 'object' || Array.isArray(args))
+    return bad(
+      `the arguments must be a JSON object, not ${Array.isArray(args) ? 'an array' : String(args === null ? 'null' : typeof args)}`,
+    );
+  const text = JSON.stringify(args);
+  return {
+    echoed: {
+      id,
+      type: 'function',
+      function: { name, arguments: text.length > MAX_MESSAGE_CHARS ? OMITTED_ARGUMENTS : text },
+    },
+    args: args as Record<string, unknown>,
+  };
+}
+
+/** The action a tool call asks for, or why it cannot be one (told to the model). */
+function actionOf(call: ReadCall): SandboxAction | { error: string } {
+  if (!call.args) return { error: call.problem ?? 'unusable call' };
+  const { timeout_ms: timeoutMs, ...rest } = call.args;
+  const name = call.echoed.function.name;
   try {
-    const asked = { type: call.function.name, ...rest, ...(timeoutMs === undefined ? {} : { timeoutMs }) };
-    return parseAt(sandboxActionSchema, asked, `${call.function.name} call`);
+    const asked = { type: name, ...rest, ...(timeoutMs === undefined ? {} : { timeoutMs }) };
+    return parseAt(sandboxActionSchema, asked, `${name} call`);
   } catch (error) {
     return { error: messageOf(error) };
   }
+}
+
+/** The longest tool-call id kept; a longer one is replaced. */
+const MAX_CALL_ID_CHARS = 256;
+/** The most of one message (an output, a model's words, a call's arguments) the conversation keeps. */
+const MAX_MESSAGE_CHARS = 512 * 1024;
+/**
+ * The most the conversation holds in all: past it, the oldest outputs and arguments make way
+ * (marked), so long outputs over many turns never grow a request past what can be sent (a
+ * string past V8's limit is a RangeError) nor past any model's context.
+ */
+const MAX_CONVERSATION_CHARS = 8 * 1024 * 1024;
+/** What stands for a call's arguments the conversation no longer holds. */
+const OMITTED_ARGUMENTS = JSON.stringify({ omitted: 'arguments dropped to keep the conversation bounded' });
+const DROPPED_OUTPUT = '[earlier output dropped to keep the conversation bounded]';
+
+/** `text` cut to `chars`, its head and tail kept, with a marker saying how much went. */
+function clip(text: string, chars: number): string {
+  if (text.length <= chars) return text;
+  const half = Math.floor(chars / 2);
+  return `${text.slice(0, half)}\n…[${text.length - 2 * half} characters cut]…\n${text.slice(-half)}`;
+}
+
+function sizeOf(message: ChatMessage): number {
+  const calls = 'tool_calls' in message ? (message.tool_calls ?? []) : [];
+  return (message.content?.length ?? 0) + calls.reduce((sum, c) => sum + c.function.arguments.length, 0);
+}
+
+/**
+ * Adds `message` to the conversation, cut to {@link MAX_MESSAGE_CHARS}, then makes the
+ * conversation fit {@link MAX_CONVERSATION_CHARS}: the oldest outputs and call arguments go
+ * first (the system prompt and the task stay).
+ */
+function append(conversation: Conversation, message: ChatMessage): void {
+  const kept: ChatMessage =
+    message.content && message.content.length > MAX_MESSAGE_CHARS
+      ? { ...message, content: clip(message.content, MAX_MESSAGE_CHARS) }
+      : message;
+  conversation.messages.push(kept);
+  conversation.chars += sizeOf(kept);
+  for (const [index, old] of conversation.messages.entries()) {
+    if (conversation.chars <= MAX_CONVERSATION_CHARS || index >= conversation.messages.length - 1) break;
+    if (old.role === 'system' || (old.role === 'user' && index <= 1)) continue;
+    const before = sizeOf(old);
+    if (old.role === 'assistant')
+      conversation.messages[index] = {
+        ...old,
+        content: old.content && old.content.length > DROPPED_OUTPUT.length ? DROPPED_OUTPUT : old.content,
+        ...(old.tool_calls
+          ? {
+              tool_calls: old.tool_calls.map((c) => ({
+                ...c,
+                function: {
+                  ...c.function,
+                  arguments:
+                    c.function.arguments.length > OMITTED_ARGUMENTS.length
+                      ? OMITTED_ARGUMENTS
+                      : c.function.arguments,
+                },
+              })),
+            }
+          : {}),
+      };
+    else if (old.content.length > DROPPED_OUTPUT.length)
+      conversation.messages[index] = { ...old, content: DROPPED_OUTPUT };
+    conversation.chars += sizeOf(conversation.messages[index]!) - before;
+  }
+}
+
+interface Conversation {
+  messages: ChatMessage[];
+  /** What the messages hold, in characters (see sizeOf). */
+  chars: number;
+  pending?: string;
 }
 
 /** Times a model may answer without a usable tool call before the agent submits for it. */
@@ -103,7 +221,8 @@ const MAX_CONVERSATIONS = 4096;
  */
 export function openAiAgent(options: OpenAiAgentOptions): () => Agent {
   const url = `${options.baseUrl.replace(/\/+$/, '')}/chat/completions`;
-  const redactor = secretRedactor([options.apiKey]);
+  // the key, and whatever credentials the URL itself carries
+  const redactor = secretRedactor([options.apiKey, ...urlSecrets(options.baseUrl)]);
   const ask = (messages: ChatMessage[]): Promise<Completion> => {
     const request: ModelRequest = {
       url,
@@ -121,13 +240,12 @@ export function openAiAgent(options: OpenAiAgentOptions): () => Agent {
     return askModel(request);
   };
   return () => {
-    const conversations = new Map<string, { messages: ChatMessage[]; pending?: string }>();
-    return async (observation, context): Promise<AgentDecision> => {
+    const conversations = new Map<string, Conversation>();
+    const agent: Agent = async (observation, context): Promise<AgentDecision> => {
       let conversation = conversations.get(context.episodeId);
       if (!conversation) {
-        conversation = {
-          messages: [{ role: 'system', content: options.systemPrompt ?? DEFAULT_SYSTEM_PROMPT }],
-        };
+        conversation = { messages: [], chars: 0 };
+        append(conversation, { role: 'system', content: options.systemPrompt ?? DEFAULT_SYSTEM_PROMPT });
         conversations.set(context.episodeId, conversation);
         if (conversations.size > MAX_CONVERSATIONS)
           conversations.delete(conversations.keys().next().value ?? '');
@@ -139,22 +257,22 @@ export function openAiAgent(options: OpenAiAgentOptions): () => Agent {
         usage.promptTokens += completion.usage?.prompt_tokens ?? 0;
         usage.completionTokens += completion.usage?.completion_tokens ?? 0;
         const message = completion.choices[0]!.message;
-        const calls = message.tool_calls ?? [];
-        conversation.messages.push({
+        const calls = (message.tool_calls ?? []).map(readCall);
+        append(conversation, {
           role: 'assistant',
           content: message.content ?? null,
-          ...(calls.length ? { tool_calls: calls } : {}),
+          ...(calls.length ? { tool_calls: calls.map((c) => c.echoed) } : {}),
         });
         const [first, ...others] = calls;
         // one action per step: every other call of the answer is told it did not run
         for (const other of others)
-          conversation.messages.push({
+          append(conversation, {
             role: 'tool',
-            tool_call_id: other.id,
+            tool_call_id: other.echoed.id,
             content: 'Not run: one tool call per turn.',
           });
         if (!first) {
-          conversation.messages.push({
+          append(conversation, {
             role: 'user',
             content: 'Act through a tool call; call submit when the task is done.',
           });
@@ -162,16 +280,20 @@ export function openAiAgent(options: OpenAiAgentOptions): () => Agent {
         }
         const action = actionOf(first);
         if ('error' in action) {
-          conversation.messages.push({
+          append(conversation, {
             role: 'tool',
-            tool_call_id: first.id,
+            tool_call_id: first.echoed.id,
             content: `Invalid call: ${action.error}`,
           });
           continue;
         }
-        conversation.pending = first.id;
+        conversation.pending = first.echoed.id;
         if (action.type === 'submit') conversations.delete(context.episodeId);
-        return { action, usage, ...(message.content ? { message: message.content } : {}) };
+        return {
+          action,
+          usage,
+          ...(message.content ? { message: message.content } : {}),
+        };
       }
       conversations.delete(context.episodeId);
       return {
@@ -180,20 +302,19 @@ export function openAiAgent(options: OpenAiAgentOptions): () => Agent {
         message: `no usable tool call after ${MAX_NUDGES + 1} answers`,
       };
     };
+    // the rollout removes the key from whatever the episode produced, the sandbox's output too
+    return Object.assign(agent, { redactor });
   };
 }
 
 /** Puts what the env answered where the model expects it: the task as the user's, a result as the tool's. */
-function answerPending(
-  conversation: { messages: ChatMessage[]; pending?: string },
-  observation: TaskObservation,
-): void {
+function answerPending(conversation: Conversation, observation: TaskObservation): void {
   if (observation.type === 'task') {
-    conversation.messages.push({ role: 'user', content: observation.instruction });
+    append(conversation, { role: 'user', content: observation.instruction });
     return;
   }
   if (conversation.pending) {
-    conversation.messages.push({
+    append(conversation, {
       role: 'tool',
       tool_call_id: conversation.pending,
       content: observationText(observation),

@@ -1,6 +1,6 @@
 import { spawn, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdir, readFile, readdir, rm, stat, writeFile } from 'node:fs/promises';
+import { mkdir, readFile, readdir, rm, stat, symlink, writeFile } from 'node:fs/promises';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join, resolve } from 'node:path';
@@ -17,8 +17,11 @@ import {
   type StepResult,
   type Task,
 } from '../../src/env/index.ts';
+import { Platform } from '../../src/platform/index.ts';
 import { ENVS, SANDBOXES, WireClient } from '../../src/platform/wire/index.ts';
+import { secretRedactor } from '../../src/common/index.ts';
 import {
+  EvalJournal,
   evaluate,
   nopAgent,
   openAiAgent,
@@ -55,6 +58,25 @@ function expectNoKey(text: string, where: string): void {
     expect(text.includes(form), `${where} holds the API key (${form})`).toBe(false);
 }
 
+/** The key as a model may hand it back escaped: JSON's `\/`, every character `\uXXXX`, mixed. */
+const ESCAPED_KEYS = [
+  API_KEY.replaceAll('/', '\\/'),
+  [...API_KEY].map((c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`).join(''),
+  [...API_KEY].map((c, i) => (i % 2 ? c : `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`)).join(''),
+];
+
+/** No form of the key, whole, escaped or in pieces (any 10 of its characters in a row, decoded or not). */
+function expectNoKeyPiece(text: string, where: string): void {
+  expectNoKey(text, where);
+  const decoded = text
+    .replace(/\\+u([0-9a-fA-F]{4})/g, (_, hex: string) => String.fromCharCode(parseInt(hex, 16)))
+    .replace(/\\+\//g, '/');
+  for (let start = 0; start + 10 <= API_KEY.length; start++) {
+    const piece = API_KEY.slice(start, start + 10);
+    expect(decoded.includes(piece), `${where} holds a piece of the API key (${piece})`).toBe(false);
+  }
+}
+
 /** Every file below `dir`, for a search of secrets in what an eval left. */
 async function filesBelow(dir: string): Promise<string[]> {
   const entries = await readdir(dir, { withFileTypes: true }).catch(() => []);
@@ -77,7 +99,7 @@ interface ChatRequest {
 }
 
 /** What the last huge answer managed to send before the agent hung up. */
-const sent = { hugeBytes: 0, hugeTotal: 400 * MIB };
+const sent = { hugeBytes: 0, hugeTotal: 400 * MIB, largestRequest: 0 };
 
 function toolCall(name: string, args: unknown, id = 'c1') {
   return { id, type: 'function', function: { name, arguments: JSON.stringify(args) } };
@@ -220,13 +242,100 @@ const SCENARIOS: Record<string, (request: ChatRequest, res: ServerResponse, raw:
     json(res, 200, honest(request));
   },
   'journal-other': (_request, res) => json(res, 200, completion({ tool_calls: [toolCall('submit', {})] })),
+  // pieces the key together in the sandbox (each piece too short to be the key), and says it escaped
+  'piece-key': (request, res) => {
+    const turn = request.messages.filter((m) => m.role === 'tool').length;
+    const pieces = API_KEY.match(/.{1,4}/g)!
+      .map((piece) => `'${piece}'`)
+      .join(' ');
+    const calls = [
+      toolCall('exec', { command: `printf '%s' ${pieces}; echo; printf '%s' ${pieces} | base64` }, 'p0'),
+      toolCall('exec', { command: `env; cat /proc/1/environ` }, 'p1'),
+      toolCall('submit', {}, 'p2'),
+    ];
+    json(
+      res,
+      200,
+      completion({
+        content: `my key: ${ESCAPED_KEYS.join(' or ')}`,
+        tool_calls: [calls[Math.min(turn, calls.length - 1)]],
+      }),
+    );
+  },
+  // 2 MiB of output a turn, for 12 turns: the conversation must not grow with them
+  chatty: (request, res) => {
+    const turn = request.messages.filter((m) => m.role === 'tool').length;
+    const noisy = `head -c 1048576 /dev/zero | tr '\\0' a; head -c 1048576 /dev/zero | tr '\\0' b >&2`;
+    const call =
+      turn < 12
+        ? toolCall('exec', { command: noisy }, `n${turn}`)
+        : turn === 12
+          ? toolCall('write_file', { path: '/work/solution.sh', content: OJ_SOLUTION }, 'w')
+          : toolCall('submit', {}, 's');
+    json(res, 200, completion({ content: 'x'.repeat(300 * 1024), tool_calls: [call] }));
+  },
 };
+
+/**
+ * A model whose first tool call's arguments are `raw` (JSON that is no object, or no JSON), then
+ * honest; its endpoint, like vLLM's, fails (500) on a request whose conversation holds a call with
+ * arguments that are not a JSON object.
+ */
+function oddArguments(raw: string) {
+  return (request: ChatRequest, res: ServerResponse): void => {
+    const calls = request.messages.flatMap(
+      (m) => (m as { tool_calls?: { function: { arguments: string } }[] }).tool_calls ?? [],
+    );
+    const objects = calls.every((call) => {
+      try {
+        const args = JSON.parse(call.function.arguments) as unknown;
+        return !!args && typeof args === 'object' && !Array.isArray(args);
+      } catch {
+        return false;
+      }
+    });
+    if (!objects)
+      return json(res, 500, JSON.stringify({ error: { message: 'cannot render the chat template' } }));
+    const turn = request.messages.filter((m) => m.role === 'tool').length;
+    if (turn === 0)
+      return json(
+        res,
+        200,
+        completion({
+          tool_calls: [{ id: 'a0', type: 'function', function: { name: 'exec', arguments: raw } }],
+        }),
+      );
+    json(
+      res,
+      200,
+      completion({
+        tool_calls: [
+          turn === 1
+            ? toolCall('write_file', { path: '/work/solution.sh', content: OJ_SOLUTION }, 'a1')
+            : toolCall('submit', {}, 'a2'),
+        ],
+      }),
+    );
+  };
+}
+
+/** Every kind of arguments text that parses to no object, or does not parse. */
+const ODD_ARGUMENTS: Record<string, string> = {
+  null: 'null',
+  number: '42',
+  array: '["ls"]',
+  string: '"ls -la"',
+  true: 'true',
+  'broken JSON': '{"command": "ls',
+};
+for (const [name, raw] of Object.entries(ODD_ARGUMENTS)) SCENARIOS[`args-${name}`] = oddArguments(raw);
 
 function fakeModel(scenarios: typeof SCENARIOS = SCENARIOS): Server {
   return createServer((req: IncomingMessage, res) => {
     let raw = '';
     req.on('data', (chunk: Buffer) => (raw += chunk.toString()));
     req.on('end', () => {
+      sent.largestRequest = Math.max(sent.largestRequest, raw.length);
       const request = JSON.parse(raw) as ChatRequest;
       // headers are part of what a leaky proxy echoes
       const echoed = `${raw}\nauthorization: ${req.headers.authorization ?? ''}`;
@@ -583,6 +692,74 @@ describe('a policy cannot mask its own failures', () => {
           }
         }));
 
+      it('Envs.Step and Sandboxes.Step: another action at a step index is a divergence; a concurrent retry runs once', () =>
+        attack('policy', 'Step retries with another action, and at once', async () => {
+          const envs = new WireClient(address, ENVS, { token: IN_PROCESS_NODE_TOKEN, metadata });
+          const sandboxes = new WireClient(address, SANDBOXES, { token: IN_PROCESS_NODE_TOKEN, metadata });
+          const count = { type: 'exec', command: 'echo x >> /tmp/count; wc -l < /tmp/count' };
+          const others: unknown[] = [
+            { type: 'exec', command: 'id' },
+            { type: 'read_file', path: '/etc/passwd' },
+            'junk',
+            { type: 'exec', command: 'ls', cwd: 'relative' },
+          ];
+          try {
+            const { envId } = await envs.call('Make', { spec: { kind: 'sandbox', ...BUSYBOX } });
+            try {
+              await envs.call('Reset', { envId });
+              const first = await envs.call('Step', { envId, stepIndex: 0, action: count });
+              expect(first.observation).toMatchObject({ stdout: '1\n' });
+              for (const action of others)
+                await expect(envs.call('Step', { envId, stepIndex: 0, action })).rejects.toMatchObject({
+                  code: 'divergence',
+                });
+              // the same action, its keys in another order: the same answer, replayed
+              const again = await envs.call('Step', {
+                envId,
+                stepIndex: 0,
+                action: { command: count.command, type: 'exec' },
+              });
+              expect(again.observation).toEqual(first.observation);
+              expect(again.info).toMatchObject({ replayed: true });
+              // two identical calls at once: the step runs once, and both get its answer
+              const [a, b] = await Promise.all(
+                [0, 1].map(() => envs.call('Step', { envId, stepIndex: 1, action: count })),
+              );
+              expect(a!.observation).toEqual(b!.observation);
+              expect(a!.observation).toMatchObject({ stdout: '2\n' });
+              const after = await envs.call('Step', {
+                envId,
+                stepIndex: 2,
+                action: { type: 'exec', command: 'wc -l < /tmp/count' },
+              });
+              expect(after.observation).toMatchObject({ stdout: '2\n' });
+            } finally {
+              await envs.call('Close', { envId });
+            }
+            // the same through Sandboxes.Step
+            const { id } = await sandboxes.call('Create', { request: { environment: 'busybox:latest' } });
+            try {
+              const step = (stepIndex: number, action: unknown) =>
+                sandboxes.call('Step', { sandboxId: id, episodeId: 'e', stepIndex, action });
+              await step(0, count);
+              for (const action of others)
+                await expect(step(0, action)).rejects.toMatchObject({ code: 'divergence' });
+              const [a, b] = await Promise.all([step(1, count), step(1, count)]);
+              expect(a.result.observation).toEqual(b.result.observation);
+              expect(
+                (await step(2, { type: 'exec', command: 'wc -l < /tmp/count' })).result.observation,
+              ).toMatchObject({
+                stdout: '2\n',
+              });
+            } finally {
+              await sandboxes.call('Destroy', { sandboxId: id });
+            }
+          } finally {
+            envs.close();
+            sandboxes.close();
+          }
+        }));
+
       it.skipIf(spawnSync(PYTHON, ['-c', 'import grpc, msgpack']).status !== 0)(
         'the Python client: junk is an observation and the episode goes on',
         () =>
@@ -767,6 +944,214 @@ describe('a policy cannot mask its own failures', () => {
       }));
   });
 
+  describe('what a policy or its model returns never costs the eval, its results or the key', () => {
+    const model = (name: string, options: { requestTimeoutMs?: number } = {}) =>
+      openAiAgent({ model: name, baseUrl, apiKey: API_KEY, ...options });
+    const expectScored = (report: EpisodeReport | undefined, reward: number): void => {
+      expect(report?.outcome, report?.error).toEqual({ kind: 'ok' });
+      expect(report?.reward, report?.agentFailure).toBe(reward);
+    };
+
+    it('tool-call arguments that are JSON but no object, or no JSON, are invalid calls the model is told of', async () => {
+      for (const name of Object.keys(ODD_ARGUMENTS))
+        await attack('policy', `tool-call arguments: ${name}`, async () => {
+          const [report] = await evaluate(test.platform, tasks, model(`args-${name}`), { concurrency: 1 });
+          // never a TypeError, and never echoed back malformed for the endpoint to fail on (a 5xx)
+          expectScored(report, 1);
+        });
+    });
+
+    it('long outputs over many turns keep the conversation bounded', () =>
+      attack('policy', 'conversation growth', async () => {
+        sent.largestRequest = 0;
+        const [report] = await evaluate(test.platform, tasks, model('chatty'), { concurrency: 1 });
+        expectScored(report, 1);
+        expect(report?.steps).toBe(14);
+        // 12 turns of 2 MiB of output and 300 KiB of words: what is sent stays bounded
+        expect(sent.largestRequest).toBeLessThan(12 * MIB);
+      }));
+
+    it('the key pieced together in the sandbox, or handed back escaped, is in no result, step or journal', () =>
+      attack('policy', 'the key in pieces and escapes', async () => {
+        const journal = await EvalJournal.open(
+          join(test.dataDir, 'keys', `${randomBytes(4).toString('hex')}.jsonl`),
+        );
+        const steps: unknown[] = [];
+        const [report] = await evaluate(test.platform, tasks, model('piece-key'), {
+          concurrency: 1,
+          journal,
+          onStep: (step) => steps.push(step),
+        });
+        expectScored(report, 0);
+        const exec = report!.trajectory![0]!.observation as { stdout: string };
+        expect(exec.stdout).toMatch(/\[redacted\]/);
+        expectNoKeyPiece(JSON.stringify(report), 'the report');
+        expectNoKeyPiece(JSON.stringify(steps), 'the steps');
+        expectNoKeyPiece(await readFile(journal.path, 'utf8'), 'the journal');
+        // the honest twin: text that merely looks like a key's start is kept
+        expect(secretRedactor([API_KEY]).text('sk-proj and a1b2')).toBe('sk-proj and a1b2');
+      }));
+
+    it('a key given in the base URL is in no report', () =>
+      attack('policy', "the key as the base URL's credentials", async () => {
+        const secret = `pw-${randomBytes(12).toString('hex')}`;
+        const withCredentials = baseUrl.replace('http://', `http://user:${secret}@`);
+        const [report] = await evaluate(
+          test.platform,
+          tasks,
+          openAiAgent({ model: 'honest', baseUrl: withCredentials }),
+          { concurrency: 1 },
+        );
+        // fetch refuses such a URL and quotes it: the eval's set-up, reported, without the secret
+        expect(report?.outcome).toMatchObject({ kind: 'infra_failure' });
+        expect(JSON.stringify(report)).not.toContain(secret);
+        expect(JSON.stringify(report)).toMatch(/\[redacted\]/);
+      }));
+
+    it('an agent that never decides ends its episode, scored, and the eval goes on', () =>
+      attack('policy', 'an agent that never returns', async () => {
+        const never: Agent = (_observation, { task }) =>
+          task.id === 'slow' ? new Promise(() => {}) : Promise.resolve({ type: 'submit' });
+        const [slow, fast] = await evaluate(
+          test.platform,
+          [{ ...tasks[0]!, id: 'slow' }, tasks[0]!],
+          () => never,
+          {
+            concurrency: 2,
+            decisionTimeoutMs: 2_000,
+          },
+        );
+        expectScored(slow, 0);
+        expect(slow?.agentFailure).toMatch(/decide within 2000 ms/);
+        expectScored(fast, 0);
+      }));
+
+    it("a decision that cannot be read is the agent's failure", async () => {
+      const { proxy, revoke } = Proxy.revocable({ action: { type: 'submit' } }, {});
+      revoke();
+      const throwing = Object.defineProperty({}, 'action', {
+        enumerable: true,
+        get() {
+          throw new Error('no action for you');
+        },
+      });
+      const thenable = Object.defineProperty({}, 'then', {
+        get() {
+          throw new Error('a then that throws');
+        },
+      });
+      const answers: [string, () => unknown][] = [
+        ['a revoked proxy', () => proxy],
+        ['a getter that throws', () => throwing],
+        ['a then that throws', () => thenable],
+        [
+          'a throw of its own',
+          () => {
+            throw new TypeError('undefined is not a function');
+          },
+        ],
+      ];
+      for (const [name, answer] of answers)
+        await attack('policy', `agent decision: ${name}`, async () => {
+          const odd = (() => Promise.resolve().then(answer)) as unknown as Agent;
+          const [report] = await evaluate(test.platform, tasks, () => odd, { concurrency: 1 });
+          expectScored(report, 0);
+          expect(report?.agentFailure).toBeTruthy();
+        });
+      // a decision whose action is unreadable is an invalid action, and the episode goes on
+      const [report] = await evaluate(
+        test.platform,
+        tasks,
+        () =>
+          (_o, { stepIndex }) =>
+            Promise.resolve(
+              stepIndex === 0 ? ({ action: proxy } as unknown as SandboxAction) : { type: 'submit' },
+            ),
+        { concurrency: 1 },
+      );
+      expectScored(report, 0);
+      expect(report?.trajectory?.[0]?.observation).toMatchObject({ type: 'error', code: 'invalid_action' });
+    });
+
+    it('results the journal cannot serialise are written anyway, and read back', () =>
+      attack('policy', 'a journal entry JSON cannot hold', async () => {
+        const journal = await EvalJournal.open(
+          join(test.dataDir, 'odd', `${randomBytes(4).toString('hex')}.jsonl`),
+        );
+        const cycle: Record<string, unknown> = {};
+        cycle['self'] = cycle;
+        const base = { reward: 1, outcome: { kind: 'ok' as const }, steps: 1, durationMs: 1, tampered: [] };
+        const odd: [string, unknown][] = [
+          ['bigint', 10n],
+          ['cycle', cycle],
+          [
+            'toJSON',
+            {
+              toJSON: () => {
+                throw new Error('no');
+              },
+            },
+          ],
+        ];
+        for (const [task, value] of odd) await journal.record({ ...base, task, details: { value } });
+        await journal.record({ ...base, task: 'plain' });
+        const again = await EvalJournal.open(journal.path);
+        for (const task of [...odd.map(([t]) => t), 'plain']) expect(again.get(task)?.reward).toBe(1);
+        expect(again.get('bigint')?.details).toEqual({ value: '10n' });
+      }));
+
+    it('two tasks with one id are refused, naming both', () =>
+      attack('policy', 'duplicate task ids', async () => {
+        const twin = { ...tasks[0]!, source: `${tasks[0]!.source}.copy` };
+        await expect(
+          evaluate(test.platform, [tasks[0]!, twin], nopAgent, { concurrency: 1 }),
+        ).rejects.toThrow(`Two tasks have the id "${twin.id}": ${tasks[0]!.source} and ${twin.source}`);
+        // the honest twin: the same task under another id runs as its own episode
+        const reports = await evaluate(test.platform, [tasks[0]!, { ...twin, id: 'other' }], nopAgent, {
+          concurrency: 1,
+        });
+        expect(reports.map((r) => [r.task, r.outcome.kind])).toEqual([
+          [tasks[0]!.id, 'ok'],
+          ['other', 'ok'],
+        ]);
+      }));
+  });
+
+  it("changes larger than the project's whole store quota are scored 0 with the reason", () =>
+    attack('policy', 'a diff larger than the store quota', async () => {
+      await using node = await createTestPlatform('policy-store-quota', { privateStore: true });
+      const token = 'small-store-token-5e3c1a9f7d2b4680';
+      const cluster = await startInProcessCluster({
+        dataDir: node.dataDir,
+        storeDir: join(node.dataDir, 'store'),
+        nodeId: 'quota',
+        grants: { [token]: { project: 'small', maxSandboxes: 4, maxStoreBytes: 4 * MIB } },
+        platform: { freshLayerHoldMs: 0 },
+      });
+      try {
+        await using platform = await Platform.connect(cluster.url, { token });
+        const solve = { type: 'write_file', path: '/work/solution.sh', content: OJ_SOLUTION } as const;
+        // the right program, with 10 MiB of comments: more than the project may ever store
+        const padded: SandboxAction[] = [
+          solve,
+          {
+            type: 'exec',
+            command: "head -c 8388608 /dev/urandom | base64 | sed 's/^/#/' >> /work/solution.sh",
+          },
+        ];
+        const [report] = await evaluate(platform, tasks, () => scriptedAgent(padded), { concurrency: 1 });
+        expect(report?.outcome, report?.error).toEqual({ kind: 'ok' });
+        expect(report?.reward).toBe(0);
+        expect(report?.details?.['reason']).toMatch(/store quota/);
+        // the honest twin: the program alone is graded as usual
+        const [fair] = await evaluate(platform, tasks, () => scriptedAgent([solve]), { concurrency: 1 });
+        expect(fair?.outcome, fair?.error).toEqual({ kind: 'ok' });
+        expect(fair?.reward).toBe(1);
+      } finally {
+        await cluster.close();
+      }
+    }));
+
   describe('the resume journal covers what the agent is', () => {
     /** Two OJ tasks, `a` and `b`; b says "(task b)". */
     async function twoTasks(dir: string): Promise<string> {
@@ -862,6 +1247,54 @@ describe('a policy cannot mask its own failures', () => {
         // the module now submits at once: task a must be run again, and score 0
         await writeFile(agent, agentModule(marker, false));
         expect(await rerun(args, env, cli.dataDir)).toBe(0);
+      }));
+
+    it('an edited helper module the agent imports does not reuse the old results', () =>
+      attack('policy', 'rerun with an edited helper of the agent module', async () => {
+        await using cli = await createTestPlatform('policy-journal-helper', { privateStore: true });
+        const tasksDir = await twoTasks(cli.dataDir);
+        const marker = join(cli.dataDir, 'hang');
+        const agent = join(cli.dataDir, 'agent.mjs');
+        const helper = join(cli.dataDir, 'lib', 'plan.mjs');
+        const env = { SANDGYM_DATA_DIR: cli.dataDir };
+        await mkdir(join(cli.dataDir, 'lib'), { recursive: true });
+        await writeFile(marker, '');
+        await writeFile(helper, 'export const solves = true;\n');
+        // the module itself never changes: what it does comes from its helper
+        await writeFile(
+          agent,
+          agentModule(marker, true)
+            .replace(
+              "import { existsSync } from 'node:fs';",
+              "import { existsSync } from 'node:fs';\nimport { solves } from './lib/plan.mjs';",
+            )
+            .replace('if (stepIndex === 0)', 'if (solves && stepIndex === 0)'),
+        );
+        const args = [tasksDir, '--agent', agent, '--concurrency', '1'];
+        await interrupted(args, env, cli.dataDir);
+        await rm(marker);
+        await writeFile(helper, 'export const solves = false;\n');
+        expect(await rerun(args, env, cli.dataDir)).toBe(0);
+      }));
+
+    it('an edit to a file a task reads through a symlink changes its journal', () =>
+      attack('policy', 'rerun after a shared tests folder changed', async () => {
+        const root = join(test.dataDir, `shared-tests-${randomBytes(4).toString('hex')}`);
+        const shared = join(root, 'shared-tests');
+        const task = join(root, 'task');
+        await mkdir(shared, { recursive: true });
+        await mkdir(join(task, 'environment'), { recursive: true });
+        await writeFile(join(task, 'instruction.md'), 'Do nothing.\n');
+        await writeFile(join(task, 'environment', 'Dockerfile'), 'FROM busybox:latest\n');
+        await writeFile(join(task, 'task.toml'), '');
+        await writeFile(join(shared, 'test.sh'), 'echo 1 > /logs/verifier/reward.txt\n');
+        await symlink(shared, join(task, 'tests'));
+        const key = async () => EvalJournal.pathFor(root, { tasks: await loadTasks([task]), agent: 'nop' });
+        const before = await key();
+        // the honest twin: nothing changed, the same journal
+        expect(await key()).toBe(before);
+        await writeFile(join(shared, 'test.sh'), 'echo 0 > /logs/verifier/reward.txt\n');
+        expect(await key()).not.toBe(before);
       }));
 
     it('another --base-url does not reuse the old endpoint’s results', () =>

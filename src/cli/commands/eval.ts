@@ -1,4 +1,4 @@
-import { secretRedactor, writeFileAtomic } from '../../common/index.ts';
+import { secretRedactor, urlSecrets, writeFileAtomic } from '../../common/index.ts';
 import { loadTasks } from '../../env/index.ts';
 import { join } from 'node:path';
 import { defaultDataDir, hostPlatformOf } from '../../platform/index.ts';
@@ -69,6 +69,7 @@ export async function evalCommand(args: string[]): Promise<number> {
     atif: { type: 'string' },
     run: { type: 'string' },
     lease: { type: 'string' },
+    'decision-timeout': { type: 'string' },
     ...IMAGE_SOURCE_OPTIONS,
   });
   if (parsed.positionals.length === 0)
@@ -82,7 +83,7 @@ export async function evalCommand(args: string[]): Promise<number> {
     ...(apiKey ? { apiKey } : {}),
   });
   // the key goes nowhere this eval writes or prints, in any encoding
-  const redactor = secretRedactor([apiKey]);
+  const redactor = secretRedactor([apiKey, ...urlSecrets(baseUrl)]);
   const say = (line: string): boolean => process.stderr.write(redactor.text(line));
   const tasks = await loadTasks(parsed.positionals);
   const concurrency = positiveInt('concurrency', text(parsed, 'concurrency')) ?? 2;
@@ -93,6 +94,7 @@ export async function evalCommand(args: string[]): Promise<number> {
       agent: identity,
       ...(maxSteps ? { maxSteps } : {}),
     }),
+    { redactor },
   );
   const resumed = tasks.filter((t) => journal.get(t.id)).length;
   if (resumed > 0)
@@ -124,9 +126,12 @@ export async function evalCommand(args: string[]): Promise<number> {
     );
   }
   const interactive = process.stderr.isTTY;
+  const decisionTimeoutMs = durationMs('decision-timeout', text(parsed, 'decision-timeout'));
   const runner = new RolloutRunner(platform, makeAgent, {
+    ...(decisionTimeoutMs === undefined ? {} : { decisionTimeoutMs }),
     concurrency,
     journal,
+    redactor,
     ...(runName ? { run: runName } : {}),
     ...(maxSteps ? { maxSteps } : {}),
     onProgress: (p) => (interactive ? process.stderr.write(`\r${progressLine(p)}  `) : undefined),

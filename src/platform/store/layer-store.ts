@@ -603,7 +603,9 @@ export class ProjectStore {
         throw new SandgymError(
           'resource_exhausted',
           `Project ${this.project} holds ${mib(used)} of its ${mib(quota.maxBytes)} store quota${bytes > 1 ? `, and this needs ${mib(bytes)} more` : ''}: remove environments it no longer needs (a run's snapshots go with the run), or raise its quota (maxStoreBytes in the controller's grants file, the node's --max-store-mib)`,
-          { retryable: true },
+          // larger than the whole quota, it never fits: what made it (a sandbox's changes) is at
+          // fault, and no retry helps; else the project's other layers may make room
+          { retryable: bytes <= quota.maxBytes },
         );
       }
       await keep();
