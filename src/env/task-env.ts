@@ -232,6 +232,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     const result = await platform.buildFromDockerfile({
       file: source.dockerfile,
       context: source.context,
+      ...(source.root ? { root: source.root } : {}),
       name: taskEnvironmentName(this.task),
       ...(this.task.buildTimeoutMs ? { timeoutMs: this.task.buildTimeoutMs } : {}),
     });

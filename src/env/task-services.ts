@@ -189,6 +189,7 @@ async function serviceEnvironment(
     const built = await platform.buildFromDockerfile({
       file: service.source.dockerfile,
       context: service.source.context,
+      ...(service.source.root ? { root: service.source.root } : {}),
       name: `${taskStorageStem('svc', task)}:${service.name}`,
       ...(task.buildTimeoutMs ? { timeoutMs: task.buildTimeoutMs } : {}),
     });

@@ -1,20 +1,21 @@
 import { execFile } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { existsSync, lstatSync, readFileSync, readdirSync, readlinkSync, statSync } from 'node:fs';
-import { chown, mkdir, rm, symlink, writeFile } from 'node:fs/promises';
+import { chown, mkdir, rm, symlink, utimes, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { isSandgymError } from '../../src/common/index.ts';
 import { buildLayerFromOci, buildLayerFromTar } from '../../src/platform/index.ts';
-import { RootedTree } from '../../src/platform/layer-build/rooted-tree.ts';
+import { RootedTree, withRootedTree } from '../../src/platform/layer-build/rooted-tree.ts';
 import { MAX_IMAGE_LAYERS } from '../../src/platform/layer-build/from-oci.ts';
 import { MAX_TREE_DEPTH } from '../../src/platform/layer-build/rooted-tree.ts';
 import {
   ArchiveBudget,
   DEFAULT_ARCHIVE_LIMITS,
   extractTar,
+  normaliseFolderTimes,
   type ArchiveLimits,
   type WhiteoutMode,
 } from '../../src/platform/layer-build/tar-extract.ts';
@@ -595,6 +596,50 @@ ADD honest.tar /opt/
           await refusedWithoutHarm(() => buildFrom(name), /is refused/, 'not_found');
       }));
 
+    /** Every layer blob (not JSON) of the store's registry blob caches, wherever they are kept. */
+    function cachedLayerBlobs(): string[] {
+      const root = env.platform.store.root;
+      const caches = [
+        join(root, 'cache/oci-blobs/sha256'),
+        ...readdirSync(join(root, 'projects')).map((p) =>
+          join(root, 'projects', p, 'cache/oci-blobs/sha256'),
+        ),
+      ].filter((dir) => existsSync(dir));
+      return caches.flatMap((dir) =>
+        readdirSync(dir)
+          .map((name) => join(dir, name))
+          .filter((path) => {
+            try {
+              JSON.parse(readFileSync(path, 'utf8'));
+              return false;
+            } catch {
+              return true;
+            }
+          }),
+      );
+    }
+
+    it('never builds from a cached blob whose bytes do not match its digest', () =>
+      attack('archive', 'registry blob cache poisoned under a digest', async () => {
+        const top: TestTarEntry[] = [
+          { path: 'opt/', type: 'dir' },
+          { path: 'opt/real', data: 'real\n' },
+        ];
+        await push('cache/first', top);
+        await buildFrom('cache/first');
+        const poisoned = cachedLayerBlobs();
+        expect(poisoned.length).toBeGreaterThan(0);
+        for (const path of poisoned) await writeFile(path, tarArchive([{ path: 'poison', data: SECRET }]));
+        // the same layers under another name: the cache holds them already
+        await push('cache/second', top);
+        const { environment } = (await buildFrom('cache/second')) as { environment: { layers: string[] } };
+        const seen = await inLayers(environment.layers, (root) => ({
+          poison: existsSync(join(root, 'poison')),
+          real: readFileSync(join(root, 'opt/real'), 'utf8'),
+        }));
+        expect(seen).toEqual({ poison: false, real: 'real\n' });
+      }));
+
     it('honest twin: an image with whiteouts, an opaque folder and hard links pulls and builds', async () => {
       await push('honest/tool', [
         { path: 'etc/.wh.base' },
@@ -1121,4 +1166,57 @@ ADD honest.tar /opt/
       );
     });
   });
+});
+
+/**
+ * The store's scratch folders: a build's tree has every folder's times set to 0 (as an image
+ * wants), and an archive can make a tree deeper than any path the kernel takes. Collection must
+ * never take a build in progress for leftovers, and must still remove leftovers however deep.
+ */
+describe('store scratch under attack', () => {
+  let env: TestPlatform;
+  /** Names longer than any path the kernel takes, once joined under the store. */
+  const DEEP = Array.from({ length: 16 }, (_, i) => `${i}`.padEnd(250, 'd')).join('/');
+
+  beforeAll(async () => {
+    env = await createTestPlatform('hostile-scratch', { privateStore: true });
+  });
+
+  afterAll(async () => {
+    await env?.[Symbol.asyncDispose]();
+  });
+
+  const collect = () =>
+    env.platform.store.layers.collectGarbage({ minAgeMs: 0, pinned: new Set(), sweepScratch: true });
+
+  it('never collects a build in progress whose folder times are 0', () =>
+    attack('archive', 'gc of a build whose tree times were set to 0', async () => {
+      const dir = await env.platform.store.scratch('inuse');
+      await writeFile(join(dir, 'f'), 'x');
+      await withRootedTree(dir, 'test', (tree) => normaliseFolderTimes(tree));
+      expect(statSync(dir).mtimeMs).toBe(0);
+      await collect();
+      expect(existsSync(join(dir, 'f'))).toBe(true);
+      await env.platform.store.removeScratch(dir);
+      expect(existsSync(dir)).toBe(false);
+    }));
+
+  it('removes a tree deeper than PATH_MAX, in a build that fails and in collection', () =>
+    attack('archive', 'scratch deeper than PATH_MAX', async () => {
+      const tmp = join(env.platform.store.root, 'tmp');
+      const before = new Set(readdirSync(tmp));
+      const archive = join(env.dataDir, 'deep.tar');
+      await writeFile(archive, tarArchive([{ path: `${DEEP}/f`, data: 'deep' }]));
+      // the build may keep or refuse the tree; either way its scratch goes
+      await buildLayerFromTar(env.platform.store, archive).catch(() => undefined);
+      expect(readdirSync(tmp).filter((name) => !before.has(name))).toEqual([]);
+      // a crashed writer's deep leftovers: its marker an hour and more old
+      const dir = await env.platform.store.scratch('crashed');
+      await withRootedTree(dir, 'test', (tree) => tree.makeFolder(DEEP));
+      const old = new Date(Date.now() - 2 * 60 * 60_000);
+      await utimes(`${dir}.live`, old, old);
+      await collect();
+      expect(existsSync(dir)).toBe(false);
+      expect(readdirSync(tmp).filter((name) => !before.has(name))).toEqual([]);
+    }));
 });

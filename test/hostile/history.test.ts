@@ -1,6 +1,6 @@
 import { execFileSync } from 'node:child_process';
 import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
-import { join, resolve } from 'node:path';
+import { basename, join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { GIT_CHEATS } from '../../examples/agents/cheats.ts';
 import { TaskEnv, loadSweBenchFile, type Task } from '../../src/env/index.ts';
@@ -75,7 +75,8 @@ describe('SWE-bench history and git', () => {
       const rows = join(env.dataDir, `hidden-${base.slice(0, 8)}.swebench.jsonl`);
       await writeFile(
         rows,
-        `${JSON.stringify({ ...row, instance_id: `hidden-${base.slice(0, 8)}`, repo, base_commit: base })}\n`,
+        // beside the rows: a row names repositories inside its own folder only
+        `${JSON.stringify({ ...row, instance_id: `hidden-${base.slice(0, 8)}`, repo: basename(repo), base_commit: base })}\n`,
       );
       const [task] = await loadSweBenchFile(rows);
       await using gym = TaskEnv.create(env.platform, task!);

@@ -1,5 +1,5 @@
 import { execFileSync } from 'node:child_process';
-import { mkdir, readFile, writeFile } from 'node:fs/promises';
+import { copyFile, mkdir, readFile, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TaskEnv, loadSweBenchFile, type Task } from '../../src/env/index.ts';
@@ -77,7 +77,7 @@ describe('SWE-bench tasks', () => {
     const row = JSON.parse((await readFile(ROWS, 'utf8')).trim()) as Record<string, unknown>;
     await writeFile(
       rows,
-      `${JSON.stringify({ ...row, repo: resolve('examples/tasks/swe/calc.bundle'), FAIL_TO_PASS: ['tests.test_ops.OpsTest.test_nope'] })}\n`,
+      `${JSON.stringify({ ...row, repo: await besideRows(), FAIL_TO_PASS: ['tests.test_ops.OpsTest.test_nope'] })}\n`,
     );
     const [missing] = await loadSweBenchFile(rows);
     await using taskEnv = TaskEnv.create(env.platform, missing!);
@@ -91,6 +91,12 @@ describe('SWE-bench tasks', () => {
     expect(grade.details['failToPass']).toEqual({ 'tests.test_ops.OpsTest.test_nope': 'missing' });
   });
 
+  /** The example's bundle beside rows written to the data folder: rows name repositories inside their own folder. */
+  async function besideRows(): Promise<string> {
+    await copyFile(resolve('examples/tasks/swe/calc.bundle'), join(env.dataDir, 'calc.bundle'));
+    return 'calc.bundle';
+  }
+
   /** The example row, with its tests named as pytest node ids. */
   async function pytestTask(): Promise<Task> {
     const rows = join(env.dataDir, `pytest-${Math.random().toString(36).slice(2, 8)}.swebench.jsonl`);
@@ -99,7 +105,7 @@ describe('SWE-bench tasks', () => {
       rows,
       `${JSON.stringify({
         ...row,
-        repo: resolve('examples/tasks/swe/calc.bundle'),
+        repo: await besideRows(),
         FAIL_TO_PASS: ['tests/test_ops.py::OpsTest::test_mean'],
         PASS_TO_PASS: ['tests/test_ops.py::OpsTest::test_add'],
       })}\n`,
@@ -196,7 +202,7 @@ describe('SWE-bench tasks', () => {
       rows,
       `${JSON.stringify({
         instance_id: 'pyfuncs__half-1',
-        repo,
+        repo: 'pyfuncs', // beside the rows
         base_commit: base,
         patch,
         test_patch: testPatch,

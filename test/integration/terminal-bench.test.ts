@@ -66,6 +66,8 @@ describe('Terminal-Bench tasks', () => {
           kind: 'dockerfile',
           dockerfile: join(FIXTURES, 'compose-redis', 'cache', 'Dockerfile'),
           context: join(FIXTURES, 'compose-redis', 'cache'),
+          // the task's folder, beneath which the build must stay
+          root: join(FIXTURES, 'compose-redis'),
         },
         env: { CACHE_ROLE: 'primary' },
       },

@@ -1,7 +1,7 @@
 import { existsSync } from 'node:fs';
-import { join, resolve, sep } from 'node:path';
+import { isAbsolute, join } from 'node:path';
 import { z } from 'zod';
-import { SandgymError, parseAt } from '../../common/index.ts';
+import { SandgymError, parseAt, resolveBeneath } from '../../common/index.ts';
 import type { TaskService } from './task.ts';
 import { readTaskFile } from './task-file.ts';
 
@@ -61,12 +61,14 @@ function environment(value: z.infer<typeof serviceSchema>['environment']): Recor
  * database the tests talk to, say. Each is built from its Dockerfile or taken from an image and
  * started with its command; all of them run with the task's sandbox as one group on a private
  * network where each is reachable by its service name. None when the folder has no compose file
- * or it names only the task's sandbox.
+ * or it names only the task's sandbox. `dir` is the compose file's folder, `root` the task's: a
+ * build context or Dockerfile the file names must lie beneath `root`, symlinks followed.
  */
-export async function composeServices(dir: string): Promise<TaskService[]> {
-  const file = COMPOSE_FILES.map((name) => join(dir, name)).find((path) => existsSync(path));
-  if (!file) return [];
-  const compose = parseAt(composeSchema, await readTaskFile(file, 'YAML'), file);
+export async function composeServices(root: string, dir: string): Promise<TaskService[]> {
+  const name = COMPOSE_FILES.find((candidate) => existsSync(join(dir, candidate)));
+  if (!name) return [];
+  const file = join(dir, name);
+  const compose = parseAt(composeSchema, await readTaskFile(dir, name, 'YAML'), file);
   const services: TaskService[] = [];
   for (const [name, service] of Object.entries(compose.services)) {
     if (MAIN_SERVICES.has(name)) continue;
@@ -77,13 +79,20 @@ export async function composeServices(dir: string): Promise<TaskService[]> {
         typeof service.build === 'string'
           ? { context: service.build, dockerfile: 'Dockerfile' }
           : service.build;
-      const context = resolve(dir, build.context);
-      if (context !== dir && !context.startsWith(dir + sep))
-        throw new SandgymError(
-          'invalid_argument',
-          `${where}: build context ${build.context} is outside the task folder`,
-        );
-      source = { kind: 'dockerfile', dockerfile: resolve(context, build.dockerfile), context };
+      // both are relative to the compose file's folder, and found beneath the task's
+      for (const [field, value] of [
+        ['build context', build.context],
+        ['dockerfile', build.dockerfile],
+      ] as const)
+        if (isAbsolute(value))
+          throw new SandgymError(
+            'invalid_argument',
+            `${where}: ${field} "${value}" is an absolute path: name a path inside the task folder`,
+          );
+      // (joined as text: a `..` after a symlink climbs from where the link leads, as in Docker)
+      const context = await resolveBeneath(root, `${dir}/${build.context}`, `${where}: build context`);
+      const dockerfile = await resolveBeneath(root, `${context}/${build.dockerfile}`, `${where}: dockerfile`);
+      source = { kind: 'dockerfile', dockerfile, context, root };
     } else if (service.image) {
       source = { kind: 'image', ref: service.image };
     } else {

@@ -1,10 +1,9 @@
 import { existsSync } from 'node:fs';
-import { readFile } from 'node:fs/promises';
 import { basename, join, resolve } from 'node:path';
 import { z } from 'zod';
 import { ENV_VAR_NAME, SandgymError, parseAt } from '../../common/index.ts';
 import { composeServices } from './compose.ts';
-import { readTaskFile } from './task-file.ts';
+import { readTaskFile, readTaskText, taskPath } from './task-file.ts';
 import { PUBLIC_NETWORK, taskNumber, type NetworkPolicy, type Task } from './task.ts';
 
 /** Where Harbor puts a task's solution folder for its oracle (and where tasks may ask for answers). */
@@ -84,7 +83,7 @@ export function isHarborTask(dir: string): boolean {
 export async function loadHarborTask(path: string): Promise<Task> {
   const dir = resolve(path);
   const tomlPath = join(dir, 'task.toml');
-  const toml = parseAt(taskTomlSchema, await readTaskFile(tomlPath, 'TOML'), tomlPath);
+  const toml = parseAt(taskTomlSchema, await readTaskFile(dir, 'task.toml', 'TOML'), tomlPath);
   const image = toml.environment.docker_image;
   // a prebuilt image stands in for the Dockerfile
   const required = ['instruction.md', ...(image ? [] : ['environment/Dockerfile']), 'tests/test.sh'];
@@ -96,22 +95,25 @@ export async function loadHarborTask(path: string): Promise<Task> {
       );
     }
   }
-  const solution = join(dir, 'solution');
-  const services = await composeServices(join(dir, 'environment'));
+  // every folder and file the task names is found beneath its folder: none may be a host's
+  const solution = await taskPath(dir, 'solution');
+  const environment = await taskPath(dir, 'environment');
+  const services = await composeServices(dir, environment);
   return {
     id: basename(dir),
     format: 'harbor',
     source: dir,
-    instruction: await readFile(join(dir, 'instruction.md'), 'utf8'),
+    instruction: await readTaskText(dir, 'instruction.md'),
     environment: image
       ? { kind: 'image', ref: image }
       : {
           kind: 'dockerfile',
-          dockerfile: join(dir, 'environment/Dockerfile'),
-          context: join(dir, 'environment'),
+          dockerfile: await taskPath(dir, 'environment/Dockerfile'),
+          context: environment,
+          root: dir,
         },
     ...(services.length ? { services } : {}),
-    grading: { kind: 'reward_file', testsDir: join(dir, 'tests') },
+    grading: { kind: 'reward_file', testsDir: await taskPath(dir, 'tests') },
     resources: {
       cpu: toml.environment.cpus,
       memoryMib: toml.environment.memory_mb,

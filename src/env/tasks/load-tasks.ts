@@ -1,7 +1,6 @@
 import { existsSync } from 'node:fs';
 import { readdir, stat } from 'node:fs/promises';
-import { join } from 'node:path';
-import { SandgymError } from '../../common/index.ts';
+import { SandgymError, resolveBeneath } from '../../common/index.ts';
 import { isHarborTask, loadHarborTask } from './harbor.ts';
 import { isOjProblem, loadOjProblem } from './oj.ts';
 import { isSweBenchFile, loadSweBenchFile } from './swebench.ts';
@@ -45,7 +44,11 @@ export async function loadTasks(paths: string[]): Promise<Task[]> {
     }
     if (!(await stat(path)).isDirectory())
       throw new SandgymError('invalid_argument', `${path} is neither a task folder nor a folder of tasks`);
-    const children = (await readdir(path)).sort().map((name) => join(path, name));
+    // a folder of tasks is someone's too: an entry that links out of it is refused (a task
+    // elsewhere is named on the command line itself)
+    const children: string[] = [];
+    for (const name of (await readdir(path)).sort())
+      children.push(await resolveBeneath(path, name, `${path}: the entry`));
     const found = children.filter((child) => formatOf(child));
     if (found.length === 0)
       throw new SandgymError(

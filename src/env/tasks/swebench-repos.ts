@@ -1,6 +1,8 @@
 import { existsSync } from 'node:fs';
-import { isAbsolute, join, resolve } from 'node:path';
-import { SandgymError } from '../../common/index.ts';
+import { lstat, readdir } from 'node:fs/promises';
+import { isAbsolute, join } from 'node:path';
+import { z } from 'zod';
+import { SandgymError, resolveBeneath } from '../../common/index.ts';
 
 /** How a repository's own test runner is run, and how its log reads. */
 export interface RepoTestRunner {
@@ -130,27 +132,85 @@ export function repoSourcesFromEnv(env: NodeJS.ProcessEnv = process.env): RepoSo
   return { mirrors, ...(urlTemplate ? { urlTemplate } : {}) };
 }
 
+/** Files by which a git store borrows another's objects or refs: a host repository's, say. */
+const BORROWING = ['objects/info/alternates', 'objects/info/http-alternates', 'commondir'];
+
 /**
- * Where a row's `repo` is: a path (relative to the rows' file) that exists; else, for an
- * `owner/name` as published rows have it, a clone or bundle in a mirror folder (the rows' own
- * `repos/` folder first); else the URL template. Nothing found is an error that says where it
- * looked and what to set.
+ * A repository of the rows' own folder, checked to hold everything a clone takes: a bundle (one
+ * regular file), or a git folder with no symlink anywhere in its store (a pack linked to a host
+ * repository's would be copied) and no file that borrows another store (`alternates`,
+ * `commondir`, a `.git` file naming another folder). Operator mirrors are not checked: theirs.
  */
-export function resolveRepository(
+async function selfContained(path: string, what: string): Promise<string> {
+  const refuse = (why: string): never => {
+    throw new SandgymError('invalid_argument', `${what}: the repository ${why}`);
+  };
+  const top = await lstat(path);
+  if (top.isFile()) return path;
+  if (!top.isDirectory()) refuse('is neither a git bundle nor a git folder');
+  const dotGit = join(path, '.git');
+  const store = existsSync(dotGit) ? dotGit : path;
+  const walk = async (dir: string): Promise<void> => {
+    for (const entry of await readdir(dir, { withFileTypes: true })) {
+      if (entry.isSymbolicLink()) refuse('holds a symlink in its git store');
+      if (entry.isDirectory()) await walk(join(dir, entry.name));
+    }
+  };
+  if (!(await lstat(store)).isDirectory()) refuse('has a .git that is no folder');
+  await walk(store);
+  for (const file of BORROWING)
+    if (existsSync(join(store, file))) refuse(`borrows another repository's store (${file})`);
+  return path;
+}
+
+/**
+ * A row's `repo`: `owner/name` as published rows have it (neither part `.` or `..`), or a
+ * relative path to a clone or bundle inside the rows' folder. Never an absolute path or one that
+ * climbs out: a row is data someone else wrote, and the repository it names is copied into an
+ * image.
+ */
+export const OWNER_NAME = /^(?!\.\.?\/)[A-Za-z0-9_.-]+\/(?!\.\.?$)[A-Za-z0-9_.-]+$/;
+export const repoField = z
+  .string()
+  .min(1)
+  .refine((repo) => !isAbsolute(repo), "repo is owner/name or a path inside the rows' folder, never absolute")
+  .refine(
+    (repo) => !repo.split('/').includes('..'),
+    'repo is owner/name or a path inside the rows\' folder, never one climbing out with ".."',
+  );
+
+/**
+ * Where a row's `repo` is: a path inside the rows' folder that exists (found there, a symlink
+ * may not lead out); else, for an `owner/name`, a clone or bundle in a mirror folder (the rows'
+ * own `repos/` folder first, also found beneath the rows' folder; then the operator's mirrors);
+ * else the URL template. Nothing found is an error that says where it looked and what to set.
+ */
+export async function resolveRepository(
   repo: string,
   rowsDir: string,
   sources: RepoSources,
   where: string,
-): string {
-  const asPath = isAbsolute(repo) ? repo : resolve(rowsDir, repo);
-  if (existsSync(asPath)) return asPath;
-  if (!/^[A-Za-z0-9_.-]+\/[A-Za-z0-9_.-]+$/.test(repo))
+): Promise<string> {
+  const what = `${where}: repo`;
+  if (isAbsolute(repo) || repo.split('/').includes('..'))
+    throw new SandgymError(
+      'invalid_argument',
+      `${what} ${repo} must be owner/name or a path inside ${rowsDir}`,
+    );
+  // what the rows' own folder holds is theirs: found beneath it, never through a link out
+  const asPath = await resolveBeneath(rowsDir, repo, what);
+  if (existsSync(asPath)) return selfContained(asPath, what);
+  if (!OWNER_NAME.test(repo))
     throw new SandgymError(
       'invalid_argument',
       `${where}: repo ${repo} is neither a path that exists nor owner/name`,
     );
+  for (const candidate of mirrorCandidates('repos', repo)) {
+    const path = await resolveBeneath(rowsDir, candidate, what);
+    if (existsSync(path)) return selfContained(path, what);
+  }
   const mirrors = [join(rowsDir, 'repos'), ...(sources.mirrors ?? [])];
-  const found = mirrors.flatMap((m) => mirrorCandidates(m, repo)).find((p) => existsSync(p));
+  const found = (sources.mirrors ?? []).flatMap((m) => mirrorCandidates(m, repo)).find((p) => existsSync(p));
   if (found) return found;
   if (sources.urlTemplate) return sources.urlTemplate.replaceAll('{repo}', repo);
   throw new SandgymError(

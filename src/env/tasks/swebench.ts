@@ -2,7 +2,13 @@ import { readFile } from 'node:fs/promises';
 import { dirname, resolve } from 'node:path';
 import { z } from 'zod';
 import { SandgymError, parseAt } from '../../common/index.ts';
-import { REPO_RECIPES, repoSourcesFromEnv, resolveRepository, type RepoSources } from './swebench-repos.ts';
+import {
+  REPO_RECIPES,
+  repoField,
+  repoSourcesFromEnv,
+  resolveRepository,
+  type RepoSources,
+} from './swebench-repos.ts';
 import { NO_NETWORK, type Task } from './task.ts';
 
 /** FAIL_TO_PASS / PASS_TO_PASS: a JSON array, or a string holding one (both occur in the wild). */
@@ -20,7 +26,7 @@ const testList = z.preprocess(
 
 const sweBenchRowSchema = z.object({
   instance_id: z.string().regex(/^[A-Za-z0-9._-]+$/, 'instance_id is letters, digits, ".", "_" and "-"'),
-  repo: z.string().min(1),
+  repo: repoField,
   base_commit: z.string().regex(/^[0-9a-f]{7,40}$/, 'base_commit must be a commit hash'),
   patch: z.string(),
   test_patch: z.string().min(1),
@@ -40,8 +46,8 @@ export function isSweBenchFile(path: string): boolean {
 const TESTBED = '/testbed';
 
 /**
- * Loads SWE-bench rows (jsonl). `repo` is a local git repository or bundle relative to the file,
- * or `owner/name` as published rows have it, found in a mirror folder or at a URL (see
+ * Loads SWE-bench rows (jsonl). `repo` is a local git repository or bundle inside the file's
+ * folder, or `owner/name` as published rows have it, found in a mirror folder or at a URL (see
  * {@link resolveRepository}). A repository with a known recipe gets its packages and install
  * over the checkout, and its own test runner where its ids need one. Errors name the file, the
  * line and the field.
@@ -74,7 +80,7 @@ export async function loadSweBenchFile(
       environment: {
         kind: 'workspace',
         base: 'debian:bookworm',
-        repo: resolveRepository(row.repo, dirname(resolve(path)), sources, where),
+        repo: await resolveRepository(row.repo, dirname(resolve(path)), sources, where),
         baseCommit: row.base_commit,
         path: TESTBED,
         ...(recipe

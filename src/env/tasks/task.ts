@@ -30,11 +30,23 @@ export class TaskError extends SandgymError {
 }
 
 /**
+ * A task's own Dockerfile and build context. `root` is the task's folder: the Dockerfile, the
+ * context and everything the build reads must lie beneath it, symlinks followed (a task author's
+ * symlink to the host is refused, never built from).
+ */
+export interface DockerfileSource {
+  kind: 'dockerfile';
+  dockerfile: string;
+  context: string;
+  root?: string;
+}
+
+/**
  * Where a task's environment comes from: its own Dockerfile, an environment in the store, or a
  * stored base plus a git workspace checked out at a base commit with its later history scrubbed.
  */
 export type TaskEnvironmentSource =
-  | { kind: 'dockerfile'; dockerfile: string; context: string }
+  | DockerfileSource
   | { kind: 'stored'; ref: string }
   /** A prebuilt image (Harbor's `docker_image`): from the store or its registry. */
   | { kind: 'image'; ref: string }
@@ -81,7 +93,7 @@ export interface OjCase {
 export interface TaskService {
   name: string;
   /** Its own Dockerfile, or an image (from the store or its registry). */
-  source: { kind: 'dockerfile'; dockerfile: string; context: string } | { kind: 'image'; ref: string };
+  source: DockerfileSource | { kind: 'image'; ref: string };
   /** What it runs: compose's `command` and `entrypoint`, else the image's CMD and ENTRYPOINT. */
   command?: string[];
   entrypoint?: string[];

@@ -1,10 +1,9 @@
 import { existsSync } from 'node:fs';
-import { readFile } from 'node:fs/promises';
 import { basename, join, resolve } from 'node:path';
 import { z } from 'zod';
 import { SandgymError, parseAt } from '../../common/index.ts';
 import { composeServices } from './compose.ts';
-import { readTaskFile } from './task-file.ts';
+import { readTaskFile, readTaskText, taskPath } from './task-file.ts';
 import { PUBLIC_NETWORK, taskNumber, type Task } from './task.ts';
 
 /**
@@ -51,10 +50,10 @@ export function isTerminalBenchTask(dir: string): boolean {
  * one shell, as the harness types them into one terminal (so a `cd` carries over).
  */
 async function oracleScript(dir: string): Promise<string | undefined> {
-  if (existsSync(join(dir, 'solution.sh'))) return readFile(join(dir, 'solution.sh'), 'utf8');
+  if (existsSync(join(dir, 'solution.sh'))) return readTaskText(dir, 'solution.sh');
   const yamlPath = join(dir, 'solution.yaml');
   if (!existsSync(yamlPath)) return undefined;
-  const commands = parseAt(solutionYamlSchema, await readTaskFile(yamlPath, 'YAML'), yamlPath);
+  const commands = parseAt(solutionYamlSchema, await readTaskFile(dir, 'solution.yaml', 'YAML'), yamlPath);
   return `${commands.map((c) => c.command).join('\n')}\n`;
 }
 
@@ -68,7 +67,7 @@ async function oracleScript(dir: string): Promise<string | undefined> {
 export async function loadTerminalBenchTask(path: string): Promise<Task> {
   const dir = resolve(path);
   const yamlPath = join(dir, 'task.yaml');
-  const yaml = parseAt(taskYamlSchema, await readTaskFile(yamlPath, 'YAML'), yamlPath);
+  const yaml = parseAt(taskYamlSchema, await readTaskFile(dir, 'task.yaml', 'YAML'), yamlPath);
   const instruction = yaml.instruction ?? yaml.descriptions?.find((d) => d.key === 'base')?.description;
   if (!instruction)
     throw new SandgymError(
@@ -80,19 +79,25 @@ export async function loadTerminalBenchTask(path: string): Promise<Task> {
       'invalid_argument',
       `Task ${dir} has no run-tests.sh: a Terminal-Bench task needs task.yaml, Dockerfile and run-tests.sh`,
     );
-  const services = await composeServices(dir);
+  const services = await composeServices(dir, dir);
   const script = await oracleScript(dir);
   return {
     id: basename(dir),
     format: 'terminal-bench',
     source: dir,
     instruction,
-    environment: { kind: 'dockerfile', dockerfile: join(dir, 'Dockerfile'), context: dir },
+    // every file and folder the task names is found beneath its folder: none may be a host's
+    environment: {
+      kind: 'dockerfile',
+      dockerfile: await taskPath(dir, 'Dockerfile'),
+      context: dir,
+      root: dir,
+    },
     ...(services.length ? { services } : {}),
     grading: {
       kind: 'test_log',
-      testsDir: existsSync(join(dir, 'tests')) ? join(dir, 'tests') : undefined,
-      runTests: join(dir, 'run-tests.sh'),
+      testsDir: existsSync(join(dir, 'tests')) ? await taskPath(dir, 'tests') : undefined,
+      runTests: await taskPath(dir, 'run-tests.sh'),
       parser: yaml.parser_name,
     },
     resources: { cpu: 1, memoryMib: 2048 },

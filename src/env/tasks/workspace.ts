@@ -120,7 +120,7 @@ async function installOver(
     return (await platform.buildFromDockerfile({ file: join(context, 'Dockerfile'), context, name: ref }))
       .environment;
   } finally {
-    await rm(context, { recursive: true, force: true });
+    await platform.store.removeScratch(context);
   }
 }
 
@@ -163,6 +163,6 @@ async function checkoutEnvironment(
       description: `${source.base} + ${source.repo} at ${source.baseCommit}, history scrubbed`,
     });
   } finally {
-    await rm(scratch, { recursive: true, force: true });
+    await platform.store.removeScratch(scratch);
   }
 }

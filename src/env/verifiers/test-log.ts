@@ -1,4 +1,4 @@
-import { readFile } from 'node:fs/promises';
+import { readRegularFile } from '../../common/index.ts';
 import { PASSING_OUTCOMES, parsePytestSummary, type PytestResult } from '../pytest-summary.ts';
 import { stageFolder } from '../stage-folder.ts';
 import type { TaskGrading } from '../tasks/task.ts';
@@ -69,7 +69,11 @@ export function testLogVerifier(
     await stageHarness(grader, deadline);
     await grader.exec(['mkdir', '-p', '/logs/verifier'], deadline.call());
     const runAs = await asTestUser(grader, user, deadline);
-    await grader.writeFile(`${TESTS_DIR}/run-tests.sh`, await readFile(grading.runTests), deadline.call());
+    await grader.writeFile(
+      `${TESTS_DIR}/run-tests.sh`,
+      (await readRegularFile(grading.runTests, `Task file ${grading.runTests}`))!,
+      deadline.call(),
+    );
     const run = await grader.exec(['bash', `${TESTS_DIR}/run-tests.sh`], {
       ...deadline.call(timeoutMs),
       ...runAs,

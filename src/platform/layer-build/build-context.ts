@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto';
 import { lstat, readFile, readdir, readlink, realpath } from 'node:fs/promises';
 import { join, relative, resolve, sep } from 'node:path';
-import { SandgymError } from '../../common/index.ts';
+import { SandgymError, readRegularFile, resolveBeneath } from '../../common/index.ts';
 import { fail } from './dockerfile-parse.ts';
 
 /** One `.dockerignore` line: a path pattern, and whether it excludes or (with `!`) brings back. */
@@ -68,7 +68,11 @@ export class BuildContext {
     const root = await realpath(resolve(dir)).catch((error: unknown) => {
       throw new SandgymError('invalid_argument', `The build context ${dir} does not exist`, { cause: error });
     });
-    const text = await readFile(join(root, '.dockerignore'), 'utf8').catch(() => '');
+    // the ignore file is the context's own: a symlink out of it, a FIFO or a folder is refused
+    const ignoreFile = await resolveBeneath(root, '.dockerignore', "The build context's .dockerignore");
+    const what = `The build context's .dockerignore (${join(root, '.dockerignore')})`;
+    const bytes = await readRegularFile(ignoreFile, what, { missing: 'undefined' });
+    const text = bytes?.toString('utf8') ?? '';
     const rules = text
       .split('\n')
       .map((line) => line.trim())

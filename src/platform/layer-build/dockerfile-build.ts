@@ -1,9 +1,9 @@
 import { createHash } from 'node:crypto';
 import type { Stats } from 'node:fs';
-import { chmod, lchown, mkdir, readFile, rm, utimes } from 'node:fs/promises';
+import { chmod, lchown, mkdir, realpath, utimes } from 'node:fs/promises';
 import { basename, dirname, join, posix, relative, resolve } from 'node:path';
 import type { BackendSandbox } from '../../backends/index.ts';
-import { SandgymError } from '../../common/index.ts';
+import { SandgymError, readRegularFile, resolveBeneath } from '../../common/index.ts';
 import type { Environment, ImageMetadata, ProjectStore } from '../store/layer-store.ts';
 import { standInFor } from '../store/base-environments.ts';
 import { BuildContext } from './build-context.ts';
@@ -42,6 +42,12 @@ export interface DockerfileBuildOptions {
   file: string;
   /** Folder COPY and ADD read from; default: the Dockerfile's folder. */
   context?: string;
+  /**
+   * The folder the Dockerfile and the context must lie beneath, symlinks followed (a task's
+   * folder, which its author wrote): one that leads out is refused, never read. Without it the
+   * Dockerfile is the caller's own and only the context's files are confined to the context.
+   */
+  root?: string;
   /** The environment to record, "name:version". */
   name: string;
   /** Called as each step finishes, for progress. */
@@ -136,12 +142,17 @@ export async function buildFromDockerfile(
   host: BuildHost,
   options: DockerfileBuildOptions,
 ): Promise<DockerfileBuildResult> {
+  // errors name the Dockerfile as the caller named it, never where a symlink led
   const file = resolve(options.file);
-  const text = await readFile(file, 'utf8').catch((error: unknown) => {
-    throw new SandgymError('invalid_argument', `Cannot read Dockerfile ${file}`, { cause: error });
-  });
+  const contextDir = resolve(options.context ?? dirname(file));
+  const within = (path: string, what: string): Promise<string> =>
+    options.root === undefined ? realpath(path).catch(() => path) : resolveBeneath(options.root, path, what);
+  const text = (await readRegularFile(
+    await within(file, 'The Dockerfile'),
+    `The Dockerfile ${file}`,
+  ))!.toString('utf8');
   const { instructions, escape } = parseDockerfile(text, file);
-  const context = await BuildContext.open(options.context ?? dirname(file));
+  const context = await BuildContext.open(await within(contextDir, 'The build context'));
   const buildArgs = options.buildArgs ?? {};
   const run: RunSettings = {
     network: [...(options.network ?? host.defaultBuildNetwork)],
@@ -644,7 +655,7 @@ async function folderStep(host: BuildHost, layers: string[], folder: string, whe
     }
     return (await host.store.addLayerFromDirectory(root, `${where}: WORKDIR ${folder}`)).digest;
   } finally {
-    await rm(root, { recursive: true, force: true });
+    await host.store.removeScratch(root);
   }
 }
 
@@ -777,7 +788,7 @@ async function copyPlan(
         });
         return (await host.store.addLayerFromDirectory(root, `${where}: ${copy.text}`)).digest;
       } finally {
-        await rm(root, { recursive: true, force: true });
+        await host.store.removeScratch(root);
       }
     },
   };

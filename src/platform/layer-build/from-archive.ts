@@ -1,4 +1,3 @@
-import { rm } from 'node:fs/promises';
 import { resolve } from 'node:path';
 import type { LayerManifest, ProjectStore } from '../store/layer-store.ts';
 import { withRootedTree } from './rooted-tree.ts';
@@ -18,6 +17,6 @@ export async function buildLayerFromTar(store: ProjectStore, archive: string): P
     });
     return await store.addLayerFromDirectory(dir, `tar ${path}`);
   } finally {
-    await rm(dir, { recursive: true, force: true });
+    await store.removeScratch(dir);
   }
 }

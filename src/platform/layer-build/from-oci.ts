@@ -1,4 +1,4 @@
-import { rm, stat } from 'node:fs/promises';
+import { stat } from 'node:fs/promises';
 import { resolve } from 'node:path';
 import { z } from 'zod';
 import { SandgymError, parseAt } from '../../common/index.ts';
@@ -233,7 +233,7 @@ export async function buildLayerFromOci(
     };
   } finally {
     for (const opening of opened) await opening.close();
-    await rm(unpacked, { recursive: true, force: true });
-    await rm(tree, { recursive: true, force: true });
+    await store.removeScratch(unpacked);
+    await store.removeScratch(tree);
   }
 }

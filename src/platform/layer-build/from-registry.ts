@@ -1,8 +1,10 @@
 import { createHash } from 'node:crypto';
-import { mkdir, rm } from 'node:fs/promises';
+import { constants } from 'node:fs';
+import { mkdir, open, readFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { runProgram } from '../../backends/index.ts';
-import { SandgymError } from '../../common/index.ts';
+import { z } from 'zod';
+import { SandgymError, parseAt } from '../../common/index.ts';
 import type { Environment, ProjectStore } from '../store/layer-store.ts';
 import { buildLayerFromOci } from './from-oci.ts';
 import {
@@ -63,12 +65,63 @@ function pullError(ref: ImageReference, error: unknown): SandgymError {
   return new SandgymError('not_found', `Cannot pull ${ref.familiar}: ${hint} (${said})`, { cause: error });
 }
 
+const indexSchema = z.object({
+  manifests: z.array(
+    z.object({
+      digest: z.string(),
+      annotations: z.record(z.string(), z.string()).optional(),
+    }),
+  ),
+});
+const manifestSchema = z.object({
+  config: z.object({ digest: z.string() }),
+  layers: z.array(z.object({ digest: z.string() })),
+});
+const SHA256 = /^sha256:[0-9a-f]{64}$/;
+
+/** Whether the file at `path` (a regular file, not followed if a symlink) hashes to `digest`. */
+async function matches(path: string, digest: string): Promise<boolean> {
+  const hash = createHash('sha256');
+  const file = await open(path, constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK).catch(
+    () => undefined,
+  );
+  if (!file) return false;
+  try {
+    if (!(await file.stat()).isFile()) return false;
+    for await (const chunk of file.createReadStream({ autoClose: false })) hash.update(chunk as Buffer);
+  } finally {
+    await file.close();
+  }
+  return `sha256:${hash.digest('hex')}` === digest;
+}
+
+/**
+ * The blobs of the image `tag` of an OCI layout (its manifest, config and layers) kept in
+ * `blobs` whose bytes do not hash to their digests.
+ */
+async function mismatchedBlobs(blobs: string, layout: string, tag: string): Promise<string[]> {
+  const where = `${layout}/index.json`;
+  const index = parseAt(indexSchema, JSON.parse((await readFile(where)).toString('utf8')), where);
+  const entry = index.manifests.find((m) => m.annotations?.['org.opencontainers.image.ref.name'] === tag);
+  if (!entry || !SHA256.test(entry.digest))
+    throw new SandgymError('not_found', `${where} names no image "${tag}"`);
+  const pathOf = (digest: string) => join(blobs, 'sha256', digest.slice('sha256:'.length));
+  if (!(await matches(pathOf(entry.digest), entry.digest))) return [pathOf(entry.digest)];
+  const manifest = parseAt(manifestSchema, JSON.parse(await readFile(pathOf(entry.digest), 'utf8')), where);
+  const bad: string[] = [];
+  for (const { digest } of [manifest.config, ...manifest.layers]) {
+    if (!SHA256.test(digest)) throw new SandgymError('not_found', `${where}: a blob digest is not sha256`);
+    if (!(await matches(pathOf(digest), digest))) bad.push(pathOf(digest));
+  }
+  return bad;
+}
+
 /**
  * Pulls an image from its registry with skopeo into the store, as one environment per manifest
  * digest. A pinned digest already in the store needs no network; a tag is asked for its current
- * digest first, and only a digest the store lacks is downloaded. Blobs land in one shared folder
- * by digest, so images that share base layers download them once; skopeo checks every blob
- * against its digest.
+ * digest first, and only a digest the store lacks is downloaded. Blobs land in the project's
+ * folder by digest, so its images that share base layers download them once; every blob an image
+ * uses is checked against its digest before it is used.
  */
 export async function pullImage(
   store: ProjectStore,
@@ -103,25 +156,39 @@ export async function pullImage(
   if (store.hasEnvironment(existing))
     return { environment: await store.getEnvironment(existing), digest, cached: true };
 
-  const blobs = join(store.root, 'cache', 'oci-blobs');
+  // the project's own blob cache: another project's pulls (a private registry's layers among
+  // them) are never reused here, and a manifest naming their digests cannot reach them
+  const blobs = join(store.root, 'projects', store.project, 'cache', 'oci-blobs');
   await mkdir(blobs, { recursive: true });
   const layout = await store.scratch('pull');
   try {
-    await runProgram(
-      'skopeo',
-      [
-        'copy',
-        '--quiet',
-        ...skopeoFlags(ref, options, 'src'),
-        '--dest-shared-blob-dir',
-        blobs,
-        transportReference(ref, digest),
-        `oci:${layout}:${version}`,
-      ],
-      { timeoutMs: left() },
-    ).catch((error: unknown) => {
-      throw pullError(ref, error);
-    });
+    // skopeo skips a blob the cache already holds without reading it: each is checked against
+    // its digest here, and one that does not match is removed and fetched again
+    for (let attempt = 0; ; attempt++) {
+      await runProgram(
+        'skopeo',
+        [
+          'copy',
+          '--quiet',
+          ...skopeoFlags(ref, options, 'src'),
+          '--dest-shared-blob-dir',
+          blobs,
+          transportReference(ref, digest),
+          `oci:${layout}:${version}`,
+        ],
+        { timeoutMs: left() },
+      ).catch((error: unknown) => {
+        throw pullError(ref, error);
+      });
+      const bad = await mismatchedBlobs(blobs, layout, version);
+      if (bad.length === 0) break;
+      for (const path of bad) await rm(path, { force: true });
+      if (attempt > 0)
+        throw new SandgymError(
+          'not_found',
+          `Cannot pull ${ref.familiar}: ${bad.length} of its blobs do not match their digests`,
+        );
+    }
     const { layer, config, image } = await buildLayerFromOci(store, layout, {
       blobDir: blobs,
       tag: version,
@@ -137,6 +204,6 @@ export async function pullImage(
     });
     return { environment, digest, cached: false };
   } finally {
-    await rm(layout, { recursive: true, force: true });
+    await store.removeScratch(layout);
   }
 }

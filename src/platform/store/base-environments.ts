@@ -1,4 +1,3 @@
-import { rm } from 'node:fs/promises';
 import { buildBusyboxRootfs, buildDebianRootfs } from '../../backends/index.ts';
 import type { Logger } from '../../common/index.ts';
 import type { LayerStore } from './layer-store.ts';
@@ -75,7 +74,7 @@ export async function ensureBaseEnvironments(store: LayerStore, logger: Logger):
       });
       built.push(base.ref);
     } finally {
-      await rm(dir, { recursive: true, force: true });
+      await store.removeScratch(dir);
     }
   }
   return built;

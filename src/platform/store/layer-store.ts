@@ -10,9 +10,11 @@ import {
   stat,
   statfs,
   open,
+  utimes,
   writeFile,
 } from 'node:fs/promises';
-import { join } from 'node:path';
+import { basename, dirname, join } from 'node:path';
+import { withRootedTree } from '../layer-build/rooted-tree.ts';
 import { z } from 'zod';
 import { buildErofsImage, sha256OfFile, type LayerImage } from '../../backends/index.ts';
 import { SandgymError, parseAt, writeFileAtomic } from '../../common/index.ts';
@@ -91,6 +93,19 @@ export function parseEnvironmentRef(ref: string): { name: string; version: strin
 }
 
 /**
+ * Removes a folder with everything below it, folder by folder through descriptors, so that no
+ * path grows past PATH_MAX however deep the tree is; nothing there is fine.
+ */
+async function removeTree(path: string): Promise<void> {
+  await withRootedTree(dirname(path), `store folder ${dirname(path)}`, (tree) => tree.remove(basename(path)));
+}
+
+/** Beside a scratch folder of the store's `tmp`: its owner is still using it. */
+const LIVE_MARKER = '.live';
+/** How often a process touches its scratch folders' markers; well inside the hour they may idle. */
+const SCRATCH_HEARTBEAT_MS = 5 * 60_000;
+
+/**
  * The layer store: a folder, local or on a shared filesystem, holding immutable EROFS layers
  * addressed by the sha256 of their bytes, and environment manifests. Every write goes through a
  * temp file and a rename, so concurrent writers of the same layer and crashes are both safe.
@@ -103,6 +118,10 @@ export class LayerStore {
   readonly environmentManifests = new ManifestCache((json, path) =>
     parseAt(environmentSchema, json, `environment manifest ${path}`),
   );
+
+  /** This process's scratch folders whose markers it keeps fresh (see {@link scratch}). */
+  private readonly liveScratch = new Set<string>();
+  private heartbeat: NodeJS.Timeout | undefined;
 
   private constructor(readonly root: string) {}
 
@@ -121,11 +140,42 @@ export class LayerStore {
     return join(this.root, 'layers/sha256', `${digest.slice('sha256:'.length)}.erofs`);
   }
 
-  /** A scratch folder inside the store (same filesystem, so results rename into place). */
+  /**
+   * A scratch folder inside the store (same filesystem, so results rename into place). Beside it
+   * a marker (`NAME.live`) says it is in use: this process touches it every few minutes while
+   * the folder exists, and collection ages the folder by its marker alone. The folder's own times
+   * say nothing (a build sets every folder's times of an image to 0, and a long step leaves its
+   * root untouched), so a build in progress is never taken for a crashed writer's leftovers.
+   */
   async scratch(prefix: string): Promise<string> {
     const dir = join(this.root, 'tmp', `${prefix}-${randomBytes(6).toString('hex')}`);
+    await writeFile(`${dir}${LIVE_MARKER}`, '');
     await mkdir(dir, { recursive: true });
+    this.liveScratch.add(dir);
+    this.heartbeat ??= setInterval(() => void this.touchLiveScratch(), SCRATCH_HEARTBEAT_MS).unref();
     return dir;
+  }
+
+  /**
+   * Removes a scratch folder and its marker, however deep its tree (a name the kernel refused
+   * as too long leaves paths no path-based removal can reach); nothing there is fine.
+   */
+  async removeScratch(dir: string): Promise<void> {
+    await removeTree(dir);
+    this.liveScratch.delete(dir);
+    await rm(`${dir}${LIVE_MARKER}`, { force: true });
+  }
+
+  /** Touches the markers of this process's scratch folders; forgets (and unmarks) those gone. */
+  private async touchLiveScratch(): Promise<void> {
+    const now = new Date();
+    for (const dir of this.liveScratch) {
+      if (existsSync(dir)) await utimes(`${dir}${LIVE_MARKER}`, now, now).catch(() => undefined);
+      else {
+        this.liveScratch.delete(dir);
+        await rm(`${dir}${LIVE_MARKER}`, { force: true });
+      }
+    }
   }
 
   /** Packs a folder into an EROFS layer and stores it; returns its manifest. */
@@ -258,11 +308,15 @@ export class LayerStore {
       freedBytes += await this.removeLayer(layer.digest, owners);
       removed.push(layer.digest);
     }
-    for (const name of options.sweepScratch === false ? [] : await readdir(join(this.root, 'tmp'))) {
+    const names = options.sweepScratch === false ? [] : await readdir(join(this.root, 'tmp'));
+    for (const name of names) {
+      // a scratch folder is aged by its marker (see scratch()), never by its own times
       const path = join(this.root, 'tmp', name);
-      const info = await stat(path).catch(() => undefined);
-      if (info && now - info.mtimeMs >= Math.max(options.minAgeMs, 60 * 60_000))
-        await rm(path, { recursive: true, force: true });
+      const marked = names.includes(`${name}${LIVE_MARKER}`);
+      const info = await stat(marked ? `${path}${LIVE_MARKER}` : path).catch(() => undefined);
+      if (!info || now - info.mtimeMs < Math.max(options.minAgeMs, 60 * 60_000)) continue;
+      await removeTree(path);
+      if (marked) await rm(`${path}${LIVE_MARKER}`, { force: true });
     }
     return { removed, freedBytes };
   }
@@ -684,6 +738,10 @@ export class ProjectStore {
 
   scratch(prefix: string): Promise<string> {
     return this.layers.scratch(prefix);
+  }
+
+  removeScratch(dir: string): Promise<void> {
+    return this.layers.removeScratch(dir);
   }
 
   /**
