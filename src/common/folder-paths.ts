@@ -7,7 +7,7 @@ const { O_RDONLY, O_NOFOLLOW, O_NONBLOCK } = constants;
 /** As the kernel's MAXSYMLINKS: a chain of links longer than this is a loop. */
 const MAX_LINK_HOPS = 40;
 /** The most of one configuration file (a Dockerfile, task.toml, a compose file) ever read. */
-export const MAX_FOLDER_FILE_BYTES = 16 * 2 ** 20;
+const MAX_FOLDER_FILE_BYTES = 16 * 2 ** 20;
 
 function errnoOf(error: unknown): string | undefined {
   return (error as NodeJS.ErrnoException | undefined)?.code;

@@ -20,4 +20,4 @@ export { definedFields } from './defined-fields.ts';
 export type { DefinedFields } from './defined-fields.ts';
 export { faultPoint } from './fault-points.ts';
 export { abortable } from './abortable.ts';
-export { MAX_FOLDER_FILE_BYTES, readRegularFile, readTextBeneath, resolveBeneath } from './folder-paths.ts';
+export { readRegularFile, readTextBeneath, resolveBeneath } from './folder-paths.ts';

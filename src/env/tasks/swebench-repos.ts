@@ -169,7 +169,7 @@ async function selfContained(path: string, what: string): Promise<string> {
  * climbs out: a row is data someone else wrote, and the repository it names is copied into an
  * image.
  */
-export const OWNER_NAME = /^(?!\.\.?\/)[A-Za-z0-9_.-]+\/(?!\.\.?$)[A-Za-z0-9_.-]+$/;
+const OWNER_NAME = /^(?!\.\.?\/)[A-Za-z0-9_.-]+\/(?!\.\.?$)[A-Za-z0-9_.-]+$/;
 export const repoField = z
   .string()
   .min(1)
