@@ -1280,15 +1280,22 @@ describe('a policy cannot mask its own failures', () => {
     it('an edit to a file a task reads through a symlink changes its journal', () =>
       attack('policy', 'rerun after a shared tests folder changed', async () => {
         const root = join(test.dataDir, `shared-tests-${randomBytes(4).toString('hex')}`);
-        const shared = join(root, 'shared-tests');
         const task = join(root, 'task');
+        // the tests through a link inside the task folder: one out of it is refused at load
+        const shared = join(task, 'shared', 'tests');
+        const outside = join(root, 'outside-tests');
         await mkdir(shared, { recursive: true });
+        await mkdir(outside, { recursive: true });
         await mkdir(join(task, 'environment'), { recursive: true });
         await writeFile(join(task, 'instruction.md'), 'Do nothing.\n');
         await writeFile(join(task, 'environment', 'Dockerfile'), 'FROM busybox:latest\n');
         await writeFile(join(task, 'task.toml'), '');
         await writeFile(join(shared, 'test.sh'), 'echo 1 > /logs/verifier/reward.txt\n');
-        await symlink(shared, join(task, 'tests'));
+        await writeFile(join(outside, 'test.sh'), 'echo 1 > /logs/verifier/reward.txt\n');
+        await symlink(outside, join(task, 'tests'));
+        await expect(loadTasks([task])).rejects.toThrow(/"tests" is outside/);
+        await rm(join(task, 'tests'));
+        await symlink('shared/tests', join(task, 'tests'));
         const key = async () => EvalJournal.pathFor(root, { tasks: await loadTasks([task]), agent: 'nop' });
         const before = await key();
         // the honest twin: nothing changed, the same journal

@@ -81,8 +81,10 @@ describe('FROM pulls from an OCI registry', () => {
       await using sandbox = await env.platform.createSandbox({ environment: 'pulled:one' });
       expect((await sandbox.exec(['cat', '/work/here'])).stdout).toBe('from the registry\npulled\n');
     }
-    // the blobs are kept by digest, the image once per manifest digest
-    const blobs = await readdir(join(env.platform.store.root, 'cache', 'oci-blobs', 'sha256'));
+    // the blobs are kept by digest in the project's own cache, the image once per manifest digest
+    const blobs = await readdir(
+      join(env.platform.store.root, 'projects', 'default', 'cache', 'oci-blobs', 'sha256'),
+    );
     expect(blobs.length).toBeGreaterThanOrEqual(3);
     // by hand, from the command line: the same digest, already in the store
     const pull = spawnSync(
