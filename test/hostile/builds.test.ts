@@ -4,11 +4,25 @@ import { join, relative } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { isSandgymError } from '../../src/common/index.ts';
 import { loadSweBenchFile, loadTasks } from '../../src/env/index.ts';
+import type { DockerfileBuildOptions, LocalPlatform } from '../../src/platform/index.ts';
 import { expectCode } from '../support/errors.ts';
 import { TEST_DATA_ROOT, createTestPlatform, type TestPlatform } from '../support/platform.ts';
 import { attack } from './summary.ts';
 
 /** A task author's build context is untrusted input too: nothing of the host may leave through it. */
+/** Builds an environment on `platform` and reads one of its files from a sandbox of it. */
+async function builtFile(
+  platform: LocalPlatform,
+  build: DockerfileBuildOptions,
+  path: string,
+): Promise<string> {
+  const { environment } = await platform.buildFromDockerfile(build);
+  await using sandbox = await platform.createSandbox({
+    environment: `${environment.name}:${environment.version}`,
+  });
+  return (await sandbox.readFile(path)).toString();
+}
+
 describe('Dockerfile builds under attack', () => {
   let env: TestPlatform;
 
@@ -56,18 +70,9 @@ describe('Dockerfile builds under attack', () => {
     const dir = await context('inside', 'FROM busybox:latest\nCOPY alias /data.txt\n');
     await writeFile(join(dir, 'real.txt'), 'inside\n');
     await symlink('real.txt', join(dir, 'alias'));
-    const { environment } = await env.platform.buildFromDockerfile({
-      file: join(dir, 'Dockerfile'),
-      name: 'inside:1',
-    });
-    const sandbox = await env.platform.createSandbox({
-      environment: `${environment.name}:${environment.version}`,
-    });
-    try {
-      expect((await sandbox.readFile('/data.txt')).toString()).toBe('inside\n');
-    } finally {
-      await sandbox.close();
-    }
+    expect(
+      await builtFile(env.platform, { file: join(dir, 'Dockerfile'), name: 'inside:1' }, '/data.txt'),
+    ).toBe('inside\n');
   });
 });
 
@@ -269,19 +274,13 @@ describe('paths a task names, under attack', () => {
     });
     const source = task!.environment;
     if (source.kind !== 'dockerfile') throw new Error('expected a Dockerfile task');
-    const { environment } = await env.platform.buildFromDockerfile({
-      ...source,
-      file: source.dockerfile,
-      name: 'honest-task:1',
-    });
-    const sandbox = await env.platform.createSandbox({
-      environment: `${environment.name}:${environment.version}`,
-    });
-    try {
-      expect((await sandbox.readFile('/data.txt')).toString()).toBe('inside\n');
-    } finally {
-      await sandbox.close();
-    }
+    expect(
+      await builtFile(
+        env.platform,
+        { ...source, file: source.dockerfile, name: 'honest-task:1' },
+        '/data.txt',
+      ),
+    ).toBe('inside\n');
   });
 });
 
