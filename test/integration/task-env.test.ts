@@ -92,6 +92,16 @@ describe('Harbor tasks, fresh-box grading and evaluation', () => {
     expect((await task.sandbox!.listDir('/logs')).map((e) => e.name)).toEqual(['agent', 'artifacts']);
   });
 
+  it('keeps what a failed build noted in its error: the base it mapped FROM to', async () => {
+    const dir = await taskCopy('failed-build', (d) =>
+      writeFile(join(d, 'environment', 'Dockerfile'), 'FROM debian:bookworm-slim\nRUN exit 9\n'),
+    );
+    await using task = TaskEnv.create(env.platform, await loadHarborTask(dir));
+    await expect(task.reset()).rejects.toThrow(
+      /line 2: RUN failed with exit code 9.*build notes: FROM debian:bookworm-slim: the store's debian:bookworm/s,
+    );
+  });
+
   it('checkpoints an episode and restores it as a branch, protected paths and budget kept', async () => {
     await using task = TaskEnv.create(env.platform, await loadHarborTask(join(EXAMPLES, 'hello-file')));
     await task.reset();

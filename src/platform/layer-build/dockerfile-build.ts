@@ -3,7 +3,7 @@ import type { Stats } from 'node:fs';
 import { chmod, lchown, mkdir, realpath, utimes } from 'node:fs/promises';
 import { basename, dirname, join, posix, relative, resolve } from 'node:path';
 import type { BackendSandbox } from '../../backends/index.ts';
-import { SandgymError, readRegularFile, resolveBeneath } from '../../common/index.ts';
+import { SandgymError, isSandgymError, readRegularFile, resolveBeneath } from '../../common/index.ts';
 import type { Environment, ImageMetadata, ProjectStore } from '../store/layer-store.ts';
 import { standInFor } from '../store/base-environments.ts';
 import { BuildContext } from './build-context.ts';
@@ -142,6 +142,26 @@ export async function buildFromDockerfile(
   host: BuildHost,
   options: DockerfileBuildOptions,
 ): Promise<DockerfileBuildResult> {
+  const notes: string[] = [];
+  try {
+    return await buildNoting(host, options, notes);
+  } catch (error) {
+    // what the build noted on its way (a base image replaced by the store's) often explains why
+    // a later step failed: "Unable to locate package" from Debian where the Dockerfile said Ubuntu
+    if (notes.length === 0 || !isSandgymError(error)) throw error;
+    throw new SandgymError(error.code, `${error.message} (build notes: ${notes.join('; ')})`, {
+      cause: error,
+      retryable: error.retryable,
+    });
+  }
+}
+
+/** {@link buildFromDockerfile}, writing what it notes into `notes` as it goes. */
+async function buildNoting(
+  host: BuildHost,
+  options: DockerfileBuildOptions,
+  notes: string[],
+): Promise<DockerfileBuildResult> {
   // errors name the Dockerfile as the caller named it, never where a symlink led
   const file = resolve(options.file);
   const contextDir = resolve(options.context ?? dirname(file));
@@ -167,7 +187,6 @@ export async function buildFromDockerfile(
     ...(run.deadlineAt === undefined ? {} : { deadlineAt: run.deadlineAt }),
   };
   const stepOptions = { ...options, registry };
-  const notes: string[] = [];
   const steps: BuildStep[] = [];
   const record = (step: BuildStep): void => {
     steps.push(step);
