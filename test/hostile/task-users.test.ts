@@ -480,6 +480,37 @@ describe('task users under attack', () => {
       expect((await shell(named, 'id -u')).stdout).toBe('0\n');
     }));
 
+  it("keeps each user's shell sessions apart: no code or link of the agent's in root's", () =>
+    attack('users', "a planted session state for root's session of the same name", async () => {
+      await using agent = await SandboxEnv.attach(env.platform, sandbox, 'sessions-agent', {});
+      await using operator = await SandboxEnv.attach(env.platform, sandbox, 'sessions-operator', {
+        user: 'root',
+      });
+      // the agent plants state where a session named "ops" could keep it, for every user it can guess
+      const plant = await shell(
+        agent,
+        'for d in /tmp/.sandgym-sessions/ops /tmp/.sandgym-sessions-0/ops; do mkdir -p $d && ' +
+          'echo "id -u > /tmp/ran-as; cat /root/secret > /tmp/leaked" > $d/env && ln -sf /etc/group $d/cwd; done; ' +
+          'ln -sfn /etc /tmp/.sandgym-sessions-0/link 2>/dev/null; echo planted',
+      );
+      expect(plant.stdout).toBe('planted\n');
+      const work = await shell(operator, 'export OPERATOR_TOKEN=s3cr3t; cd /srv && echo work', 'ops');
+      expect(work.stdout).toBe('');
+      expect(work.exitCode).not.toBe(0);
+      expect(work.stderr).toMatch(/not this user's own folder/);
+      expect(await asRoot('ls /tmp/ran-as /tmp/leaked 2>&1; true')).toMatch(/No such file/);
+      await rootFilesUntouched();
+      // the honest twin: once the planted folder is gone, root's session keeps its own state, unread
+      await asRoot('rm -rf /tmp/.sandgym-sessions-0');
+      await shell(operator, 'export OPERATOR_TOKEN=s3cr3t; cd /srv', 'ops');
+      expect((await shell(operator, 'echo $OPERATOR_TOKEN $(pwd)', 'ops')).stdout).toBe('s3cr3t /srv\n');
+      const peek = await shell(agent, 'cat /tmp/.sandgym-sessions-0/ops/env 2>&1; true');
+      expect(peek.stdout).not.toContain('s3cr3t');
+      // and the agent's own sessions still work as its user
+      await shell(agent, 'export MINE=1', 'ops');
+      expect((await shell(agent, 'echo $(id -u) $MINE', 'ops')).stdout).toBe('1000 1\n');
+    }));
+
   it('has the fork value written only into folders root keeps', () =>
     attack('users', 'a symlinked /run/sandgym for the fork value a restore writes', async () => {
       await using gym = SandboxEnv.create(env.platform, { sandbox: { environment }, user: 'app' });

@@ -1,4 +1,9 @@
-/** Where a sandbox keeps the state of its shell sessions: inside itself, so checkpoints keep it. */
+/**
+ * Where a sandbox keeps the state of its shell sessions: inside itself, so checkpoints keep it,
+ * in a folder per user (`-UID` appended). One user's session state is code another user's session
+ * would run, so each user's folder must be its own, 0700, and never a link: in /tmp, sticky, no
+ * other user can then swap it. A folder someone else made first is refused, never used.
+ */
 const SESSIONS_DIR = '/tmp/.sandgym-sessions';
 
 /** The variable that carries a shell line into a session without any quoting of our own. */
@@ -15,13 +20,20 @@ export function inSession(
   command: string | string[],
   cwd: string | undefined,
 ): { argv: string[]; env: Record<string, string> } {
-  const dir = `${SESSIONS_DIR}/${session}`;
   const run =
     typeof command === 'string'
       ? `__sg_line=$${LINE_VARIABLE}; unset ${LINE_VARIABLE}; eval "$__sg_line"`
       : '"$@"';
   const script = [
-    `__sg_dir=${dir}`,
+    `__sg_base=${SESSIONS_DIR}-$(id -u)`,
+    'mkdir -m 700 "$__sg_base" 2>/dev/null',
+    '__sg_owner=$(ls -ldn "$__sg_base" 2>/dev/null | { read -r _ _ owner _; echo "$owner"; })',
+    'if [ -L "$__sg_base" ] || [ ! -d "$__sg_base" ] || [ "$__sg_owner" != "$(id -u)" ]; then',
+    `  echo "sandgym: $__sg_base is not this user's own folder, so the session's state cannot be kept there safely: remove it" >&2`,
+    '  exit 125',
+    'fi',
+    'chmod 700 "$__sg_base"',
+    `__sg_dir="$__sg_base/${session}"`,
     'mkdir -p "$__sg_dir"',
     '[ -f "$__sg_dir/env" ] && . "$__sg_dir/env"',
     '[ -f "$__sg_dir/cwd" ] && cd "$(cat "$__sg_dir/cwd")" 2>/dev/null',
