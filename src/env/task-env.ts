@@ -661,12 +661,11 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
           control: "the verifier runs soundly without the agent's changes, so they caused it",
         },
       };
-    if (
-      error instanceof GradingAnomaly &&
-      error.verdict &&
-      control instanceof GradingAnomaly &&
-      control.kind === error.kind
-    )
+    const alike =
+      error instanceof GradingAnomaly && control instanceof GradingAnomaly && control.kind === error.kind;
+    // a habit is the same anomaly in every word (the same tests skipped, the same file): the same
+    // kind alone would let the agent's run hide its own skip behind the task's optional one
+    if (alike && error.verdict && control.message === error.message)
       return {
         ...error.verdict,
         details: {
@@ -678,7 +677,10 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     // Both runs failed alike: either the verifier is broken, or the task's starting state fails
     // its tests before they can report (a stub that does not compile), which the harness scores 0.
     // Only a run of the oracle tells the two apart; without one, the verifier takes the blame.
-    const oracle = await this.oracleVerdict(clean);
+    // Runs that failed differently are no starting state's doing: the verifier's.
+    const oracle = alike
+      ? await this.oracleVerdict(clean)
+      : { passes: false, why: 'and the two failed differently' };
     if (oracle.passes)
       return {
         reward: 0,
@@ -710,18 +712,17 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
       verdicts = new Map<string, Promise<OracleVerdict>>();
       oracleVerdicts.set(this.task, verdicts);
     }
-    return cachedPromise(verdicts, stack, () =>
-      this.runOracle().then(
-        ({ reward, outcome }) =>
-          outcome.kind === 'ok' && reward > 0
-            ? { passes: true, why: '' }
-            : { passes: false, why: `and so does the task's oracle (${outcomeText(reward, outcome)})` },
-        (error: unknown) => ({
-          passes: false,
-          why: `and the task's oracle could not run (${messageOf(error)})`,
-        }),
-      ),
-    );
+    // an oracle run the platform failed is not kept: the next episode asks again
+    return cachedPromise(verdicts, stack, async () => {
+      const { reward, outcome } = await this.runOracle();
+      if (outcome.kind === 'infra_failure') throw new Error(outcome.message);
+      return outcome.kind === 'ok' && reward > 0
+        ? { passes: true, why: '' }
+        : { passes: false, why: `and so does the task's oracle (${outcomeText(reward, outcome)})` };
+    }).catch((error: unknown) => ({
+      passes: false,
+      why: `and the task's oracle could not run (${messageOf(error)})`,
+    }));
   }
 
   /** One episode of the task's oracle, graded: what `sandgym check` runs, from inside grading. */
