@@ -896,6 +896,31 @@ process.exit(0);
       }
     }));
 
+  it('applies overlapping SetNetwork calls in the order they came: the last one holds', () =>
+    attack('network', 'overlapping SetNetwork calls, the wider one last to commit', async () => {
+      const narrow = `host:${UPSTREAM}:8080`;
+      await using sandbox = await embedded.platform.createSandbox({
+        environment: 'busybox:latest',
+        network: [narrow],
+      });
+      const reached: number[] = [];
+      for (let round = 0; round < 12; round++) {
+        await Promise.all([
+          sandbox.setNetwork([narrow, `host:${UPSTREAM}:8081`]),
+          sandbox.setNetwork([narrow]),
+        ]);
+        const wider = await sandbox.exec([
+          'sh',
+          '-c',
+          `timeout 2 wget -q -O - http://${UPSTREAM}:8081/id 2>/dev/null || echo refused`,
+        ]);
+        if (wider.stdout.trim() !== 'refused') reached.push(round);
+      }
+      expect(reached, 'rounds in which the rules asked last did not hold').toEqual([]);
+      // the honest twin: the rule asked last is the one that holds
+      expect(await fetchUpstream(sandbox, 8080)).toBe('port 8080');
+    }));
+
   it('honest: group members reach each other on their group, with or without egress', async () => {
     const group = await embedded.platform.createGroupNetwork();
     try {

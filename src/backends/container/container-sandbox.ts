@@ -105,6 +105,8 @@ export class ContainerSandbox extends AgentSandbox {
   readonly slot: string;
   private writableDir: string;
   private seenOomKills = 0;
+  /** The network changes asked so far, each after the one before (see setNetwork). */
+  private networkChanges: Promise<void> = Promise.resolve();
   private swapAreas: SwapArea[] = [];
   /** The channel to its agent: a restore from a memory image brings a new agent process, and channel. */
   private agent: { channel: AgentChannel; exited: Promise<void> };
@@ -441,7 +443,11 @@ export class ContainerSandbox extends AgentSandbox {
       throw new SandgymError('failed_precondition', `Sandbox ${this.id} is ${this.currentState}`);
     }
     this.active = Date.now();
-    await this.parts.network.set(rules);
+    // one change at a time, in the order asked: two overlapping changes whose nft transactions
+    // committed out of order left the wider rules in force after the narrower were asked last
+    const change = this.networkChanges.then(() => this.parts.network.set(rules));
+    this.networkChanges = change.catch(() => undefined);
+    await change;
   }
 
   async withWritableLayer<T>(
