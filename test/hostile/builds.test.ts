@@ -41,6 +41,26 @@ describe('Dockerfile builds under attack', () => {
     return dir;
   }
 
+  it('matches a hostile .dockerignore and COPY glob in time that grows with the name, never stalling', () =>
+    attack('build', 'a backtracking glob in .dockerignore and COPY', async () => {
+      const glob = `${'**a'.repeat(12)}**c`;
+      const dir = await context('redos', `FROM busybox:latest\nCOPY ${glob} /globbed/\nCOPY . /x/\n`);
+      await writeFile(join(dir, '.dockerignore'), `${glob.slice(0, -1)}d\n`);
+      await writeFile(join(dir, `${'a'.repeat(200)}c`), 'matched\n');
+      await writeFile(join(dir, 'a'.repeat(200)), 'kept\n');
+      // as regular expressions these globs took hours on such names; now they are walked once
+      const { environment } = await env.platform.buildFromDockerfile({
+        file: join(dir, 'Dockerfile'),
+        name: 'redos:1',
+      });
+      await using sandbox = await env.platform.createSandbox({
+        environment: `${environment.name}:${environment.version}`,
+      });
+      const listed = await sandbox.exec(['sh', '-c', 'ls /globbed | wc -l; ls /x | wc -l']);
+      // the glob took the one name it matches; the .dockerignore (ending in d) left out nothing
+      expect(listed.stdout).toBe('1\n3\n');
+    }));
+
   for (const [name, plant, dockerfile] of [
     ['a link to /etc/shadow', (dir: string) => symlink('/etc/shadow', join(dir, 'shadow')), 'COPY shadow /x'],
     [

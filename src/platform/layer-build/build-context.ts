@@ -3,42 +3,12 @@ import { lstat, readFile, readdir, readlink, realpath } from 'node:fs/promises';
 import { join, relative, resolve, sep } from 'node:path';
 import { SandgymError, readRegularFile, resolveBeneath } from '../../common/index.ts';
 import { fail } from './dockerfile-parse.ts';
+import { compileGlob, type PathGlob } from './glob-match.ts';
 
 /** One `.dockerignore` line: a path pattern, and whether it excludes or (with `!`) brings back. */
 interface IgnoreRule {
-  pattern: RegExp;
+  pattern: PathGlob;
   exclude: boolean;
-}
-
-/**
- * A glob as a regular expression over `/`-separated relative paths: `*` and `?` stay within one
- * path segment, `**` spans any number, `[...]` is a class, a backslash escapes.
- */
-function globToRegExp(glob: string): RegExp {
-  let source = '';
-  for (let i = 0; i < glob.length; i++) {
-    const c = glob[i] ?? '';
-    if (c === '*' && glob[i + 1] === '*') {
-      // "**/" matches zero or more whole segments; a trailing "**" everything below
-      const slash = glob[i + 2] === '/';
-      source += slash ? '(?:.*/)?' : '.*';
-      i += slash ? 2 : 1;
-    } else if (c === '*') source += '[^/]*';
-    else if (c === '?') source += '[^/]';
-    else if (c === '[') {
-      const end = glob.indexOf(']', i + 1);
-      if (end < 0) source += '\\[';
-      else {
-        source += `[${glob
-          .slice(i + 1, end)
-          .replace(/^!/, '^')
-          .replace(/\\/g, '\\\\')}]`;
-        i = end;
-      }
-    } else if (c === '\\' && i + 1 < glob.length) source += `\\${glob[++i]}`;
-    else source += c.replace(/[.+^${}()|]/g, '\\$&');
-  }
-  return new RegExp(`^${source}$`);
 }
 
 function hasGlob(path: string): boolean {
@@ -79,7 +49,7 @@ export class BuildContext {
       .filter((line) => line && !line.startsWith('#'))
       .map((line) => {
         const exclude = !line.startsWith('!');
-        return { pattern: globToRegExp(clean(exclude ? line : line.slice(1))), exclude };
+        return { pattern: compileGlob(clean(exclude ? line : line.slice(1))), exclude };
       });
     return new BuildContext(root, rules);
   }
@@ -105,7 +75,7 @@ export class BuildContext {
   async sources(file: string, line: number, source: string): Promise<string[]> {
     const rel = clean(source);
     if (!hasGlob(rel)) return [await this.inside(file, line, source, rel)];
-    const pattern = globToRegExp(rel);
+    const pattern = compileGlob(rel);
     const matches: string[] = [];
     const walk = async (dir: string): Promise<void> => {
       for (const entry of await readdir(join(this.root, dir), { withFileTypes: true })) {
