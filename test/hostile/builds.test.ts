@@ -41,6 +41,24 @@ describe('Dockerfile builds under attack', () => {
     return dir;
   }
 
+  it('says the same of a link out whether its host target exists or not', () =>
+    attack('build', 'an existence oracle for host paths through COPY errors', async () => {
+      const said: string[] = [];
+      for (const target of ['/etc/hostname', '/etc/no-such-file-here']) {
+        const dir = await context(`oracle-${said.length}`, 'FROM busybox:latest\nCOPY probe /p\n');
+        await symlink(target, join(dir, 'probe'));
+        const error = await env.platform
+          .buildFromDockerfile({ file: join(dir, 'Dockerfile'), name: 'oracle:1' })
+          .then(
+            () => undefined,
+            (failure: unknown) => failure,
+          );
+        said.push(String(error).replaceAll(dir, 'CONTEXT'));
+      }
+      expect(said[0]).toMatch(/"probe" is outside the build context/);
+      expect(said[1]).toBe(said[0]);
+    }));
+
   it('matches a hostile .dockerignore and COPY glob in time that grows with the name, never stalling', () =>
     attack('build', 'a backtracking glob in .dockerignore and COPY', async () => {
       const glob = `${'**a'.repeat(12)}**c`;

@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto';
 import { lstat, readFile, readdir, readlink, realpath } from 'node:fs/promises';
 import { join, relative, resolve, sep } from 'node:path';
-import { SandgymError, readRegularFile, resolveBeneath } from '../../common/index.ts';
+import { SandgymError, isSandgymError, readRegularFile, resolveBeneath } from '../../common/index.ts';
 import { fail } from './dockerfile-parse.ts';
 import { compileGlob, type PathGlob } from './glob-match.ts';
 
@@ -98,15 +98,20 @@ export class BuildContext {
         line,
         `"${source}" is outside the build context ${this.root}: COPY and ADD take only files inside it (a symlink may not lead out)`,
       );
-    const lexical = resolve(this.root, rel);
-    if (lexical !== this.root && !lexical.startsWith(this.root + sep)) outside();
-    const real = await realpath(lexical).catch((error: unknown) => {
-      if ((error as NodeJS.ErrnoException).code === 'ENOENT' && lexical.startsWith(this.root)) {
+    // the one resolver of paths someone else wrote: a link out is refused before its target is
+    // looked up, so whether a host path exists never shows in the error
+    let real: string;
+    try {
+      real = await resolveBeneath(this.root, rel, 'COPY/ADD source');
+    } catch (error) {
+      if (isSandgymError(error, 'invalid_argument')) outside();
+      throw error;
+    }
+    await lstat(real).catch((error: unknown) => {
+      if ((error as NodeJS.ErrnoException).code === 'ENOENT')
         fail(file, line, `COPY/ADD source ${source} does not exist in the build context ${this.root}`);
-      }
       throw error;
     });
-    if (real !== this.root && !real.startsWith(this.root + sep)) outside();
     if (this.isIgnored(relative(this.root, real).split(sep).join('/')))
       fail(file, line, `COPY/ADD source ${source} is excluded by .dockerignore`);
     return real;
