@@ -109,6 +109,8 @@ function readCall(call: ToolCall, index: number): ReadCall {
     return bad(
       `the arguments must be a JSON object, not ${Array.isArray(args) ? 'an array' : String(args === null ? 'null' : typeof args)}`,
     );
+  // text no UTF-8 can hold (a lone surrogate, `\ud800`): sent back, it makes servers fail
+  if (!wellFormed(args)) return bad('the arguments hold text that is not valid Unicode (a lone surrogate)');
   const text = JSON.stringify(args);
   return {
     echoed: {
@@ -118,6 +120,18 @@ function readCall(call: ToolCall, index: number): ReadCall {
     },
     args: args as Record<string, unknown>,
   };
+}
+
+/** A UTF-16 surrogate without its other half. */
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+
+/** Whether every string in a parsed JSON value (keys too) is valid Unicode. */
+function wellFormed(value: unknown): boolean {
+  if (typeof value === 'string') return !LONE_SURROGATE.test(value);
+  if (Array.isArray(value)) return value.every(wellFormed);
+  if (value && typeof value === 'object')
+    return Object.entries(value).every(([key, inner]) => wellFormed(key) && wellFormed(inner));
+  return true;
 }
 
 /** The action a tool call asks for, or why it cannot be one (told to the model). */

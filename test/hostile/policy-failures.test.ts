@@ -279,7 +279,7 @@ const SCENARIOS: Record<string, (request: ChatRequest, res: ServerResponse, raw:
 /**
  * A model whose first tool call's arguments are `raw` (JSON that is no object, or no JSON), then
  * honest; its endpoint, like vLLM's, fails (500) on a request whose conversation holds a call with
- * arguments that are not a JSON object.
+ * arguments that are not a JSON object, or hold text UTF-8 cannot encode.
  */
 function oddArguments(raw: string) {
   return (request: ChatRequest, res: ServerResponse): void => {
@@ -289,7 +289,9 @@ function oddArguments(raw: string) {
     const objects = calls.every((call) => {
       try {
         const args = JSON.parse(call.function.arguments) as unknown;
-        return !!args && typeof args === 'object' && !Array.isArray(args);
+        // a lone surrogate cannot be encoded as UTF-8 to render the template: Python servers fail
+        const encodable = !/\\ud[89a-f][0-9a-f]{2}/i.test(JSON.stringify(args));
+        return !!args && typeof args === 'object' && !Array.isArray(args) && encodable;
       } catch {
         return false;
       }
@@ -327,6 +329,7 @@ const ODD_ARGUMENTS: Record<string, string> = {
   string: '"ls -la"',
   true: 'true',
   'broken JSON': '{"command": "ls',
+  'lone surrogate': '{"command": "echo \\ud800"}',
 };
 for (const [name, raw] of Object.entries(ODD_ARGUMENTS)) SCENARIOS[`args-${name}`] = oddArguments(raw);
 
