@@ -100,6 +100,42 @@ export interface TaskService {
   env: Record<string, string>;
 }
 
+/**
+ * A readiness check run before the agent starts (Harbor's `[environment.healthcheck]`), with
+ * Docker HEALTHCHECK's meaning: every `interval` a run of `command` (a shell line) that must exit
+ * 0 within `timeout`; failures during `startPeriod` (probed every `startInterval`) do not count,
+ * and `retries` failures in a row after it fail the task's start.
+ */
+export interface TaskHealthcheck {
+  command: string;
+  intervalMs: number;
+  timeoutMs: number;
+  startPeriodMs: number;
+  startIntervalMs: number;
+  retries: number;
+}
+
+/** An MCP server a task offers its agent (Harbor's `[[environment.mcp_servers]]`). */
+export interface TaskMcpServer {
+  name: string;
+  transport: 'stdio' | 'sse' | 'streamable-http';
+  /** For the HTTP transports: where it listens, as seen from the agent's sandbox. */
+  url?: string;
+  /** For stdio: the command line started in the agent's sandbox. */
+  command?: string;
+  args: string[];
+  headers: Record<string, string>;
+}
+
+/**
+ * Where a task is graded. `fresh` (the default): a new sandbox of the task's layers plus the
+ * agent's diff, which nothing the agent left running can reach. `shared` (Harbor's
+ * `[verifier] environment_mode = "shared"`): in the agent's own live sandbox, for tests that
+ * check what the agent left running (a daemon, a tunnel); see docs/security.md for what that
+ * mode can and cannot keep from the agent's processes.
+ */
+export type VerifierMode = 'fresh' | 'shared';
+
 /** How a task is graded, by its format. */
 export type TaskGrading =
   /** Harbor: tests/test.sh writes /logs/verifier/reward.txt or reward.json. */
@@ -156,6 +192,14 @@ export interface Task {
    * stage's network rules (installing from a mirror, say). None in any task format yet: set by code.
    */
   setupScript?: string;
+  /** Run before the agent starts, in its sandbox; a failing one fails the task's start. */
+  healthcheck?: TaskHealthcheck;
+  /** MCP servers the agent may use (handed to agents that speak MCP). */
+  mcpServers?: TaskMcpServer[];
+  /** Where grading runs; default `fresh`. */
+  verifierMode?: VerifierMode;
+  /** The working directory of commands, over the image's WORKDIR (Harbor's `[environment] workdir`). */
+  workdir?: string;
   /** Paths that never enter the agent's sandbox (tests, solutions): staged for grading only. */
   hiddenPaths: string[];
   /** What the oracle does: run a solution folder's solve.sh, or write a reference program. */
