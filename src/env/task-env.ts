@@ -18,7 +18,7 @@ import type {
 import type { SandboxAction, SandboxObservation, StepOutcome } from '../platform/index.ts';
 import { oraclePlan } from './oracle-plan.ts';
 import { SandboxEnv, type DiskCheckpointRef, type MemoryCheckpointRef } from './sandbox-env.ts';
-import { TaskError, checkTaskLimits, taskStorageStem, type Task } from './tasks/task.ts';
+import { TaskError, checkTaskLimits, taskStorageStem, type Task, type VerifierMode } from './tasks/task.ts';
 import { HARBOR_SOLUTION_DIR } from './tasks/harbor.ts';
 import { stageFolder } from './stage-folder.ts';
 import { Deadline } from './deadline.ts';
@@ -77,6 +77,10 @@ function cachedPromise<T>(cache: Map<string, Promise<T>>, key: string, make: () 
   return value;
 }
 
+/** What a fresh grading's details say when the agent's sandbox still ran processes. */
+const LEFTOVER_NOTE =
+  'processes the agent left running are not in the fresh sandbox the tests ran in; a task whose tests check them needs `[verifier] environment_mode = "shared"` (sandgym check tells)';
+
 /** How much of a failing verifier's output a `verifier_error`'s message carries. */
 const LAST_WORDS_CHARS = 1500;
 
@@ -92,6 +96,19 @@ function outcomeText(reward: number, outcome: StepOutcome): string {
   if (outcome.kind === 'ok') return `reward ${reward}`;
   return `${outcome.kind}: ${outcome.message}`;
 }
+
+/**
+ * The paths only graders write (the tests, the reward folder, sandgym's harness): in a shared
+ * grading, whatever the agent left there is removed before the platform stages its own.
+ */
+const GRADER_OWNED_PATHS = ['/tests', '/logs/verifier', '/sandgym-runner'];
+
+/**
+ * Names the processes of a sandbox other than its agent (pid 1) and this listing's own shell, one
+ * per line; `read` keeps the loop free of forks that would list themselves.
+ */
+const LIST_PROCESSES =
+  'for d in /proc/[0-9]*; do p=${d#/proc/}; [ "$p" = 1 ] || [ "$p" = $$ ] && continue; read -r n < "$d/comm" 2>/dev/null && echo "$n"; done; true';
 
 /** The name a task's Dockerfile build is stored under. */
 function taskEnvironmentName(task: Task): string {
@@ -177,6 +194,11 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
   private scope: GradingScope = BASE_SCOPE;
   /** Set once this episode is the oracle's: its solution is in the sandbox. */
   private solutionStaged = false;
+  /**
+   * Set once the episode was graded in the agent's own sandbox: its tests were there, where the
+   * agent's processes could read them, so the episode cannot go on (a reset or restore starts anew).
+   */
+  private gradedInPlace = false;
 
   private constructor(
     private readonly platform: PlatformClient,
@@ -287,6 +309,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     if (this.isClosed)
       throw new SandgymError('failed_precondition', 'Cannot reset: the environment is closed');
     await this.inner?.close();
+    this.gradedInPlace = false;
     // each episode gets its services fresh, as a new compose project would
     await this.services?.close();
     this.services = undefined;
@@ -507,6 +530,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
       if (!this.inner)
         throw new SandgymError('failed_precondition', 'Nothing to restore into: call reset() first');
       const restored = await this.inner.restore(checkpoint);
+      this.gradedInPlace = false;
       this.deadline = Date.now() + Math.floor(checkpoint.budgetLeftMs);
       this.earlierTampering = checkpoint.tampered;
       const opened = this.opening(this.inner.current!, restored.info);
@@ -530,6 +554,11 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
   ): Promise<StepResult<TaskObservation, TaskStepInfo>> {
     const inner = this.inner;
     if (!inner) throw new SandgymError('failed_precondition', 'Call reset() before step()');
+    if (this.gradedInPlace)
+      throw new SandgymError(
+        'failed_precondition',
+        `Task ${this.task.id} was graded in the agent's own sandbox (its shared verifier mode), which ends the episode: reset() or restore() a checkpoint to go on`,
+      );
     const left = this.deadline - Date.now();
     const outOfTime = left <= 0;
 
@@ -577,28 +606,47 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
    * agent's changes caused the trouble and the episode scores 0 with the anomaly in its details;
    * if it fails too, the verifier is at fault and grading fails (`verifier_error`).
    */
-  async grade(): Promise<Grade> {
+  async grade(options: { mode?: VerifierMode } = {}): Promise<Grade> {
     const agent = this.inner?.current;
     try {
-      return await this.gradeOnce();
+      return await this.gradeOnce(options.mode ?? this.task.verifierMode ?? 'fresh');
     } finally {
       // an episode graded midway goes on with its services
-      if (agent && this.services && !this.isClosed)
+      if (agent && this.services && !this.isClosed && !this.gradedInPlace)
         await this.services.join(agent, this.mainServiceName()).catch(() => undefined);
     }
   }
 
-  private async gradeOnce(): Promise<Grade> {
+  private async gradeOnce(mode: VerifierMode): Promise<Grade> {
     const agent = this.inner?.current;
     const environment = this.built;
     if (!agent || !environment)
       throw new SandgymError('failed_precondition', 'Nothing to grade: call reset() first');
+    if (this.gradedInPlace)
+      throw new SandgymError(
+        'failed_precondition',
+        `Task ${this.task.id}'s episode was already graded in its sandbox`,
+      );
+    // what runs there now: gone in a fresh grader, which a task author must be able to see
+    const leftover = await this.leftoverProcesses(agent);
     // no name: a layer for this grading only, which layer gc reclaims later
     const packed = await this.platform.packDiff(agent, this.diffOptions()).catch((error: unknown) => {
       if (isDiffLargerThanDisk(error)) return error as Error;
       throw error;
     });
     const { deniedEgress } = await agent.stats();
+    const clean = `${environment.name}:${environment.version}`;
+    if (mode === 'shared') {
+      const touched = packed instanceof Error ? [] : packed.present.map((path) => `/${path}`);
+      const tampered = [...new Set([...this.earlierTampering, ...touched])];
+      const verdict = await this.gradeInPlace(agent, clean);
+      return {
+        reward: verdict.reward,
+        tampered,
+        deniedEgress,
+        details: { ...verdict.details, gradedIn: 'the agent sandbox', leftoverProcesses: leftover },
+      };
+    }
     // changes larger than the agent's disk (sparse files) are its own doing: scored, never packed
     if (packed instanceof Error) {
       return {
@@ -614,7 +662,6 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     const tampered = [...new Set([...this.earlierTampering, ...present.map((path) => `/${path}`)])];
     // the agent's work is its diff over where its sandbox started (a checkpoint's stack, after a
     // restore); the control run has none of it, so it starts from the task's own environment
-    const clean = `${environment.name}:${environment.version}`;
     const withDiff = await this.judge(this.base ?? clean, [layer.digest]).then(
       (verdict) => ({ verdict }),
       (error: unknown) => ({ error }),
@@ -632,8 +679,50 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
       reward: verdict.reward,
       tampered,
       deniedEgress,
-      details: { ...verdict.details, ...(dropped.length ? { droppedFromDiff: dropped } : {}) },
+      details: {
+        ...verdict.details,
+        ...(dropped.length ? { droppedFromDiff: dropped } : {}),
+        ...(leftover.length ? { leftoverProcesses: leftover, leftoverNote: LEFTOVER_NOTE } : {}),
+      },
     };
+  }
+
+  /**
+   * Grades in the agent's own live sandbox, as Harbor's shared verifier mode does: the tests see
+   * the processes the agent left running and the files as they are. What the agent left at the
+   * graders' paths goes first, so the tests, harness and reward folder are the platform's own;
+   * the verifier then ends every process of the sandbox, and the episode with it. A process the
+   * agent left running as root can still reach the tests and the reward while they run (the
+   * sandbox has one mount namespace and one root): docs/security.md says so, and an agent that
+   * runs as another user than the tests cannot.
+   */
+  private async gradeInPlace(agent: Sandbox, clean: string): Promise<VerifierResult> {
+    this.gradedInPlace = true;
+    const cleared = await agent.exec(['rm', '-rf', '--', ...GRADER_OWNED_PATHS], { timeoutMs: 60_000 });
+    await agent.setNetwork(this.task.network.verify);
+    const run =
+      cleared.exitCode === 0
+        ? await this.verifyIn(agent, this.base ?? clean).then(
+            (verdict) => ({ verdict }),
+            (error: unknown) => ({ error }),
+          )
+        : {
+            error: new GradingAnomaly(
+              'harness_rewired',
+              `The agent's sandbox kept what it left at ${GRADER_OWNED_PATHS.join(', ')}: ${cleared.stderr.trim().slice(-300)}`,
+            ),
+          };
+    if ('verdict' in run) return run.verdict;
+    if (isSandgymError(run.error, ...INFRA_CODES)) throw run.error;
+    return this.blame(clean, run.error);
+  }
+
+  /** The names of the processes running in `sandbox` besides its agent. */
+  private async leftoverProcesses(sandbox: Sandbox): Promise<string[]> {
+    const listed = await sandbox
+      .exec(['sh', '-c', LIST_PROCESSES], { timeoutMs: 30_000 })
+      .catch(() => undefined);
+    return listed?.exitCode === 0 ? listed.stdout.split('\n').filter(Boolean).slice(0, 50) : [];
   }
 
   /**
@@ -759,24 +848,29 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     try {
       // the tests reach the services the agent worked with, by the same names
       await services?.join(grader, this.mainServiceName());
-      const testUser = this.userOf(this.task.verifierUser);
-      return await runVerifiers([...(this.options.verifiers ?? []), defaultVerifier(this.task)], {
-        task: this.task,
-        grader,
-        workdir: this.workdir(),
-        platform: this.platform,
-        environment,
-        imageEnv: this.built?.config.env ?? {},
-        ...(isRoot(testUser) ? {} : { user: testUser }),
-        deadline: Deadline.after(
-          this.task.verifierTimeoutMs + GRADING_OVERHEAD_MS,
-          `Grading task ${this.task.id}`,
-        ),
-      });
+      return await this.verifyIn(grader, environment);
     } finally {
       await services?.leave(grader).catch(() => undefined);
       await grader.close();
     }
+  }
+
+  /** Runs the verifiers in `grader` (made from `environment`), within the grading deadline. */
+  private verifyIn(grader: Sandbox, environment: string): Promise<VerifierResult> {
+    const testUser = this.userOf(this.task.verifierUser);
+    return runVerifiers([...(this.options.verifiers ?? []), defaultVerifier(this.task)], {
+      task: this.task,
+      grader,
+      workdir: this.workdir(),
+      platform: this.platform,
+      environment,
+      imageEnv: this.built?.config.env ?? {},
+      ...(isRoot(testUser) ? {} : { user: testUser }),
+      deadline: Deadline.after(
+        this.task.verifierTimeoutMs + GRADING_OVERHEAD_MS,
+        `Grading task ${this.task.id}`,
+      ),
+    });
   }
 
   /** The agent's changes without what grading never takes from it, reporting the protected paths it touched. */

@@ -1,4 +1,4 @@
-import { TaskEnv, comparableObservation, type SandboxAction, type Task } from '../env/index.ts';
+import { TaskEnv, comparableObservation, oraclePlan, type SandboxAction, type Task } from '../env/index.ts';
 import type { PlatformClient } from '../platform/index.ts';
 import { decisionOf, nopAgent, oracleAgent, type Agent } from './agents.ts';
 
@@ -65,6 +65,7 @@ export async function checkTask(platform: PlatformClient, task: Task): Promise<C
     if (oracleRun.reward < 1) throw new Error(`the oracle got reward ${oracleRun.reward}`);
     return `reward ${oracleRun.reward}`;
   });
+  await check('grading fits what the agent leaves running', () => gradedBothWays(platform, task));
   await check('do-nothing agent fails', async () => {
     await using env = TaskEnv.create(platform, task);
     const { reward } = await play(env, task, nopAgent());
@@ -130,4 +131,54 @@ export async function checkTask(platform: PlatformClient, task: Task): Promise<C
     return 'closed twice; its sandbox is gone';
   });
   return results;
+}
+
+/** How each verifier mode is named in a task's own file, for a message. */
+function modeKey(task: Task, mode: 'fresh' | 'shared'): string {
+  if (task.format === 'terminal-bench') return `sandgym_verifier_mode: ${mode} (task.yaml)`;
+  return `[verifier] environment_mode = "${mode === 'shared' ? 'shared' : 'separate'}" (task.toml)`;
+}
+
+/**
+ * The oracle's work graded both ways, in a fresh grader and in its own sandbox: a task whose
+ * result differs depends on processes the agent left running (a daemon, a tunnel), and its
+ * verifier mode must say so; a task graded in place that passes fresh too is told it need not be.
+ */
+async function gradedBothWays(platform: PlatformClient, task: Task): Promise<string> {
+  await using env = TaskEnv.create(platform, task);
+  await env.reset();
+  await env.stageSolution();
+  for (const action of oraclePlan(task)) {
+    const step = await env.step(action);
+    if (step.outcome.kind !== 'ok') throw new Error(`the oracle's step ended with ${step.outcome.kind}`);
+  }
+  // a fresh grading leaves the sandbox as it was; grading in place ends the episode, so it goes last
+  const fresh = await env.grade({ mode: 'fresh' });
+  const shared = await env.grade({ mode: 'shared' });
+  const mode = task.verifierMode ?? 'fresh';
+  const left = (shared.details['leftoverProcesses'] as string[] | undefined) ?? [];
+  const running = left.length ? `processes left running: ${left.join(', ')}` : 'no process was left running';
+  if (fresh.reward >= 1 && shared.reward >= 1)
+    return mode === 'shared'
+      ? `the oracle passes in a fresh grader too: ${modeKey(task, 'fresh')} would keep what the agent leaves running away from the tests`
+      : `the oracle passes in a fresh grader and in its own sandbox (${running})`;
+  if (shared.reward >= 1) {
+    if (mode === 'fresh')
+      throw new Error(
+        `the oracle passes only when graded in its own sandbox (reward ${fresh.reward} in a fresh grader): its tests check what it left running (${running}); set ${modeKey(task, 'shared')}`,
+      );
+    const asRoot = !task.agentUser || /^(root|0)(:|$)/.test(task.agentUser);
+    return `graded in the agent's sandbox, as the task asks (reward ${fresh.reward} in a fresh grader; ${running})${
+      asRoot
+        ? "; the agent runs as root, so a process it leaves can reach the tests while they run (docs/security.md): an agent user other than the tests' closes that"
+        : ''
+    }`;
+  }
+  if (fresh.reward >= 1)
+    throw new Error(
+      `the oracle passes in a fresh grader but gets ${shared.reward} graded in its own sandbox`,
+    );
+  throw new Error(
+    `the oracle fails graded either way (fresh ${fresh.reward}, in its sandbox ${shared.reward})`,
+  );
 }

@@ -20,6 +20,12 @@ const taskYamlSchema = z
     max_agent_timeout_sec: taskNumber.timeoutSeconds().default(360),
     max_test_timeout_sec: taskNumber.timeoutSeconds().default(60),
     run_tests_in_same_shell: z.boolean().default(false),
+    /**
+     * sandgym's own key: where the tests run. The harness always runs them in the agent's
+     * container; sandgym grades in a fresh one unless this says `shared` (or the task runs its
+     * tests in the agent's very shell), for tests that check what the agent left running.
+     */
+    sandgym_verifier_mode: z.enum(['fresh', 'shared']).optional(),
   })
   .passthrough();
 
@@ -107,6 +113,7 @@ export async function loadTerminalBenchTask(path: string): Promise<Task> {
     // the harness's containers are on Docker's default network: public
     network: { setup: [...PUBLIC_NETWORK], agent: [...PUBLIC_NETWORK], verify: [...PUBLIC_NETWORK] },
     hiddenPaths: [TERMINAL_BENCH_TEST_DIR, '/oracle'],
+    verifierMode: yaml.sandgym_verifier_mode ?? (yaml.run_tests_in_same_shell ? 'shared' : 'fresh'),
     oracle: script === undefined ? undefined : { kind: 'shell', path: ORACLE_SCRIPT, script },
   };
 }
