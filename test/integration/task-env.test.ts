@@ -148,7 +148,7 @@ describe('Harbor tasks, fresh-box grading and evaluation', () => {
   it('checks a sound task as sound and catches a task any agent passes', async () => {
     const sound = await checkTask(env.platform, await loadHarborTask(join(EXAMPLES, 'hello-file')));
     expect(sound.filter((r) => !r.passed)).toEqual([]);
-    expect(sound.map((r) => r.name)).toHaveLength(6);
+    expect(sound.map((r) => r.name)).toHaveLength(7);
     const broken = await taskCopy('always-passes', (d) =>
       writeFile(join(d, 'tests', 'test.sh'), '#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n', {
         mode: 0o755,
