@@ -42,13 +42,6 @@ const DIFFERS: Record<string, string> = {
     "pytest -rA sums skips up by location, so swebench's log parser never sees the skipped " +
     "PASS_TO_PASS test's id and fails it; sandgym's reporter knows the test was skipped, which " +
     'swebench counts as maintained',
-  'swebench/matplotlib':
-    "sandgym bug, not yet fixed: swebench names matplotlib's tests with MouseButton.LEFT/RIGHT " +
-    "written 1/3, and sandgym looks rows' ids up among pytest's own node ids",
-  'swebench/requests-options':
-    'sandgym bug, not yet fixed: for requests, pydicom and pylint swebench shortens a path ' +
-    "parameter to its last part (test_x[/server.pem]), and sandgym looks rows' ids up among " +
-    "pytest's own node ids",
   'reward/bool-value-json': 'Harbor takes true as 1 (a bool is an int in Python); sandgym takes only numbers',
   'reward/empty-object-json': 'Harbor takes {} as no rewards at all; sandgym wants a number to score',
   'reward/underscore-txt':
@@ -154,7 +147,9 @@ function sweBenchCases(): GoldenCase[] {
       input: { repo: row.repo, log, FAIL_TO_PASS: row.FAIL_TO_PASS, PASS_TO_PASS: row.PASS_TO_PASS },
       sandgym: () => {
         const parse = LOG_PARSERS[row.repo];
-        const statuses = parse ? parse(log) : statusesOfOutcomes(Object.entries(row.reported ?? {}));
+        const statuses = parse
+          ? parse(log)
+          : statusesOfOutcomes(row.repo, Object.entries(row.reported ?? {}));
         return Promise.resolve(
           sweBenchReport({ failToPass: row.FAIL_TO_PASS, passToPass: row.PASS_TO_PASS }, (id) =>
             statusOf(statuses, id),

@@ -18,9 +18,33 @@ const STATUS_OF_OUTCOME: Record<PytestOutcome, SweBenchStatus> = {
   XPASS: 'missing',
 };
 
-/** pytest's outcomes by node id, as SWE-bench's statuses. */
-export function statusesOfOutcomes(outcomes: Iterable<[string, PytestOutcome]>): Map<string, SweBenchStatus> {
-  return new Map([...outcomes].map(([id, outcome]) => [id, STATUS_OF_OUTCOME[outcome]]));
+/** Repositories whose log parser shortens a path parameter to its last part (parse_log_pytest_options). */
+const PATH_PARAMETERS = new Set(['psf/requests', 'pydicom/pydicom', 'pylint-dev/pylint']);
+
+/**
+ * A pytest node id as swebench's log parser for `repo` names the test, which is how the row's
+ * FAIL_TO_PASS and PASS_TO_PASS lists name it: matplotlib's MouseButton.LEFT and RIGHT are 1 and
+ * 3, and some repositories keep only the last part of a path parameter (`test_x[/server.pem]`).
+ */
+function rowIdOf(repo: string, nodeId: string): string {
+  if (repo === 'matplotlib/matplotlib')
+    return nodeId.replaceAll('MouseButton.LEFT', '1').replaceAll('MouseButton.RIGHT', '3');
+  const parametrized = PATH_PARAMETERS.has(repo) ? /^(.*?)\[(.*)\]/.exec(nodeId) : null;
+  if (!parametrized) return nodeId;
+  const [, main, option] = parametrized as unknown as [string, string, string];
+  const shortened =
+    option.startsWith('/') && !option.startsWith('//') && !option.includes('*')
+      ? `/${option.split('/').at(-1)}`
+      : option;
+  return `${main}[${shortened}]`;
+}
+
+/** pytest's outcomes by node id, as SWE-bench's statuses under the ids `repo`'s rows use. */
+export function statusesOfOutcomes(
+  repo: string,
+  outcomes: Iterable<[string, PytestOutcome]>,
+): Map<string, SweBenchStatus> {
+  return new Map([...outcomes].map(([id, outcome]) => [rowIdOf(repo, id), STATUS_OF_OUTCOME[outcome]]));
 }
 
 /**

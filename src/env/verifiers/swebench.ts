@@ -134,7 +134,7 @@ export function sweBenchVerifier(
           'runner_ended_early',
           `the test runner did not finish (exit ${run.exitCode ?? run.signal}) and never said it had`,
         );
-      const statuses = statusesOfOutcomes(report.tests);
+      const statuses = statusesOfOutcomes(grading.repo, report.tests);
       const status = (id: string): SweBenchStatus =>
         runner.tampered.length ? 'error' : statusOf(statuses, id);
       return sweBenchVerdict(grading, status, restored, runner.tampered, run);
