@@ -3,7 +3,7 @@ import js from '@eslint/js';
 import tseslint from 'typescript-eslint';
 
 export default tseslint.config(
-  { ignores: ['dist/', 'build/', 'node_modules/', '.sandgym/', 'agent/'] },
+  { ignores: ['dist/', 'build/', 'node_modules/', '.sandgym/', 'agent/', '.venv/'] },
   js.configs.recommended,
   ...tseslint.configs.recommendedTypeChecked,
   {

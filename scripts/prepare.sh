@@ -37,3 +37,7 @@ if [ "$(readlink "$bin" 2>/dev/null)" != "$PWD/dist/src/cli/main.js" ]; then
 fi
 
 node dist/src/cli/main.js setup "$@"
+
+case " $* " in
+*" --for-tests "*) bash scripts/harness-venv.sh ;;
+esac

@@ -1387,7 +1387,7 @@ describe('a policy cannot mask its own failures', () => {
             await mkdir(dir, { recursive: true });
             await writeFile(
               join(dir, 'task.yaml'),
-              'instruction: x\nmax_agent_timeout_sec: 1e15\nmax_test_timeout_sec: 1e15\n',
+              'instruction: x\ndifficulty: easy\nmax_agent_timeout_sec: 1e15\nmax_test_timeout_sec: 1e15\n',
             );
             await writeFile(join(dir, 'Dockerfile'), 'FROM busybox:latest\n');
             await writeFile(join(dir, 'run-tests.sh'), 'true\n');

@@ -168,13 +168,14 @@ describe('the pytest summary parser', () => {
       'SKIPPED [1] tests/test_a.py:9: later',
       '==================== 1 failed, 1 passed in 0.12s ====================',
     ].join('\n');
-    expect(parsePytestSummary(output)?.map((r) => [r.test, r.outcome, r.passed])).toEqual([
-      ['test_one', 'PASSED', true],
-      ['test_two', 'FAILED', false],
-      ['test_setup', 'ERROR', false],
-      ['test_lucky', 'XPASS', false],
-      ['test_known', 'XFAIL', true],
-      ['[1] tests/test_a.py:9: later', 'SKIPPED', true],
+    // names as Terminal-Bench gives them (only a FAILED line loses its message there); node ids whole
+    expect(parsePytestSummary(output)?.map((r) => [r.test, r.nodeId, r.outcome, r.passed])).toEqual([
+      ['test_one', 'tests/test_a.py::test_one', 'PASSED', true],
+      ['test_two', 'tests/test_a.py::test_two', 'FAILED', false],
+      ['test_setup - ValueError', 'tests/test_b.py::test_setup', 'ERROR', false],
+      ['test_lucky - flaky', 'tests/test_a.py::test_lucky', 'XPASS', false],
+      ['test_known - not yet', 'tests/test_a.py::test_known', 'XFAIL', true],
+      ['[1] tests/test_a.py:9: later', '[1] tests/test_a.py:9: later', 'SKIPPED', true],
     ]);
     expect(parsePytestSummary('collected 0 items\n')).toBeUndefined();
   });

@@ -52,8 +52,8 @@ const REQUIRED_PROGRAMS: Record<string, string> = {
 
 /**
  * What only the test suite needs: a real OCI registry on loopback for image pulls, Debian's
- * Python with the gRPC and msgpack modules the Python client imports (its tests and benchmark),
- * and the cluster's engines: an etcd cluster and a Prometheus the tests start on loopback.
+ * Python with the gRPC and msgpack modules the Python client imports (its tests and benchmark)
+ * and with venv support (the golden tests' harnesses), and the cluster's engines: an etcd cluster and a Prometheus the tests start on loopback.
  */
 export const TEST_PROGRAMS: Record<string, string> = {
   'docker-registry': 'docker-registry',
@@ -61,6 +61,9 @@ export const TEST_PROGRAMS: Record<string, string> = {
   prometheus: 'prometheus',
   '/usr/lib/python3/dist-packages/grpc/__init__.py': 'python3-grpcio',
   '/usr/lib/python3/dist-packages/msgpack/__init__.py': 'python3-msgpack',
+  // Debian 12's venv support, for the golden tests' venv of published harnesses where the
+  // machine has no newer Python (scripts/harness-venv.sh)
+  '/usr/lib/python3.11/ensurepip/__init__.py': 'python3-venv',
 };
 
 /** What only the benchmarks need: baselines (crun's peers Docker and Podman too), the shaped network store of `layers`, and etcd. */

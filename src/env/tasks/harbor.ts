@@ -26,19 +26,26 @@ function rulesOf(mode: 'public' | 'no-network' | 'allowlist'): string[] {
       : ['mirror:debian?', 'mirror:npm?', 'dns?'];
 }
 
+/** A user to run as: a name or, as Harbor takes it too, a uid. */
+const taskUser = z
+  .union([z.string().min(1), z.number().int().nonnegative()])
+  .transform(String)
+  .optional();
+
 const taskTomlSchema = z.object({
   verifier: z
     .object({
-      timeout_sec: taskNumber.timeoutSeconds().default(120),
+      // Harbor's default (VerifierConfig.timeout_sec)
+      timeout_sec: taskNumber.timeoutSeconds().default(600),
       env: envTable,
-      user: z.string().min(1).optional(),
+      user: taskUser,
       network_mode: networkMode,
     })
     .prefault({}),
   agent: z
     .object({
       timeout_sec: taskNumber.timeoutSeconds().default(600),
-      user: z.string().min(1).optional(),
+      user: taskUser,
       network_mode: networkMode,
     })
     .prefault({}),

@@ -89,6 +89,7 @@ export async function loadSweBenchFile(
       },
       grading: {
         kind: 'swebench',
+        repo: row.repo,
         repoPath: TESTBED,
         baseCommit: row.base_commit,
         testPatch: row.test_patch,

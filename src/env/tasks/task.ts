@@ -150,6 +150,8 @@ export type TaskGrading =
   /** SWE-bench: test files reset to the base commit, the test patch applied, every listed test must pass. */
   | {
       kind: 'swebench';
+      /** The row's `repo` (`owner/name`): how swebench names its tests depends on it. */
+      repo: string;
       repoPath: string;
       baseCommit: string;
       testPatch: string;

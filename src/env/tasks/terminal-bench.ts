@@ -14,6 +14,18 @@ const taskYamlSchema = z
   .object({
     instruction: z.string().min(1).optional(),
     descriptions: z.array(z.object({ key: z.string(), description: z.string() })).optional(),
+    // the metadata Terminal-Bench's Task model requires or types; sandgym reads none of it
+    difficulty: z.enum(['easy', 'medium', 'hard', 'unknown'], {
+      message: 'difficulty is one of easy, medium, hard (Terminal-Bench requires it)',
+    }),
+    author_name: z.string().optional(),
+    author_email: z.string().optional(),
+    category: z.string().optional(),
+    tags: z.array(z.string()).optional(),
+    disable_asciinema: z.boolean().optional(),
+    estimated_duration_sec: z.number().nullable().optional(),
+    expert_time_estimate_min: z.number().int().nullable().optional(),
+    junior_time_estimate_min: z.number().int().nullable().optional(),
     parser_name: z
       .enum(['pytest'], { message: 'the pytest parser is the one Terminal-Bench tasks use' })
       .default('pytest'),

@@ -84,6 +84,15 @@ export function parseReward(
   return { reward, metrics };
 }
 
+/**
+ * Which reward file of /logs/verifier counts, as Harbor's verifier chooses: reward.json when
+ * there is one, else reward.txt; undefined when there is neither.
+ */
+export function rewardFileToRead(files: readonly string[]): 'reward.json' | 'reward.txt' | undefined {
+  if (files.includes('reward.json')) return 'reward.json';
+  return files.includes('reward.txt') ? 'reward.txt' : undefined;
+}
+
 /** The range rewards must fall in when a task names none. */
 export const DEFAULT_REWARD_RANGE: readonly [number, number] = [0, 1];
 
@@ -131,16 +140,14 @@ export function rewardFileVerifier(testsDir: string, timeoutMs: number): Verifie
       const links = listed.filter((e) => e.type !== 'file' && /^reward\.(txt|json)$/.test(e.name));
       if (links.length)
         throw new GradingAnomaly('bad_reward', `/logs/verifier/${links[0]!.name} is not a regular file`);
-      const files = listed.map((e) => e.name);
-      if (!files.includes('reward.json') && !files.includes('reward.txt')) {
+      const name = rewardFileToRead(listed.map((e) => e.name));
+      if (!name) {
         throw new GradingAnomaly(
           'no_reward',
           `tests/test.sh ended (exit ${run.exitCode ?? run.signal}) without writing /logs/verifier/reward.txt or reward.json`,
         );
       }
-      // as Harbor reads them: reward.txt when there is one, else reward.json
-      const json = !files.includes('reward.txt');
-      const name = json ? 'reward.json' : 'reward.txt';
+      const json = name === 'reward.json';
       const path = `/logs/verifier/${name}`;
       const text = (
         await grader.readFile(path, { ...deadline.call(), ...asTests, maxBytes: 1 << 20 })

@@ -5,7 +5,6 @@ import type { Deadline } from '../deadline.ts';
 import { parseDjangoLog, parseSympyLog } from '../repo-test-logs.ts';
 import type { TaskGrading } from '../tasks/task.ts';
 import type { RepoTestRunner } from '../tasks/swebench-repos.ts';
-import type { PytestOutcome } from '../pytest-summary.ts';
 import {
   GradingAnomaly,
   endLeftoverProcesses,
@@ -17,6 +16,7 @@ import {
 } from './chain.ts';
 import { harnessEnv, stageHarness } from './harness.ts';
 import { checkRunSound, readHarnessReport } from './harness-report.ts';
+import { statusOf, statusesOfOutcomes, sweBenchReport, type SweBenchStatus } from './swebench-grading.ts';
 
 /**
  * The test runner staged into the grader for SWE-bench tasks. Ids are unittest names
@@ -27,16 +27,6 @@ import { checkRunSound, readHarnessReport } from './harness-report.ts';
  * runner says it finished there; a requested id without an outcome counts as failed.
  */
 const SWEBENCH_RUNNER = readFileSync(new URL('./swebench_runner.py', import.meta.url), 'utf8');
-
-/** What SWE-bench calls each outcome pytest's summary would show. */
-const SWEBENCH_STATUS: Record<PytestOutcome, string> = {
-  PASSED: 'passed',
-  XPASS: 'passed',
-  FAILED: 'failed',
-  ERROR: 'error',
-  SKIPPED: 'skipped',
-  XFAIL: 'skipped',
-};
 
 /**
  * Files that steer how tests run and that an agent could plant or edit to make them pass: every
@@ -122,7 +112,7 @@ export function sweBenchVerifier(
       const run = await runRepoTests(context, grading, grading.runner, timeoutMs);
       const parse = grading.runner.parser === 'django' ? parseDjangoLog : parseSympyLog;
       const logged = parse(`${run.stdout}\n${run.stderr}`);
-      return sweBenchVerdict(grading, (id) => logged.get(id) ?? 'missing', restored, [], run);
+      return sweBenchVerdict(grading, (id) => statusOf(logged, id), restored, [], run);
     }
     await stageHarness(grader, deadline);
     await grader.writeFile('/sandgym-runner/run_tests.py', SWEBENCH_RUNNER, deadline.call());
@@ -144,11 +134,9 @@ export function sweBenchVerifier(
           'runner_ended_early',
           `the test runner did not finish (exit ${run.exitCode ?? run.signal}) and never said it had`,
         );
-      const status = (id: string): string => {
-        if (runner.tampered.length) return 'error';
-        const outcome = report.tests.get(id);
-        return outcome ? SWEBENCH_STATUS[outcome] : 'missing';
-      };
+      const statuses = statusesOfOutcomes(grading.repo, report.tests);
+      const status = (id: string): SweBenchStatus =>
+        runner.tampered.length ? 'error' : statusOf(statuses, id);
       return sweBenchVerdict(grading, status, restored, runner.tampered, run);
     });
   };
@@ -195,10 +183,10 @@ async function runRepoTests(
   return run;
 }
 
-/** SWE-bench's verdict: resolved only when every FAIL_TO_PASS and PASS_TO_PASS test passed. */
+/** SWE-bench's verdict on the row's tests (see {@link sweBenchReport}), with what it rests on. */
 function sweBenchVerdict(
   grading: Extract<TaskGrading, { kind: 'swebench' }>,
-  status: (id: string) => string,
+  status: (id: string) => SweBenchStatus,
   restored: string[],
   harnessTampered: string[],
   run: { stdout: string; stderr: string },
@@ -206,8 +194,8 @@ function sweBenchVerdict(
   const ids = [...grading.failToPass, ...grading.passToPass];
   const failToPass = Object.fromEntries(grading.failToPass.map((id) => [id, status(id)]));
   const passToPass = Object.fromEntries(grading.passToPass.map((id) => [id, status(id)]));
-  const resolved = ids.every((id) => status(id) === 'passed');
-  const notPassed = ids.filter((id) => status(id) !== 'passed');
+  const { resolved, ...report } = sweBenchReport(grading, status);
+  const notPassed = [...report.failToPass.failure, ...report.passToPass.failure];
   return {
     reward: resolved ? 1 : 0,
     details: {

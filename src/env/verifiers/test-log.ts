@@ -23,6 +23,11 @@ import {
 /** What a test run may print and still be read whole: its summary comes last. */
 const TEST_LOG_CAP_BYTES = 16 << 20;
 
+/** A node id less its file (`TestX::test_y[1]`): printed and reported ids agree on that part. */
+function inFile(nodeId: string): string {
+  return nodeId.includes('::') ? nodeId.slice(nodeId.indexOf('::') + 2) : nodeId;
+}
+
 /**
  * What run-tests.sh printed must be what pytest reported through the harness: a summary line for
  * a test that pytest never ran, or with another outcome than pytest gave it, was printed by
@@ -32,13 +37,13 @@ function checkPrintedAgainstReport(printed: PytestResult[], report: HarnessRepor
   if (report.processes === 0) return; // pytest ran without sandgym's reporter: nothing to check against
   const reported = new Map<string, Set<boolean>>();
   for (const [nodeId, outcome] of report.tests) {
-    const test = nodeId.includes('::') ? nodeId.slice(nodeId.indexOf('::') + 2) : nodeId;
+    const test = inFile(nodeId);
     reported.set(test, (reported.get(test) ?? new Set()).add(PASSING_OUTCOMES.has(outcome)));
   }
   const skipped = [...report.tests.values()].filter((outcome) => outcome === 'SKIPPED').length;
   // only a line that passes can forge a pass: one that fails lowers the reward whoever printed it
   for (const result of printed.filter((r) => r.passed)) {
-    if (reported.get(result.test)?.has(true)) continue;
+    if (reported.get(inFile(result.nodeId))?.has(true)) continue;
     // skips are summed up by location (`SKIPPED [2] test_x.py:10: reason`), with no test to match:
     // pytest must have skipped something
     if (result.outcome === 'SKIPPED' && /^\[\d+\] /.test(result.test) && skipped + report.skippedFiles > 0)
@@ -96,14 +101,11 @@ export function testLogVerifier(
       }
       checkPrintedAgainstReport(results, harness);
       // what pytest reported failing counts even where the printed summary left it out
-      const printedFailing = new Set(results.filter((r) => !r.passed).map((r) => r.test));
+      const printedFailing = new Set(results.filter((r) => !r.passed).map((r) => inFile(r.nodeId)));
       const failed = [
         ...results.filter((r) => !r.passed),
         ...[...harness.tests]
-          .filter(
-            ([id, outcome]) =>
-              !PASSING_OUTCOMES.has(outcome) && !printedFailing.has(id.split('::').slice(1).join('::')),
-          )
+          .filter(([id, outcome]) => !PASSING_OUTCOMES.has(outcome) && !printedFailing.has(inFile(id)))
           .map(([test, outcome]) => ({ test, outcome })),
       ];
       const verdict = {
