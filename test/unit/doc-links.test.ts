@@ -3,7 +3,8 @@ import { dirname, join, relative, resolve } from 'node:path';
 import { describe, expect, it } from 'vitest';
 
 const ROOT = resolve(import.meta.dirname, '..', '..');
-const SKIPPED = new Set(['node_modules', 'dist', '.sandgym', '.git', 'build']);
+// what is installed or built, not written here: npm's and the harness venv's packages, outputs
+const SKIPPED = new Set(['node_modules', '.venv', 'dist', '.sandgym', '.git', 'build']);
 
 /** Files of the repository with one of `extensions`, outside what is built or installed. */
 function filesOf(dir: string, extensions: string[]): string[] {
