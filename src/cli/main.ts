@@ -17,8 +17,9 @@ import { EXIT, UsageError, describeFailure } from './exit-codes.ts';
 
 const USAGE = `usage: sandgym COMMAND [ARGS]
 
-  setup [--swap-mib N] [--criu]           prepare this host: Debian packages, kernel checks, base layers;
-                                          --criu builds CRIU 4.1 for containers' memory checkpoints
+  setup [--swap-mib N] [--no-criu] [--no-swap]
+                                          prepare this host: Debian packages, kernel checks, base layers,
+                                          and memory checkpoints: CRIU 4.1 (built once), else a swap file
   run [--backend B] [--env E] [--json] [--timeout-ms N] [--memory-mib N] [--load-mode ondemand|eager|tar] -- CMD ...
                                           one sandbox, one command: output, exit code, teardown
   layer build (--from-dir D | --from-tar T | --from-oci A) [--name NAME:VERSION] [--base ENV]

@@ -1,3 +1,4 @@
+import { totalmem } from 'node:os';
 import { join, resolve } from 'node:path';
 import {
   prepareDataFolder,
@@ -11,16 +12,23 @@ import {
   prepareHost,
   installPrograms,
   TEST_PROGRAMS,
+  type CriuSupport,
 } from '../../backends/index.ts';
+import { messageOf, type Logger } from '../../common/index.ts';
 import { consoleLogger } from '../console-logger.ts';
 import { LayerStore, defaultDataDir, defaultStoreDir, ensureBaseEnvironments } from '../../platform/index.ts';
 import { parseCommandArgs, positiveInt, text } from '../args.ts';
 import { EXIT } from '../exit-codes.ts';
 
+/** The swap file made when CRIU cannot work: a quarter of memory, at most 4 GiB. */
+const DEFAULT_SWAP_MIB = Math.max(256, Math.min(4096, Math.floor(totalmem() / 4 / 2 ** 20)));
+
 /**
- * `sandgym setup [--swap-mib N [--swap-file PATH]] [--criu] [--for-tests]`: Debian packages,
- * kernel checks, base layers, swap; with `--criu`, a CRIU that checkpoints containers' memory;
- * with `--for-tests`, also what the test suite runs beside sandgym. Idempotent.
+ * `sandgym setup [--swap-mib N [--swap-file PATH]] [--no-criu] [--no-swap] [--for-tests]`:
+ * Debian packages, kernel checks, base layers, and memory checkpoints for preempted sandboxes:
+ * a CRIU that checkpoints containers' memory (built from source where the host has none), or,
+ * where CRIU cannot work, a swap file that hibernated sandboxes page out to. With `--for-tests`,
+ * also what the test suite runs beside sandgym. Idempotent.
  */
 export async function setupCommand(args: string[]): Promise<number> {
   const parsed = parseCommandArgs('setup', args, {
@@ -28,18 +36,28 @@ export async function setupCommand(args: string[]): Promise<number> {
     'swap-mib': { type: 'string' },
     'swap-file': { type: 'string' },
     'for-tests': { type: 'boolean' },
+    // the default now; still taken, so scripts written for the opt-in keep working
     criu: { type: 'boolean' },
+    'no-criu': { type: 'boolean' },
+    'no-swap': { type: 'boolean' },
   });
   const logger = consoleLogger();
   const mirror = process.env['SANDGYM_DEBIAN_MIRROR'] ?? 'http://deb.debian.org/debian';
   const prepared = await prepareHost(logger);
-  // containers' memory checkpoints: built once from source where the host's CRIU cannot
-  const host = parsed.values.criu
-    ? { ...prepared, criu: await ensureCriu(join(defaultDataDir(), 'build'), mirror, logger) }
-    : prepared;
+  // containers' memory checkpoints by default (phases that free memory are the product): built
+  // once from source where the host's CRIU cannot; a build that fails leaves swap to do it
+  const host = parsed.values['no-criu']
+    ? prepared
+    : { ...prepared, criu: await criuOrWhyNot(mirror, logger) };
   if (parsed.values['for-tests']) await installPrograms(TEST_PROGRAMS, logger);
   const { values } = parsed;
-  const swapMib = positiveInt('swap-mib', text(parsed, 'swap-mib'));
+  const askedSwapMib = positiveInt('swap-mib', text(parsed, 'swap-mib'));
+  // without CRIU, a hibernated container can only give its memory up to swap: make some
+  const swapMib =
+    askedSwapMib ??
+    (!host.criu.usable && !values['no-swap'] && (await activeSwapAreas()).length === 0
+      ? DEFAULT_SWAP_MIB
+      : undefined);
   // a swap file lets hibernated sandboxes give up their anonymous memory, not just page cache
   const swapFile = swapMib
     ? resolve(text(parsed, 'swap-file') ?? join(defaultDataDir(), 'swapfile'))
@@ -72,9 +90,28 @@ export async function setupCommand(args: string[]): Promise<number> {
       `sandgym setup: host ready (cgroups ${host.cgroups}${host.hybridCgroups ? ', hybrid' : ''}); ` +
         `environments: ${environments.join(', ')}${built.length ? ` (built ${built.join(', ')})` : ''}; ` +
         `swap: ${report.swap.map((a) => a.filename).join(', ') || 'none (--swap-mib N adds a swap file)'}; ` +
+        `preempted containers' memory: ${memoryCheckpoints(host.criu.usable, report.swap.length > 0)}; ` +
         `process checkpoints: ${host.criu.usable ? `criu ${host.criu.version}` : `no (${host.criu.reason})`}; ` +
         `microvm: Debian kernel ${guest.version} under ${vmAccel === 'kvm' ? 'KVM' : 'TCG emulation (no usable KVM)'}`,
     );
   }
   return EXIT.ok;
+}
+
+/** Builds CRIU where the host lacks a usable one; a failure is a reason, not a failed setup. */
+async function criuOrWhyNot(mirror: string, logger: Logger): Promise<CriuSupport> {
+  try {
+    return await ensureCriu(join(defaultDataDir(), 'build'), mirror, logger);
+  } catch (error) {
+    const reason = `building CRIU failed: ${messageOf(error)}`;
+    logger.warn({ reason }, 'no process checkpoints: hibernation falls back to swap');
+    return { usable: false, version: undefined, reason };
+  }
+}
+
+/** What hibernating a container does with its memory on this host, in a user's words. */
+function memoryCheckpoints(criu: boolean, swap: boolean): string {
+  if (criu) return 'checkpointed to disk by CRIU and freed';
+  if (swap) return 'paged out to swap (no CRIU)';
+  return 'KEPT: no CRIU and no swap, so hibernating frees nothing (drop --no-criu/--no-swap)';
 }
