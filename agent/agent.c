@@ -47,6 +47,7 @@
 int launch_main(int argc, char **argv);
 int helper_main(void);
 int mount_erofs_main(int argc, char **argv);
+int mount_overlay_main(int argc, char **argv);
 void vm_init(void);
 void vm_open_channel(void);
 _Noreturn void vm_power_off(void);
@@ -571,6 +572,7 @@ int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "launch") == 0) return launch_main(argc - 1, argv + 1);
   if (argc == 2 && strcmp(argv[1], "helper") == 0) return helper_main();
   if (argc > 1 && strcmp(argv[1], "mount-erofs") == 0) return mount_erofs_main(argc - 1, argv + 1);
+  if (argc > 1 && strcmp(argv[1], "mount-overlay") == 0) return mount_overlay_main(argc - 1, argv + 1);
   agent_options options = {false, false, false};
   if (getpid() == 1 && argc >= 1 && strcmp(argv[0], "/init") == 0) {
     /* the kernel started us from the initramfs: build the root, then serve as usual */

@@ -66,6 +66,7 @@
 #include <sys/wait.h>
 #include <sys/xattr.h>
 #include <unistd.h>
+#include "overlay.h"
 
 #define EROFS_SUPER_MAGIC_V1 0xE0F5E1E2
 #define STAGE "/.sandgym-stage"
@@ -128,15 +129,9 @@ static void check_erofs_lowers(const char *lowers) {
 static int detached_root(char **f, int nfields) {
   if (nfields == 9 && strcmp(f[3], "overlay") == 0) {
     if (strcmp(f[7], "1") == 0) check_erofs_lowers(f[4]);
-    int fs = fsopen("overlay", FSOPEN_CLOEXEC);
-    CHECK(fs, "cannot open an overlay context: %s", strerror(errno));
-    CHECK(fsconfig(fs, FSCONFIG_SET_STRING, "lowerdir", f[4], 0), "bad lower dirs %s: %s", f[4], strerror(errno));
-    CHECK(fsconfig(fs, FSCONFIG_SET_STRING, "upperdir", f[5], 0), "bad upper dir %s: %s", f[5], strerror(errno));
-    CHECK(fsconfig(fs, FSCONFIG_SET_STRING, "workdir", f[6], 0), "bad work dir %s: %s", f[6], strerror(errno));
-    CHECK(fsconfig(fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0), "cannot create the overlay: %s", strerror(errno));
-    int mnt = fsmount(fs, FSMOUNT_CLOEXEC, 0);
-    CHECK(mnt, "cannot mount the overlay: %s", strerror(errno));
-    close(fs);
+    char error[512];
+    int mnt = overlay_open(f[4], f[5], f[6], error, sizeof error);
+    if (mnt < 0) answer(1, "%s", error);
     return mnt;
   }
   if (nfields == 5 && strcmp(f[3], "bind") == 0) {
@@ -396,11 +391,11 @@ static _Noreturn void launch(char **f, int n) {
   CHECK(mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL), "cannot make mounts private: %s", strerror(errno));
   if (strcmp(f[5], "-") != 0) {
     if (strcmp(f[6], "1") == 0) check_erofs_lowers(f[5]);
-    char options[4096], target[1024];
-    int len = snprintf(options, sizeof options, "lowerdir=%s,upperdir=%s/rw/upper,workdir=%s/rw/work", f[5], dir, dir);
-    if (len < 0 || (size_t)len >= sizeof options) answer(1, "overlay options too long");
+    char target[1024], upper[1024], work[1024], error[512];
     snprintf(target, sizeof target, "%s/rootfs", dir);
-    CHECK(mount("overlay", target, "overlay", 0, options), "cannot mount the overlay on %s: %s", target, strerror(errno));
+    snprintf(upper, sizeof upper, "%s/rw/upper", dir);
+    snprintf(work, sizeof work, "%s/rw/work", dir);
+    if (overlay_mount(target, f[5], upper, work, error, sizeof error) < 0) answer(1, "%s", error);
   }
   if (strcmp(f[4], "-") != 0 && umount2(f[4], MNT_DETACH) < 0 && errno != EINVAL && errno != ENOENT)
     answer(1, "cannot unmount %s: %s", f[4], strerror(errno));

@@ -5,6 +5,12 @@
  *
  * mounts an EROFS image file read-only at TARGET straight from the file (file-backed EROFS).
  *
+ *   sandgym-agent mount-overlay TARGET LOWERS [UPPER WORK]
+ *
+ * mounts an overlay of LOWERS (colon-separated, top first) at TARGET, read-only without UPPER
+ * and WORK, with one lower dir per fsconfig call where the kernel can (overlay.c): a deep stack
+ * does not fit the `mount` program's single option string.
+ *
  * Launch mode:
  *
  *   sandgym-agent launch [--join-cgroup PROCS_FILE]... [--lowers-are-erofs]
@@ -27,6 +33,7 @@
 #include <sys/mount.h>
 #include <sys/vfs.h>
 #include <unistd.h>
+#include "overlay.h"
 
 #define EROFS_SUPER_MAGIC_V1 0xE0F5E1E2
 
@@ -41,6 +48,19 @@ int mount_erofs_main(int argc, char **argv) {
     return 2;
   }
   if (mount(argv[1], argv[2], "erofs", MS_RDONLY | MS_NODEV | MS_NOSUID, NULL) < 0) return fail("cannot mount EROFS image", argv[1]);
+  return 0;
+}
+
+int mount_overlay_main(int argc, char **argv) {
+  if (argc != 3 && argc != 5) {
+    fprintf(stderr, "usage: sandgym-agent mount-overlay TARGET LOWERS [UPPER WORK]\n");
+    return 2;
+  }
+  char error[512];
+  if (overlay_mount(argv[1], argv[2], argc == 5 ? argv[3] : NULL, argc == 5 ? argv[4] : NULL, error, sizeof error) < 0) {
+    fprintf(stderr, "sandgym-agent mount-overlay: %s\n", error);
+    return 125;
+  }
   return 0;
 }
 
@@ -85,12 +105,6 @@ int launch_main(int argc, char **argv) {
   if (unshare(CLONE_NEWNS) < 0) return fail("cannot create mount namespace", NULL);
   if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) return fail("cannot make mounts private", NULL);
   if (lowers) {
-    char options[4096];
-    int n = snprintf(options, sizeof options, "lowerdir=%s,upperdir=%s,workdir=%s", lowers, upper, work);
-    if (n < 0 || (size_t)n >= sizeof options) {
-      errno = E2BIG;
-      return fail("overlay options too long for", target);
-    }
     /* A layer mount that vanished (unmounted by a concurrent gc) would leave an empty lower dir
      * and a sandbox with a silently wrong root. Refuse instead; the caller mounts it again. */
     for (const char *p = lowers; check_erofs && *p;) {
@@ -105,7 +119,11 @@ int launch_main(int argc, char **argv) {
       }
       p = colon ? colon + 1 : p + len;
     }
-    if (mount("overlay", target, "overlay", 0, options) < 0) return fail("cannot mount overlay on", target);
+    char error[512];
+    if (overlay_mount(target, lowers, upper, work, error, sizeof error) < 0) {
+      fprintf(stderr, "sandgym-agent launch: %s\n", error);
+      return 125;
+    }
   }
   for (int k = 0; k < numounts; k++)
     if (umount2(umounts[k], MNT_DETACH) < 0 && errno != EINVAL && errno != ENOENT) return fail("cannot unmount", umounts[k]);

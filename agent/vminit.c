@@ -27,8 +27,11 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include "overlay.h"
 
-#define MAX_LAYERS 64
+/* microvm has 24 virtio-mmio transports: the layer disks, the writable disk, the serial port and
+ * the rng (VM_MAX_LAYERS in src/backends/vm/vm-backend.ts); vda to vdu need one letter each */
+#define MAX_LAYERS 21
 
 /* Powers the VM off, which is how a VM's init ends: pid 1 may not exit. */
 _Noreturn void vm_power_off(void) {
@@ -116,10 +119,10 @@ static void mount_root(long layers) {
   MUST(mount(dev, "/rw", "ext4", MS_NOATIME, NULL), "cannot mount the writable disk %s: %s", dev, strerror(errno));
   make_dir("/rw/upper");
   make_dir("/rw/work");
-  char options[MAX_LAYERS * 16 + 64];
-  snprintf(options, sizeof options, "lowerdir=%s,upperdir=/rw/upper,workdir=/rw/work", lowers);
+  char error[512];
   make_dir("/newroot");
-  MUST(mount("overlay", "/newroot", "overlay", 0, options), "cannot mount the overlay root: %s", strerror(errno));
+  if (overlay_mount("/newroot", lowers, "/rw/upper", "/rw/work", error, sizeof error) < 0)
+    fail("cannot mount the overlay root: %s", error);
   const char *moved[] = {"/dev", "/proc", "/sys"};
   for (size_t i = 0; i < sizeof moved / sizeof *moved; i++) {
     char target[64];

@@ -55,7 +55,11 @@ export class BackendRegistry {
   private vm(kind: VmKind): Promise<VmBackend> {
     let opening = this.vms.get(kind);
     if (!opening) {
-      opening = VmBackend.create({ kind, ...this.vmSettings });
+      opening = VmBackend.create({
+        kind,
+        ...this.vmSettings,
+        flattenStack: (layers, maxDepth) => this.container.flattenStack(layers, maxDepth),
+      });
       this.vms.set(kind, opening);
       opening.catch(() => this.vms.delete(kind));
     }

@@ -1,3 +1,5 @@
+import { mkdir, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import type { Sandbox } from '../../src/platform/index.ts';
 import { createTestPlatform } from '../support/platform.ts';
@@ -115,5 +117,34 @@ describe('warm pool', () => {
     expect(platform.warmPool.ready.latency).toBe(4);
     const listed = await platform.listSandboxes();
     expect(listed).toEqual([]); // pooled shells are not sandboxes
+  });
+
+  it('swaps in a root of many layers, as deep as fsconfig once refused', async () => {
+    await using test = await createTestPlatform('warm-deep', {
+      warmPool: { latency: 1 },
+      privateStore: true,
+    });
+    const { platform } = test;
+    const context = join(test.dataDir, 'context');
+    await mkdir(context, { recursive: true });
+    // 6 layers: the stack's lower dirs run far past the 255 bytes fsconfig takes in one string
+    const runs = [1, 2, 3, 4, 5].map((n) => `RUN echo ${n} > /layer-${n}`).join('\n');
+    await writeFile(join(context, 'Dockerfile'), `FROM busybox:latest\n${runs}\n`);
+    const { environment } = await platform.buildFromDockerfile({
+      file: join(context, 'Dockerfile'),
+      name: 'six:1',
+    });
+    expect(environment.layers.length).toBe(6);
+    await platform.warmPool.filled();
+    const first = await platform.createSandbox({ environment: 'busybox:latest' });
+    let namespace: string;
+    try {
+      namespace = await networkNamespace(first);
+    } finally {
+      await first.close();
+    }
+    await using second = await platform.createSandbox({ environment: 'six:1' });
+    expect(await networkNamespace(second)).toBe(namespace); // the pooled shell, not a cold create
+    expect((await second.exec(['cat', '/layer-1', '/layer-5'])).stdout).toBe('1\n5\n');
   });
 });

@@ -1,14 +1,39 @@
 import { spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { rm } from 'node:fs/promises';
+import { mkdir, rm, writeFile } from 'node:fs/promises';
 import { release } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
+import { runProgram } from '../../src/backends/index.ts';
+import { LayerStore } from '../../src/platform/index.ts';
 import { CLI } from '../../examples/cluster/netns-cluster.ts';
 import { createTestPlatform, STORE_DIR, TEST_DATA_ROOT } from '../support/platform.ts';
 
 describe('microvm through the platform', () => {
+  it('boots a 40-layer stack, more than its 21 disk slots, on a flattened base', async () => {
+    await using env = await createTestPlatform('microvm-deep', { privateStore: true });
+    const store = await LayerStore.open(join(env.dataDir, 'store'));
+    const base = await store.getEnvironment('busybox:latest');
+    const layers = [...base.layers];
+    for (let i = layers.length + 1; i <= 40; i++) {
+      const tree = join(env.dataDir, 'trees', String(i));
+      await mkdir(join(tree, 'deep'), { recursive: true });
+      await writeFile(join(tree, 'deep', String(i)), `${i}\n`);
+      // layer 30 deletes layer 2's file: a whiteout inside the flattened base
+      if (i === 30) await runProgram('mknod', [join(tree, 'deep', '2'), 'c', '0', '0']);
+      layers.push((await store.addLayerFromDirectory(tree, `layer ${i}`)).digest);
+    }
+    await store.putEnvironment({ name: 'deep', version: '40', layers, config: base.config });
+    await using sandbox = await env.platform.createSandbox({ backend: 'microvm', environment: 'deep:40' });
+    const seen = await sandbox.exec([
+      'sh',
+      '-c',
+      'cat /deep/3 /deep/40; ls /deep | wc -l; test -e /deep/2 || echo gone',
+    ]);
+    expect(seen.stdout).toBe('3\n40\n38\ngone\n');
+  });
+
   it('runs `sandgym run --backend microvm -- uname -a` in the guest kernel, and leaves nothing', async () => {
     const dataDir = join(TEST_DATA_ROOT, `microvm-cli-${randomBytes(4).toString('hex')}`);
     try {

@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { mkdir, readdir, rm } from 'node:fs/promises';
-import { basename, dirname, join, relative, resolve } from 'node:path';
+import { join, relative, resolve } from 'node:path';
 import {
   SandgymError,
   createMsgpackCodec,
@@ -37,6 +37,8 @@ import {
 } from '../host/cgroups.ts';
 import { LayerMounts } from '../host/layer-mounts.ts';
 import { LayerTarballs } from '../host/layer-tarballs.ts';
+import { CONTAINER_MAX_DEPTH } from '../host/flat-stacks.ts';
+import { mountOverlay } from '../host/overlay-mount.ts';
 import { agentBinaryPath, hostProgram } from '../host/paths.ts';
 import { isAlive, processIdentity, type ProcessIdentity } from '../host/processes.ts';
 import { HostHelper } from '../host/host-helper.ts';
@@ -78,6 +80,13 @@ export interface ContainerBackendOptions {
   loadMode?: LoadMode;
   /** What is checked before mounting a layer; default `digest`. */
   verifyLayers?: LayerVerification;
+  /**
+   * The deepest layer stack mounted as it is (default {@link CONTAINER_MAX_DEPTH}); a deeper
+   * one's base is flattened into one image (see FlatStacks).
+   */
+  maxStackDepth?: number;
+  /** What the node keeps of flattened images, in bytes (default 8 GiB). */
+  flatStackCapBytes?: number;
   /**
    * Sandboxes outlive this process (a node agent): after a crash, the next process on the same
    * data dir adopts them with {@link ContainerBackend.adopt}. Otherwise they end with their owner.
@@ -232,13 +241,7 @@ export class ContainerBackend implements Backend {
       if (points.length === 1 && !options.above) return await consume(points[0] ?? '');
       const view = join(this.options.dataDir, 'stacks', this.stackViewName());
       await mkdir(view, { recursive: true });
-      const lowers = [
-        ...(options.above ? [options.above] : []),
-        ...[...points].reverse().map((point) => basename(point)),
-      ];
-      await runProgram('mount', ['-t', 'overlay', 'overlay', '-o', `ro,lowerdir=${lowers.join(':')}`, view], {
-        cwd: dirname(points[0] ?? ''),
-      });
+      await mountOverlay(view, [...points, ...(options.above ? [options.above] : [])]);
       try {
         return await consume(view);
       } finally {
@@ -302,6 +305,11 @@ export class ContainerBackend implements Backend {
         copiesDir: join(options.dataDir, 'layer-copies'),
       },
       owner,
+      {
+        dir: join(options.dataDir, 'layers-flat'),
+        maxDepth: options.maxStackDepth ?? CONTAINER_MAX_DEPTH,
+        ...(options.flatStackCapBytes === undefined ? {} : { capBytes: options.flatStackCapBytes }),
+      },
     );
     const helper = new HostHelper(agentPath);
     const scratch = await ScratchVolume.open(
@@ -832,7 +840,19 @@ export class ContainerBackend implements Backend {
 
   async gcLayers(): Promise<{ unmounted: string[]; removedCopies: string[] }> {
     const unmounted = await this.mounts.unmountIdle();
-    return { unmounted, removedCopies: await this.mounts.removeIdleCopies() };
+    const removedCopies = [
+      ...(await this.mounts.removeIdleCopies()),
+      ...(await this.mounts.removeIdleFlatImages()),
+    ];
+    return { unmounted, removedCopies };
+  }
+
+  /**
+   * A stack of at most `maxDepth` images for `layers`, its base flattened on this node if it is
+   * deeper: for a backend that takes the images as they are (a microvm's disks).
+   */
+  flattenStack(layers: readonly LayerImage[], maxDepth: number): Promise<LayerImage[]> {
+    return this.mounts.flattenStack(layers, maxDepth);
   }
 
   async close(): Promise<void> {

@@ -5,6 +5,7 @@ import { join } from 'node:path';
 import { z } from 'zod';
 import { SandgymError, parseAt } from '../../common/index.ts';
 import { criuProgram } from '../host/criu.ts';
+import { mountOverlay as mountLayerOverlay } from '../host/overlay-mount.ts';
 import { runProgram } from '../host/run-program.ts';
 import type { AgentChannel } from '../internal/agent-channel.ts';
 import { folderBytes } from '../internal/folder-size.ts';
@@ -168,12 +169,10 @@ export async function mountOverlay(
   lowers: readonly string[],
   sandboxDir: string,
 ): Promise<void> {
-  const options = [
-    `lowerdir=${[...lowers].reverse().join(':')}`,
-    `upperdir=${join(sandboxDir, 'rw', 'upper')}`,
-    `workdir=${join(sandboxDir, 'rw', 'work')}`,
-  ].join(',');
-  await runProgram('mount', ['-t', 'overlay', 'overlay', '-o', options, target]);
+  await mountLayerOverlay(target, lowers, {
+    upper: join(sandboxDir, 'rw', 'upper'),
+    work: join(sandboxDir, 'rw', 'work'),
+  });
 }
 
 /**

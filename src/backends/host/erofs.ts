@@ -12,12 +12,17 @@ const BUILD_TIME = String(Date.UTC(2100, 0, 1) / 1000);
  * cached .pyc against its source's, and a layer that reset them would make every interpreter
  * rewrite its standard library's caches (writes into /usr/lib that look like tampering). The
  * build time and the UUID are fixed, so the same tree gives the same bytes. lz4hc keeps images
- * small and is cheap to decompress on the read path.
+ * small and is cheap to decompress on the read path; `fast` takes lz4, for images made on a
+ * create's path (a deep stack's flattened base), where lz4hc's time would be the create's.
  */
-export async function buildErofsImage(sourceDir: string, imagePath: string): Promise<void> {
+export async function buildErofsImage(
+  sourceDir: string,
+  imagePath: string,
+  options: { fast?: boolean } = {},
+): Promise<void> {
   await runProgram(
     'mkfs.erofs',
-    ['-zlz4hc', '-U', '00000000-0000-0000-0000-000000000000', imagePath, sourceDir],
+    [options.fast ? '-zlz4' : '-zlz4hc', '-U', '00000000-0000-0000-0000-000000000000', imagePath, sourceDir],
     { timeoutMs: 30 * 60_000, env: { SOURCE_DATE_EPOCH: BUILD_TIME } },
   );
 }

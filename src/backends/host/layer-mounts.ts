@@ -1,10 +1,13 @@
+import { randomBytes } from 'node:crypto';
 import { mkdir, readdir, rm, rmdir, statfs, writeFile } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { SandgymError } from '../../common/index.ts';
 import type { LayerImage, LayerVerification } from '../contract.ts';
 import { SingleFlight } from '../internal/single-flight.ts';
+import { FlatStacks } from './flat-stacks.ts';
 import { LayerCopies } from './layer-copies.ts';
 import { LayerVerifier } from './layer-verify.ts';
+import { mountOverlay } from './overlay-mount.ts';
 import { isAlive, type ProcessIdentity } from './processes.ts';
 import { runProgram } from './run-program.ts';
 
@@ -38,6 +41,9 @@ export class LayerMounts {
 
   private readonly verifier: LayerVerifier;
   private readonly copies: LayerCopies | undefined;
+  private readonly flat: FlatStacks;
+  /** The stacks this process mounted flattened, by {@link FlatStacks.keyOf}: what a release drops. */
+  private readonly flattened = new Map<string, { physical: LayerImage[]; users: number }>();
 
   constructor(
     private readonly mountsDir: string,
@@ -45,26 +51,91 @@ export class LayerMounts {
     private readonly loading: { mode: 'ondemand' | 'eager'; verify: LayerVerification; copiesDir: string },
     /** This process, whose marks on held layers other processes check. */
     private readonly self: ProcessIdentity,
+    /** Where flattened images live, the deepest stack mounted as it is, and the images' byte cap. */
+    private readonly flattening: { dir: string; maxDepth: number; capBytes?: number },
   ) {
     this.verifier = new LayerVerifier(mountsDir);
+    this.flat = new FlatStacks(
+      flattening.dir,
+      (layers, consume) => this.viewOf(layers, consume),
+      flattening.capBytes,
+    );
     this.copies = loading.mode === 'eager' ? new LayerCopies(loading.copiesDir) : undefined;
   }
 
-  /** Mount points for the layers, base first; mounts what is not mounted yet. */
+  /**
+   * Mount points for the layers, base first; mounts what is not mounted yet. A stack deeper than
+   * `maxDepth` gets fewer points: its base flattened into one image (see FlatStacks).
+   */
   async acquire(layers: readonly LayerImage[]): Promise<string[]> {
+    if (layers.length <= this.flattening.maxDepth) return this.acquireExact(layers);
+    const key = FlatStacks.keyOf(layers);
+    const physical = await this.flat.physical(layers, this.flattening.maxDepth);
+    const points = await this.acquireExact(physical);
+    const known = this.flattened.get(key);
+    this.flattened.set(key, { physical, users: (known?.users ?? 0) + 1 });
+    return points;
+  }
+
+  /** Drops this process's use of the layers (its mark stays until {@link unmountIdle}). */
+  release(layers: readonly LayerImage[]): void {
+    if (layers.length <= this.flattening.maxDepth) return this.releaseExact(layers);
+    const key = FlatStacks.keyOf(layers);
+    const known = this.flattened.get(key);
+    if (!known) return;
+    if (known.users > 1) this.flattened.set(key, { ...known, users: known.users - 1 });
+    else this.flattened.delete(key);
+    this.releaseExact(known.physical);
+  }
+
+  /**
+   * A deep stack's base flattened into one image, made or found on the node: at most
+   * `maxDepth` layers, for a backend that takes fewer than the containers' limit (a microvm's
+   * disks). The caller mounts the images itself.
+   */
+  flattenStack(layers: readonly LayerImage[], maxDepth: number): Promise<LayerImage[]> {
+    return this.flat.physical(layers, maxDepth);
+  }
+
+  /** Removes flattened images nothing mounts and no create used lately; their paths. */
+  removeIdleFlatImages(): Promise<string[]> {
+    return this.flat.removeIdle();
+  }
+
+  /** A read-only overlay of a shallow stack, for making a flattened image of it. */
+  private async viewOf<T>(layers: readonly LayerImage[], consume: (root: string) => Promise<T>): Promise<T> {
+    const points = await this.acquireExact(layers);
+    try {
+      const view = join(this.flattening.dir, `.view-${this.self.pid}-${randomBytes(6).toString('hex')}`);
+      await mkdir(view, { recursive: true });
+      try {
+        await mountOverlay(view, points);
+        try {
+          return await consume(view);
+        } finally {
+          await runProgram('umount', [view]).catch(() => undefined);
+        }
+      } finally {
+        await rmdir(view).catch(() => undefined);
+      }
+    } finally {
+      this.releaseExact(layers);
+    }
+  }
+
+  private async acquireExact(layers: readonly LayerImage[]): Promise<string[]> {
     // counted (and marked held) first: no gc may unmount them between the mount and its use
     for (const layer of layers) this.users.set(layer.digest, (this.users.get(layer.digest) ?? 0) + 1);
     try {
       await Promise.all(layers.map((layer) => this.mark(layer.digest)));
       return await Promise.all(layers.map((layer) => this.mountOnce(layer)));
     } catch (error) {
-      this.release(layers);
+      this.releaseExact(layers);
       throw error;
     }
   }
 
-  /** Drops this process's use of the layers (its mark stays until {@link unmountIdle}). */
-  release(layers: readonly LayerImage[]): void {
+  private releaseExact(layers: readonly LayerImage[]): void {
     for (const layer of layers) {
       const left = (this.users.get(layer.digest) ?? 1) - 1;
       if (left > 0) this.users.set(layer.digest, left);

@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import { copyFile, link, mkdir, rm, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { SandgymError, type Codec } from '../../common/index.ts';
 import { runProgram } from '../host/run-program.ts';
@@ -47,7 +47,17 @@ export async function saveSnapshot(
     await runProgram('cp', ['--sparse=always', launch.writableDisk, join(dir, 'disk')]);
     await link(launch.initrd, join(dir, 'initrd')).catch(() => copyFile(launch.initrd, join(dir, 'initrd')));
     const writableIndex = launch.disks.findIndex((disk) => disk.path === launch.writableDisk);
-    const { machine, kernel, append, disks, memoryMib, cpus } = launch;
+    // a read-only disk of the VM's own folder (a deep stack's flattened base) goes with the
+    // snapshot: the folder goes when the VM ends, and a restore must still find it
+    const disks = await Promise.all(
+      launch.disks.map(async (disk, i) => {
+        if (!disk.readonly || dirname(disk.path) !== launch.dir) return disk;
+        const kept = join(dir, `disk-${i}`);
+        await link(disk.path, kept).catch(() => copyFile(disk.path, kept));
+        return { ...disk, path: kept };
+      }),
+    );
+    const { machine, kernel, append, memoryMib, cpus } = launch;
     const snapshot: VmSnapshot = {
       id,
       dir,

@@ -1,4 +1,4 @@
-import { open, mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { copyFile, link, open, mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { basename, join, resolve } from 'node:path';
 import { z } from 'zod';
 import {
@@ -15,9 +15,11 @@ import type {
   BackendSandbox,
   CallOptions,
   GcReport,
+  LayerImage,
   SandboxRecord,
   SandboxSpec,
 } from '../contract.ts';
+import { MICROVM_MAX_DEPTH } from '../host/flat-stacks.ts';
 import { agentBinaryPath, hostProgram } from '../host/paths.ts';
 import { listedRecord, nodeRecordSchema, readNodeRecord, writeNodeRecord } from '../host/node-records.ts';
 import { isAlive, processIdentity, signalProcess, type ProcessIdentity } from '../host/processes.ts';
@@ -49,6 +51,11 @@ export interface VmBackendOptions {
   bootTimeoutMs?: number;
   /** Where the vm kind's image is debootstrapped from. */
   debianMirror?: string;
+  /**
+   * A deep stack's base flattened into one image on the node (ContainerBackend.flattenStack);
+   * without it a microvm refuses a stack deeper than its disk slots.
+   */
+  flattenStack?: (layers: readonly LayerImage[], maxDepth: number) => Promise<LayerImage[]>;
 }
 
 const CAPABILITIES: BackendCapabilities = {
@@ -278,20 +285,45 @@ export class VmBackend implements Backend {
         writableDisk: disk,
       };
     }
+    const layers = await this.disksOf(dir, spec.layers);
     const writableDisk = await makeWritableDisk(dir, spec.resources.diskMib);
     return {
       ...common,
       machine: 'microvm',
       kernel: this.boot.kernel.vmlinux,
       initrd: await this.writeInitrd(dir, spec, this.boot.kernel),
-      append: ['rdinit=/init', `sandgym.layers=${spec.layers.length}`],
+      append: ['rdinit=/init', `sandgym.layers=${layers.length}`],
       // the layers, base first, then the writable disk: the order the guest's init expects
       disks: [
-        ...spec.layers.map((layer) => ({ path: layer.path, format: 'raw' as const, readonly: true })),
+        ...layers.map((path) => ({ path, format: 'raw' as const, readonly: true })),
         { path: writableDisk, format: 'raw', readonly: false },
       ],
       writableDisk,
     };
+  }
+
+  /**
+   * The layer disks of a microvm, base first: at most MICROVM_MAX_DEPTH, a deeper stack's base
+   * flattened on the node. A flattened image is linked into the VM's folder, so the node's gc of
+   * flattened images (which sees host mounts, not a VM's disks) never takes it from the VM.
+   */
+  private async disksOf(dir: string, layers: readonly LayerImage[]): Promise<string[]> {
+    if (layers.length <= MICROVM_MAX_DEPTH) return layers.map((layer) => layer.path);
+    if (!this.options.flattenStack) {
+      throw new SandgymError(
+        'invalid_argument',
+        `The environment stacks ${layers.length} layers and a microvm takes at most ${MICROVM_MAX_DEPTH} (its virtio slots): use a container, or squash the image`,
+      );
+    }
+    const physical = await this.options.flattenStack(layers, MICROVM_MAX_DEPTH);
+    return Promise.all(
+      physical.map(async (layer, i) => {
+        if (layers.some((logical) => logical.digest === layer.digest)) return layer.path;
+        const own = join(dir, `flat-${i}.erofs`);
+        await link(layer.path, own).catch(() => copyFile(layer.path, own));
+        return own;
+      }),
+    );
   }
 
   private async start(launch: VmLaunch, options: CallOptions): Promise<QemuVm> {
