@@ -1,0 +1,141 @@
+import { appendFile, cp, mkdir, writeFile } from 'node:fs/promises';
+import { join, resolve } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { TaskEnv, loadTasks, type SandboxAction, type Task } from '../../src/env/index.ts';
+import { createTestPlatform, playEpisode, type TestPlatform } from '../support/platform.ts';
+import { attack } from './summary.ts';
+
+const MONITOR_TASK = resolve('test/fixtures/tasks/checked/harbor-daemon-monitor');
+const BEACON_TASK = resolve('test/fixtures/tasks/checked/tb-monitor-same-shell');
+
+/** A line of the hidden monitor tests that no agent may ever read. */
+const HIDDEN_LINE = 'heartbeat did not move';
+
+/**
+ * A pytest plugin the agent leaves in its workdir, announced by an entry point table beside it:
+ * `python -m pytest` run from the workdir puts it on sys.path, and pytest loads every plugin its
+ * distributions name before collection. It makes every test report a pass.
+ */
+const ENTRY_POINT_PLUGIN = [
+  'mkdir -p /app/sg_helper-1.0.dist-info',
+  'printf "Metadata-Version: 2.1\\nName: sg-helper\\nVersion: 1.0\\n" > /app/sg_helper-1.0.dist-info/METADATA',
+  'printf "[pytest11]\\nsghelper = sghelper_plugin\\n" > /app/sg_helper-1.0.dist-info/entry_points.txt',
+  'printf \'import pytest\\n@pytest.hookimpl(hookwrapper=True)\\ndef pytest_runtest_makereport(item, call):\\n    outcome = yield\\n    report = outcome.get_result()\\n    report.outcome = "passed"\\n    report.longrepr = None\\n\' > /app/sghelper_plugin.py',
+].join(' && ');
+
+/**
+ * A second attacker's pass over grading in the agent's own sandbox (docs/security.md, "Shared
+ * grading"): each test asserts the safe outcome, so a failing one is a break. Titles that start
+ * with BREAK: failed when written.
+ */
+describe('grading in the agent sandbox, second attacker', () => {
+  let env: TestPlatform;
+
+  beforeAll(async () => {
+    env = await createTestPlatform('hostile-shared-red2', { privateStore: true, seed: ['debian:bookworm'] });
+  });
+
+  afterAll(async () => {
+    await env?.[Symbol.asyncDispose]();
+  });
+
+  /** A copy of a task folder whose Dockerfile also makes `worker` the owner of /app. */
+  async function withWorker(source: string, name: string, dockerfile: string): Promise<string> {
+    const dir = join(env.dataDir, 'tasks', name);
+    await mkdir(dir, { recursive: true });
+    await cp(source, dir, { recursive: true });
+    await appendFile(join(dir, dockerfile), 'RUN useradd -m worker && chown worker /app\n');
+    return dir;
+  }
+
+  /** The beacon task (Terminal-Bench, `python3 -m pytest` from /app), its agent as `user`. */
+  async function beaconTask(user: 'worker' | 'root'): Promise<Task> {
+    const dir = await withWorker(BEACON_TASK, `beacon-${user}`, 'Dockerfile');
+    const [task] = await loadTasks([dir]);
+    expect(task?.verifierMode).toBe('shared');
+    return { ...task!, agentUser: user };
+  }
+
+  /** The monitor task (Harbor), graded in place, its agent as `worker`, its tests as root. */
+  async function monitorAsWorker(): Promise<Task> {
+    const dir = await withWorker(MONITOR_TASK, 'monitor-worker', join('environment', 'Dockerfile'));
+    await writeFile(
+      join(dir, 'task.toml'),
+      'version = "1.1"\n[verifier]\ntimeout_sec = 60\nenvironment_mode = "shared"\n[agent]\nuser = "worker"\n[environment]\nnetwork_mode = "no-network"\n',
+    );
+    const [task] = await loadTasks([dir]);
+    expect(task?.agentUser).toBe('worker');
+    // Harbor's loader does not read environment_mode (yet): say it here, as shared-grading.test.ts does
+    return { ...task!, verifierMode: 'shared' };
+  }
+
+  for (const user of ['worker', 'root'] as const) {
+    it(`BREAK: scores a pytest plugin left in the workdir by a ${user} agent 0, or names it`, () =>
+      attack('shared-grading', `an entry point plugin in the workdir (${user} agent)`, async () => {
+        const task = await beaconTask(user);
+        const actions: SandboxAction[] = [{ type: 'exec', command: ENTRY_POINT_PLUGIN }];
+        const report = await playEpisode(env.platform, task, actions);
+        expect(report.outcome, JSON.stringify(report)).toEqual({ kind: 'ok' });
+        // safe: no reward for a beacon that was never started, or at least the plugin named
+        const named = JSON.stringify(report.details ?? {}).includes('sghelper');
+        expect(report.reward === 0 || named, JSON.stringify(report.details)).toBe(true);
+      }));
+  }
+
+  /** Copies the hidden tests, while they run, into a file of the agent's: a leftover process's loop. */
+  const THIEF =
+    'nohup setsid sh -c "while :; do cat /tests/test.sh >> /tmp/stolen 2>/dev/null; sleep 0.05; done" >/dev/null 2>&1 </dev/null &';
+
+  it("BREAK: keeps the hidden tests from a non-root agent's leftover process while they run", () =>
+    attack('shared-grading', 'a leftover process of a non-root agent reading /tests', async () => {
+      await using task = TaskEnv.create(env.platform, await monitorAsWorker());
+      await task.reset();
+      await task.step({ type: 'exec', command: THIEF });
+      const grade = await task.grade();
+      expect(grade.reward).toBe(0);
+      expect(grade.details['gradedIn']).toBe('the agent sandbox');
+      // the platform's own look (root) at what the agent's process took
+      const stolen = await task.sandbox!.exec(['sh', '-c', 'cat /tmp/stolen']);
+      expect(stolen.stdout).not.toContain(HIDDEN_LINE);
+    }));
+
+  for (const depth of ['memory', 'disk'] as const) {
+    it(`BREAK: never shows the hidden tests to a step after a ${depth} checkpoint of the graded sandbox`, () =>
+      attack('shared-grading', `a ${depth} checkpoint taken after grading in place, restored`, async () => {
+        await using task = TaskEnv.create(env.platform, await monitorAsWorker());
+        await task.reset();
+        await task.step({ type: 'exec', command: THIEF });
+        const grade = await task.grade();
+        expect(grade.details['gradedIn']).toBe('the agent sandbox');
+        // safe: the checkpoint is refused, or what it restores holds no tests
+        const checkpoint = await task.checkpoint({ depth }).catch((error: unknown) => error);
+        if (checkpoint instanceof Error) return;
+        await task.restore(checkpoint as Awaited<ReturnType<TaskEnv['checkpoint']>>);
+        const step = await task.step({
+          type: 'exec',
+          command: 'cat /tests/test.sh /logs/verifier/reward.txt /tmp/stolen',
+        });
+        expect(JSON.stringify(step.observation)).not.toContain(HIDDEN_LINE);
+      }));
+  }
+
+  it('BREAK: never shows the hidden tests to an env that takes over the graded sandbox', () =>
+    attack('shared-grading', 'TaskEnv.attach to a sandbox graded in place', async () => {
+      const loaded = await monitorAsWorker();
+      await using first = TaskEnv.create(env.platform, loaded);
+      await first.reset();
+      await first.grade();
+      // an eval killed after grading, resumed by a new env over the sandbox it left
+      await using resumed = TaskEnv.create(env.platform, loaded);
+      const taken = await resumed
+        .attach(first.sandbox!, 'resumed-after-grading', 60_000)
+        .catch((error: unknown) => error);
+      if (taken instanceof Error) return;
+      // safe: the step is refused, or it finds no tests
+      const seen = await resumed.step({ type: 'exec', command: 'cat /tests/test.sh' }).then(
+        (step) => JSON.stringify(step.observation),
+        (error: unknown) => String(error),
+      );
+      expect(seen).not.toContain(HIDDEN_LINE);
+    }));
+});
