@@ -119,6 +119,43 @@ describe('grading in the agent sandbox, second attacker', () => {
       }));
   }
 
+  it('never shows the hidden tests to a step after restoring a checkpoint taken before grading', () =>
+    attack(
+      'shared-grading',
+      'a memory checkpoint taken before grading in place, restored after',
+      async () => {
+        await using task = TaskEnv.create(env.platform, await monitorAsWorker());
+        await task.reset();
+        // what a tree search does: save, let this branch be graded, go back to try another (the
+        // thief starts after the checkpoint: CRIU cannot dump a process of another user's)
+        const checkpoint = await task.checkpoint();
+        await task.step({ type: 'exec', command: THIEF });
+        const grade = await task.grade();
+        expect(grade.details['gradedIn']).toBe('the agent sandbox');
+        await task.restore(checkpoint);
+        const step = await task.step({
+          type: 'exec',
+          command: 'sleep 1; cat /tests/test.sh /logs/verifier/reward.txt /tmp/stolen',
+        });
+        expect(JSON.stringify(step.observation)).not.toContain(HIDDEN_LINE);
+      },
+    ));
+
+  it('BREAK: checkpoints an episode whose non-root agent left a process running', () =>
+    attack('shared-grading', "a non-root agent's leftover process against checkpoint()", async () => {
+      await using task = TaskEnv.create(env.platform, await monitorAsWorker());
+      await task.reset();
+      // the honest work of this very task: a monitor left running, as the agent user
+      await task.step({
+        type: 'exec',
+        command:
+          'nohup setsid sh -c "while :; do date +%s%N > /app/heartbeat; sleep 0.5; done" >/dev/null 2>&1 </dev/null &',
+      });
+      // safe: a checkpoint of some depth, never a platform failure the agent chose
+      const checkpoint = await task.checkpoint().catch((error: unknown) => error);
+      expect(checkpoint instanceof Error ? checkpoint.message : 'made').toBe('made');
+    }));
+
   it('BREAK: never shows the hidden tests to an env that takes over the graded sandbox', () =>
     attack('shared-grading', 'TaskEnv.attach to a sandbox graded in place', async () => {
       const loaded = await monitorAsWorker();
@@ -138,4 +175,32 @@ describe('grading in the agent sandbox, second attacker', () => {
       );
       expect(seen).not.toContain(HIDDEN_LINE);
     }));
+
+  /** What a non-root agent leaves behind to starve its own sandbox while the tests run there. */
+  const starvers: Record<string, { command: string; diskMib?: number }> = {
+    'its disk filled': {
+      command: 'head -c 200M /dev/zero > /app/fill 2>/dev/null; df -m /app; true',
+      diskMib: 64,
+    },
+    'its process table filled': {
+      command:
+        'nohup setsid sh -c "while :; do sleep 1000 & done" >/dev/null 2>&1 </dev/null & sleep 3; ls /proc | grep -c "^[0-9]"',
+    },
+    'its memory held': {
+      command:
+        "nohup setsid python3 -c 'import time; b = bytearray(470 << 20); time.sleep(1000)' >/dev/null 2>&1 </dev/null & sleep 3",
+    },
+  };
+  for (const [name, { command, diskMib }] of Object.entries(starvers))
+    for (const mode of ['shared', 'fresh'] as const) {
+      it(`${diskMib ? 'BREAK: ' : ''}scores a non-root agent that left ${name} 0 (graded ${mode}), never masked`, () =>
+        attack('shared-grading', `a non-root agent's sandbox with ${name} (${mode})`, async () => {
+          const task = { ...(await monitorAsWorker()), verifierMode: mode };
+          const starved = diskMib ? { ...task, resources: { ...task.resources, diskMib } } : task;
+          const report = await playEpisode(env.platform, starved, [{ type: 'exec', command }]);
+          // safe: the agent's own doing is scored, not blamed on the task or the platform
+          expect(report.outcome, JSON.stringify(report)).toEqual({ kind: 'ok' });
+          expect(report.reward, JSON.stringify(report.details)).toBe(0);
+        }));
+    }
 });
