@@ -2,6 +2,7 @@ import { appendFile, cp, mkdir, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TaskEnv, loadTasks, type SandboxAction, type Task } from '../../src/env/index.ts';
+import { checkTask } from '../../src/rollout/index.ts';
 import { createTestPlatform, playEpisode, type TestPlatform } from '../support/platform.ts';
 import { attack } from './summary.ts';
 
@@ -203,4 +204,30 @@ describe('grading in the agent sandbox, second attacker', () => {
           expect(report.reward, JSON.stringify(report.details)).toBe(0);
         }));
     }
+
+  /** Renames a reward of 1 into place as fast as it can, forever: never an empty file to read. */
+  const RACER =
+    'nohup setsid sh -c "while :; do echo 1 > /logs/verifier/.r 2>/dev/null && mv -f /logs/verifier/.r /logs/verifier/reward.txt 2>/dev/null; done" >/dev/null 2>&1 </dev/null &';
+
+  // docs/security.md: "With `[agent] user`, the classes above are closed."
+  it('BREAK: keeps a racing process of an agent with an [agent] user from the reward', () =>
+    attack('shared-grading', "a racing process of an [agent] user who is also the tests' user", async () => {
+      const task = { ...(await monitorAsWorker()), verifierUser: 'worker' };
+      const report = await playEpisode(env.platform, task, [{ type: 'exec', command: RACER }]);
+      expect(report.outcome, JSON.stringify(report)).toEqual({ kind: 'ok' });
+      expect(report.reward, JSON.stringify(report.details)).toBe(0);
+    }));
+
+  it('BREAK: warns of a task whose agent and tests run as the same non-root user', async () => {
+    const task = { ...(await monitorAsWorker()), verifierUser: 'worker' };
+    const results = await checkTask(env.platform, task);
+    const fits = results.find((r) => r.name === 'grading fits what the agent leaves running');
+    expect(fits?.passed, JSON.stringify(fits)).toBe(true);
+    expect(fits?.detail).toMatch(/can reach the tests/);
+  });
+
+  it("BREAK: loads a Harbor task's environment_mode", async () => {
+    const [task] = await loadTasks([MONITOR_TASK]);
+    expect(task?.verifierMode).toBe('shared');
+  });
 });
