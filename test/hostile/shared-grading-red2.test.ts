@@ -3,7 +3,12 @@ import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TaskEnv, loadTasks, type SandboxAction, type Task } from '../../src/env/index.ts';
 import { checkTask } from '../../src/rollout/index.ts';
-import { createTestPlatform, playEpisode, type TestPlatform } from '../support/platform.ts';
+import {
+  createTestPlatform,
+  debianMirrorRules,
+  playEpisode,
+  type TestPlatform,
+} from '../support/platform.ts';
 import { attack } from './summary.ts';
 
 const MONITOR_TASK = resolve('test/fixtures/tasks/checked/harbor-daemon-monitor');
@@ -260,4 +265,65 @@ describe('grading in the agent sandbox, second attacker', () => {
     const [task] = await loadTasks([MONITOR_TASK]);
     expect(task?.verifierMode).toBe('shared');
   });
+
+  /** Kills every process of the sandbox but its agent and itself, over and over. */
+  const KILLER =
+    "nohup setsid sh -c 'while :; do for d in /proc/[0-9]*; do p=${d#/proc/}; [ $p = 1 ] || [ $p = $$ ] || kill -9 $p 2>/dev/null; done; done' >/dev/null 2>&1 </dev/null &";
+
+  it('scores a root agent whose leftover kills every grading process 0, never masked', () =>
+    attack('shared-grading', "a root agent's leftover killing the verifier's processes", async () => {
+      const [loaded] = await loadTasks([MONITOR_TASK]);
+      const task = { ...loaded!, verifierMode: 'shared' as const };
+      const report = await playEpisode(env.platform, task, [{ type: 'exec', command: KILLER }]);
+      expect(report.outcome, JSON.stringify(report)).toEqual({ kind: 'ok' });
+      expect(report.reward, JSON.stringify(report.details)).toBe(0);
+    }));
+});
+
+/**
+ * The verifier's network, which a task may make wider than its agent's (a test script that
+ * downloads its runner): graded in place, the agent's leftover processes are still there.
+ */
+describe("the verifier's network, graded in the agent sandbox", () => {
+  let env: TestPlatform;
+  let mirror: string;
+
+  beforeAll(async () => {
+    const rules = await debianMirrorRules();
+    mirror = rules['mirror:debian']![0]!;
+    env = await createTestPlatform('hostile-shared-red2-net', {
+      privateStore: true,
+      seed: ['debian:bookworm'],
+      networkRules: rules,
+    });
+  });
+
+  afterAll(async () => {
+    await env?.[Symbol.asyncDispose]();
+  });
+
+  it("BREAK: keeps the verifier's network from an agent stage without one", () =>
+    attack('shared-grading', "the verify stage's network reached by the agent's leftover", async () => {
+      const [loaded] = await loadTasks([MONITOR_TASK]);
+      const task: Task = {
+        ...loaded!,
+        verifierMode: 'shared',
+        network: { setup: [], agent: [], verify: ['mirror:debian'] },
+      };
+      const [host, port] = mirror.split(':');
+      const probe = `timeout 2 bash -c "exec 3<>/dev/tcp/${host}/${port}" 2>/dev/null`;
+      await using run = TaskEnv.create(env.platform, task);
+      await run.reset();
+      // the agent's own stage has no network: the probe fails, and the process stays to wait
+      const now = await run.step({ type: 'exec', command: `${probe} && echo reached || echo blocked` });
+      expect(JSON.stringify(now.observation)).toContain('blocked');
+      await run.step({
+        type: 'exec',
+        command: `nohup setsid bash -c 'while :; do ${probe} && echo reached >> /tmp/net; sleep 0.2; done' >/dev/null 2>&1 </dev/null &`,
+      });
+      const grade = await run.grade();
+      expect(grade.details['gradedIn']).toBe('the agent sandbox');
+      const net = await run.sandbox!.exec(['sh', '-c', 'cat /tmp/net 2>/dev/null; true']);
+      expect(net.stdout).not.toContain('reached');
+    }));
 });
