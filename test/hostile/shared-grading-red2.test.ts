@@ -240,6 +240,21 @@ describe('grading in the agent sandbox, second attacker', () => {
         }));
     }
 
+  it('scores a non-root agent whose leftover fills the disk once grading starts 0, never masked', () =>
+    attack(
+      'shared-grading',
+      "a non-root agent's leftover filling the disk while the tests are staged",
+      async () => {
+        const task = await monitorAsWorker();
+        const filler =
+          "nohup setsid sh -c 'while [ ! -e /tests ]; do :; done; head -c 200M /dev/zero > /app/fill' >/dev/null 2>&1 </dev/null &";
+        const starved = { ...task, resources: { ...task.resources, diskMib: 64 } };
+        const report = await playEpisode(env.platform, starved, [{ type: 'exec', command: filler }]);
+        expect(report.outcome, JSON.stringify(report)).toEqual({ kind: 'ok' });
+        expect(report.reward, JSON.stringify(report.details)).toBe(0);
+      },
+    ));
+
   /** Renames a reward of 1 into place as fast as it can, forever: never an empty file to read. */
   const RACER =
     'nohup setsid sh -c "while :; do echo 1 > /logs/verifier/.r 2>/dev/null && mv -f /logs/verifier/.r /logs/verifier/reward.txt 2>/dev/null; done" >/dev/null 2>&1 </dev/null &';
