@@ -33,6 +33,8 @@ import {
 } from './verifiers/index.ts';
 import { workspaceEnvironment, workspaceEnvironmentName } from './tasks/workspace.ts';
 import { TaskServices } from './task-services.ts';
+import { entrypointFiles, startEntrypoint } from './entrypoint.ts';
+import { waitHealthy } from './healthcheck.ts';
 
 /** How long a task's setup script may run. */
 const SETUP_SCRIPT_TIMEOUT_MS = 10 * 60_000;
@@ -335,6 +337,8 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
       this.workdir(),
       this.taskExclusions(),
     );
+    // the container's start: its image's ENTRYPOINT, with what the agent finds running
+    await this.startEntrypoint(sandbox);
     // A checkpoint's files already hold what setup did. Setup runs as root, so run again over the
     // agent's files it would follow the agent's symlinks (a chown or a write onto /etc/shadow),
     // and a script that is not idempotent would fail: it runs only in a fresh episode.
@@ -348,6 +352,8 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     }
     // the stage boundary: the same sandbox, the agent stage's rules
     await sandbox.setNetwork(this.task.network.agent);
+    // the agent starts once the container is healthy, and its time with it
+    await this.waitHealthy(sandbox);
     this.deadline = Date.now() + budgetMs;
     return this.opening(sandbox, reset.info);
   }
@@ -430,10 +436,39 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     return this.built?.config.workdir ?? '/';
   }
 
-  /** Paths only this task's grading leaves out: a SWE-bench repository's git folder. */
+  /**
+   * Paths only this task's grading leaves out: a SWE-bench repository's git folder, and the files
+   * of its image's ENTRYPOINT, which a fresh grader runs before the tests.
+   */
   private taskExclusions(): string[] {
     const grading = this.task.grading;
-    return grading.kind === 'swebench' ? [`${grading.repoPath}/.git`] : [];
+    return [
+      ...(grading.kind === 'swebench' ? [`${grading.repoPath}/.git`] : []),
+      ...(this.built ? entrypointFiles(this.built, this.entrypointWorkdir()) : []),
+    ];
+  }
+
+  /** Where the ENTRYPOINT starts: the task's workdir where it names one, else the image's. */
+  private entrypointWorkdir(): string {
+    return this.task.workdir ?? this.workdir();
+  }
+
+  /** Starts the image's ENTRYPOINT in `sandbox` as its USER, as Docker starts a container. */
+  private async startEntrypoint(sandbox: Sandbox): Promise<void> {
+    if (!this.built) return;
+    await startEntrypoint(sandbox, this.built, {
+      user: this.userOf(undefined),
+      workdir: this.entrypointWorkdir(),
+    });
+  }
+
+  /** Waits until the task's healthcheck passes in `sandbox`, if it has one (see healthcheck.ts). */
+  private async waitHealthy(sandbox: Sandbox): Promise<void> {
+    if (!this.task.healthcheck) return;
+    await waitHealthy(this.task.id, sandbox, this.task.healthcheck, {
+      user: this.userOf(undefined),
+      cwd: this.entrypointWorkdir(),
+    });
   }
 
   private async runSetupScript(sandbox: Sandbox, script: string): Promise<void> {
@@ -848,6 +883,9 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     try {
       // the tests reach the services the agent worked with, by the same names
       await services?.join(grader, this.mainServiceName());
+      // started as the agent's container was, so the tests find its servers up
+      await this.startEntrypoint(grader);
+      await this.waitHealthy(grader);
       return await this.verifyIn(grader, environment);
     } finally {
       await services?.leave(grader).catch(() => undefined);
