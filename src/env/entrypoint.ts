@@ -14,7 +14,7 @@ const LISTEN_WAIT_MS = 60_000;
 const LISTEN_POLL_MS = 100;
 
 /** The command line a task's container starts with, as Harbor runs it; none without an ENTRYPOINT. */
-export function entrypointArgv(environment: Environment): string[] | undefined {
+function entrypointArgv(environment: Environment): string[] | undefined {
   const entrypoint = environment.image?.entrypoint ?? [];
   return entrypoint.length ? [...entrypoint, ...IDLE_COMMAND] : undefined;
 }

@@ -11,7 +11,7 @@ import type { BackendSandbox } from '../backends/index.ts';
 export const RUNTIME_FILES: readonly string[] = ['etc/hosts', 'etc/hostname', 'etc/resolv.conf'];
 
 /** Every sandbox's hostname, as the container's UTS namespace and the VM image set it. */
-export const SANDBOX_HOSTNAME = 'sandbox';
+const SANDBOX_HOSTNAME = 'sandbox';
 
 /**
  * A host name that may go in /etc/hosts: letters, digits, `-`, `_` and dots between labels, at
@@ -32,7 +32,7 @@ export function checkHostName(name: string, what: string): string {
 }
 
 /** The /etc/hosts a sandbox starts with: loopback by its names, and its own hostname. */
-export function baseHostsFile(hostname = SANDBOX_HOSTNAME): string {
+function baseHostsFile(hostname = SANDBOX_HOSTNAME): string {
   checkHostName(hostname, 'The sandbox hostname');
   return [
     '127.0.0.1\tlocalhost',
