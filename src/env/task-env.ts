@@ -106,11 +106,11 @@ function outcomeText(reward: number, outcome: StepOutcome): string {
 const GRADER_OWNED_PATHS = ['/tests', '/logs/verifier', '/sandgym-runner'];
 
 /**
- * Names the processes of a sandbox other than its agent (pid 1) and this listing's own shell, one
- * per line; `read` keeps the loop free of forks that would list themselves.
+ * Lists the processes of a sandbox other than its agent (pid 1) and this listing's own shell, one
+ * `pid name` per line; `read` keeps the loop free of forks that would list themselves.
  */
 const LIST_PROCESSES =
-  'for d in /proc/[0-9]*; do p=${d#/proc/}; [ "$p" = 1 ] || [ "$p" = $$ ] && continue; read -r n < "$d/comm" 2>/dev/null && echo "$n"; done; true';
+  'for d in /proc/[0-9]*; do p=${d#/proc/}; [ "$p" = 1 ] || [ "$p" = $$ ] && continue; read -r n < "$d/comm" 2>/dev/null && echo "$p $n"; done; true';
 
 /** The name a task's Dockerfile build is stored under. */
 function taskEnvironmentName(task: Task): string {
@@ -201,6 +201,8 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
    * agent's processes could read them, so the episode cannot go on (a reset or restore starts anew).
    */
   private gradedInPlace = false;
+  /** The processes the agent's sandbox ran when the agent started: its entrypoint's. */
+  private startupPids = new Set<string>();
 
   private constructor(
     private readonly platform: PlatformClient,
@@ -338,7 +340,8 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
       this.taskExclusions(),
     );
     // the container's start: its image's ENTRYPOINT, with what the agent finds running
-    await this.startEntrypoint(sandbox);
+    this.startupPids = new Set();
+    const started = await this.startEntrypoint(sandbox);
     // A checkpoint's files already hold what setup did. Setup runs as root, so run again over the
     // agent's files it would follow the agent's symlinks (a chown or a write onto /etc/shadow),
     // and a script that is not idempotent would fail: it runs only in a fresh episode.
@@ -354,6 +357,8 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     await sandbox.setNetwork(this.task.network.agent);
     // the agent starts once the container is healthy, and its time with it
     await this.waitHealthy(sandbox);
+    // what runs now is the container's, not the agent's leftovers (see leftoverProcesses)
+    if (started) this.startupPids = new Set((await this.processes(sandbox)).map(([pid]) => pid));
     this.deadline = Date.now() + budgetMs;
     return this.opening(sandbox, reset.info);
   }
@@ -454,9 +459,9 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
   }
 
   /** Starts the image's ENTRYPOINT in `sandbox` as its USER, as Docker starts a container. */
-  private async startEntrypoint(sandbox: Sandbox): Promise<void> {
-    if (!this.built) return;
-    await startEntrypoint(sandbox, this.built, {
+  private async startEntrypoint(sandbox: Sandbox): Promise<boolean> {
+    if (!this.built) return false;
+    return startEntrypoint(sandbox, this.built, {
       user: this.userOf(undefined),
       workdir: this.entrypointWorkdir(),
     });
@@ -752,12 +757,30 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     return this.blame(clean, run.error);
   }
 
-  /** The names of the processes running in `sandbox` besides its agent. */
+  /**
+   * The names of the processes running in `sandbox` besides its agent and what its start left
+   * running (the image's entrypoint, which a fresh grader starts again).
+   */
   private async leftoverProcesses(sandbox: Sandbox): Promise<string[]> {
+    return (await this.processes(sandbox))
+      .filter(([pid]) => !this.startupPids.has(pid))
+      .map(([, name]) => name)
+      .slice(0, 50);
+  }
+
+  /** The `[pid, name]` of each process of `sandbox` but its agent; none when they cannot be listed. */
+  private async processes(sandbox: Sandbox): Promise<[string, string][]> {
     const listed = await sandbox
       .exec(['sh', '-c', LIST_PROCESSES], { timeoutMs: 30_000 })
       .catch(() => undefined);
-    return listed?.exitCode === 0 ? listed.stdout.split('\n').filter(Boolean).slice(0, 50) : [];
+    if (listed?.exitCode !== 0) return [];
+    return listed.stdout
+      .split('\n')
+      .filter(Boolean)
+      .map((line): [string, string] => {
+        const space = line.indexOf(' ');
+        return [line.slice(0, space), line.slice(space + 1)];
+      });
   }
 
   /**

@@ -156,6 +156,8 @@ describe('a task sandbox starts as Docker starts its container', () => {
     const { reward, info } = await episode.step({ type: 'submit' });
     expect(info.grade?.details['reason']).toMatch(/wrote reward\.txt 1/);
     expect(reward).toBe(1);
+    // the entrypoint's processes are the container's, not something the agent left running
+    expect(info.grade?.details['leftoverProcesses']).toBeUndefined();
   });
 
   it("runs the task's own entrypoint in the grader, never one the agent rewrote", async () => {
