@@ -183,10 +183,16 @@ describe('a task sandbox starts as Docker starts its container', () => {
     expect((await episode.sandbox!.readFile('/tmp/entrypoint-ran')).toString()).toBe('original\n');
     // the agent rewrites the entrypoint: in a grader it would run as the image's user before the tests
     await episode.step({
-      type: 'write_file',
-      path: '/opt/start.sh',
-      content: '#!/bin/sh\necho agent > /tmp/entrypoint-ran\nexec "$@"\n',
+      type: 'exec',
+      command: `printf '#!/bin/sh\\necho agent > /tmp/entrypoint-ran\\nexec "$@"\\n' > /opt/start.sh && chmod 755 /opt/start.sh`,
     });
+    // it would run, were the grader to take it from the agent's diff
+    const rewritten = await episode.sandbox!.exec([
+      'sh',
+      '-c',
+      '/opt/start.sh true && cat /tmp/entrypoint-ran',
+    ]);
+    expect(rewritten.stdout).toBe('agent\n');
     const { reward, info } = await episode.step({ type: 'submit' });
     expect(info.grade?.details['reason']).toMatch(/wrote reward\.txt 1/);
     expect(reward).toBe(1);
