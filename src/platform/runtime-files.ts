@@ -52,6 +52,8 @@ function baseHostsFile(hostname = SANDBOX_HOSTNAME): string {
  * Docker does at a container's start.
  */
 export async function writeRuntimeFiles(sandbox: BackendSandbox, hostname = SANDBOX_HOSTNAME): Promise<void> {
-  await sandbox.writeFile('/etc/hosts', baseHostsFile(hostname), { mode: 0o644 });
-  await sandbox.writeFile('/etc/hostname', `${hostname}\n`, { mode: 0o644 });
+  await Promise.all([
+    sandbox.writeFile('/etc/hosts', baseHostsFile(hostname), { mode: 0o644 }),
+    sandbox.writeFile('/etc/hostname', `${hostname}\n`, { mode: 0o644 }),
+  ]);
 }
