@@ -21,13 +21,18 @@ function entrypointArgv(environment: Environment): string[] | undefined {
 
 /**
  * The files of the image's ENTRYPOINT named by path (`/docker-entrypoint.sh`, `./start.sh` from the
- * workdir): a fresh grader runs the entrypoint of the task's image, never one the agent rewrote
- * in its diff, so these are kept out of the diff like the interpreters the tests run with.
+ * workdir) outside the workdir: a fresh grader runs the entrypoint of the task's image, never one
+ * the agent rewrote in its diff, so these are kept out of the diff like the interpreters the tests
+ * run with. One in the workdir is the agent's work (a task may ask it to fix that very script),
+ * and runs in the grader as the code under test does.
  */
 export function entrypointFiles(environment: Environment, workdir: string): string[] {
+  const work = posix.resolve(workdir);
+  const inWork = (path: string) => work === '/' || path === work || path.startsWith(`${work}/`);
   return (environment.image?.entrypoint ?? [])
     .filter((arg) => arg.startsWith('/') || arg.startsWith('./'))
-    .map((arg) => posix.resolve(workdir, arg));
+    .map((arg) => posix.resolve(work, arg))
+    .filter((path) => !inWork(path));
 }
 
 /** What runs the entrypoint: the image's USER in its WORKDIR (the task's, where it names one). */
