@@ -33,6 +33,8 @@ import {
 } from './verifiers/index.ts';
 import { workspaceEnvironment, workspaceEnvironmentName } from './tasks/workspace.ts';
 import { TaskServices } from './task-services.ts';
+import { entrypointFiles, startEntrypoint } from './entrypoint.ts';
+import { waitHealthy } from './healthcheck.ts';
 
 /** How long a task's setup script may run. */
 const SETUP_SCRIPT_TIMEOUT_MS = 10 * 60_000;
@@ -104,11 +106,11 @@ function outcomeText(reward: number, outcome: StepOutcome): string {
 const GRADER_OWNED_PATHS = ['/tests', '/logs/verifier', '/sandgym-runner'];
 
 /**
- * Names the processes of a sandbox other than its agent (pid 1) and this listing's own shell, one
- * per line; `read` keeps the loop free of forks that would list themselves.
+ * Lists the processes of a sandbox other than its agent (pid 1) and this listing's own shell, one
+ * `pid name` per line; `read` keeps the loop free of forks that would list themselves.
  */
 const LIST_PROCESSES =
-  'for d in /proc/[0-9]*; do p=${d#/proc/}; [ "$p" = 1 ] || [ "$p" = $$ ] && continue; read -r n < "$d/comm" 2>/dev/null && echo "$n"; done; true';
+  'for d in /proc/[0-9]*; do p=${d#/proc/}; [ "$p" = 1 ] || [ "$p" = $$ ] && continue; read -r n < "$d/comm" 2>/dev/null && echo "$p $n"; done; true';
 
 /** The name a task's Dockerfile build is stored under. */
 function taskEnvironmentName(task: Task): string {
@@ -199,6 +201,8 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
    * agent's processes could read them, so the episode cannot go on (a reset or restore starts anew).
    */
   private gradedInPlace = false;
+  /** The processes the agent's sandbox ran when the agent started: its entrypoint's. */
+  private startupPids = new Set<string>();
 
   private constructor(
     private readonly platform: PlatformClient,
@@ -335,6 +339,9 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
       this.workdir(),
       this.taskExclusions(),
     );
+    // the container's start: its image's ENTRYPOINT, with what the agent finds running
+    this.startupPids = new Set();
+    const started = await this.startEntrypoint(sandbox);
     // A checkpoint's files already hold what setup did. Setup runs as root, so run again over the
     // agent's files it would follow the agent's symlinks (a chown or a write onto /etc/shadow),
     // and a script that is not idempotent would fail: it runs only in a fresh episode.
@@ -348,6 +355,10 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     }
     // the stage boundary: the same sandbox, the agent stage's rules
     await sandbox.setNetwork(this.task.network.agent);
+    // the agent starts once the container is healthy, and its time with it
+    await this.waitHealthy(sandbox);
+    // what runs now is the container's, not the agent's leftovers (see leftoverProcesses)
+    if (started) this.startupPids = new Set((await this.processes(sandbox)).map(([pid]) => pid));
     this.deadline = Date.now() + budgetMs;
     return this.opening(sandbox, reset.info);
   }
@@ -430,10 +441,39 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     return this.built?.config.workdir ?? '/';
   }
 
-  /** Paths only this task's grading leaves out: a SWE-bench repository's git folder. */
+  /**
+   * Paths only this task's grading leaves out: a SWE-bench repository's git folder, and the files
+   * of its image's ENTRYPOINT, which a fresh grader runs before the tests.
+   */
   private taskExclusions(): string[] {
     const grading = this.task.grading;
-    return grading.kind === 'swebench' ? [`${grading.repoPath}/.git`] : [];
+    return [
+      ...(grading.kind === 'swebench' ? [`${grading.repoPath}/.git`] : []),
+      ...(this.built ? entrypointFiles(this.built, this.entrypointWorkdir()) : []),
+    ];
+  }
+
+  /** Where the ENTRYPOINT starts: the task's workdir where it names one, else the image's. */
+  private entrypointWorkdir(): string {
+    return this.task.workdir ?? this.workdir();
+  }
+
+  /** Starts the image's ENTRYPOINT in `sandbox` as its USER, as Docker starts a container. */
+  private async startEntrypoint(sandbox: Sandbox): Promise<boolean> {
+    if (!this.built) return false;
+    return startEntrypoint(sandbox, this.built, {
+      user: this.userOf(undefined),
+      workdir: this.entrypointWorkdir(),
+    });
+  }
+
+  /** Waits until the task's healthcheck passes in `sandbox`, if it has one (see healthcheck.ts). */
+  private async waitHealthy(sandbox: Sandbox): Promise<void> {
+    if (!this.task.healthcheck) return;
+    await waitHealthy(this.task.id, sandbox, this.task.healthcheck, {
+      user: this.userOf(undefined),
+      cwd: this.entrypointWorkdir(),
+    });
   }
 
   private async runSetupScript(sandbox: Sandbox, script: string): Promise<void> {
@@ -717,12 +757,30 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     return this.blame(clean, run.error);
   }
 
-  /** The names of the processes running in `sandbox` besides its agent. */
+  /**
+   * The names of the processes running in `sandbox` besides its agent and what its start left
+   * running (the image's entrypoint, which a fresh grader starts again).
+   */
   private async leftoverProcesses(sandbox: Sandbox): Promise<string[]> {
+    return (await this.processes(sandbox))
+      .filter(([pid]) => !this.startupPids.has(pid))
+      .map(([, name]) => name)
+      .slice(0, 50);
+  }
+
+  /** The `[pid, name]` of each process of `sandbox` but its agent; none when they cannot be listed. */
+  private async processes(sandbox: Sandbox): Promise<[string, string][]> {
     const listed = await sandbox
       .exec(['sh', '-c', LIST_PROCESSES], { timeoutMs: 30_000 })
       .catch(() => undefined);
-    return listed?.exitCode === 0 ? listed.stdout.split('\n').filter(Boolean).slice(0, 50) : [];
+    if (listed?.exitCode !== 0) return [];
+    return listed.stdout
+      .split('\n')
+      .filter(Boolean)
+      .map((line): [string, string] => {
+        const space = line.indexOf(' ');
+        return [line.slice(0, space), line.slice(space + 1)];
+      });
   }
 
   /**
@@ -848,6 +906,9 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     try {
       // the tests reach the services the agent worked with, by the same names
       await services?.join(grader, this.mainServiceName());
+      // started as the agent's container was, so the tests find its servers up
+      await this.startEntrypoint(grader);
+      await this.waitHealthy(grader);
       return await this.verifyIn(grader, environment);
     } finally {
       await services?.leave(grader).catch(() => undefined);
