@@ -18,11 +18,25 @@ import type {
 import type { SandboxAction, SandboxObservation, StepOutcome } from '../platform/index.ts';
 import { oraclePlan } from './oracle-plan.ts';
 import { SandboxEnv, type DiskCheckpointRef, type MemoryCheckpointRef } from './sandbox-env.ts';
-import { TaskError, checkTaskLimits, taskStorageStem, type Task, type VerifierMode } from './tasks/task.ts';
+import {
+  TaskError,
+  checkSharedGradingNetwork,
+  checkTaskLimits,
+  taskStorageStem,
+  type Task,
+  type VerifierMode,
+} from './tasks/task.ts';
 import { HARBOR_SOLUTION_DIR } from './tasks/harbor.ts';
 import { stageFolder } from './stage-folder.ts';
 import { Deadline } from './deadline.ts';
-import { BASE_SCOPE, PROTECTED_PATHS, gradingScope, type GradingScope } from './grading-scope.ts';
+import {
+  BASE_SCOPE,
+  PROTECTED_PATHS,
+  gradingScope,
+  isHomeToolPath,
+  startUpHooksIn,
+  type GradingScope,
+} from './grading-scope.ts';
 import { probeInterpreters, type InterpreterFacts } from './python-probe.ts';
 import {
   GradingAnomaly,
@@ -104,6 +118,19 @@ function outcomeText(reward: number, outcome: StepOutcome): string {
  * grading, whatever the agent left there is removed before the platform stages its own.
  */
 const GRADER_OWNED_PATHS = ['/tests', '/logs/verifier', '/sandgym-runner'];
+
+/**
+ * Readies the agent's live sandbox for grading in place, as root: /logs made root's (so no
+ * user can swap the verifier's folder beneath it), what the agent left at the graders' paths and
+ * its start-up hooks (its arguments) removed, and the tests' folders made anew, private to the
+ * tests' user (`$TESTS_USER`), so a leftover process of any other user cannot read them.
+ */
+const CLEAR_FOR_GRADING = `set -eu
+if [ -L /logs ] || { [ -e /logs ] && [ ! -d /logs ]; }; then rm -f -- /logs; fi
+mkdir -p /logs && chown 0:0 /logs && chmod 755 /logs
+rm -rf -- ${GRADER_OWNED_PATHS.join(' ')} "$@"
+mkdir -m 700 /tests /sandgym-runner
+chown "$TESTS_USER" /tests /sandgym-runner`;
 
 /**
  * Lists the processes of a sandbox other than its agent (pid 1) and this listing's own shell, one
@@ -237,6 +264,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     try {
       // a task built in code gets the loaders' checks: its numbers out of range are its author's
       checkTaskLimits(this.task);
+      checkSharedGradingNetwork(this.task);
       return await this.build();
     } catch (error) {
       throw TaskError.fromPreparing(this.task.id, error);
@@ -532,6 +560,12 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     const environment = this.built;
     if (!agent || !environment || !this.inner)
       throw new SandgymError('failed_precondition', 'Nothing to checkpoint: call reset() first');
+    // the tests ran in this sandbox: a copy of it could carry what they left, or what was taken
+    if (this.gradedInPlace)
+      throw new SandgymError(
+        'failed_precondition',
+        `Task ${this.task.id} was graded in the agent's own sandbox, which ends the episode: checkpoint before grading, or reset()`,
+      );
     const budgetLeftMs = Math.max(0, this.deadline - Date.now());
     if (options.depth !== 'disk') {
       const memory = await this.inner.checkpointMemory();
@@ -677,14 +711,27 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     const { deniedEgress } = await agent.stats();
     const clean = `${environment.name}:${environment.version}`;
     if (mode === 'shared') {
-      const touched = packed instanceof Error ? [] : packed.present.map((path) => `/${path}`);
-      const tampered = [...new Set([...this.earlierTampering, ...touched])];
-      const verdict = await this.gradeInPlace(agent, clean);
+      const touched = packed instanceof Error ? [] : packed.present;
+      const excluded = packed instanceof Error ? [] : packed.excludedByPattern;
+      // start-up hooks a fresh grader would never have go; the image's modules the agent
+      // replaced (which no live sandbox can put back) are named as tampering
+      const hooks = startUpHooksIn(excluded);
+      const replaced = excluded.filter((path) => !isHomeToolPath(path) && !hooks.includes(path));
+      const tampered = [
+        ...new Set([...this.earlierTampering, ...[...touched, ...replaced.slice(0, 20)].map((p) => `/${p}`)]),
+      ];
+      const verdict = await this.gradeInPlace(agent, clean, hooks);
       return {
         reward: verdict.reward,
         tampered,
         deniedEgress,
-        details: { ...verdict.details, gradedIn: 'the agent sandbox', leftoverProcesses: leftover },
+        details: {
+          ...verdict.details,
+          gradedIn: 'the agent sandbox',
+          leftoverProcesses: leftover,
+          ...(hooks.length ? { removedBeforeGrading: hooks.slice(0, 50).map((p) => `/${p}`) } : {}),
+          ...this.sharedUserResidual(),
+        },
       };
     }
     // changes larger than the agent's disk (sparse files) are its own doing: scored, never packed
@@ -736,25 +783,51 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
    * sandbox has one mount namespace and one root): docs/security.md says so, and an agent that
    * runs as another user than the tests cannot.
    */
-  private async gradeInPlace(agent: Sandbox, clean: string): Promise<VerifierResult> {
+  private async gradeInPlace(agent: Sandbox, clean: string, hooks: string[]): Promise<VerifierResult> {
     this.gradedInPlace = true;
-    const cleared = await agent.exec(['rm', '-rf', '--', ...GRADER_OWNED_PATHS], { timeoutMs: 60_000 });
-    await agent.setNetwork(this.task.network.verify);
-    const run =
-      cleared.exitCode === 0
-        ? await this.verifyIn(agent, this.base ?? clean).then(
-            (verdict) => ({ verdict }),
-            (error: unknown) => ({ error }),
-          )
-        : {
-            error: new GradingAnomaly(
-              'harness_rewired',
-              `The agent's sandbox kept what it left at ${GRADER_OWNED_PATHS.join(', ')}: ${cleared.stderr.trim().slice(-300)}`,
-            ),
-          };
-    if ('verdict' in run) return run.verdict;
-    if (isSandgymError(run.error, ...INFRA_CODES)) throw run.error;
-    return this.blame(clean, run.error);
+    try {
+      const cleared = await agent.exec(
+        ['sh', '-c', CLEAR_FOR_GRADING, 'clear', ...hooks.map((p) => `/${p}`)],
+        {
+          timeoutMs: 60_000,
+          env: { TESTS_USER: this.userOf(this.task.verifierUser) },
+        },
+      );
+      // never wider than the agent's stage (checkSharedGradingNetwork): its processes are still here
+      await agent.setNetwork(this.task.network.verify);
+      const run =
+        cleared.exitCode === 0
+          ? await this.verifyIn(agent, this.base ?? clean).then(
+              (verdict) => ({ verdict }),
+              (error: unknown) => ({ error }),
+            )
+          : {
+              error: new GradingAnomaly(
+                'harness_rewired',
+                `The agent's sandbox kept what it left at ${GRADER_OWNED_PATHS.join(', ')}: ${cleared.stderr.trim().slice(-300)}`,
+              ),
+            };
+      if ('verdict' in run) return run.verdict;
+      if (isSandgymError(run.error, ...INFRA_CODES)) throw run.error;
+      return await this.blame(clean, run.error);
+    } finally {
+      // whoever takes the sandbox over next (an attach, a resumed eval) finds no tests in it
+      await agent
+        .exec(['rm', '-rf', '--', ...GRADER_OWNED_PATHS], { timeoutMs: 60_000 })
+        .catch(() => undefined);
+    }
+  }
+
+  /**
+   * Graded in place, the agent's leftover processes run beside the tests; when they are the
+   * tests' user too, nothing keeps them from the tests or the reward (docs/security.md).
+   */
+  private sharedUserResidual(): { residual?: string } {
+    const agent = this.userOf(this.task.agentUser);
+    if (agent !== this.userOf(this.task.verifierUser)) return {};
+    return {
+      residual: `the agent ran as the tests' user (${agent}): a process it left running could reach the tests and the reward while they ran`,
+    };
   }
 
   /**

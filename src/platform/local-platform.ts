@@ -670,18 +670,19 @@ export class LocalPlatform implements HostPlatform {
         store,
         present: report.present,
         dropped: report.dropped,
+        excludedByPattern: report.excludedByPattern,
         layer: await store.addLayerFromDirectory(dir, `pack_diff of sandbox ${id}`),
         parent: found.labels['environment'],
         stack: found.layers.map((l) => l.digest),
       };
     };
-    const { store, layer, present, dropped, parent, stack } = await (
+    const { store, layer, present, dropped, excludedByPattern, parent, stack } = await (
       await this.registry.ownerOf(id)
     ).withWritableLayerOf(id, pack, {
       ...definedFields({ signal: options.signal, timeoutMs: options.timeoutMs }),
       filter,
     });
-    if (!ref) return { layer, present, dropped };
+    if (!ref) return { layer, present, dropped, excludedByPattern };
     const handle = typeof sandbox === 'string' ? undefined : sandbox;
     const config = parent ? (await store.getEnvironment(parent)).config : {};
     const environment = await store.putEnvironment({
@@ -692,7 +693,7 @@ export class LocalPlatform implements HostPlatform {
     });
     // a snapshot of a run's sandbox belongs to the run: its end removes it
     if (handle) await this.runManager.addSnapshot(handle, `${environment.name}:${environment.version}`);
-    return { layer, environment, present, dropped };
+    return { layer, environment, present, dropped, excludedByPattern };
   }
 
   /**

@@ -271,6 +271,7 @@ export const packDiffResult = z.object({
       }),
     )
     .default([]),
+  excludedByPattern: z.array(z.string()).max(10_000).default([]),
 });
 export const environmentRef = z.strictObject({ ref: ids.environment() });
 export const environmentMessage = environmentSchema;
