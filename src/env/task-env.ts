@@ -321,6 +321,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
         environment,
         resources: { ...this.task.resources },
         env: this.task.env,
+        ...this.workdirOption(),
         network: this.task.network.setup,
         ...this.inRun(),
       },
@@ -426,8 +427,14 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     return this.task.format === 'terminal-bench' ? 'client' : 'main';
   }
 
+  /** Where commands run: the task's own workdir (Harbor's `[environment] workdir`) over the image's. */
   private workdir(): string {
-    return this.built?.config.workdir ?? '/';
+    return this.task.workdir ?? this.built?.config.workdir ?? '/';
+  }
+
+  /** The sandbox option that puts commands in the task's workdir, when it names one. */
+  private workdirOption(): { workdir?: string } {
+    return this.task.workdir ? { workdir: this.task.workdir } : {};
   }
 
   /** Paths only this task's grading leaves out: a SWE-bench repository's git folder. */
@@ -842,6 +849,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
       resources: { ...this.task.resources },
       // the task's variables are the container's, so its tests see them as the agent did
       env: this.task.env,
+      ...this.workdirOption(),
       network: this.task.network.verify,
       ...this.inRun(),
     });

@@ -1,0 +1,186 @@
+/**
+ * Harbor's task.toml, field by field: what sandgym makes of each value, its default, and the
+ * message that refuses one it cannot honour (naming the field). The same files are held against
+ * Harbor's own model in harness-golden.test.ts.
+ */
+import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import type { TaskEnvOptions } from '../../src/env/tasks/env-templates.ts';
+import { loadHarborTask } from '../../src/env/tasks/harbor.ts';
+import type { Task } from '../../src/env/tasks/task.ts';
+
+const folders: string[] = [];
+
+/** Loads a task folder whose task.toml is `toml` (everything else a Harbor task needs beside it). */
+async function load(toml: string, options: TaskEnvOptions = { hostEnv: {} }): Promise<Task> {
+  const dir = await mkdtemp(join(tmpdir(), 'sandgym-harbor-schema-'));
+  folders.push(dir);
+  for (const [path, text] of Object.entries({
+    'task.toml': toml,
+    'instruction.md': 'Do it.\n',
+    'environment/Dockerfile': 'FROM busybox:latest\n',
+    'tests/test.sh': 'echo 1 > /logs/verifier/reward.txt\n',
+  })) {
+    await mkdir(join(dir, path, '..'), { recursive: true });
+    await writeFile(join(dir, path), text);
+  }
+  return loadHarborTask(dir, options);
+}
+
+afterAll(async () => {
+  for (const dir of folders) await rm(dir, { recursive: true, force: true });
+});
+
+describe('defaults', () => {
+  it("are Harbor's: 600 s to verify, 600 s to build, 1 CPU, 2048 MB, public network", async () => {
+    const task = await load('');
+    expect(task.verifierTimeoutMs).toBe(600_000);
+    expect(task.buildTimeoutMs).toBe(600_000);
+    expect(task.resources).toEqual({ cpu: 1, memoryMib: 2048 });
+    expect(task.network.agent).toContain('internet?');
+    // where Harbor grades in the agent's container by default, sandgym grades in a fresh one
+    expect(task.verifierMode).toBeUndefined();
+    expect(task.workdir).toBeUndefined();
+    expect(task.healthcheck).toBeUndefined();
+    expect(task.mcpServers).toBeUndefined();
+  });
+
+  it('take the deprecated memory and storage sizes, as Harbor converts them', async () => {
+    const task = await load('[environment]\nmemory = "1G"\nstorage = "512M"\n');
+    expect(task.resources).toEqual({ cpu: 1, memoryMib: 1024, diskMib: 512 });
+    await expect(load('[environment]\nmemory = "1G"\nmemory_mb = 2048\n')).rejects.toThrow(
+      /environment\.memory: is 1024 MB, but memory_mb is 2048/,
+    );
+  });
+});
+
+describe('[verifier] environment_mode', () => {
+  it('"shared" grades in the agent\'s sandbox, "separate" in a fresh one', async () => {
+    expect((await load('[verifier]\nenvironment_mode = "shared"\n')).verifierMode).toBe('shared');
+    expect((await load('[verifier]\nenvironment_mode = "separate"\n')).verifierMode).toBe('fresh');
+  });
+
+  it('refuses another mode, and a separate verifier image, naming the field', async () => {
+    await expect(load('[verifier]\nenvironment_mode = "same"\n')).rejects.toThrow(
+      /verifier\.environment_mode/,
+    );
+    await expect(load('[verifier.environment]\ndocker_image = "python:3.12"\n')).rejects.toThrow(
+      /verifier\.environment: sandgym grades in a fresh sandbox/,
+    );
+  });
+});
+
+describe('[environment] workdir', () => {
+  it('is taken when absolute, refused when relative', async () => {
+    expect((await load('[environment]\nworkdir = "/app"\n')).workdir).toBe('/app');
+    await expect(load('[environment]\nworkdir = "app"\n')).rejects.toThrow(
+      /environment\.workdir: must be an absolute path/,
+    );
+  });
+});
+
+describe('[environment.healthcheck]', () => {
+  it("is read in ms, with Docker's and Harbor's defaults", async () => {
+    const task = await load('[environment.healthcheck]\ncommand = "test -e /ready"\ninterval_sec = 0.5\n');
+    expect(task.healthcheck).toEqual({
+      command: 'test -e /ready',
+      intervalMs: 500,
+      timeoutMs: 30_000,
+      startPeriodMs: 0,
+      startIntervalMs: 5000,
+      retries: 3,
+    });
+  });
+
+  it('refuses one without a command, or with a negative retry count', async () => {
+    await expect(load('[environment.healthcheck]\ninterval_sec = 2\n')).rejects.toThrow(
+      /environment\.healthcheck\.command/,
+    );
+    await expect(load('[environment.healthcheck]\ncommand = "true"\nretries = -1\n')).rejects.toThrow(
+      /environment\.healthcheck\.retries/,
+    );
+  });
+});
+
+describe('[[environment.mcp_servers]]', () => {
+  it('are handed on, "http" read as streamable HTTP, sse the default transport', async () => {
+    const task = await load(
+      [
+        '[[environment.mcp_servers]]',
+        'name = "files"',
+        'transport = "stdio"',
+        'command = "mcp-files"',
+        'args = ["--root", "/app"]',
+        '[[environment.mcp_servers]]',
+        'name = "search"',
+        'transport = "http"',
+        'url = "http://search:8000/mcp"',
+        '[[environment.mcp_servers]]',
+        'name = "events"',
+        'url = "http://events:9000/sse"',
+      ].join('\n'),
+    );
+    expect(task.mcpServers).toEqual([
+      { name: 'files', transport: 'stdio', command: 'mcp-files', args: ['--root', '/app'], headers: {} },
+      { name: 'search', transport: 'streamable-http', url: 'http://search:8000/mcp', args: [], headers: {} },
+      { name: 'events', transport: 'sse', url: 'http://events:9000/sse', args: [], headers: {} },
+    ]);
+  });
+
+  it('refuses a server its transport cannot start', async () => {
+    const server = (lines: string) => load(`[[environment.mcp_servers]]\nname = "x"\n${lines}\n`);
+    await expect(server('transport = "carrier-pigeon"\nurl = "http://x"')).rejects.toThrow(
+      /mcp_servers\.0\.transport/,
+    );
+    await expect(server('transport = "sse"')).rejects.toThrow(
+      /mcp_servers\.0\.url: is required for transport "sse"/,
+    );
+    await expect(server('transport = "stdio"')).rejects.toThrow(/mcp_servers\.0\.command: is required/);
+    await expect(
+      server('transport = "stdio"\ncommand = "x"\nheaders = { Authorization = "Bearer ${TOKEN}" }'),
+    ).rejects.toThrow(/mcp_servers\.0\.headers: are only for the HTTP transports/);
+  });
+});
+
+describe('fields sandgym cannot honour', () => {
+  it.each([
+    ['[environment]\ngpus = 1', /environment\.gpus: this node has no GPUs/],
+    ['[environment]\ngpus = "one"', /environment\.gpus/],
+    ['[environment.tpu]\ntype = "v6e"\ntopology = "2x4"', /environment\.tpu: this node has no TPUs/],
+    ['[environment]\nos = "Windows"', /environment\.os: windows: sandgym runs Linux sandboxes only/],
+    [
+      '[environment]\nskills_dir = "/skills"',
+      /environment\.skills_dir: sandgym's agents have no skills folder/,
+    ],
+    ['[[steps]]\nname = "one"', /steps: sandgym runs single-step tasks only/],
+    ['artifacts = ["/app/out.txt"]', /artifacts: sandgym does not collect artifacts/],
+    ['[[verifier.collect]]\ncommand = "true"', /verifier\.collect: sandgym runs no collect hooks/],
+  ])('refuses %j, naming the field', async (toml, message) => {
+    await expect(load(toml)).rejects.toThrow(message);
+  });
+
+  it("takes what asks for nothing: gpus = 0, empty lists, linux, a package's name and metadata", async () => {
+    const task = await load(
+      [
+        'schema_version = "1.4"',
+        'artifacts = []',
+        '[task]',
+        'name = "acme/hello"',
+        '[metadata]',
+        'difficulty = "easy"',
+        '[environment]',
+        'gpus = 0',
+        'os = "LINUX"',
+      ].join('\n'),
+    );
+    expect(task.resources.cpu).toBe(1);
+  });
+
+  it('ignores keys Harbor does not know, as its model does', async () => {
+    await expect(
+      load('[grading]\nmode = "strict"\n[environment]\nflavour = "large"\n'),
+    ).resolves.toBeDefined();
+  });
+});
