@@ -184,3 +184,43 @@ describe('fields sandgym cannot honour', () => {
     ).resolves.toBeDefined();
   });
 });
+
+describe('env templates (${VAR}, ${VAR:-default})', () => {
+  const secrets = { OPENAI_API_KEY: 'sk-users-own-secret', HOME: '/root' };
+
+  it("hostile: a task asking for the user's secret does not get it unless allowed", async () => {
+    const asking = '[environment]\nenv = { KEY = "${OPENAI_API_KEY}" }\n';
+    const refusal = load(asking, { hostEnv: secrets });
+    await expect(refusal).rejects.toThrow(/task\.toml \[environment\] env: KEY = "\$\{OPENAI_API_KEY\}"/);
+    await expect(refusal).rejects.toThrow(/not allowed to read: allow it with --task-env OPENAI_API_KEY/);
+    // its default is what it gets, never the host's value
+    const defaulted = await load('[verifier]\nenv = { KEY = "${OPENAI_API_KEY:-none}" }\n', {
+      hostEnv: secrets,
+    });
+    expect(defaulted.verifierEnv).toEqual({ KEY: 'none' });
+    // allowing another name does not allow this one
+    const other = await load('[environment]\nenv = { KEY = "${OPENAI_API_KEY:-none}" }\n', {
+      hostEnv: { ...secrets, SANDGYM_TASK_ENV: 'HOME' },
+    });
+    expect(other.env).toEqual({ KEY: 'none' });
+  });
+
+  it('honest: an allowed variable is read from the host, by option or $SANDGYM_TASK_ENV', async () => {
+    const toml =
+      '[environment]\nenv = { KEY = "${OPENAI_API_KEY}", HOME_DIR = "${HOME:-/}", PLAIN = "a${B}" }\n';
+    const byOption = await load(toml, { hostEnv: secrets, taskEnv: ['OPENAI_API_KEY'] });
+    expect(byOption.env).toEqual({ KEY: 'sk-users-own-secret', HOME_DIR: '/', PLAIN: 'a${B}' });
+    const byVariable = await load(toml, {
+      hostEnv: { ...secrets, SANDGYM_TASK_ENV: 'OPENAI_API_KEY, HOME' },
+    });
+    expect(byVariable.env).toEqual({ KEY: 'sk-users-own-secret', HOME_DIR: '/root', PLAIN: 'a${B}' });
+  });
+
+  it('an allowed variable the host does not set takes the default, else fails saying so', async () => {
+    const options = { hostEnv: {}, taskEnv: ['HF_TOKEN'] };
+    expect((await load('[environment]\nenv = { T = "${HF_TOKEN:-}" }\n', options)).env).toEqual({ T: '' });
+    await expect(load('[environment]\nenv = { T = "${HF_TOKEN}" }\n', options)).rejects.toThrow(
+      /reads the host's HF_TOKEN, which is not set/,
+    );
+  });
+});

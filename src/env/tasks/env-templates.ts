@@ -4,7 +4,7 @@ import { SandgymError } from '../../common/index.ts';
  * The variable that lets Harbor task templates read the host's environment: a comma-separated
  * list of names (`SANDGYM_TASK_ENV=HF_TOKEN,WANDB_PROJECT`).
  */
-export const TASK_ENV_VARIABLE = 'SANDGYM_TASK_ENV';
+const TASK_ENV_VARIABLE = 'SANDGYM_TASK_ENV';
 
 /** What a task's `${VAR}` templates may read of the host, resolved once at load. */
 export interface TaskEnvOptions {
