@@ -224,3 +224,53 @@ describe('env templates (${VAR}, ${VAR:-default})', () => {
     );
   });
 });
+
+describe('network_mode and allowed_hosts', () => {
+  it('allowlist: each allowed host by name and the resolver, per phase', async () => {
+    const task = await load(
+      [
+        '[environment]',
+        'network_mode = "allowlist"',
+        'allowed_hosts = ["Deb.Debian.org.", "pypi.org"]',
+        '[agent]',
+        'network_mode = "allowlist"',
+        'allowed_hosts = ["pypi.org"]',
+        '[verifier]',
+        'network_mode = "no-network"',
+      ].join('\n'),
+    );
+    expect(task.network).toEqual({
+      setup: ['hostname:deb.debian.org', 'hostname:pypi.org', 'dns?'],
+      agent: ['hostname:pypi.org', 'dns?'],
+      verify: [],
+    });
+  });
+
+  it('public by default; allow_internet = false is no network unless network_mode says', async () => {
+    expect((await load('')).network.verify).toContain('internet?');
+    expect((await load('[environment]\nallow_internet = false\n')).network.agent).toEqual([]);
+    const both = await load('[environment]\nallow_internet = false\nnetwork_mode = "public"\n');
+    expect(both.network.agent).toContain('internet?');
+  });
+
+  it.each([
+    ['localhost', /allowed_hosts\.0: "localhost" has no dot/],
+    ['169.254.169.254', /"169\.254\.169\.254" is an address/],
+    ['10.0.0.0/8', /"10\.0\.0\.0\/8" is an address/],
+    ['metadata.google.internal', /"metadata\.google\.internal" names the node's own or a local network/],
+    ['*.pythonhosted.org', /is a wildcard/],
+  ])('hostile: refuses the allowed host %s at load, naming it and why', async (host, why) => {
+    await expect(
+      load(`[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["${host}"]\n`),
+    ).rejects.toThrow(why);
+  });
+
+  it('refuses allowed_hosts without network_mode = "allowlist", as Harbor does', async () => {
+    await expect(load('[environment]\nallowed_hosts = ["pypi.org"]\n')).rejects.toThrow(
+      /environment\.allowed_hosts: allowed_hosts is only valid with network_mode = "allowlist" \(here "public"\)/,
+    );
+    await expect(load('[agent]\nallowed_hosts = ["pypi.org"]\n')).rejects.toThrow(
+      /agent\.allowed_hosts.*unset/,
+    );
+  });
+});

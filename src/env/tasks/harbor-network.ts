@@ -1,45 +1,21 @@
-import { isIP } from 'node:net';
 import { z } from 'zod';
+import { publicHostNameProblem } from '../../common/index.ts';
 import { PUBLIC_NETWORK, type NetworkPolicy } from './task.ts';
 
 /** Harbor's network modes. */
 export const networkModeSchema = z.enum(['public', 'no-network', 'allowlist']);
 type NetworkMode = z.infer<typeof networkModeSchema>;
 
-/** One DNS label, as Harbor allows it. */
-const LABEL = /^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$/;
-
-/** Name suffixes that are the node's own network, never a public host (RFC 6761, 6762, 8375). */
-const LOCAL_SUFFIXES = ['localhost', 'local', 'localdomain', 'internal', 'home.arpa', 'lan', 'arpa'];
-
 /**
- * Why an allowed host is refused before anything resolves it, or undefined when it is a public
- * host name. The task's author controls it, and a sandbox must never reach the node host, its
- * network or a cloud's metadata service through it; what the name resolves to is checked again
- * when the sandbox's network is set up (see hostname-rules.ts).
+ * `allowed_hosts`: public host names, normalised as Harbor does (lower case, no final dot). The
+ * task's author writes them: see publicHostNameProblem for what is refused and why.
  */
-function refusal(host: string): string | undefined {
-  if (isIP(host) !== 0 || host.includes('/') || host.includes(':'))
-    return 'sandgym takes host names only: an address or a range could name the node or its network';
-  if (host.startsWith('*.') || host.includes('*'))
-    return 'a wildcard cannot be resolved to addresses when the sandbox starts: list each name';
-  const labels = host.split('.');
-  if (!labels.every((label) => LABEL.test(label)))
-    return 'is not a host name (letters, digits, hyphens and dots)';
-  if (labels.length < 2)
-    return "a name without a dot resolves through the node's search domains, on its own network";
-  if (LOCAL_SUFFIXES.some((suffix) => host === suffix || host.endsWith(`.${suffix}`)))
-    return "names the node's own or a local network (a cloud's metadata service, say)";
-  return undefined;
-}
-
-/** `allowed_hosts`: public host names, normalised as Harbor does (lower case, no final dot). */
 export const allowedHostsSchema = z
   .array(z.string().transform((host) => host.trim().toLowerCase().replace(/\.+$/, '')))
   .superRefine((hosts, ctx) => {
     hosts.forEach((host, i) => {
-      const why = host ? refusal(host) : 'must not be empty';
-      if (why) ctx.addIssue({ code: 'custom', path: [i], message: `"${host}": ${why}` });
+      const why = publicHostNameProblem(host);
+      if (why) ctx.addIssue({ code: 'custom', path: [i], message: `"${host}" ${why}` });
     });
   });
 
