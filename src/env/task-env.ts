@@ -18,7 +18,14 @@ import type {
 import type { SandboxAction, SandboxObservation, StepOutcome } from '../platform/index.ts';
 import { oraclePlan } from './oracle-plan.ts';
 import { SandboxEnv, type DiskCheckpointRef, type MemoryCheckpointRef } from './sandbox-env.ts';
-import { TaskError, checkTaskLimits, taskStorageStem, type Task, type VerifierMode } from './tasks/task.ts';
+import {
+  TaskError,
+  checkTaskLimits,
+  taskStorageStem,
+  type Task,
+  type TaskMcpServer,
+  type VerifierMode,
+} from './tasks/task.ts';
 import { HARBOR_SOLUTION_DIR } from './tasks/harbor.ts';
 import { stageFolder } from './stage-folder.ts';
 import { Deadline } from './deadline.ts';
@@ -166,6 +173,12 @@ export interface TaskResetInfo extends ResetInfo {
   network: { stage: 'agent'; rules: readonly string[] };
   /** What building or resolving the task's environment noted (stand-ins, skipped services). */
   notes: string[];
+  /**
+   * MCP servers the task offers its agent (Harbor's `[[environment.mcp_servers]]`), as written:
+   * an agent that speaks MCP connects to them from the sandbox; `${VAR}` in a header is the
+   * agent's to fill from its own environment, as in Harbor.
+   */
+  mcpServers?: TaskMcpServer[];
   /** Set by {@link TaskEnv.restore}. */
   restoredFrom?: TaskCheckpoint;
 }
@@ -462,6 +475,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
         agentTimeoutMs: this.task.agentTimeoutMs,
         network: { stage: 'agent', rules: this.task.network.agent },
         notes: this.buildNotes,
+        ...(this.task.mcpServers?.length ? { mcpServers: this.task.mcpServers } : {}),
       },
     };
   }

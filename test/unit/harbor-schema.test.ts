@@ -7,14 +7,14 @@ import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import type { TaskEnvOptions } from '../../src/env/tasks/env-templates.ts';
+import type { HostEnvOptions } from '../../src/env/tasks/env-templates.ts';
 import { loadHarborTask } from '../../src/env/tasks/harbor.ts';
 import type { Task } from '../../src/env/tasks/task.ts';
 
 const folders: string[] = [];
 
 /** Loads a task folder whose task.toml is `toml` (everything else a Harbor task needs beside it). */
-async function load(toml: string, options: TaskEnvOptions = { hostEnv: {} }): Promise<Task> {
+async function load(toml: string, options: HostEnvOptions = { hostEnv: {} }): Promise<Task> {
   const dir = await mkdtemp(join(tmpdir(), 'sandgym-harbor-schema-'));
   folders.push(dir);
   for (const [path, text] of Object.entries({

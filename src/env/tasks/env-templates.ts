@@ -7,7 +7,7 @@ import { SandgymError } from '../../common/index.ts';
 const TASK_ENV_VARIABLE = 'SANDGYM_TASK_ENV';
 
 /** What a task's `${VAR}` templates may read of the host, resolved once at load. */
-export interface TaskEnvOptions {
+export interface HostEnvOptions {
   /** Host variables a task may read by name, over those `$SANDGYM_TASK_ENV` lists. */
   taskEnv?: readonly string[];
   /** The host's environment; default process.env. */
@@ -29,7 +29,7 @@ const TEMPLATE = /^\$\{([^}:]+)(?::-(.*))?\}$/s;
 export function resolveEnvTemplates(
   table: Record<string, string>,
   where: string,
-  options: TaskEnvOptions = {},
+  options: HostEnvOptions = {},
 ): Record<string, string> {
   const hostEnv = options.hostEnv ?? process.env;
   const allowed = new Set([

@@ -2,7 +2,7 @@ import { existsSync } from 'node:fs';
 import { basename, join, resolve } from 'node:path';
 import { SandgymError, parseAt } from '../../common/index.ts';
 import { composeServices } from './compose.ts';
-import { resolveEnvTemplates, type TaskEnvOptions } from './env-templates.ts';
+import { resolveEnvTemplates, type HostEnvOptions } from './env-templates.ts';
 import { harborNetwork } from './harbor-network.ts';
 import { harborTaskTomlSchema, type HarborTaskToml } from './harbor-schema.ts';
 import { readTaskFile, readTaskText, taskPath } from './task-file.ts';
@@ -48,7 +48,7 @@ function mcpServersOf(toml: HarborTaskToml): TaskMcpServer[] {
  * templates in its env tables read the host only for variables `options` allows (see
  * resolveEnvTemplates).
  */
-export async function loadHarborTask(path: string, options: TaskEnvOptions = {}): Promise<Task> {
+export async function loadHarborTask(path: string, options: HostEnvOptions = {}): Promise<Task> {
   const dir = resolve(path);
   const tomlPath = join(dir, 'task.toml');
   const toml = parseAt(harborTaskTomlSchema, await readTaskFile(dir, 'task.toml', 'TOML'), tomlPath);

@@ -1,7 +1,7 @@
 import { existsSync } from 'node:fs';
 import { readdir, stat } from 'node:fs/promises';
 import { SandgymError, resolveBeneath } from '../../common/index.ts';
-import type { TaskEnvOptions } from './env-templates.ts';
+import type { HostEnvOptions } from './env-templates.ts';
 import { isHarborTask, loadHarborTask } from './harbor.ts';
 import { isOjProblem, loadOjProblem } from './oj.ts';
 import { isSweBenchFile, loadSweBenchFile } from './swebench.ts';
@@ -36,7 +36,7 @@ function formatOf(path: string): (typeof FORMATS)[number] | undefined {
 }
 
 /** How tasks are loaded: which host variables their `${VAR}` templates may read. */
-export type LoadTasksOptions = TaskEnvOptions;
+export type LoadTasksOptions = HostEnvOptions;
 
 /**
  * Tasks named on the command line: a Harbor or Terminal-Bench task folder, an OJ problem, a
