@@ -51,3 +51,17 @@ it("runs the agent's commands in the task's workdir and hands it the MCP servers
   const { observation } = await task.step({ type: 'exec', command: 'pwd' });
   expect(observation).toMatchObject({ type: 'exec', stdout: '/srv\n', exitCode: 0 });
 });
+
+it.each([
+  ['hostname:localhost', /"localhost" has no dot/],
+  ['hostname:metadata.google.internal', /names the node's own or a local network/],
+  ['hostname:169.254.169.254', /is an address/],
+])('hostile: a sandbox asking for %s is refused before it starts', async (rule, why) => {
+  // a tenant's request reaches the backend without a task loader's checks
+  await expect(
+    env.platform.createSandbox({ environment: 'busybox:latest', network: [rule] }),
+  ).rejects.toThrow(why);
+});
+
+// the honest twin, a public host reached by name and another host denied, is the fixture
+// checked/harbor-allowed-hosts (fixture-check.test.ts)
