@@ -24,6 +24,7 @@ import {
   checkTaskLimits,
   taskStorageStem,
   type Task,
+  type TaskMcpServer,
   type VerifierMode,
 } from './tasks/task.ts';
 import { HARBOR_SOLUTION_DIR } from './tasks/harbor.ts';
@@ -195,6 +196,12 @@ export interface TaskResetInfo extends ResetInfo {
   network: { stage: 'agent'; rules: readonly string[] };
   /** What building or resolving the task's environment noted (stand-ins, skipped services). */
   notes: string[];
+  /**
+   * MCP servers the task offers its agent (Harbor's `[[environment.mcp_servers]]`), as written:
+   * an agent that speaks MCP connects to them from the sandbox; `${VAR}` in a header is the
+   * agent's to fill from its own environment, as in Harbor.
+   */
+  mcpServers?: TaskMcpServer[];
   /** Set by {@link TaskEnv.restore}. */
   restoredFrom?: TaskCheckpoint;
 }
@@ -353,6 +360,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
         environment,
         resources: { ...this.task.resources },
         env: this.task.env,
+        ...this.workdirOption(),
         network: this.task.network.setup,
         ...this.inRun(),
       },
@@ -465,8 +473,14 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     return this.task.format === 'terminal-bench' ? 'client' : 'main';
   }
 
+  /** Where commands run: the task's own workdir (Harbor's `[environment] workdir`) over the image's. */
   private workdir(): string {
-    return this.built?.config.workdir ?? '/';
+    return this.task.workdir ?? this.built?.config.workdir ?? '/';
+  }
+
+  /** The sandbox option that puts commands in the task's workdir, when it names one. */
+  private workdirOption(): { workdir?: string } {
+    return this.task.workdir ? { workdir: this.task.workdir } : {};
   }
 
   /**
@@ -523,6 +537,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
         agentTimeoutMs: this.task.agentTimeoutMs,
         network: { stage: 'agent', rules: this.task.network.agent },
         notes: this.buildNotes,
+        ...(this.task.mcpServers?.length ? { mcpServers: this.task.mcpServers } : {}),
       },
     };
   }
@@ -973,6 +988,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
       resources: { ...this.task.resources },
       // the task's variables are the container's, so its tests see them as the agent did
       env: this.task.env,
+      ...this.workdirOption(),
       network: this.task.network.verify,
       ...this.inRun(),
     });

@@ -1,6 +1,7 @@
 import { SandgymError } from '../../common/index.ts';
 import { controlPlaneOf, mergeControlPlanes, type ControlPlane } from '../host/egress-guard.ts';
 import type { GroupNetwork } from '../host/group-network.ts';
+import { checkHostnameRules, hostnameOfRule, resolveHostnameRules } from '../host/hostname-rules.ts';
 import { checkRuleBook, resolveRules, type NetworkRuleBook } from '../host/network-rules.ts';
 import { NodeNetwork, removeStaleNetwork, type NetworkAttachment } from '../host/node-network.ts';
 import { runProgram } from '../host/run-program.ts';
@@ -31,9 +32,16 @@ export class ContainerEgress {
     this.controlPlane = controlPlaneOf(controlPlane);
   }
 
-  /** Fails on a rule name the node's rule book lacks, before anything starts. */
+  /**
+   * Fails on a rule name the node's rule book lacks, or a host name no sandbox may be let through
+   * to, before anything starts (what a name resolves to is checked when the rules are set).
+   */
   check(rules: readonly string[]): void {
-    resolveRules(rules, this.ruleBook);
+    checkHostnameRules(rules);
+    resolveRules(
+      rules.filter((rule) => hostnameOfRule(rule) === undefined),
+      this.ruleBook,
+    );
   }
 
   /**
@@ -42,7 +50,9 @@ export class ContainerEgress {
    * policy keeps the veth, so what it still tries is counted).
    */
   async set(shell: WarmShell, rules: readonly string[]): Promise<void> {
-    const targets = resolveRules(rules, this.ruleBook);
+    // host names resolve now, each set: the addresses are what the rules allow, whatever the
+    // sandbox's own resolver later says
+    const targets = resolveRules(await resolveHostnameRules(rules), this.ruleBook);
     let attaching = this.attached.get(shell.slot);
     if (!attaching) {
       if (targets.length === 0) return;

@@ -63,7 +63,7 @@ export interface FilterReport {
 }
 
 /** How many pattern-excluded paths a report lists; a diff with more is the agent's flood. */
-export const MAX_LISTED_BY_PATTERN = 10_000;
+const MAX_LISTED_BY_PATTERN = 10_000;
 
 /** The longest name a layer image holds (mkfs.erofs 1.5 refuses 255-byte names). */
 const MAX_NAME_BYTES = 254;

@@ -16,6 +16,8 @@ import {
 } from '../../rollout/index.ts';
 import {
   IMAGE_SOURCE_OPTIONS,
+  TASK_LOAD_OPTIONS,
+  taskLoadOptions,
   durationMs,
   imageSources,
   parseCommandArgs,
@@ -71,6 +73,7 @@ export async function evalCommand(args: string[]): Promise<number> {
     lease: { type: 'string' },
     'decision-timeout': { type: 'string' },
     ...IMAGE_SOURCE_OPTIONS,
+    ...TASK_LOAD_OPTIONS,
   });
   if (parsed.positionals.length === 0)
     throw new UsageError('sandgym eval: give task folders, e.g. sandgym eval examples/tasks');
@@ -85,7 +88,7 @@ export async function evalCommand(args: string[]): Promise<number> {
   // the key goes nowhere this eval writes or prints, in any encoding
   const redactor = secretRedactor([apiKey, ...urlSecrets(baseUrl)]);
   const say = (line: string): boolean => process.stderr.write(redactor.text(line));
-  const tasks = await loadTasks(parsed.positionals);
+  const tasks = await loadTasks(parsed.positionals, taskLoadOptions(parsed));
   const concurrency = positiveInt('concurrency', text(parsed, 'concurrency')) ?? 2;
   const maxSteps = positiveInt('max-steps', text(parsed, 'max-steps'));
   const journal = await EvalJournal.open(
