@@ -4,6 +4,7 @@ import type { GroupNetwork } from '../host/group-network.ts';
 import { checkRuleBook, resolveRules, type NetworkRuleBook } from '../host/network-rules.ts';
 import { NodeNetwork, removeStaleNetwork, type NetworkAttachment } from '../host/node-network.ts';
 import { runProgram } from '../host/run-program.ts';
+import type { NetworkRecord } from '../contract.ts';
 import type { WarmShell } from './warm-pool.ts';
 
 /**
@@ -95,6 +96,16 @@ export class ContainerEgress {
     const attachment = await this.attached.get(slot)?.catch(() => undefined);
     if (!attachment || !this.network) return 0;
     return (await this.network).denied(attachment);
+  }
+
+  /**
+   * What the container's network refused since its rules were last set (a stage); undefined when
+   * it is loopback only (no veth: what it tries is only counted, see deniedEgressOf).
+   */
+  async record(slot: string): Promise<NetworkRecord | undefined> {
+    const attachment = await this.attached.get(slot)?.catch(() => undefined);
+    if (!attachment || !this.network) return undefined;
+    return { denied: await (await this.network).deniedDestinations(attachment), unresolved: [] };
   }
 
   /** Puts a container on a group network; its address there. */

@@ -107,10 +107,12 @@ export class NodeNetwork {
       table inet ${this.table} {
         map sandboxes { type ipv4_addr : verdict; }
         map denials { type ipv4_addr : counter; }
+        map recorders { type ipv4_addr : verdict; }
         set never { type ipv4_addr; flags interval; auto-merge; elements = { ${NEVER_REACHED.join(', ')} }; }
         set control_hosts { type ipv4_addr; flags interval; auto-merge; }
         set control_ports { type inet_service; }
         chain refuse {
+          ct state new ip saddr vmap @recorders
           ct state new counter name ip saddr map @denials
           reject with icmpx type admin-prohibited
         }
@@ -214,9 +216,11 @@ export class NodeNetwork {
     );
     await nft(`
       add counter inet ${this.table} denied${index}
+      ${this.recorderScript(attachment)}
       add chain inet ${this.table} ${chain}
       flush chain inet ${this.table} ${chain}
       ${rules.join('\n')}
+      add rule inet ${this.table} ${chain} ct state new jump record${index}
       add rule inet ${this.table} ${chain} ct state new counter name denied${index} reject with icmpx type admin-prohibited
       add rule inet ${this.table} ${chain} drop
       add element inet ${this.table} denials { ${address} : "denied${index}" }
@@ -224,6 +228,40 @@ export class NodeNetwork {
     // the kernel keeps forwarding what flows the old rules let in (their replies meet no rule):
     // a rule that goes takes its flows with it, the ones still allowed start again
     if (before && [...before].some((target) => !now.has(target))) await forgetFlows(address);
+  }
+
+  /**
+   * A fresh record of what the sandbox is refused from now on (each new rule set is a stage): a
+   * set the kernel fills, from both the guard's refusals and its own rules', with the first
+   * {@link DENIED_KEPT} distinct destinations (address, protocol, port) of refused TCP and UDP
+   * flows. A full set takes no more (the packet is still refused, and counted); the sandbox
+   * cannot read, empty or widen it.
+   */
+  private recorderScript({ index, address }: NetworkAttachment): string {
+    const record = `record${index}`;
+    return `
+      add set inet ${this.table} refused${index} { type ipv4_addr . inet_proto . inet_service; size ${DENIED_KEPT}; flags dynamic; }
+      flush set inet ${this.table} refused${index}
+      add chain inet ${this.table} ${record}
+      flush chain inet ${this.table} ${record}
+      add rule inet ${this.table} ${record} meta l4proto { tcp, udp } add @refused${index} { ip daddr . meta l4proto . th dport }
+      add element inet ${this.table} recorders { ${address} : jump ${record} }`;
+  }
+
+  /**
+   * The destinations the sandbox was refused since its rules were last set, as `IP:PORT/PROTO`,
+   * sorted; at most {@link DENIED_KEPT}.
+   */
+  async deniedDestinations(attachment: NetworkAttachment): Promise<string[]> {
+    const out = await runProgram('nft', [
+      '-j',
+      'list',
+      'set',
+      'inet',
+      this.table,
+      `refused${attachment.index}`,
+    ]);
+    return destinationsOf(out);
   }
 
   /** New connections the sandbox's rules refused so far. */
@@ -247,7 +285,10 @@ export class NodeNetwork {
     await nft(`
       delete element inet ${this.table} sandboxes { ${address} }
       delete element inet ${this.table} denials { ${address} }
+      delete element inet ${this.table} recorders { ${address} }
       delete chain inet ${this.table} sandbox${index}
+      delete chain inet ${this.table} record${index}
+      delete set inet ${this.table} refused${index}
       delete counter inet ${this.table} denied${index}`).catch(() => undefined);
     // the address is free again only once no flow of this sandbox is left on it: the next
     // sandbox given it would be handed the rest (replies still in flight, a peer's stream)
@@ -278,6 +319,31 @@ export class NodeNetwork {
       { retryable: true },
     );
   }
+}
+
+/** How many distinct refused destinations a sandbox's record keeps per stage. */
+export const DENIED_KEPT = 16;
+
+const refusedSet = z.object({
+  nftables: z.array(
+    z.object({
+      set: z
+        .object({
+          elem: z
+            .array(z.object({ concat: z.tuple([z.string(), z.string(), z.number()]) }))
+            .max(DENIED_KEPT)
+            .optional(),
+        })
+        .optional(),
+    }),
+  ),
+});
+
+/** `IP:PORT/PROTO` of each element of a listed `refused` set (`nft -j list set`). */
+export function destinationsOf(listing: string): string[] {
+  const parsed = refusedSet.parse(JSON.parse(listing));
+  const elements = parsed.nftables.flatMap((entry) => entry.set?.elem ?? []);
+  return elements.map(({ concat: [ip, proto, port] }) => `${ip}:${port}/${proto}`).sort();
 }
 
 /** Removes every flow the kernel tracks to or from `address` (conntrack exits 1 when none). */
