@@ -4,7 +4,8 @@ import { join } from 'node:path';
 import { z } from 'zod';
 import { SandgymError } from '../../common/index.ts';
 import { NEVER_REACHED, type ControlPlane } from './egress-guard.ts';
-import type { EgressTarget } from './network-rules.ts';
+import { DnsRelay } from './dns-relay.ts';
+import { ipv4Number, prefixMask, type EgressTarget } from './network-rules.ts';
 import { isAlive, processIdentity } from './processes.ts';
 import { runProgram } from './run-program.ts';
 
@@ -47,10 +48,13 @@ export class NodeNetwork {
   private readonly attached = new Map<number, NetworkAttachment>();
   /** What each attachment's rules allow now (`cidr` or `cidr:port`), to tell a narrowing. */
   private readonly allowed = new Map<number, Set<string>>();
+  /** The sandboxes' resolver, when the node names resolvers (its `dns` rule). */
+  private relay: DnsRelay | undefined;
 
   private constructor(
     private readonly subnet: number,
     private readonly stateFile: string,
+    private readonly resolvers: readonly ResolverAddress[],
   ) {}
 
   get bridge(): string {
@@ -75,11 +79,15 @@ export class NodeNetwork {
    * the start. Processes sharing a data dir (two evals at once) each have their own:
    * networks/<pid>-<random>.json records whose is which.
    */
-  static async open(dataDir: string, controlPlane: ControlPlane): Promise<NodeNetwork> {
+  static async open(
+    dataDir: string,
+    controlPlane: ControlPlane,
+    resolvers: readonly ResolverAddress[] = [],
+  ): Promise<NodeNetwork> {
     const previous = await removeStaleNetworks(dataDir);
     const subnet = await claimSubnet(previous[0]);
     const stateFile = join(dataDir, NETWORKS_DIR, `${process.pid}-${randomBytes(4).toString('hex')}.json`);
-    const network = new NodeNetwork(subnet, stateFile);
+    const network = new NodeNetwork(subnet, stateFile, resolvers);
     await mkdir(join(dataDir, NETWORKS_DIR), { recursive: true });
     await writeFile(stateFile, JSON.stringify({ subnet, owner: await processIdentity(process.pid) }));
     try {
@@ -102,6 +110,8 @@ export class NodeNetwork {
     ]);
     // a node that gives sandboxes egress routes for them (as Docker's hosts do)
     await writeFile('/proc/sys/net/ipv4/ip_forward', '1');
+    // on the bridge's own address, which nothing but the redirect below reaches
+    if (this.resolvers.length) this.relay = await DnsRelay.open(this.gateway, this.resolvers);
     // the table and its guard come in one transaction: no packet ever sees the bridge unguarded
     await nft(`
       table inet ${this.table} {
@@ -135,7 +145,12 @@ export class NodeNetwork {
         }
         chain input {
           type filter hook input priority filter; policy accept;
+          ${this.relayInput()}
           iifname "${bridge}" jump egress
+        }
+        chain resolver {
+          type nat hook prerouting priority dstnat; policy accept;
+          ${this.relayRedirects()}
         }
         chain prerouting {
           type filter hook prerouting priority filter; policy accept;
@@ -149,6 +164,36 @@ export class NodeNetwork {
         }
       }
       ${this.controlPlaneScript(controlPlane)}`);
+  }
+
+  /**
+   * Queries a sandbox sends to a resolver the node names go to the relay instead, each
+   * resolver's to its own port (so the relay knows which was asked), whatever the sandbox's
+   * rules: the relay answers those its rules do not reach with a refusal, and keeps the name.
+   */
+  private relayRedirects(): string {
+    const relay = this.relay;
+    if (!relay) return '';
+    return this.resolvers
+      .map(
+        (r) =>
+          `iifname "${this.bridge}" ip daddr ${r.address} udp dport ${r.port} ct state new dnat ip to ${this.gateway}:${relay.portOf(`${r.address}:${r.port}`)}`,
+      )
+      .join('\n');
+  }
+
+  /**
+   * The one way in to the node from the bridge: a query the redirect above sent to the relay.
+   * A packet sent to the relay's port directly was not redirected, and meets the guard.
+   */
+  private relayInput(): string {
+    const relay = this.relay;
+    if (!relay) return '';
+    const ports = relay.resolvers.map((key) => relay.portOf(key));
+    // a sandbox's queries are held to a rate before they reach the relay's socket, where a flood
+    // from one would crowd out the others' (the relay's own allowance comes after)
+    return `iifname "${this.bridge}" ip daddr ${this.gateway} udp dport { ${ports.join(', ')} } ct status dnat meter relay_rate { ip saddr limit rate over 200/second burst 400 packets } drop
+          iifname "${this.bridge}" ip daddr ${this.gateway} udp dport { ${ports.join(', ')} } ct status dnat accept`;
   }
 
   /** Replaces the control plane the guard keeps every sandbox from, in one transaction. */
@@ -225,6 +270,10 @@ export class NodeNetwork {
       add rule inet ${this.table} ${chain} drop
       add element inet ${this.table} denials { ${address} : "denied${index}" }
       add element inet ${this.table} sandboxes { ${address} : jump ${chain} }`);
+    this.relay?.permit(
+      address,
+      this.resolvers.filter((r) => reaches(targets, r)).map((r) => `${r.address}:${r.port}`),
+    );
     // the kernel keeps forwarding what flows the old rules let in (their replies meet no rule):
     // a rule that goes takes its flows with it, the ones still allowed start again
     if (before && [...before].some((target) => !now.has(target))) await forgetFlows(address);
@@ -252,6 +301,11 @@ export class NodeNetwork {
    * The destinations the sandbox was refused since its rules were last set, as `IP:PORT/PROTO`,
    * sorted; at most {@link DENIED_KEPT}.
    */
+  /** Names the sandbox's resolver did not resolve for it since its rules were last set. */
+  unresolvedNames(attachment: NetworkAttachment): string[] {
+    return this.relay?.unresolved(attachment.address) ?? [];
+  }
+
   async deniedDestinations(attachment: NetworkAttachment): Promise<string[]> {
     const out = await runProgram('nft', [
       '-j',
@@ -293,6 +347,7 @@ export class NodeNetwork {
     // the address is free again only once no flow of this sandbox is left on it: the next
     // sandbox given it would be handed the rest (replies still in flight, a peer's stream)
     await forgetFlows(address);
+    this.relay?.forget(address);
     this.attached.delete(index);
     this.allowed.delete(index);
   }
@@ -303,6 +358,7 @@ export class NodeNetwork {
 
   /** Removes the bridge, the table and the node's claim on its subnet. */
   async close(): Promise<void> {
+    this.relay?.close();
     await removeNetwork(this.subnet);
     await rm(this.stateFile, { force: true });
   }
@@ -321,8 +377,26 @@ export class NodeNetwork {
   }
 }
 
+/** A resolver of the node's `dns` rule, which sandboxes' queries to go through the relay. */
+export interface ResolverAddress {
+  address: string;
+  port: number;
+}
+
+/** Whether `targets` let a sandbox reach the resolver (its address, on its port). */
+function reaches(targets: readonly EgressTarget[], resolver: ResolverAddress): boolean {
+  return targets.some((t) => {
+    const [base = '', bits = '32'] = t.cidr.split('/');
+    const mask = prefixMask(Number(bits));
+    return (
+      (ipv4Number(resolver.address) & mask) >>> 0 === ipv4Number(base) &&
+      (t.port === undefined || t.port === resolver.port)
+    );
+  });
+}
+
 /** How many distinct refused destinations a sandbox's record keeps per stage. */
-export const DENIED_KEPT = 16;
+const DENIED_KEPT = 16;
 
 const refusedSet = z.object({
   nftables: z.array(
