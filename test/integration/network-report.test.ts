@@ -2,14 +2,13 @@ import { cpSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve as resolvePath } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { parseQuery } from '../../src/backends/host/dns-message.ts';
 import { TaskEnv, loadHarborTask, networkReportOf, type Task } from '../../src/env/index.ts';
 import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
-import { startFakeResolver, type FakeResolver } from '../support/fake-resolver.ts';
+import { startFakeResolverIn } from '../support/fake-resolver.ts';
 import { startUpstream, type Upstream } from '../support/upstream.ts';
 
-/** The host's end of the upstream's link (see startUpstream), where the stand-in resolver listens. */
-const RESOLVER = '10.250.7.1';
+/** The upstream's address (see startUpstream), where the stand-in resolver listens too. */
+const RESOLVER = '10.250.7.2';
 
 /** Points the sandbox's resolver at the node's `dns` rule, then asks for NAME. */
 function resolve(name: string): string {
@@ -46,12 +45,12 @@ function taskReaching(dir: string, reach: string[]): Promise<Task> {
 describe('network report', () => {
   let env: TestPlatform;
   let upstream: Upstream;
-  let resolver: FakeResolver;
+  let resolver: Awaited<ReturnType<typeof startFakeResolverIn>>;
   const dirs: string[] = [];
 
   beforeAll(async () => {
     upstream = await startUpstream(7, [8080, 8081]);
-    resolver = await startFakeResolver(RESOLVER, 53);
+    resolver = await startFakeResolverIn('sandgym-test-upstream7', RESOLVER);
     env = await createTestPlatform('network-report', {
       networkRules: { 'mirror:test': [`${upstream.address}:8080`], dns: [`${RESOLVER}:53`] },
     });
@@ -86,7 +85,7 @@ describe('network report', () => {
       grader: { denied: [`${upstream.address}:8081/tcp`], unresolved: ['no-such-mirror.invalid'] },
     });
     // the resolver was asked only what the tests, whose rules name it, asked
-    const asked = resolver.got.map((packet) => parseQuery(packet)?.question.name);
+    const asked = resolver.asked;
     expect(asked).toContain('no-such-mirror.invalid');
     expect(asked).not.toContain('agent-asked.example');
   });
@@ -98,7 +97,7 @@ describe('network report', () => {
     await taskEnv.step({ type: 'exec', command: ['bash', '-c', connect(upstream.address, 8080)] });
     const grade = await taskEnv.grade();
     expect(grade.details['network']).toBeUndefined();
-    const asked = resolver.got.map((packet) => parseQuery(packet)?.question.name);
+    const asked = resolver.asked;
     expect(asked).toContain('mirror.example');
   });
 });

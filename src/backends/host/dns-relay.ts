@@ -145,6 +145,12 @@ export class DnsRelay {
     });
   }
 
+  /** The sandbox at `address` may ask only `resolvers` from now on; its record stays. */
+  restrict(address: string, resolvers: readonly ResolverKey[]): void {
+    const client = this.clients.get(address);
+    if (client) client.resolvers = new Set(resolvers);
+  }
+
   /** The sandbox at `address` is gone: nothing of it is kept, and nothing reaches its successor. */
   forget(address: string): void {
     this.clients.delete(address);

@@ -1,5 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import { mkdir, readFile, readdir, rm, writeFile } from 'node:fs/promises';
+import { networkInterfaces } from 'node:os';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { SandgymError } from '../../common/index.ts';
@@ -50,6 +51,10 @@ export class NodeNetwork {
   private readonly allowed = new Map<number, Set<string>>();
   /** The sandboxes' resolver, when the node names resolvers (its `dns` rule). */
   private relay: DnsRelay | undefined;
+  /** What the guard keeps sandboxes from now: the relay asks no resolver inside it. */
+  private controlPlane: ControlPlane = { hosts: [], ports: [] };
+  /** Each attachment's current targets, to narrow what it may ask the relay when the guard grows. */
+  private readonly targets = new Map<number, readonly EgressTarget[]>();
 
   private constructor(
     private readonly subnet: number,
@@ -101,6 +106,7 @@ export class NodeNetwork {
 
   private async build(controlPlane: ControlPlane): Promise<void> {
     const bridge = this.bridge;
+    this.controlPlane = controlPlane;
     await runProgram('sh', [
       '-c',
       `ip link add "$1" type bridge && ip addr add "$2" dev "$1" && ip link set "$1" up`,
@@ -111,7 +117,9 @@ export class NodeNetwork {
     // a node that gives sandboxes egress routes for them (as Docker's hosts do)
     await writeFile('/proc/sys/net/ipv4/ip_forward', '1');
     // on the bridge's own address, which nothing but the redirect below reaches
-    if (this.resolvers.length) this.relay = await DnsRelay.open(this.gateway, this.resolvers);
+    // no resolver the guard would refuse: the relay must not carry a sandbox where no packet may go
+    const resolvers = this.resolvers.filter((r) => !guarded(r, controlPlane));
+    if (resolvers.length) this.relay = await DnsRelay.open(this.gateway, resolvers);
     // the table and its guard come in one transaction: no packet ever sees the bridge unguarded
     await nft(`
       table inet ${this.table} {
@@ -175,6 +183,7 @@ export class NodeNetwork {
     const relay = this.relay;
     if (!relay) return '';
     return this.resolvers
+      .filter((r) => relay.portOf(`${r.address}:${r.port}`) !== undefined)
       .map(
         (r) =>
           `iifname "${this.bridge}" ip daddr ${r.address} udp dport ${r.port} ct state new dnat ip to ${this.gateway}:${relay.portOf(`${r.address}:${r.port}`)}`,
@@ -199,6 +208,11 @@ export class NodeNetwork {
   /** Replaces the control plane the guard keeps every sandbox from, in one transaction. */
   async guard(controlPlane: ControlPlane): Promise<void> {
     await nft(this.controlPlaneScript(controlPlane));
+    this.controlPlane = controlPlane;
+    for (const [index, targets] of this.targets) {
+      const attachment = this.attached.get(index);
+      if (attachment) this.relay?.restrict(attachment.address, this.askable(targets));
+    }
   }
 
   private controlPlaneScript({ hosts, ports }: ControlPlane): string {
@@ -270,10 +284,8 @@ export class NodeNetwork {
       add rule inet ${this.table} ${chain} drop
       add element inet ${this.table} denials { ${address} : "denied${index}" }
       add element inet ${this.table} sandboxes { ${address} : jump ${chain} }`);
-    this.relay?.permit(
-      address,
-      this.resolvers.filter((r) => reaches(targets, r)).map((r) => `${r.address}:${r.port}`),
-    );
+    this.targets.set(index, targets);
+    this.relay?.permit(address, this.askable(targets));
     // the kernel keeps forwarding what flows the old rules let in (their replies meet no rule):
     // a rule that goes takes its flows with it, the ones still allowed start again
     if (before && [...before].some((target) => !now.has(target))) await forgetFlows(address);
@@ -301,6 +313,13 @@ export class NodeNetwork {
    * The destinations the sandbox was refused since its rules were last set, as `IP:PORT/PROTO`,
    * sorted; at most {@link DENIED_KEPT}.
    */
+  /** The resolvers `targets` reach that the guard does not refuse. */
+  private askable(targets: readonly EgressTarget[]): string[] {
+    return this.resolvers
+      .filter((r) => reaches(targets, r) && !guarded(r, this.controlPlane))
+      .map((r) => `${r.address}:${r.port}`);
+  }
+
   /** Names the sandbox's resolver did not resolve for it since its rules were last set. */
   unresolvedNames(attachment: NetworkAttachment): string[] {
     return this.relay?.unresolved(attachment.address) ?? [];
@@ -348,6 +367,7 @@ export class NodeNetwork {
     // sandbox given it would be handed the rest (replies still in flight, a peer's stream)
     await forgetFlows(address);
     this.relay?.forget(address);
+    this.targets.delete(index);
     this.attached.delete(index);
     this.allowed.delete(index);
   }
@@ -381,6 +401,20 @@ export class NodeNetwork {
 export interface ResolverAddress {
   address: string;
   port: number;
+}
+
+/**
+ * Whether the guard refuses every packet to the resolver: in {@link NEVER_REACHED}, an address of
+ * this host (the guard's `fib daddr type local`), or the control plane.
+ */
+function guarded(resolver: ResolverAddress, plane: ControlPlane): boolean {
+  const inside = (cidr: string): boolean => reaches([{ cidr }], resolver);
+  const local = Object.values(networkInterfaces()).some((addresses) =>
+    (addresses ?? []).some((a) => a.family === 'IPv4' && a.address === resolver.address),
+  );
+  return (
+    local || NEVER_REACHED.some(inside) || plane.hosts.some(inside) || plane.ports.includes(resolver.port)
+  );
 }
 
 /** Whether `targets` let a sandbox reach the resolver (its address, on its port). */
