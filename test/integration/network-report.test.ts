@@ -90,6 +90,25 @@ describe('network report', () => {
     expect(asked).not.toContain('agent-asked.example');
   });
 
+  it('names what a failing RUN step was denied or could not resolve in its error', async () => {
+    const dir = scratch();
+    const task = await taskReaching(dir, []);
+    writeFileSync(
+      join(dir, 'environment', 'Dockerfile'),
+      [
+        'FROM debian:bookworm-slim',
+        `RUN ${connect(upstream.address, 8081)}; ${resolve('pkg.invalid')}; getent hosts pkg.invalid`,
+        '',
+      ].join('\n'),
+    );
+    await using taskEnv = TaskEnv.create(env.platform, task);
+    await expect(taskEnv.reset()).rejects.toThrow(
+      new RegExp(
+        `could not resolve pkg\\.invalid; denied ${upstream.address.replaceAll('.', '\\.')}:8081/tcp`,
+      ),
+    );
+  });
+
   it('reports nothing when every destination was allowed', async () => {
     const task = await taskReaching(scratch(), [connect(upstream.address, 8080), resolve('mirror.example')]);
     await using taskEnv = TaskEnv.create(env.platform, task);
