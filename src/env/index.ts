@@ -72,3 +72,5 @@ export type {
 } from './environment.ts';
 export { envService } from './env-service.ts';
 export type { EnvServiceOptions } from './env-service.ts';
+export { networkReportOf, networkReportText } from './network-report.ts';
+export type { NetworkReport } from './network-report.ts';

@@ -50,6 +50,8 @@ import { workspaceEnvironment, workspaceEnvironmentName } from './tasks/workspac
 import { TaskServices } from './task-services.ts';
 import { entrypointFiles, startEntrypoint } from './entrypoint.ts';
 import { waitHealthy } from './healthcheck.ts';
+import { networkReport } from './network-report.ts';
+import { recordText, type NetworkRecord } from '../backends/index.ts';
 
 /** How long a task's setup script may run. */
 const SETUP_SCRIPT_TIMEOUT_MS = 10 * 60_000;
@@ -522,9 +524,12 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     const result = await sandbox.exec(['sh', '-c', script], { timeoutMs: SETUP_SCRIPT_TIMEOUT_MS });
     if (result.exitCode === 0) return;
     const tail = (result.stderr || result.stdout).trim().split('\n').slice(-3).join(' | ');
+    // what the network refused it is often why: a mirror the setup stage's rules do not name
+    const network = (await sandbox.stats().catch(() => undefined))?.network;
+    const refused = network ? recordText(network) : '';
     throw new TaskError(
       this.task.id,
-      `its setup script failed (${result.timedOut ? 'timed out' : `exit ${result.exitCode}`}): ${tail || 'no output'}`,
+      `its setup script failed (${result.timedOut ? 'timed out' : `exit ${result.exitCode}`}): ${tail || 'no output'}${refused ? ` (its network: ${refused})` : ''}`,
     );
   }
 
@@ -723,8 +728,14 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
       if (isDiffLargerThanDisk(error)) return error as Error;
       throw error;
     });
-    const { deniedEgress } = await agent.stats();
+    // the agent stage's record: read before grading sets the verify stage's rules
+    const { deniedEgress, network: agentNetwork } = await agent.stats();
     const clean = `${environment.name}:${environment.version}`;
+    let graderNetwork: NetworkRecord | undefined;
+    const network = (): Record<string, unknown> => {
+      const report = networkReport({ agent: agentNetwork, grader: graderNetwork });
+      return report ? { network: report } : {};
+    };
     if (mode === 'shared') {
       const touched = packed instanceof Error ? [] : packed.present;
       const excluded = packed instanceof Error ? [] : packed.excludedByPattern;
@@ -735,7 +746,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
       const tampered = [
         ...new Set([...this.earlierTampering, ...[...touched, ...replaced.slice(0, 20)].map((p) => `/${p}`)]),
       ];
-      const verdict = await this.gradeInPlace(agent, clean, hooks);
+      const verdict = await this.gradeInPlace(agent, clean, hooks, (record) => (graderNetwork = record));
       return {
         reward: verdict.reward,
         tampered,
@@ -746,6 +757,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
           leftoverProcesses: leftover,
           ...(hooks.length ? { removedBeforeGrading: hooks.slice(0, 50).map((p) => `/${p}`) } : {}),
           ...this.sharedUserResidual(),
+          ...network(),
         },
       };
     }
@@ -755,7 +767,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
         reward: 0,
         tampered: [...this.earlierTampering],
         deniedEgress,
-        details: { reason: `the agent's changes cannot be graded: ${packed.message}` },
+        details: { reason: `the agent's changes cannot be graded: ${packed.message}`, ...network() },
       };
     }
     const { layer, present, dropped } = packed;
@@ -764,7 +776,12 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     const tampered = [...new Set([...this.earlierTampering, ...present.map((path) => `/${path}`)])];
     // the agent's work is its diff over where its sandbox started (a checkpoint's stack, after a
     // restore); the control run has none of it, so it starts from the task's own environment
-    const withDiff = await this.judge(this.base ?? clean, [layer.digest]).then(
+    const withDiff = await this.judge(
+      this.base ?? clean,
+      [layer.digest],
+      this.services,
+      (record) => (graderNetwork = record),
+    ).then(
       (verdict) => ({ verdict }),
       (error: unknown) => ({ error }),
     );
@@ -785,6 +802,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
         ...verdict.details,
         ...(dropped.length ? { droppedFromDiff: dropped } : {}),
         ...(leftover.length ? { leftoverProcesses: leftover, leftoverNote: LEFTOVER_NOTE } : {}),
+        ...network(),
       },
     };
   }
@@ -798,7 +816,12 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
    * sandbox has one mount namespace and one root): docs/security.md says so, and an agent that
    * runs as another user than the tests cannot.
    */
-  private async gradeInPlace(agent: Sandbox, clean: string, hooks: string[]): Promise<VerifierResult> {
+  private async gradeInPlace(
+    agent: Sandbox,
+    clean: string,
+    hooks: string[],
+    onNetwork: (record: NetworkRecord | undefined) => void,
+  ): Promise<VerifierResult> {
     this.gradedInPlace = true;
     try {
       const cleared = await agent.exec(
@@ -822,6 +845,8 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
                 `The agent's sandbox kept what it left at ${GRADER_OWNED_PATHS.join(', ')}: ${cleared.stderr.trim().slice(-300)}`,
               ),
             };
+      // the verify stage's record, from the sandbox the tests ran in
+      onNetwork((await agent.stats().catch(() => undefined))?.network);
       if ('verdict' in run) return run.verdict;
       if (isSandgymError(run.error, ...INFRA_CODES)) throw run.error;
       return await this.blame(clean, run.error);
@@ -976,11 +1001,15 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     }
   }
 
-  /** Runs the verifiers in a fresh grader of `environment` plus `extraLayers`, within the grading deadline. */
+  /**
+   * Runs the verifiers in a fresh grader of `environment` plus `extraLayers`, within the grading
+   * deadline; `onNetwork` hears what the grader's network refused it, however the run ended.
+   */
   private async judge(
     environment: string,
     extraLayers: string[],
     services: TaskServices | undefined = this.services,
+    onNetwork?: (record: NetworkRecord | undefined) => void,
   ): Promise<VerifierResult> {
     const grader = await this.platform.createSandbox({
       environment,
@@ -1000,6 +1029,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
       await this.waitHealthy(grader);
       return await this.verifyIn(grader, environment);
     } finally {
+      if (onNetwork) onNetwork((await grader.stats().catch(() => undefined))?.network);
       await services?.leave(grader).catch(() => undefined);
       await grader.close();
     }

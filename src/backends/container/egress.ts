@@ -2,9 +2,15 @@ import { SandgymError } from '../../common/index.ts';
 import { controlPlaneOf, mergeControlPlanes, type ControlPlane } from '../host/egress-guard.ts';
 import type { GroupNetwork } from '../host/group-network.ts';
 import { checkHostnameRules, hostnameOfRule, resolveHostnameRules } from '../host/hostname-rules.ts';
-import { checkRuleBook, resolveRules, type NetworkRuleBook } from '../host/network-rules.ts';
-import { NodeNetwork, removeStaleNetwork, type NetworkAttachment } from '../host/node-network.ts';
+import { checkRuleBook, parseAddress, resolveRules, type NetworkRuleBook } from '../host/network-rules.ts';
+import {
+  NodeNetwork,
+  removeStaleNetwork,
+  type NetworkAttachment,
+  type ResolverAddress,
+} from '../host/node-network.ts';
 import { runProgram } from '../host/run-program.ts';
+import type { NetworkRecord } from '../contract.ts';
 import type { WarmShell } from './warm-pool.ts';
 
 /**
@@ -80,7 +86,7 @@ export class ContainerEgress {
 
   private nodeNetwork(): Promise<NodeNetwork> {
     if (!this.network) {
-      const opening = NodeNetwork.open(this.dataDir, this.controlPlane);
+      const opening = NodeNetwork.open(this.dataDir, this.controlPlane, resolversOf(this.ruleBook));
       this.network = opening;
       opening.catch(() => (this.network = undefined));
     }
@@ -105,6 +111,20 @@ export class ContainerEgress {
     const attachment = await this.attached.get(slot)?.catch(() => undefined);
     if (!attachment || !this.network) return 0;
     return (await this.network).denied(attachment);
+  }
+
+  /**
+   * What the container's network refused since its rules were last set (a stage); undefined when
+   * it is loopback only (no veth: what it tries is only counted, see deniedEgressOf).
+   */
+  async record(slot: string): Promise<NetworkRecord | undefined> {
+    const attachment = await this.attached.get(slot)?.catch(() => undefined);
+    if (!attachment || !this.network) return undefined;
+    const network = await this.network;
+    return {
+      denied: await network.deniedDestinations(attachment),
+      unresolved: network.unresolvedNames(attachment),
+    };
   }
 
   /** Puts a container on a group network; its address there. */
@@ -150,6 +170,17 @@ export class ContainerEgress {
     if (this.network) return (await this.network).close();
     await removeStaleNetwork(this.dataDir);
   }
+}
+
+/**
+ * The resolvers of the node's `dns` rule (single addresses; port 53 unless named), whose
+ * queries go through the sandboxes' resolver relay.
+ */
+function resolversOf(book: NetworkRuleBook): ResolverAddress[] {
+  return (book['dns'] ?? [])
+    .map((text) => parseAddress(text, 'network rule "dns"'))
+    .filter((target) => target.cidr.endsWith('/32'))
+    .map((target) => ({ address: target.cidr.slice(0, -3), port: target.port ?? 53 }));
 }
 
 /** A pid in the container's network namespace: its agent, found when the shell does not know it. */

@@ -1,5 +1,5 @@
 import { secretRedactor, urlSecrets, writeFileAtomic } from '../../common/index.ts';
-import { loadTasks } from '../../env/index.ts';
+import { loadTasks, networkReportOf, networkReportText } from '../../env/index.ts';
 import { join } from 'node:path';
 import { defaultDataDir, hostPlatformOf } from '../../platform/index.ts';
 import { openPlatform } from './cluster.ts';
@@ -148,6 +148,8 @@ export async function evalCommand(args: string[]): Promise<number> {
         : ` [${r.outcome.kind}${'reason' in r.outcome ? `: ${r.outcome.reason}` : ''}] ${r.outcome.message}`;
     const tamper = r.tampered.length ? ` tampered: ${r.tampered.join(', ')}` : '';
     const egress = r.deniedEgress ? ` denied egress: ${r.deniedEgress}` : '';
+    const refused = networkReportOf(r.details);
+    const network = refused ? ` network refused ${networkReportText(refused)}` : '';
     const metrics = metricsOf(r.details);
     const perMetric = metrics
       ? ` (${Object.entries(metrics)
@@ -157,7 +159,7 @@ export async function evalCommand(args: string[]): Promise<number> {
     const reason = r.agentFailure ? `the agent failed: ${r.agentFailure}` : r.details?.['reason'];
     const why = r.reward < 1 && typeof reason === 'string' ? `: ${reason}` : '';
     say(
-      `${interactive ? '\r' : ''}${r.task}: reward ${r.reward}${perMetric}${outcome}${tamper}${egress} (${r.steps} steps, ${(r.durationMs / 1000).toFixed(1)}s)${why}\n`,
+      `${interactive ? '\r' : ''}${r.task}: reward ${r.reward}${perMetric}${outcome}${tamper}${egress}${network} (${r.steps} steps, ${(r.durationMs / 1000).toFixed(1)}s)${why}\n`,
     );
     // how its environment was had: a FROM mapped, pulled or built on a fallback base
     for (const note of r.buildNotes ?? []) say(`  ${r.task}: ${note}\n`);
