@@ -631,7 +631,9 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     const leftover = await this.leftoverProcesses(agent);
     // no name: a layer for this grading only, which layer gc reclaims later
     const packed = await this.platform.packDiff(agent, this.diffOptions()).catch((error: unknown) => {
-      if (isDiffLargerThanDisk(error)) return error as Error;
+      // graded in place, the diff feeds the tampering report alone: its failure says so, never blocks
+      if (mode === 'shared' || isDiffLargerThanDisk(error))
+        return error instanceof Error ? error : new Error(String(error));
       throw error;
     });
     const { deniedEgress } = await agent.stats();
@@ -644,7 +646,12 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
         reward: verdict.reward,
         tampered,
         deniedEgress,
-        details: { ...verdict.details, gradedIn: 'the agent sandbox', leftoverProcesses: leftover },
+        details: {
+          ...verdict.details,
+          gradedIn: 'the agent sandbox',
+          leftoverProcesses: leftover,
+          ...(packed instanceof Error ? { tamperingUnchecked: packed.message } : {}),
+        },
       };
     }
     // changes larger than the agent's disk (sparse files) are its own doing: scored, never packed

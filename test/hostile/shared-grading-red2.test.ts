@@ -177,7 +177,10 @@ describe('grading in the agent sandbox, second attacker', () => {
       },
     ));
 
-  it('BREAK: checkpoints an episode whose non-root agent left a process running', () =>
+  // Used to break: CRIU, without CAP_SYS_RESOURCE on this host, cannot read the rlimits of a
+  // process of another user, and the checkpoint failed `platform_error`; now it is `unsupported`
+  // at memory depth (naming the capability) and TaskEnv falls back to a disk checkpoint.
+  it('checkpoints an episode whose non-root agent left a process running', () =>
     attack('shared-grading', "a non-root agent's leftover process against checkpoint()", async () => {
       await using task = TaskEnv.create(env.platform, await monitorAsWorker());
       await task.reset();
@@ -229,7 +232,9 @@ describe('grading in the agent sandbox, second attacker', () => {
   };
   for (const [name, { command, diskMib }] of Object.entries(starvers))
     for (const mode of ['shared', 'fresh'] as const) {
-      it(`${diskMib ? 'BREAK: ' : ''}scores a non-root agent that left ${name} 0 (graded ${mode}), never masked`, () =>
+      // Used to break (its disk filled): the btrfs snapshot packDiff prunes inherited the agent's
+      // full quota, so the platform's own first write failed and the episode was verifier_error.
+      it(`scores a non-root agent that left ${name} 0 (graded ${mode}), never masked`, () =>
         attack('shared-grading', `a non-root agent's sandbox with ${name} (${mode})`, async () => {
           const task = { ...(await monitorAsWorker()), verifierMode: mode };
           const starved = diskMib ? { ...task, resources: { ...task.resources, diskMib } } : task;
