@@ -112,7 +112,9 @@ describe('grading in the agent sandbox, second attacker', () => {
       expect(report.reward === 0 || report.tampered.length > 0, JSON.stringify(report)).toBe(true);
     }));
 
-  it('BREAK: never lets the root tests follow a link the agent user left in /tmp', async () => {
+  // Used to break: the host's fs.protected_symlinks (and fifos, regular) were 0, so root followed
+  // the agent's link; sandgym setup now sets them (link-protections.ts).
+  it('never lets the root tests follow a link the agent user left in /tmp', async () => {
     await using task = TaskEnv.create(env.platform, await monitorAsWorker());
     await task.reset();
     await task.step({ type: 'exec', command: 'ln -s /etc/motd /tmp/grading.log' });
