@@ -32,6 +32,7 @@ export type {
   SandboxResources,
   SandboxState,
   SandboxStats,
+  NetworkRecord,
   WriteFileOptions,
 } from './backends/index.ts';
 export { BACKEND_NAMES } from './backends/index.ts';

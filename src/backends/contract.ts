@@ -235,6 +235,19 @@ export interface SandboxStats {
   diskBytes: number;
   /** Forks refused at its pids limit. */
   pidsLimitHits: number;
+  /**
+   * What its network refused since its rules were last set (its current stage), where the
+   * backend records it: absent for a sandbox with loopback only, whose attempts are only counted.
+   */
+  network?: NetworkRecord;
+}
+
+/** What a sandbox's network refused it during one stage, bounded. */
+export interface NetworkRecord {
+  /** Destinations its TCP and UDP flows were refused for, `IP:PORT/PROTO`: the first 16 distinct. */
+  denied: string[];
+  /** Names its resolver answered no address for (NXDOMAIN, refused, or the query denied). */
+  unresolved: string[];
 }
 
 /** The part of {@link SandboxStats} that each step's audit compares. */

@@ -41,11 +41,13 @@ export type {
   SandboxSpec,
   SandboxState,
   SandboxStats,
+  NetworkRecord,
   StepCounters,
   WriteFileOptions,
   WrittenPathsOptions,
 } from './contract.ts';
 export { collectExec } from './collect-exec.ts';
+export { recordText } from './network-record.ts';
 export { callOptionsOf } from './call-options.ts';
 export { isRootUser } from './internal/users.ts';
 export { buildErofsImage } from './host/erofs.ts';

@@ -75,6 +75,16 @@ export function imageSources(parsed: ParsedCommandArgs): ImageSources {
   });
 }
 
+/** How task files are read: `--task-env VAR` lets `${VAR}` templates read the host's VAR. */
+export const TASK_LOAD_OPTIONS = {
+  'task-env': { type: 'string', multiple: true },
+} as const satisfies Options;
+
+/** The host variables tasks may read, as `--task-env` names them ($SANDGYM_TASK_ENV adds more). */
+export function taskLoadOptions(parsed: ParsedCommandArgs): { taskEnv: string[] } {
+  return { taskEnv: texts(parsed, 'task-env') };
+}
+
 /** The options of the long-running servers' logs (node agent, controller). */
 export const LOG_OPTIONS = {
   'log-level': { type: 'string' },

@@ -38,7 +38,7 @@ const USAGE = `usage: sandgym COMMAND [ARGS]
   env ls [--json] | env show NAME:VERSION environments: layer stacks plus config
   eval TASK... [--agent oracle|nop|openai:MODEL|MODULE.js] [--base-url URL] [--concurrency N] [--max-steps N]
        [--json OUT] [--report OUT.html] [--atif DIR] [--run NAME [--lease 30s]] [--decision-timeout 30m]
-       [--fallback-base ENV] [--registry-auth FILE] [--insecure-registry HOST]
+       [--fallback-base ENV] [--registry-auth FILE] [--insecure-registry HOST] [--task-env VAR]
                                           run Harbor, Terminal-Bench or SWE-bench tasks, grade each in a
                                           fresh sandbox; openai:MODEL drives an OpenAI-compatible endpoint
                                           at --base-url (key in $SANDGYM_LLM_API_KEY or $OPENAI_API_KEY);
@@ -49,7 +49,7 @@ const USAGE = `usage: sandgym COMMAND [ARGS]
                                           a sandbox's actions (exec, write_file, read_file, list_dir) as
                                           MCP tools over stdio, as USER (default the environment's USER);
                                           a sandbox it made goes when the client does
-  check TASK... [--json] [--fallback-base ENV]
+  check TASK... [--json] [--fallback-base ENV] [--task-env VAR]
                                           the agentic env checker: oracle passes, nop fails, no leaks,
                                           deterministic reset, replay matches, clean close
   ps [--json]                             live sandboxes on this node

@@ -10,6 +10,7 @@ export { ENV_VAR_NAME, climbsOut, issuesText, parseAt, pathInTree, textWithoutNu
 export { ID_KINDS, ids, names, notAnId, requestFields } from './id-fields.ts';
 export type { FieldRole, IdKind, RequestField } from './id-fields.ts';
 export { secretRedactor, urlSecrets } from './redact.ts';
+export { publicHostNameProblem } from './public-host-name.ts';
 export { plainJson } from './plain-json.ts';
 export type { Redactor } from './redact.ts';
 export { writeFileAtomic, writeSmallFileAtomicNow } from './atomic-file.ts';

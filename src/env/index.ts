@@ -30,6 +30,7 @@ export type {
 export { filesUnder } from './stage-folder.ts';
 export { loadHarborTask } from './tasks/harbor.ts';
 export { loadTasks } from './tasks/load-tasks.ts';
+export type { LoadTasksOptions } from './tasks/load-tasks.ts';
 export { parsePytestSummary } from './pytest-summary.ts';
 export { loadSweBenchFile } from './tasks/swebench.ts';
 export type {
@@ -38,7 +39,10 @@ export type {
   Task,
   TaskEnvironmentSource,
   TaskGrading,
+  TaskHealthcheck,
+  TaskMcpServer,
   TaskService,
+  VerifierMode,
 } from './tasks/task.ts';
 export { PUBLIC_NETWORK, TaskError, taskStorageStem } from './tasks/task.ts';
 export {
@@ -68,3 +72,5 @@ export type {
 } from './environment.ts';
 export { envService } from './env-service.ts';
 export type { EnvServiceOptions } from './env-service.ts';
+export { networkReportOf, networkReportText } from './network-report.ts';
+export type { NetworkReport } from './network-report.ts';

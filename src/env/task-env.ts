@@ -18,11 +18,26 @@ import type {
 import type { SandboxAction, SandboxObservation, StepOutcome } from '../platform/index.ts';
 import { oraclePlan } from './oracle-plan.ts';
 import { SandboxEnv, type DiskCheckpointRef, type MemoryCheckpointRef } from './sandbox-env.ts';
-import { TaskError, checkTaskLimits, taskStorageStem, type Task, type VerifierMode } from './tasks/task.ts';
+import {
+  TaskError,
+  checkSharedGradingNetwork,
+  checkTaskLimits,
+  taskStorageStem,
+  type Task,
+  type TaskMcpServer,
+  type VerifierMode,
+} from './tasks/task.ts';
 import { HARBOR_SOLUTION_DIR } from './tasks/harbor.ts';
 import { stageFolder } from './stage-folder.ts';
 import { Deadline } from './deadline.ts';
-import { BASE_SCOPE, PROTECTED_PATHS, gradingScope, type GradingScope } from './grading-scope.ts';
+import {
+  BASE_SCOPE,
+  PROTECTED_PATHS,
+  gradingScope,
+  isHomeToolPath,
+  startUpHooksIn,
+  type GradingScope,
+} from './grading-scope.ts';
 import { probeInterpreters, type InterpreterFacts } from './python-probe.ts';
 import {
   GradingAnomaly,
@@ -33,6 +48,10 @@ import {
 } from './verifiers/index.ts';
 import { workspaceEnvironment, workspaceEnvironmentName } from './tasks/workspace.ts';
 import { TaskServices } from './task-services.ts';
+import { entrypointFiles, startEntrypoint } from './entrypoint.ts';
+import { waitHealthy } from './healthcheck.ts';
+import { networkReport } from './network-report.ts';
+import { recordText, type NetworkRecord } from '../backends/index.ts';
 
 /** How long a task's setup script may run. */
 const SETUP_SCRIPT_TIMEOUT_MS = 10 * 60_000;
@@ -104,11 +123,24 @@ function outcomeText(reward: number, outcome: StepOutcome): string {
 const GRADER_OWNED_PATHS = ['/tests', '/logs/verifier', '/sandgym-runner'];
 
 /**
- * Names the processes of a sandbox other than its agent (pid 1) and this listing's own shell, one
- * per line; `read` keeps the loop free of forks that would list themselves.
+ * Readies the agent's live sandbox for grading in place, as root: /logs made root's (so no
+ * user can swap the verifier's folder beneath it), what the agent left at the graders' paths and
+ * its start-up hooks (its arguments) removed, and the tests' folders made anew, private to the
+ * tests' user (`$TESTS_USER`), so a leftover process of any other user cannot read them.
+ */
+const CLEAR_FOR_GRADING = `set -eu
+if [ -L /logs ] || { [ -e /logs ] && [ ! -d /logs ]; }; then rm -f -- /logs; fi
+mkdir -p /logs && chown 0:0 /logs && chmod 755 /logs
+rm -rf -- ${GRADER_OWNED_PATHS.join(' ')} "$@"
+mkdir -m 700 /tests /sandgym-runner
+chown "$TESTS_USER" /tests /sandgym-runner`;
+
+/**
+ * Lists the processes of a sandbox other than its agent (pid 1) and this listing's own shell, one
+ * `pid name` per line; `read` keeps the loop free of forks that would list themselves.
  */
 const LIST_PROCESSES =
-  'for d in /proc/[0-9]*; do p=${d#/proc/}; [ "$p" = 1 ] || [ "$p" = $$ ] && continue; read -r n < "$d/comm" 2>/dev/null && echo "$n"; done; true';
+  'for d in /proc/[0-9]*; do p=${d#/proc/}; [ "$p" = 1 ] || [ "$p" = $$ ] && continue; read -r n < "$d/comm" 2>/dev/null && echo "$p $n"; done; true';
 
 /** The name a task's Dockerfile build is stored under. */
 function taskEnvironmentName(task: Task): string {
@@ -166,6 +198,12 @@ export interface TaskResetInfo extends ResetInfo {
   network: { stage: 'agent'; rules: readonly string[] };
   /** What building or resolving the task's environment noted (stand-ins, skipped services). */
   notes: string[];
+  /**
+   * MCP servers the task offers its agent (Harbor's `[[environment.mcp_servers]]`), as written:
+   * an agent that speaks MCP connects to them from the sandbox; `${VAR}` in a header is the
+   * agent's to fill from its own environment, as in Harbor.
+   */
+  mcpServers?: TaskMcpServer[];
   /** Set by {@link TaskEnv.restore}. */
   restoredFrom?: TaskCheckpoint;
 }
@@ -199,6 +237,8 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
    * agent's processes could read them, so the episode cannot go on (a reset or restore starts anew).
    */
   private gradedInPlace = false;
+  /** The processes the agent's sandbox ran when the agent started: its entrypoint's. */
+  private startupPids = new Set<string>();
 
   private constructor(
     private readonly platform: PlatformClient,
@@ -233,6 +273,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     try {
       // a task built in code gets the loaders' checks: its numbers out of range are its author's
       checkTaskLimits(this.task);
+      checkSharedGradingNetwork(this.task);
       return await this.build();
     } catch (error) {
       throw TaskError.fromPreparing(this.task.id, error);
@@ -321,6 +362,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
         environment,
         resources: { ...this.task.resources },
         env: this.task.env,
+        ...this.workdirOption(),
         network: this.task.network.setup,
         ...this.inRun(),
       },
@@ -335,6 +377,9 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
       this.workdir(),
       this.taskExclusions(),
     );
+    // the container's start: its image's ENTRYPOINT, with what the agent finds running
+    this.startupPids = new Set();
+    const started = await this.startEntrypoint(sandbox);
     // A checkpoint's files already hold what setup did. Setup runs as root, so run again over the
     // agent's files it would follow the agent's symlinks (a chown or a write onto /etc/shadow),
     // and a script that is not idempotent would fail: it runs only in a fresh episode.
@@ -348,6 +393,10 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     }
     // the stage boundary: the same sandbox, the agent stage's rules
     await sandbox.setNetwork(this.task.network.agent);
+    // the agent starts once the container is healthy, and its time with it
+    await this.waitHealthy(sandbox);
+    // what runs now is the container's, not the agent's leftovers (see leftoverProcesses)
+    if (started) this.startupPids = new Set((await this.processes(sandbox)).map(([pid]) => pid));
     this.deadline = Date.now() + budgetMs;
     return this.opening(sandbox, reset.info);
   }
@@ -426,23 +475,61 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     return this.task.format === 'terminal-bench' ? 'client' : 'main';
   }
 
+  /** Where commands run: the task's own workdir (Harbor's `[environment] workdir`) over the image's. */
   private workdir(): string {
-    return this.built?.config.workdir ?? '/';
+    return this.task.workdir ?? this.built?.config.workdir ?? '/';
   }
 
-  /** Paths only this task's grading leaves out: a SWE-bench repository's git folder. */
+  /** The sandbox option that puts commands in the task's workdir, when it names one. */
+  private workdirOption(): { workdir?: string } {
+    return this.task.workdir ? { workdir: this.task.workdir } : {};
+  }
+
+  /**
+   * Paths only this task's grading leaves out: a SWE-bench repository's git folder, and the files
+   * of its image's ENTRYPOINT, which a fresh grader runs before the tests.
+   */
   private taskExclusions(): string[] {
     const grading = this.task.grading;
-    return grading.kind === 'swebench' ? [`${grading.repoPath}/.git`] : [];
+    return [
+      ...(grading.kind === 'swebench' ? [`${grading.repoPath}/.git`] : []),
+      ...(this.built ? entrypointFiles(this.built, this.entrypointWorkdir()) : []),
+    ];
+  }
+
+  /** Where the ENTRYPOINT starts: the task's workdir where it names one, else the image's. */
+  private entrypointWorkdir(): string {
+    return this.task.workdir ?? this.workdir();
+  }
+
+  /** Starts the image's ENTRYPOINT in `sandbox` as its USER, as Docker starts a container. */
+  private async startEntrypoint(sandbox: Sandbox): Promise<boolean> {
+    if (!this.built) return false;
+    return startEntrypoint(sandbox, this.built, {
+      user: this.userOf(undefined),
+      workdir: this.entrypointWorkdir(),
+    });
+  }
+
+  /** Waits until the task's healthcheck passes in `sandbox`, if it has one (see healthcheck.ts). */
+  private async waitHealthy(sandbox: Sandbox): Promise<void> {
+    if (!this.task.healthcheck) return;
+    await waitHealthy(this.task.id, sandbox, this.task.healthcheck, {
+      user: this.userOf(undefined),
+      cwd: this.entrypointWorkdir(),
+    });
   }
 
   private async runSetupScript(sandbox: Sandbox, script: string): Promise<void> {
     const result = await sandbox.exec(['sh', '-c', script], { timeoutMs: SETUP_SCRIPT_TIMEOUT_MS });
     if (result.exitCode === 0) return;
     const tail = (result.stderr || result.stdout).trim().split('\n').slice(-3).join(' | ');
+    // what the network refused it is often why: a mirror the setup stage's rules do not name
+    const network = (await sandbox.stats().catch(() => undefined))?.network;
+    const refused = network ? recordText(network) : '';
     throw new TaskError(
       this.task.id,
-      `its setup script failed (${result.timedOut ? 'timed out' : `exit ${result.exitCode}`}): ${tail || 'no output'}`,
+      `its setup script failed (${result.timedOut ? 'timed out' : `exit ${result.exitCode}`}): ${tail || 'no output'}${refused ? ` (its network: ${refused})` : ''}`,
     );
   }
 
@@ -455,6 +542,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
         agentTimeoutMs: this.task.agentTimeoutMs,
         network: { stage: 'agent', rules: this.task.network.agent },
         notes: this.buildNotes,
+        ...(this.task.mcpServers?.length ? { mcpServers: this.task.mcpServers } : {}),
       },
     };
   }
@@ -492,6 +580,12 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     const environment = this.built;
     if (!agent || !environment || !this.inner)
       throw new SandgymError('failed_precondition', 'Nothing to checkpoint: call reset() first');
+    // the tests ran in this sandbox: a copy of it could carry what they left, or what was taken
+    if (this.gradedInPlace)
+      throw new SandgymError(
+        'failed_precondition',
+        `Task ${this.task.id} was graded in the agent's own sandbox, which ends the episode: checkpoint before grading, or reset()`,
+      );
     const budgetLeftMs = Math.max(0, this.deadline - Date.now());
     if (options.depth !== 'disk') {
       const memory = await this.inner.checkpointMemory();
@@ -631,17 +725,38 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     const leftover = await this.leftoverProcesses(agent);
     // no name: a layer for this grading only, which layer gc reclaims later
     const packed = await this.platform.packDiff(agent, this.diffOptions()).catch((error: unknown) => {
-      // graded in place, the diff feeds the tampering report alone: its failure says so, never blocks
-      if (mode === 'shared' || isDiffLargerThanDisk(error))
-        return error instanceof Error ? error : new Error(String(error));
+      if (isDiffLargerThanDisk(error)) return error as Error;
       throw error;
     });
-    const { deniedEgress } = await agent.stats();
+    // the agent stage's record: read before grading sets the verify stage's rules
+    const { deniedEgress, network: agentNetwork } = await agent.stats();
     const clean = `${environment.name}:${environment.version}`;
+    let graderNetwork: NetworkRecord | undefined;
+    const network = (): Record<string, unknown> => {
+      const report = networkReport({ agent: agentNetwork, grader: graderNetwork });
+      return report ? { network: report } : {};
+    };
+    // changes larger than the agent's disk (sparse files) are its own doing: scored, never packed;
+    // graded in place too, since the diff names the start-up hooks to remove before the tests
+    if (packed instanceof Error) {
+      return {
+        reward: 0,
+        tampered: [...this.earlierTampering],
+        deniedEgress,
+        details: { reason: `the agent's changes cannot be graded: ${packed.message}`, ...network() },
+      };
+    }
     if (mode === 'shared') {
-      const touched = packed instanceof Error ? [] : packed.present.map((path) => `/${path}`);
-      const tampered = [...new Set([...this.earlierTampering, ...touched])];
-      const verdict = await this.gradeInPlace(agent, clean);
+      const touched = packed.present;
+      const excluded = packed.excludedByPattern;
+      // start-up hooks a fresh grader would never have go; the image's modules the agent
+      // replaced (which no live sandbox can put back) are named as tampering
+      const hooks = startUpHooksIn(excluded);
+      const replaced = excluded.filter((path) => !isHomeToolPath(path) && !hooks.includes(path));
+      const tampered = [
+        ...new Set([...this.earlierTampering, ...[...touched, ...replaced.slice(0, 20)].map((p) => `/${p}`)]),
+      ];
+      const verdict = await this.gradeInPlace(agent, clean, hooks, (record) => (graderNetwork = record));
       return {
         reward: verdict.reward,
         tampered,
@@ -650,17 +765,10 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
           ...verdict.details,
           gradedIn: 'the agent sandbox',
           leftoverProcesses: leftover,
-          ...(packed instanceof Error ? { tamperingUnchecked: packed.message } : {}),
+          ...(hooks.length ? { removedBeforeGrading: hooks.slice(0, 50).map((p) => `/${p}`) } : {}),
+          ...this.sharedUserResidual(),
+          ...network(),
         },
-      };
-    }
-    // changes larger than the agent's disk (sparse files) are its own doing: scored, never packed
-    if (packed instanceof Error) {
-      return {
-        reward: 0,
-        tampered: [...this.earlierTampering],
-        deniedEgress,
-        details: { reason: `the agent's changes cannot be graded: ${packed.message}` },
       };
     }
     const { layer, present, dropped } = packed;
@@ -669,7 +777,12 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     const tampered = [...new Set([...this.earlierTampering, ...present.map((path) => `/${path}`)])];
     // the agent's work is its diff over where its sandbox started (a checkpoint's stack, after a
     // restore); the control run has none of it, so it starts from the task's own environment
-    const withDiff = await this.judge(this.base ?? clean, [layer.digest]).then(
+    const withDiff = await this.judge(
+      this.base ?? clean,
+      [layer.digest],
+      this.services,
+      (record) => (graderNetwork = record),
+    ).then(
       (verdict) => ({ verdict }),
       (error: unknown) => ({ error }),
     );
@@ -690,6 +803,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
         ...verdict.details,
         ...(dropped.length ? { droppedFromDiff: dropped } : {}),
         ...(leftover.length ? { leftoverProcesses: leftover, leftoverNote: LEFTOVER_NOTE } : {}),
+        ...network(),
       },
     };
   }
@@ -703,33 +817,84 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
    * sandbox has one mount namespace and one root): docs/security.md says so, and an agent that
    * runs as another user than the tests cannot.
    */
-  private async gradeInPlace(agent: Sandbox, clean: string): Promise<VerifierResult> {
+  private async gradeInPlace(
+    agent: Sandbox,
+    clean: string,
+    hooks: string[],
+    onNetwork: (record: NetworkRecord | undefined) => void,
+  ): Promise<VerifierResult> {
     this.gradedInPlace = true;
-    const cleared = await agent.exec(['rm', '-rf', '--', ...GRADER_OWNED_PATHS], { timeoutMs: 60_000 });
-    await agent.setNetwork(this.task.network.verify);
-    const run =
-      cleared.exitCode === 0
-        ? await this.verifyIn(agent, this.base ?? clean).then(
-            (verdict) => ({ verdict }),
-            (error: unknown) => ({ error }),
-          )
-        : {
-            error: new GradingAnomaly(
-              'harness_rewired',
-              `The agent's sandbox kept what it left at ${GRADER_OWNED_PATHS.join(', ')}: ${cleared.stderr.trim().slice(-300)}`,
-            ),
-          };
-    if ('verdict' in run) return run.verdict;
-    if (isSandgymError(run.error, ...INFRA_CODES)) throw run.error;
-    return this.blame(clean, run.error);
+    try {
+      const cleared = await agent.exec(
+        ['sh', '-c', CLEAR_FOR_GRADING, 'clear', ...hooks.map((p) => `/${p}`)],
+        {
+          timeoutMs: 60_000,
+          env: { TESTS_USER: this.userOf(this.task.verifierUser) },
+        },
+      );
+      // never wider than the agent's stage (checkSharedGradingNetwork): its processes are still here
+      await agent.setNetwork(this.task.network.verify);
+      const run =
+        cleared.exitCode === 0
+          ? await this.verifyIn(agent, this.base ?? clean).then(
+              (verdict) => ({ verdict }),
+              (error: unknown) => ({ error }),
+            )
+          : {
+              error: new GradingAnomaly(
+                'harness_rewired',
+                `The agent's sandbox kept what it left at ${GRADER_OWNED_PATHS.join(', ')}: ${cleared.stderr.trim().slice(-300)}`,
+              ),
+            };
+      // the verify stage's record, from the sandbox the tests ran in
+      onNetwork((await agent.stats().catch(() => undefined))?.network);
+      if ('verdict' in run) return run.verdict;
+      if (isSandgymError(run.error, ...INFRA_CODES)) throw run.error;
+      return await this.blame(clean, run.error);
+    } finally {
+      // whoever takes the sandbox over next (an attach, a resumed eval) finds no tests in it
+      await agent
+        .exec(['rm', '-rf', '--', ...GRADER_OWNED_PATHS], { timeoutMs: 60_000 })
+        .catch(() => undefined);
+    }
   }
 
-  /** The names of the processes running in `sandbox` besides its agent. */
+  /**
+   * Graded in place, the agent's leftover processes run beside the tests; when they are the
+   * tests' user too, nothing keeps them from the tests or the reward (docs/security.md).
+   */
+  private sharedUserResidual(): { residual?: string } {
+    const agent = this.userOf(this.task.agentUser);
+    if (agent !== this.userOf(this.task.verifierUser)) return {};
+    return {
+      residual: `the agent ran as the tests' user (${agent}): a process it left running could reach the tests and the reward while they ran`,
+    };
+  }
+
+  /**
+   * The names of the processes running in `sandbox` besides its agent and what its start left
+   * running (the image's entrypoint, which a fresh grader starts again).
+   */
   private async leftoverProcesses(sandbox: Sandbox): Promise<string[]> {
+    return (await this.processes(sandbox))
+      .filter(([pid]) => !this.startupPids.has(pid))
+      .map(([, name]) => name)
+      .slice(0, 50);
+  }
+
+  /** The `[pid, name]` of each process of `sandbox` but its agent; none when they cannot be listed. */
+  private async processes(sandbox: Sandbox): Promise<[string, string][]> {
     const listed = await sandbox
       .exec(['sh', '-c', LIST_PROCESSES], { timeoutMs: 30_000 })
       .catch(() => undefined);
-    return listed?.exitCode === 0 ? listed.stdout.split('\n').filter(Boolean).slice(0, 50) : [];
+    if (listed?.exitCode !== 0) return [];
+    return listed.stdout
+      .split('\n')
+      .filter(Boolean)
+      .map((line): [string, string] => {
+        const space = line.indexOf(' ');
+        return [line.slice(0, space), line.slice(space + 1)];
+      });
   }
 
   /**
@@ -837,11 +1002,15 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     }
   }
 
-  /** Runs the verifiers in a fresh grader of `environment` plus `extraLayers`, within the grading deadline. */
+  /**
+   * Runs the verifiers in a fresh grader of `environment` plus `extraLayers`, within the grading
+   * deadline; `onNetwork` hears what the grader's network refused it, however the run ended.
+   */
   private async judge(
     environment: string,
     extraLayers: string[],
     services: TaskServices | undefined = this.services,
+    onNetwork?: (record: NetworkRecord | undefined) => void,
   ): Promise<VerifierResult> {
     const grader = await this.platform.createSandbox({
       environment,
@@ -849,14 +1018,19 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
       resources: { ...this.task.resources },
       // the task's variables are the container's, so its tests see them as the agent did
       env: this.task.env,
+      ...this.workdirOption(),
       network: this.task.network.verify,
       ...this.inRun(),
     });
     try {
       // the tests reach the services the agent worked with, by the same names
       await services?.join(grader, this.mainServiceName());
+      // started as the agent's container was, so the tests find its servers up
+      await this.startEntrypoint(grader);
+      await this.waitHealthy(grader);
       return await this.verifyIn(grader, environment);
     } finally {
+      if (onNetwork) onNetwork((await grader.stats().catch(() => undefined))?.network);
       await services?.leave(grader).catch(() => undefined);
       await grader.close();
     }

@@ -1,5 +1,6 @@
 import { SandgymError, isSandgymError, messageOf } from '../common/index.ts';
 import {
+  checkHostName,
   hostPlatformOf,
   type HostPlatform,
   type Environment,
@@ -29,7 +30,7 @@ function serviceArgv(service: TaskService, environment: Environment): string[] {
 }
 
 /** The TCP ports an image says it listens on (EXPOSE 6379, 5432/tcp). */
-function exposedTcpPorts(environment: Environment): number[] {
+export function exposedTcpPorts(environment: Environment): number[] {
   return (environment.image?.exposedPorts ?? [])
     .filter((p) => !p.endsWith('/udp'))
     .map((p) => Number.parseInt(p, 10))
@@ -37,7 +38,7 @@ function exposedTcpPorts(environment: Environment): number[] {
 }
 
 /** Ports in LISTEN state in a sandbox's network namespace, from its /proc/net/tcp{,6}. */
-async function listeningPorts(sandbox: Sandbox): Promise<Set<number>> {
+export async function listeningPorts(sandbox: Sandbox): Promise<Set<number>> {
   const ports = new Set<number>();
   for (const file of ['/proc/net/tcp', '/proc/net/tcp6']) {
     const text = await sandbox.readFile(file).then(
@@ -78,6 +79,14 @@ export class TaskServices {
   ): Promise<TaskServices | undefined> {
     const services = task.services ?? [];
     if (services.length === 0) return undefined;
+    // the names go into /etc/hosts lines: a task built in code skips the compose loader's check
+    for (const service of services) {
+      try {
+        checkHostName(service.name, 'Its service name');
+      } catch (error) {
+        throw new TaskError(task.id, messageOf(error));
+      }
+    }
     const host = hostPlatformOf(platform);
     if (!host)
       throw new SandgymError(
@@ -124,6 +133,7 @@ export class TaskServices {
 
   /** Puts a sandbox of the task (the agent's, a grader) on the group, known there as `name`. */
   async join(sandbox: Sandbox, name: string): Promise<void> {
+    checkHostName(name, 'A member name');
     this.joined.set(sandbox.id, await this.network.join(sandbox));
     await this.writeHosts(sandbox, name);
   }

@@ -43,6 +43,7 @@ export { LayerStore, ProjectStore, parseEnvironmentRef } from './store/layer-sto
 export type { Environment, EnvironmentInput, LayerManifest } from './store/layer-store.ts';
 export { ensureBaseEnvironments, DEFAULT_ENVIRONMENT, standInFor } from './store/base-environments.ts';
 export { SANDBOX_LIMITS } from './sandbox-request.ts';
+export { checkHostName } from './runtime-files.ts';
 export type { SandboxRequest, ResolvedSandboxRequest } from './sandbox-request.ts';
 export { buildLayerFromTar } from './layer-build/from-archive.ts';
 export type {

@@ -25,6 +25,7 @@ import {
   callOptionsOf,
 } from '../backends/index.ts';
 import { BackendRegistry } from './backend-registry.ts';
+import { RUNTIME_FILES, writeRuntimeFiles } from './runtime-files.ts';
 import {
   SandgymError,
   abortable,
@@ -427,7 +428,7 @@ export class LocalPlatform implements HostPlatform {
     const diskMib = await this.admitDisk(resolved.backend, resolved.resources.diskMib);
     // pinned before they are mounted: no layer gc may take them from under this create
     await this.pins.hold(environment.layers);
-    return backend.create(
+    const sandbox = await backend.create(
       {
         id,
         layers: await this.layers.layerImages(environment),
@@ -441,6 +442,16 @@ export class LocalPlatform implements HostPlatform {
       },
       callOptionsOf(options),
     );
+    // A build step's sandbox commits its whole writable layer, so it gets none; a FnCall worker
+    // keeps no files between calls.
+    if (options.stored === false || resolved.backend === 'fncall') return sandbox;
+    try {
+      await writeRuntimeFiles(sandbox);
+    } catch (error) {
+      await sandbox.close().catch(() => undefined);
+      throw error;
+    }
+    return sandbox;
   }
 
   /**
@@ -643,7 +654,8 @@ export class LocalPlatform implements HostPlatform {
     // layer should (FIFOs, sockets, devices), the excluded paths and whatever stands in for them,
     // links into hidden paths.
     const filter = {
-      ...(options.excludePaths ? { excludePaths: options.excludePaths } : {}),
+      // what the runtime writes at each start is no sandbox's work, as `docker commit` leaves it
+      excludePaths: [...RUNTIME_FILES, ...(options.excludePaths ?? [])],
       ...(options.reportPaths ? { reportPaths: options.reportPaths } : {}),
       ...(options.hiddenPaths ? { hiddenPaths: options.hiddenPaths } : {}),
       ...(options.excludeRegexes ? { excludeRegexes: options.excludeRegexes } : {}),
@@ -658,18 +670,19 @@ export class LocalPlatform implements HostPlatform {
         store,
         present: report.present,
         dropped: report.dropped,
+        excludedByPattern: report.excludedByPattern,
         layer: await store.addLayerFromDirectory(dir, `pack_diff of sandbox ${id}`),
         parent: found.labels['environment'],
         stack: found.layers.map((l) => l.digest),
       };
     };
-    const { store, layer, present, dropped, parent, stack } = await (
+    const { store, layer, present, dropped, excludedByPattern, parent, stack } = await (
       await this.registry.ownerOf(id)
     ).withWritableLayerOf(id, pack, {
       ...definedFields({ signal: options.signal, timeoutMs: options.timeoutMs }),
       filter,
     });
-    if (!ref) return { layer, present, dropped };
+    if (!ref) return { layer, present, dropped, excludedByPattern };
     const handle = typeof sandbox === 'string' ? undefined : sandbox;
     const config = parent ? (await store.getEnvironment(parent)).config : {};
     const environment = await store.putEnvironment({
@@ -680,7 +693,7 @@ export class LocalPlatform implements HostPlatform {
     });
     // a snapshot of a run's sandbox belongs to the run: its end removes it
     if (handle) await this.runManager.addSnapshot(handle, `${environment.name}:${environment.version}`);
-    return { layer, environment, present, dropped };
+    return { layer, environment, present, dropped, excludedByPattern };
   }
 
   /**

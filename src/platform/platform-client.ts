@@ -142,6 +142,8 @@ export interface PackDiffResult {
    * hidden paths.
    */
   dropped: DroppedEntry[];
+  /** What the exclusion patterns took out (start-up hooks, caches): see FilterReport. */
+  excludedByPattern: string[];
 }
 
 /** Options for {@link PlatformClient.layerGc}. */

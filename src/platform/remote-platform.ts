@@ -154,12 +154,13 @@ export class RemotePlatform implements PlatformClient {
     const fields: Partial<PackDiffOptions> = { ...options };
     delete fields.signal; // call options travel as the call's own
     delete fields.timeoutMs;
-    const { layer, environment, present, dropped } = await this.client.call(
+    const { layer, environment, present, dropped, excludedByPattern } = await this.client.call(
       'PackDiff',
       { sandboxId: typeof sandbox === 'string' ? sandbox : sandbox.id, ...definedFields(fields) },
       callOptionsOf(options),
     );
-    return environment ? { layer, environment, present, dropped } : { layer, present, dropped };
+    const found = { layer, present, dropped, excludedByPattern };
+    return environment ? { ...found, environment } : found;
   }
 
   getEnvironment(ref: string, options: CallOptions = {}): Promise<Environment> {

@@ -262,11 +262,11 @@ export class RemoteSandbox implements Sandbox {
   }
 
   async stats(options: CallOptions = {}): Promise<SandboxStats> {
-    const stats = await this.guard(() =>
+    const { network, ...stats } = await this.guard(() =>
       this.client.call('Stats', { sandboxId: this.id }, callOptionsOf(options)),
     );
     this.currentState = stats.state;
-    return stats;
+    return network ? { ...stats, network } : stats;
   }
 
   markStopped(): void {

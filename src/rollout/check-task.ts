@@ -167,10 +167,11 @@ async function gradedBothWays(platform: PlatformClient, task: Task): Promise<str
       throw new Error(
         `the oracle passes only when graded in its own sandbox (reward ${fresh.reward} in a fresh grader): its tests check what it left running (${running}); set ${modeKey(task, 'shared')}`,
       );
-    const asRoot = !task.agentUser || /^(root|0)(:|$)/.test(task.agentUser);
+    // the grade names the residual when the agent and the tests run as one user (root or not)
+    const residual = shared.details['residual'];
     return `graded in the agent's sandbox, as the task asks (reward ${fresh.reward} in a fresh grader; ${running})${
-      asRoot
-        ? "; the agent runs as root, so a process it leaves can reach the tests while they run (docs/security.md): an agent user other than the tests' closes that"
+      residual
+        ? "; the agent runs as the tests' user, so a process it leaves can reach the tests and the reward while they run (docs/security.md): an agent user other than the tests' closes that"
         : ''
     }`;
   }

@@ -1,3 +1,4 @@
+import { networkReportOf, networkReportText } from '../env/index.ts';
 import type { EpisodeReport, StepEvent } from './episode-report.ts';
 
 function escape(text: string): string {
@@ -41,6 +42,7 @@ function whyOf(e: EpisodeReport): string {
         ? e.outcome.message
         : (e.error ?? '');
   const metrics = details['metrics'] as Record<string, number> | undefined;
+  const network = networkReportOf(details);
   const folded: [string, string][] = [
     ['build notes', (e.buildNotes ?? []).join('\n')],
     ['verifier stdout (end)', typeof details['stdoutTail'] === 'string' ? details['stdoutTail'] : ''],
@@ -53,6 +55,7 @@ function whyOf(e: EpisodeReport): string {
           .map(([name, value]) => `${escape(name)} = ${value}`)
           .join(', ')}</div>`
       : '') +
+    (network ? `<div class="network">network refused ${escape(networkReportText(network))}</div>` : '') +
     folded
       .filter(([, text]) => text.trim())
       .map(
@@ -95,6 +98,7 @@ h1 { font-size: 1.4em; } .summary { margin: 1em 0 2em; font-size: 1.1em; }
 .charts { display: flex; flex-wrap: wrap; gap: 2em; } figure { margin: 0; } figcaption { font-weight: 600; margin-bottom: .5em; }
 rect { fill: #4a7bd0; } .label, .value { font-size: 12px; fill: #1d2330; }
 table { border-collapse: collapse; margin-top: 2em; } th, td { padding: 4px 12px; border-bottom: 1px solid #dde; text-align: left; }
+.network { color: #8a3b12; }
 .num { text-align: right; font-variant-numeric: tabular-nums; }
 pre { max-width: 60em; max-height: 20em; overflow: auto; background: #f4f5f8; padding: .5em; } .metrics { color: #4a5468; }
 </style></head><body>

@@ -32,7 +32,11 @@ const ENTRY_POINT_PLUGIN = [
 /**
  * A second attacker's pass over grading in the agent's own sandbox (docs/security.md, "Shared
  * grading"): each test asserts the safe outcome, so a failing one is a break. Titles that start
- * with BREAK: failed when written.
+ * with BREAK: failed when written; those without it that a comment calls broken are closed now:
+ * the plugins (start-up hooks removed from the live sandbox before the tests), the tests read by
+ * another user's leftover (their folders private to the tests' user), the tests seen after
+ * grading (a checkpoint refused, the graders' paths removed), the same-user warning, and the
+ * loader's environment_mode.
  */
 describe('grading in the agent sandbox, second attacker', () => {
   let env: TestPlatform;
@@ -71,12 +75,12 @@ describe('grading in the agent sandbox, second attacker', () => {
     );
     const [task] = await loadTasks([dir]);
     expect(task?.agentUser).toBe('worker');
-    // Harbor's loader does not read environment_mode (yet): say it here, as shared-grading.test.ts does
-    return { ...task!, verifierMode: 'shared' };
+    expect(task?.verifierMode).toBe('shared');
+    return task!;
   }
 
   for (const user of ['worker', 'root'] as const) {
-    it(`BREAK: scores a pytest plugin left in the workdir by a ${user} agent 0, or names it`, () =>
+    it(`scores a pytest plugin left in the workdir by a ${user} agent 0, or names it`, () =>
       attack('shared-grading', `an entry point plugin in the workdir (${user} agent)`, async () => {
         const task = await beaconTask(user);
         const actions: SandboxAction[] = [{ type: 'exec', command: ENTRY_POINT_PLUGIN }];
@@ -87,6 +91,18 @@ describe('grading in the agent sandbox, second attacker', () => {
         expect(report.reward === 0 || named, JSON.stringify(report.details)).toBe(true);
       }));
   }
+
+  // Used to break: a diff larger than the disk by apparent size (a sparse file) cannot be packed,
+  // and grading in place then went on without the diff's start-up hooks removed
+  it('scores a plugin hidden behind a diff too large to pack 0 when graded in place', () =>
+    attack('shared-grading', 'an entry point plugin beside a sparse file over the disk cap', async () => {
+      const plant = `${ENTRY_POINT_PLUGIN} && truncate -s 64G /app/.sparse`;
+      const report = await playEpisode(env.platform, await beaconTask('worker'), [
+        { type: 'exec', command: plant },
+      ]);
+      expect(report.outcome, JSON.stringify(report)).toEqual({ kind: 'ok' });
+      expect(report.reward, JSON.stringify(report.details)).toBe(0);
+    }));
 
   /** Copies the hidden tests, while they run, into a file of the agent's: a leftover process's loop. */
   const THIEF =
@@ -100,7 +116,7 @@ describe('grading in the agent sandbox, second attacker', () => {
       expect(report.reward, JSON.stringify(report.details)).toBe(0);
     }));
 
-  it("BREAK: names a root agent's pytest plugin in site-packages as tampering, or scores it 0", () =>
+  it("names a root agent's pytest plugin in site-packages as tampering, or scores it 0", () =>
     attack('shared-grading', 'an entry point plugin in site-packages (root agent)', async () => {
       const site = '/usr/local/lib/python3.11/dist-packages';
       const plant = `mkdir -p ${site} && ${ENTRY_POINT_PLUGIN} && mv /app/sg_helper-1.0.dist-info /app/sghelper_plugin.py ${site}/`;
@@ -124,7 +140,7 @@ describe('grading in the agent sandbox, second attacker', () => {
     expect(motd.stdout).not.toContain('written-by-the-tests');
   });
 
-  it("BREAK: keeps the hidden tests from a non-root agent's leftover process while they run", () =>
+  it("keeps the hidden tests from a non-root agent's leftover process while they run", () =>
     attack('shared-grading', 'a leftover process of a non-root agent reading /tests', async () => {
       await using task = TaskEnv.create(env.platform, await monitorAsWorker());
       await task.reset();
@@ -138,7 +154,7 @@ describe('grading in the agent sandbox, second attacker', () => {
     }));
 
   for (const depth of ['memory', 'disk'] as const) {
-    it(`BREAK: never shows the hidden tests to a step after a ${depth} checkpoint of the graded sandbox`, () =>
+    it(`never shows the hidden tests to a step after a ${depth} checkpoint of the graded sandbox`, () =>
       attack('shared-grading', `a ${depth} checkpoint taken after grading in place, restored`, async () => {
         await using task = TaskEnv.create(env.platform, await monitorAsWorker());
         await task.reset();
@@ -197,7 +213,7 @@ describe('grading in the agent sandbox, second attacker', () => {
       expect(checkpoint instanceof Error ? checkpoint.message : 'made').toBe('made');
     }));
 
-  it('BREAK: never shows the hidden tests to an env that takes over the graded sandbox', () =>
+  it('never shows the hidden tests to an env that takes over the graded sandbox', () =>
     attack('shared-grading', 'TaskEnv.attach to a sandbox graded in place', async () => {
       const loaded = await monitorAsWorker();
       await using first = TaskEnv.create(env.platform, loaded);
@@ -266,16 +282,20 @@ describe('grading in the agent sandbox, second attacker', () => {
   const RACER =
     'nohup setsid sh -c "while :; do echo 1 > /logs/verifier/.r 2>/dev/null && mv -f /logs/verifier/.r /logs/verifier/reward.txt 2>/dev/null; done" >/dev/null 2>&1 </dev/null &';
 
-  // docs/security.md: "With `[agent] user`, the classes above are closed."
-  it('BREAK: keeps a racing process of an agent with an [agent] user from the reward', () =>
+  // docs/security.md once said "With `[agent] user`, the classes above are closed", and a racer of
+  // an agent user who is the tests' user too scored 1. Nothing in one sandbox can keep one user
+  // from itself: the residual is now the docs' own, and every such grade names it.
+  it("names the residual in the grade of an agent that is the tests' user too", () =>
     attack('shared-grading', "a racing process of an [agent] user who is also the tests' user", async () => {
       const task = { ...(await monitorAsWorker()), verifierUser: 'worker' };
       const report = await playEpisode(env.platform, task, [{ type: 'exec', command: RACER }]);
       expect(report.outcome, JSON.stringify(report)).toEqual({ kind: 'ok' });
-      expect(report.reward, JSON.stringify(report.details)).toBe(0);
+      expect(String(report.details?.['residual']), JSON.stringify(report.details)).toMatch(
+        /the agent ran as the tests' user \(worker\)/,
+      );
     }));
 
-  it('BREAK: warns of a task whose agent and tests run as the same non-root user', async () => {
+  it('warns of a task whose agent and tests run as the same non-root user', async () => {
     const task = { ...(await monitorAsWorker()), verifierUser: 'worker' };
     const results = await checkTask(env.platform, task);
     const fits = results.find((r) => r.name === 'grading fits what the agent leaves running');
@@ -283,7 +303,7 @@ describe('grading in the agent sandbox, second attacker', () => {
     expect(fits?.detail).toMatch(/can reach the tests/);
   });
 
-  it("BREAK: loads a Harbor task's environment_mode", async () => {
+  it("loads a Harbor task's environment_mode", async () => {
     const [task] = await loadTasks([MONITOR_TASK]);
     expect(task?.verifierMode).toBe('shared');
   });
@@ -324,7 +344,9 @@ describe("the verifier's network, graded in the agent sandbox", () => {
     await env?.[Symbol.asyncDispose]();
   });
 
-  it("BREAK: keeps the verifier's network from an agent stage without one", () =>
+  // broke when written: grading in place gave the agent's leftovers the verify stage's network.
+  // Such a task is now refused before it runs; its fresh twin still gets its tests' network.
+  it("keeps the verifier's network from an agent stage without one", () =>
     attack('shared-grading', "the verify stage's network reached by the agent's leftover", async () => {
       const [loaded] = await loadTasks([MONITOR_TASK]);
       const task: Task = {
@@ -334,7 +356,12 @@ describe("the verifier's network, graded in the agent sandbox", () => {
       };
       const [host, port] = mirror.split(':');
       const probe = `timeout 2 bash -c "exec 3<>/dev/tcp/${host}/${port}" 2>/dev/null`;
-      await using run = TaskEnv.create(env.platform, task);
+      await using refused = TaskEnv.create(env.platform, task);
+      await expect(refused.reset()).rejects.toThrow(
+        /tests' network reaches what its agent's does not \(mirror:debian\)/,
+      );
+      // the honest twin: graded fresh, the tests reach the mirror and the agent's stage still cannot
+      await using run = TaskEnv.create(env.platform, { ...task, verifierMode: 'fresh' });
       await run.reset();
       // the agent's own stage has no network: the probe fails, and the process stays to wait
       const now = await run.step({ type: 'exec', command: `${probe} && echo reached || echo blocked` });
@@ -343,8 +370,7 @@ describe("the verifier's network, graded in the agent sandbox", () => {
         type: 'exec',
         command: `nohup setsid bash -c 'while :; do ${probe} && echo reached >> /tmp/net; sleep 0.2; done' >/dev/null 2>&1 </dev/null &`,
       });
-      const grade = await run.grade();
-      expect(grade.details['gradedIn']).toBe('the agent sandbox');
+      await run.grade();
       const net = await run.sandbox!.exec(['sh', '-c', 'cat /tmp/net 2>/dev/null; true']);
       expect(net.stdout).not.toContain('reached');
     }));

@@ -63,14 +63,14 @@ describe('building layers from archives', () => {
     const layer = await buildLayerFromTar(
       env.platform.store,
       await archive([
-        { path: 'etc/.wh.hosts' },
+        { path: 'etc/.wh.group' },
         { path: 'usr/sbin/.wh..wh..opq' },
         { path: 'usr/sbin/mine', data: 'x' },
       ]),
     );
     await using sandbox = await env.platform.createSandbox({ environment: await onBusybox(layer.digest) });
-    const seen = await sandbox.exec(['sh', '-c', 'ls /etc/hosts 2>&1; ls /usr/sbin; ls /etc/passwd']);
-    expect(seen.stdout).toBe('ls: /etc/hosts: No such file or directory\nmine\n/etc/passwd\n');
+    const seen = await sandbox.exec(['sh', '-c', 'ls /etc/group 2>&1; ls /usr/sbin; ls /etc/passwd']);
+    expect(seen.stdout).toBe('ls: /etc/group: No such file or directory\nmine\n/etc/passwd\n');
   });
 
   it('refuses archives that try to leave the tree or plant devices, and stores nothing', async () => {

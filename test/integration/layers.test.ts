@@ -29,7 +29,7 @@ describe('composed layers on real mounts', () => {
   it('lets a workspace layer shadow the base, and a toolkit layer add to both', async () => {
     const base = await env.platform.store.getEnvironment('busybox:latest');
     const workspace = await layerFrom('workspace', {
-      'etc/hosts': 'workspace hosts\n',
+      'etc/group': 'workspace group\n',
       'work/repo/main.py': 'print(1)\n',
     });
     const toolkit = await layerFrom('toolkit', { 'opt/tool/run': 'tool\n' });
@@ -40,8 +40,8 @@ describe('composed layers on real mounts', () => {
       config: {},
     });
     await using sandbox = await env.platform.createSandbox({ environment: 'stacked:1' });
-    expect((await sandbox.exec(['cat', '/etc/hosts', '/work/repo/main.py', '/opt/tool/run'])).stdout).toBe(
-      'workspace hosts\nprint(1)\ntool\n',
+    expect((await sandbox.exec(['cat', '/etc/group', '/work/repo/main.py', '/opt/tool/run'])).stdout).toBe(
+      'workspace group\nprint(1)\ntool\n',
     );
     expect((await sandbox.exec(['cat', '/etc/passwd'])).stdout).toContain('root:x:0:0');
   });
@@ -63,7 +63,7 @@ describe('composed layers on real mounts', () => {
       await sandbox.exec([
         'sh',
         '-c',
-        'rm /etc/hosts && echo new > /root/added && rm -rf /usr/sbin && mkdir /usr/sbin && touch /usr/sbin/only',
+        'rm /etc/group && echo new > /root/added && rm -rf /usr/sbin && mkdir /usr/sbin && touch /usr/sbin/only',
       ]);
       const { layer, environment } = await env.platform.packDiff(sandbox, { name: 'packed:1' });
       expect(environment?.layers).toEqual([...sandbox.layers.map((l) => l.digest), layer.digest]);
@@ -72,8 +72,8 @@ describe('composed layers on real mounts', () => {
       await sandbox.close();
     }
     await using next = await env.platform.createSandbox({ environment: 'packed:1' });
-    const seen = await next.exec(['sh', '-c', 'cat /root/added; ls /etc/hosts 2>&1; ls /usr/sbin']);
-    expect(seen.stdout).toBe('new\nls: /etc/hosts: No such file or directory\nonly\n');
+    const seen = await next.exec(['sh', '-c', 'cat /root/added; ls /etc/group 2>&1; ls /usr/sbin']);
+    expect(seen.stdout).toBe('new\nls: /etc/group: No such file or directory\nonly\n');
   });
 
   it('packs the diff of a sandbox that another process owns, from the CLI', async () => {

@@ -128,6 +128,19 @@ def harbor_task_case(case):
         'env': config.environment.env,
         'verifierEnv': config.verifier.env,
         'solutionEnv': config.solution.env,
+        'workdir': config.environment.workdir,
+        'healthcheck': config.environment.healthcheck and {
+            'command': config.environment.healthcheck.command,
+            'intervalMs': config.environment.healthcheck.interval_sec * 1000,
+            'timeoutMs': config.environment.healthcheck.timeout_sec * 1000,
+            'startPeriodMs': config.environment.healthcheck.start_period_sec * 1000,
+            'startIntervalMs': config.environment.healthcheck.start_interval_sec * 1000,
+            'retries': config.environment.healthcheck.retries,
+        },
+        # model_dump leaves out empty headers
+        'mcpServers': [
+            {**server.model_dump(), 'headers': server.headers} for server in config.environment.mcp_servers
+        ],
     }
 
 

@@ -53,13 +53,14 @@ const DIFFERS: Record<string, string> = {
     'Harbor (pydantic, lax) reads "no" as false; sandgym wants a TOML boolean',
   'harbor-task/env-bad-name':
     'Harbor takes any string as an env name; sandgym takes only names a shell can set',
-  'harbor-task/allowed-hosts-without-allowlist':
-    'sandgym does not read allowed_hosts yet (the schema 1.1 loader), so it cannot refuse it',
-  'harbor-task/gpus-string': 'sandgym does not read gpus yet (the schema 1.1 loader), so it cannot refuse it',
-  'harbor-task/healthcheck-no-command':
-    'sandgym does not read [environment.healthcheck] yet (the schema 1.1 loader), so it cannot refuse it',
-  'harbor-task/mcp-server-bad-transport':
-    'sandgym does not read mcp_servers yet (the schema 1.1 loader), so it cannot refuse it',
+  'harbor-task/allowlist':
+    'Harbor takes a wildcard allowed host (*.pythonhosted.org); sandgym resolves each allowed host to ' +
+    'addresses when the sandbox starts, which a wildcard has none of, and refuses it',
+  'harbor-task/gpus': 'Harbor takes gpus = 1; sandgym refuses it: its sandboxes have no GPUs',
+  'harbor-task/allowed-hosts-localhost':
+    'Harbor takes localhost as an allowed host; sandgym refuses it: a task author must never ' +
+    'open a path from the sandbox to the node',
+  'harbor-task/os-windows': 'Harbor takes os = "windows"; sandgym refuses it: its sandboxes run Linux only',
   'tb-task/legacy-descriptions':
     'older Terminal-Bench tasks give their instruction as descriptions[key=base]; sandgym still loads ' +
     "them, Terminal-Bench 0.2's model no longer does",
@@ -241,9 +242,24 @@ function taskFolders(file: string): string[] {
 }
 
 function harborTaskCases(): GoldenCase[] {
-  const pick = (task: Task) => ({ verifierTimeoutSec: task.verifierTimeoutMs / 1000 });
+  const pick = (task: Task) => ({
+    verifierTimeoutSec: task.verifierTimeoutMs / 1000,
+    workdir: task.workdir ?? null,
+    healthcheck: task.healthcheck ?? null,
+    mcpServers: task.mcpServers ?? [],
+  });
   const harness = (answer: Record<string, unknown>) =>
-    'error' in answer ? { rejected: true } : { verifierTimeoutSec: answer['verifierTimeoutSec'] };
+    'error' in answer
+      ? { rejected: true }
+      : {
+          verifierTimeoutSec: answer['verifierTimeoutSec'],
+          workdir: answer['workdir'],
+          healthcheck: answer['healthcheck'],
+          // Harbor's dump has url and command as null where sandgym leaves them out
+          mcpServers: (answer['mcpServers'] as Record<string, unknown>[]).map((server) =>
+            Object.fromEntries(Object.entries(server).filter(([, value]) => value !== null)),
+          ),
+        };
   const corpus = join(CORPUS, 'harbor-task');
   return [
     ...listed(corpus, '.toml').map((file): GoldenCase => {

@@ -534,6 +534,7 @@ export class ContainerBackend implements Backend {
           await this.egress.set(shell, rules);
         },
         denied: () => this.egress.denied(shell.slot),
+        record: () => this.egress.record(shell.slot),
         attached: () => this.egress.isAttached(shell.slot),
       },
       destroy: (s) => this.destroy(s),

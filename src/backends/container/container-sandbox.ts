@@ -3,6 +3,7 @@ import {
   type CallOptions,
   type CheckpointOptions,
   type HibernateReport,
+  type NetworkRecord,
   type SandboxCheckpoint,
   type SandboxSpec,
   type SandboxStats,
@@ -47,6 +48,8 @@ export interface ContainerSandboxParts {
   network: {
     set(rules: readonly string[]): Promise<void>;
     denied(): Promise<number>;
+    /** What it was refused since its rules were last set; undefined when it is loopback only. */
+    record(): Promise<NetworkRecord | undefined>;
     /** Whether it is on the node network (so its rules keep a counter). */
     attached(): boolean;
   };
@@ -390,11 +393,12 @@ export class ContainerSandbox extends AgentSandbox {
 
   async stats(options: CallOptions = {}): Promise<SandboxStats> {
     throwIfAborted(options.signal, 'Stats');
-    const [measured, pids, disk, deniedByRules] = await Promise.all([
+    const [measured, pids, disk, deniedByRules, network] = await Promise.all([
       this.parts.cgroup.usage(),
       this.parts.cgroup.processes(),
       this.parts.diskUsage(),
       this.parts.network.denied(),
+      this.parts.network.record(),
     ]);
     const usage = {
       ...measured,
@@ -410,6 +414,7 @@ export class ContainerSandbox extends AgentSandbox {
       ...usage,
       deniedEgress: (deniedEgress ?? 0) + deniedByRules,
       diskBytes: disk?.usedBytes ?? 0,
+      ...(network ? { network } : {}),
     };
   }
 

@@ -1,9 +1,16 @@
 import { SandgymError } from '../../common/index.ts';
 import { controlPlaneOf, mergeControlPlanes, type ControlPlane } from '../host/egress-guard.ts';
 import type { GroupNetwork } from '../host/group-network.ts';
-import { checkRuleBook, resolveRules, type NetworkRuleBook } from '../host/network-rules.ts';
-import { NodeNetwork, removeStaleNetwork, type NetworkAttachment } from '../host/node-network.ts';
+import { checkHostnameRules, hostnameOfRule, resolveHostnameRules } from '../host/hostname-rules.ts';
+import { checkRuleBook, parseAddress, resolveRules, type NetworkRuleBook } from '../host/network-rules.ts';
+import {
+  NodeNetwork,
+  removeStaleNetwork,
+  type NetworkAttachment,
+  type ResolverAddress,
+} from '../host/node-network.ts';
 import { runProgram } from '../host/run-program.ts';
+import type { NetworkRecord } from '../contract.ts';
 import type { WarmShell } from './warm-pool.ts';
 
 /**
@@ -31,9 +38,16 @@ export class ContainerEgress {
     this.controlPlane = controlPlaneOf(controlPlane);
   }
 
-  /** Fails on a rule name the node's rule book lacks, before anything starts. */
+  /**
+   * Fails on a rule name the node's rule book lacks, or a host name no sandbox may be let through
+   * to, before anything starts (what a name resolves to is checked when the rules are set).
+   */
   check(rules: readonly string[]): void {
-    resolveRules(rules, this.ruleBook);
+    checkHostnameRules(rules);
+    resolveRules(
+      rules.filter((rule) => hostnameOfRule(rule) === undefined),
+      this.ruleBook,
+    );
   }
 
   /**
@@ -42,7 +56,9 @@ export class ContainerEgress {
    * policy keeps the veth, so what it still tries is counted).
    */
   async set(shell: WarmShell, rules: readonly string[]): Promise<void> {
-    const targets = resolveRules(rules, this.ruleBook);
+    // host names resolve now, each set: the addresses are what the rules allow, whatever the
+    // sandbox's own resolver later says
+    const targets = resolveRules(await resolveHostnameRules(rules), this.ruleBook);
     let attaching = this.attached.get(shell.slot);
     if (!attaching) {
       if (targets.length === 0) return;
@@ -70,7 +86,7 @@ export class ContainerEgress {
 
   private nodeNetwork(): Promise<NodeNetwork> {
     if (!this.network) {
-      const opening = NodeNetwork.open(this.dataDir, this.controlPlane);
+      const opening = NodeNetwork.open(this.dataDir, this.controlPlane, resolversOf(this.ruleBook));
       this.network = opening;
       opening.catch(() => (this.network = undefined));
     }
@@ -95,6 +111,20 @@ export class ContainerEgress {
     const attachment = await this.attached.get(slot)?.catch(() => undefined);
     if (!attachment || !this.network) return 0;
     return (await this.network).denied(attachment);
+  }
+
+  /**
+   * What the container's network refused since its rules were last set (a stage); undefined when
+   * it is loopback only (no veth: what it tries is only counted, see deniedEgressOf).
+   */
+  async record(slot: string): Promise<NetworkRecord | undefined> {
+    const attachment = await this.attached.get(slot)?.catch(() => undefined);
+    if (!attachment || !this.network) return undefined;
+    const network = await this.network;
+    return {
+      denied: await network.deniedDestinations(attachment),
+      unresolved: network.unresolvedNames(attachment),
+    };
   }
 
   /** Puts a container on a group network; its address there. */
@@ -140,6 +170,17 @@ export class ContainerEgress {
     if (this.network) return (await this.network).close();
     await removeStaleNetwork(this.dataDir);
   }
+}
+
+/**
+ * The resolvers of the node's `dns` rule (single addresses; port 53 unless named), whose
+ * queries go through the sandboxes' resolver relay.
+ */
+function resolversOf(book: NetworkRuleBook): ResolverAddress[] {
+  return (book['dns'] ?? [])
+    .map((text) => parseAddress(text, 'network rule "dns"'))
+    .filter((target) => target.cidr.endsWith('/32'))
+    .map((target) => ({ address: target.cidr.slice(0, -3), port: target.port ?? 53 }));
 }
 
 /** A pid in the container's network namespace: its agent, found when the shell does not know it. */

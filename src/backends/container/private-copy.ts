@@ -10,7 +10,7 @@ export interface PrivateCopy extends DiffTree {
 }
 
 /** What an unfiltered layer reports: nothing. */
-export const NOTHING_FILTERED: FilterReport = { present: [], dropped: [] };
+export const NOTHING_FILTERED: FilterReport = { present: [], dropped: [], excludedByPattern: [] };
 
 /**
  * Prunes a private copy by `filter`, hands it to `consume`, and deletes it whatever happens. The

@@ -54,7 +54,16 @@ export interface FilterReport {
   /** The report paths the diff touches. */
   present: string[];
   dropped: DroppedEntry[];
+  /**
+   * What an exclusion pattern took out (start-up hooks, caches, modules that would shadow the
+   * harness), at most {@link MAX_LISTED_BY_PATTERN}: what grading in the agent's own sandbox must
+   * remove there, since no packing keeps it from the tests.
+   */
+  excludedByPattern: string[];
 }
+
+/** How many pattern-excluded paths a report lists; a diff with more is the agent's flood. */
+const MAX_LISTED_BY_PATTERN = 10_000;
 
 /** The longest name a layer image holds (mkfs.erofs 1.5 refuses 255-byte names). */
 const MAX_NAME_BYTES = 254;
@@ -111,6 +120,7 @@ export async function filterDiffTree(
   let trashed = 0;
   const discard = (rel: string): Promise<void> => rename(join(tree, rel), join(trash, String(trashed++)));
   const dropped: FilterReport['dropped'] = [];
+  const excludedByPattern: string[] = [];
   const present = new Set<string>();
   for (const path of filter.reportPaths ?? []) if (await touches(tree, path)) present.add(path);
 
@@ -160,7 +170,8 @@ export async function filterDiffTree(
       }
       let reason: Exclude<DropReason, 'excluded'> | undefined;
       if (excluded.some((regex) => regex.test(rel))) {
-        await discard(rel); // left out as asked, so not reported
+        await discard(rel); // left out as asked, so not reported as dropped
+        if (excludedByPattern.length < MAX_LISTED_BY_PATTERN) excludedByPattern.push(rel);
         continue;
       }
       if (Buffer.byteLength(entry.name) > MAX_NAME_BYTES) reason = 'name_too_long';
@@ -196,7 +207,7 @@ export async function filterDiffTree(
       dropped.push({ path: rel, reason: 'links_into_hidden' });
     }
   }
-  return { present: [...present], dropped };
+  return { present: [...present], dropped, excludedByPattern };
 }
 
 /**

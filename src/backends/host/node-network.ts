@@ -1,10 +1,12 @@
 import { randomBytes } from 'node:crypto';
 import { mkdir, readFile, readdir, rm, writeFile } from 'node:fs/promises';
+import { networkInterfaces } from 'node:os';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { SandgymError } from '../../common/index.ts';
 import { NEVER_REACHED, type ControlPlane } from './egress-guard.ts';
-import type { EgressTarget } from './network-rules.ts';
+import { DnsRelay } from './dns-relay.ts';
+import { ipv4Number, prefixMask, type EgressTarget } from './network-rules.ts';
 import { isAlive, processIdentity } from './processes.ts';
 import { runProgram } from './run-program.ts';
 
@@ -47,10 +49,17 @@ export class NodeNetwork {
   private readonly attached = new Map<number, NetworkAttachment>();
   /** What each attachment's rules allow now (`cidr` or `cidr:port`), to tell a narrowing. */
   private readonly allowed = new Map<number, Set<string>>();
+  /** The sandboxes' resolver, when the node names resolvers (its `dns` rule). */
+  private relay: DnsRelay | undefined;
+  /** What the guard keeps sandboxes from now: the relay asks no resolver inside it. */
+  private controlPlane: ControlPlane = { hosts: [], ports: [] };
+  /** Each attachment's current targets, to narrow what it may ask the relay when the guard grows. */
+  private readonly targets = new Map<number, readonly EgressTarget[]>();
 
   private constructor(
     private readonly subnet: number,
     private readonly stateFile: string,
+    private readonly resolvers: readonly ResolverAddress[],
   ) {}
 
   get bridge(): string {
@@ -75,11 +84,15 @@ export class NodeNetwork {
    * the start. Processes sharing a data dir (two evals at once) each have their own:
    * networks/<pid>-<random>.json records whose is which.
    */
-  static async open(dataDir: string, controlPlane: ControlPlane): Promise<NodeNetwork> {
+  static async open(
+    dataDir: string,
+    controlPlane: ControlPlane,
+    resolvers: readonly ResolverAddress[] = [],
+  ): Promise<NodeNetwork> {
     const previous = await removeStaleNetworks(dataDir);
     const subnet = await claimSubnet(previous[0]);
     const stateFile = join(dataDir, NETWORKS_DIR, `${process.pid}-${randomBytes(4).toString('hex')}.json`);
-    const network = new NodeNetwork(subnet, stateFile);
+    const network = new NodeNetwork(subnet, stateFile, resolvers);
     await mkdir(join(dataDir, NETWORKS_DIR), { recursive: true });
     await writeFile(stateFile, JSON.stringify({ subnet, owner: await processIdentity(process.pid) }));
     try {
@@ -93,6 +106,7 @@ export class NodeNetwork {
 
   private async build(controlPlane: ControlPlane): Promise<void> {
     const bridge = this.bridge;
+    this.controlPlane = controlPlane;
     await runProgram('sh', [
       '-c',
       `ip link add "$1" type bridge && ip addr add "$2" dev "$1" && ip link set "$1" up`,
@@ -102,15 +116,21 @@ export class NodeNetwork {
     ]);
     // a node that gives sandboxes egress routes for them (as Docker's hosts do)
     await writeFile('/proc/sys/net/ipv4/ip_forward', '1');
+    // on the bridge's own address, which nothing but the redirect below reaches
+    // no resolver the guard would refuse: the relay must not carry a sandbox where no packet may go
+    const resolvers = this.resolvers.filter((r) => !guarded(r, controlPlane));
+    if (resolvers.length) this.relay = await DnsRelay.open(this.gateway, resolvers);
     // the table and its guard come in one transaction: no packet ever sees the bridge unguarded
     await nft(`
       table inet ${this.table} {
         map sandboxes { type ipv4_addr : verdict; }
         map denials { type ipv4_addr : counter; }
+        map recorders { type ipv4_addr : verdict; }
         set never { type ipv4_addr; flags interval; auto-merge; elements = { ${NEVER_REACHED.join(', ')} }; }
         set control_hosts { type ipv4_addr; flags interval; auto-merge; }
         set control_ports { type inet_service; }
         chain refuse {
+          ct state new ip saddr vmap @recorders
           ct state new counter name ip saddr map @denials
           reject with icmpx type admin-prohibited
         }
@@ -133,7 +153,12 @@ export class NodeNetwork {
         }
         chain input {
           type filter hook input priority filter; policy accept;
+          ${this.relayInput()}
           iifname "${bridge}" jump egress
+        }
+        chain resolver {
+          type nat hook prerouting priority dstnat; policy accept;
+          ${this.relayRedirects()}
         }
         chain prerouting {
           type filter hook prerouting priority filter; policy accept;
@@ -149,9 +174,45 @@ export class NodeNetwork {
       ${this.controlPlaneScript(controlPlane)}`);
   }
 
+  /**
+   * Queries a sandbox sends to a resolver the node names go to the relay instead, each
+   * resolver's to its own port (so the relay knows which was asked), whatever the sandbox's
+   * rules: the relay answers those its rules do not reach with a refusal, and keeps the name.
+   */
+  private relayRedirects(): string {
+    const relay = this.relay;
+    if (!relay) return '';
+    return this.resolvers
+      .filter((r) => relay.portOf(`${r.address}:${r.port}`) !== undefined)
+      .map(
+        (r) =>
+          `iifname "${this.bridge}" ip daddr ${r.address} udp dport ${r.port} ct state new dnat ip to ${this.gateway}:${relay.portOf(`${r.address}:${r.port}`)}`,
+      )
+      .join('\n');
+  }
+
+  /**
+   * The one way in to the node from the bridge: a query the redirect above sent to the relay.
+   * A packet sent to the relay's port directly was not redirected, and meets the guard.
+   */
+  private relayInput(): string {
+    const relay = this.relay;
+    if (!relay) return '';
+    const ports = relay.resolvers.map((key) => relay.portOf(key));
+    // a sandbox's queries are held to a rate before they reach the relay's socket, where a flood
+    // from one would crowd out the others' (the relay's own allowance comes after)
+    return `iifname "${this.bridge}" ip daddr ${this.gateway} udp dport { ${ports.join(', ')} } ct status dnat meter relay_rate { ip saddr limit rate over 200/second burst 400 packets } drop
+          iifname "${this.bridge}" ip daddr ${this.gateway} udp dport { ${ports.join(', ')} } ct status dnat accept`;
+  }
+
   /** Replaces the control plane the guard keeps every sandbox from, in one transaction. */
   async guard(controlPlane: ControlPlane): Promise<void> {
     await nft(this.controlPlaneScript(controlPlane));
+    this.controlPlane = controlPlane;
+    for (const [index, targets] of this.targets) {
+      const attachment = this.attached.get(index);
+      if (attachment) this.relay?.restrict(attachment.address, this.askable(targets));
+    }
   }
 
   private controlPlaneScript({ hosts, ports }: ControlPlane): string {
@@ -214,16 +275,66 @@ export class NodeNetwork {
     );
     await nft(`
       add counter inet ${this.table} denied${index}
+      ${this.recorderScript(attachment)}
       add chain inet ${this.table} ${chain}
       flush chain inet ${this.table} ${chain}
       ${rules.join('\n')}
+      add rule inet ${this.table} ${chain} ct state new jump record${index}
       add rule inet ${this.table} ${chain} ct state new counter name denied${index} reject with icmpx type admin-prohibited
       add rule inet ${this.table} ${chain} drop
       add element inet ${this.table} denials { ${address} : "denied${index}" }
       add element inet ${this.table} sandboxes { ${address} : jump ${chain} }`);
+    this.targets.set(index, targets);
+    this.relay?.permit(address, this.askable(targets));
     // the kernel keeps forwarding what flows the old rules let in (their replies meet no rule):
     // a rule that goes takes its flows with it, the ones still allowed start again
     if (before && [...before].some((target) => !now.has(target))) await forgetFlows(address);
+  }
+
+  /**
+   * A fresh record of what the sandbox is refused from now on (each new rule set is a stage): a
+   * set the kernel fills, from both the guard's refusals and its own rules', with the first
+   * {@link DENIED_KEPT} distinct destinations (address, protocol, port) of refused TCP and UDP
+   * flows. A full set takes no more (the packet is still refused, and counted); the sandbox
+   * cannot read, empty or widen it.
+   */
+  private recorderScript({ index, address }: NetworkAttachment): string {
+    const record = `record${index}`;
+    return `
+      add set inet ${this.table} refused${index} { type ipv4_addr . inet_proto . inet_service; size ${DENIED_KEPT}; flags dynamic; }
+      flush set inet ${this.table} refused${index}
+      add chain inet ${this.table} ${record}
+      flush chain inet ${this.table} ${record}
+      add rule inet ${this.table} ${record} meta l4proto { tcp, udp } add @refused${index} { ip daddr . meta l4proto . th dport }
+      add element inet ${this.table} recorders { ${address} : jump ${record} }`;
+  }
+
+  /**
+   * The destinations the sandbox was refused since its rules were last set, as `IP:PORT/PROTO`,
+   * sorted; at most {@link DENIED_KEPT}.
+   */
+  /** The resolvers `targets` reach that the guard does not refuse. */
+  private askable(targets: readonly EgressTarget[]): string[] {
+    return this.resolvers
+      .filter((r) => reaches(targets, r) && !guarded(r, this.controlPlane))
+      .map((r) => `${r.address}:${r.port}`);
+  }
+
+  /** Names the sandbox's resolver did not resolve for it since its rules were last set. */
+  unresolvedNames(attachment: NetworkAttachment): string[] {
+    return this.relay?.unresolved(attachment.address) ?? [];
+  }
+
+  async deniedDestinations(attachment: NetworkAttachment): Promise<string[]> {
+    const out = await runProgram('nft', [
+      '-j',
+      'list',
+      'set',
+      'inet',
+      this.table,
+      `refused${attachment.index}`,
+    ]);
+    return destinationsOf(out);
   }
 
   /** New connections the sandbox's rules refused so far. */
@@ -247,11 +358,16 @@ export class NodeNetwork {
     await nft(`
       delete element inet ${this.table} sandboxes { ${address} }
       delete element inet ${this.table} denials { ${address} }
+      delete element inet ${this.table} recorders { ${address} }
       delete chain inet ${this.table} sandbox${index}
+      delete chain inet ${this.table} record${index}
+      delete set inet ${this.table} refused${index}
       delete counter inet ${this.table} denied${index}`).catch(() => undefined);
     // the address is free again only once no flow of this sandbox is left on it: the next
     // sandbox given it would be handed the rest (replies still in flight, a peer's stream)
     await forgetFlows(address);
+    this.relay?.forget(address);
+    this.targets.delete(index);
     this.attached.delete(index);
     this.allowed.delete(index);
   }
@@ -262,6 +378,7 @@ export class NodeNetwork {
 
   /** Removes the bridge, the table and the node's claim on its subnet. */
   async close(): Promise<void> {
+    this.relay?.close();
     await removeNetwork(this.subnet);
     await rm(this.stateFile, { force: true });
   }
@@ -278,6 +395,63 @@ export class NodeNetwork {
       { retryable: true },
     );
   }
+}
+
+/** A resolver of the node's `dns` rule, which sandboxes' queries to go through the relay. */
+export interface ResolverAddress {
+  address: string;
+  port: number;
+}
+
+/**
+ * Whether the guard refuses every packet to the resolver: in {@link NEVER_REACHED}, an address of
+ * this host (the guard's `fib daddr type local`), or the control plane.
+ */
+function guarded(resolver: ResolverAddress, plane: ControlPlane): boolean {
+  const inside = (cidr: string): boolean => reaches([{ cidr }], resolver);
+  const local = Object.values(networkInterfaces()).some((addresses) =>
+    (addresses ?? []).some((a) => a.family === 'IPv4' && a.address === resolver.address),
+  );
+  return (
+    local || NEVER_REACHED.some(inside) || plane.hosts.some(inside) || plane.ports.includes(resolver.port)
+  );
+}
+
+/** Whether `targets` let a sandbox reach the resolver (its address, on its port). */
+function reaches(targets: readonly EgressTarget[], resolver: ResolverAddress): boolean {
+  return targets.some((t) => {
+    const [base = '', bits = '32'] = t.cidr.split('/');
+    const mask = prefixMask(Number(bits));
+    return (
+      (ipv4Number(resolver.address) & mask) >>> 0 === ipv4Number(base) &&
+      (t.port === undefined || t.port === resolver.port)
+    );
+  });
+}
+
+/** How many distinct refused destinations a sandbox's record keeps per stage. */
+const DENIED_KEPT = 16;
+
+const refusedSet = z.object({
+  nftables: z.array(
+    z.object({
+      set: z
+        .object({
+          elem: z
+            .array(z.object({ concat: z.tuple([z.string(), z.string(), z.number()]) }))
+            .max(DENIED_KEPT)
+            .optional(),
+        })
+        .optional(),
+    }),
+  ),
+});
+
+/** `IP:PORT/PROTO` of each element of a listed `refused` set (`nft -j list set`). */
+export function destinationsOf(listing: string): string[] {
+  const parsed = refusedSet.parse(JSON.parse(listing));
+  const elements = parsed.nftables.flatMap((entry) => entry.set?.elem ?? []);
+  return elements.map(({ concat: [ip, proto, port] }) => `${ip}:${port}/${proto}`).sort();
 }
 
 /** Removes every flow the kernel tracks to or from `address` (conntrack exits 1 when none). */

@@ -1,15 +1,25 @@
 import { TaskEnv, loadTasks } from '../../env/index.ts';
 import { openPlatform } from './cluster.ts';
 import { checkTask } from '../../rollout/index.ts';
-import { IMAGE_SOURCE_OPTIONS, imageSources, parseCommandArgs } from '../args.ts';
+import {
+  IMAGE_SOURCE_OPTIONS,
+  TASK_LOAD_OPTIONS,
+  imageSources,
+  parseCommandArgs,
+  taskLoadOptions,
+} from '../args.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
 
 /** `sandgym check TASK... [--json] [--fallback-base ENV]`: the agentic environment checker. */
 export async function checkCommand(args: string[]): Promise<number> {
-  const parsed = parseCommandArgs('check', args, { json: { type: 'boolean' }, ...IMAGE_SOURCE_OPTIONS });
+  const parsed = parseCommandArgs('check', args, {
+    json: { type: 'boolean' },
+    ...IMAGE_SOURCE_OPTIONS,
+    ...TASK_LOAD_OPTIONS,
+  });
   if (parsed.positionals.length === 0)
     throw new UsageError('sandgym check: give task folders, e.g. sandgym check examples/tasks');
-  const tasks = await loadTasks(parsed.positionals);
+  const tasks = await loadTasks(parsed.positionals, taskLoadOptions(parsed));
   await using platform = await openPlatform({ images: imageSources(parsed) });
   const all: Record<string, Awaited<ReturnType<typeof checkTask>>> = {};
   for (const task of tasks) {

@@ -1,5 +1,5 @@
 import { secretRedactor, urlSecrets, writeFileAtomic } from '../../common/index.ts';
-import { loadTasks } from '../../env/index.ts';
+import { loadTasks, networkReportOf, networkReportText } from '../../env/index.ts';
 import { join } from 'node:path';
 import { defaultDataDir, hostPlatformOf } from '../../platform/index.ts';
 import { openPlatform } from './cluster.ts';
@@ -16,6 +16,8 @@ import {
 } from '../../rollout/index.ts';
 import {
   IMAGE_SOURCE_OPTIONS,
+  TASK_LOAD_OPTIONS,
+  taskLoadOptions,
   durationMs,
   imageSources,
   parseCommandArgs,
@@ -71,6 +73,7 @@ export async function evalCommand(args: string[]): Promise<number> {
     lease: { type: 'string' },
     'decision-timeout': { type: 'string' },
     ...IMAGE_SOURCE_OPTIONS,
+    ...TASK_LOAD_OPTIONS,
   });
   if (parsed.positionals.length === 0)
     throw new UsageError('sandgym eval: give task folders, e.g. sandgym eval examples/tasks');
@@ -85,7 +88,7 @@ export async function evalCommand(args: string[]): Promise<number> {
   // the key goes nowhere this eval writes or prints, in any encoding
   const redactor = secretRedactor([apiKey, ...urlSecrets(baseUrl)]);
   const say = (line: string): boolean => process.stderr.write(redactor.text(line));
-  const tasks = await loadTasks(parsed.positionals);
+  const tasks = await loadTasks(parsed.positionals, taskLoadOptions(parsed));
   const concurrency = positiveInt('concurrency', text(parsed, 'concurrency')) ?? 2;
   const maxSteps = positiveInt('max-steps', text(parsed, 'max-steps'));
   const journal = await EvalJournal.open(
@@ -145,6 +148,8 @@ export async function evalCommand(args: string[]): Promise<number> {
         : ` [${r.outcome.kind}${'reason' in r.outcome ? `: ${r.outcome.reason}` : ''}] ${r.outcome.message}`;
     const tamper = r.tampered.length ? ` tampered: ${r.tampered.join(', ')}` : '';
     const egress = r.deniedEgress ? ` denied egress: ${r.deniedEgress}` : '';
+    const refused = networkReportOf(r.details);
+    const network = refused ? ` network refused ${networkReportText(refused)}` : '';
     const metrics = metricsOf(r.details);
     const perMetric = metrics
       ? ` (${Object.entries(metrics)
@@ -154,7 +159,7 @@ export async function evalCommand(args: string[]): Promise<number> {
     const reason = r.agentFailure ? `the agent failed: ${r.agentFailure}` : r.details?.['reason'];
     const why = r.reward < 1 && typeof reason === 'string' ? `: ${reason}` : '';
     say(
-      `${interactive ? '\r' : ''}${r.task}: reward ${r.reward}${perMetric}${outcome}${tamper}${egress} (${r.steps} steps, ${(r.durationMs / 1000).toFixed(1)}s)${why}\n`,
+      `${interactive ? '\r' : ''}${r.task}: reward ${r.reward}${perMetric}${outcome}${tamper}${egress}${network} (${r.steps} steps, ${(r.durationMs / 1000).toFixed(1)}s)${why}\n`,
     );
     // how its environment was had: a FROM mapped, pulled or built on a fallback base
     for (const note of r.buildNotes ?? []) say(`  ${r.task}: ${note}\n`);

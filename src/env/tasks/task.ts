@@ -285,3 +285,20 @@ export function checkTaskLimits(task: Task): void {
   const checked = taskLimitsSchema.safeParse(task);
   if (!checked.success) throw new TaskError(task.id, `a limit is out of range: ${issuesText(checked.error)}`);
 }
+
+/**
+ * A task graded in the agent's own sandbox (`verifierMode: 'shared'`) runs its tests beside the
+ * processes the agent left there, so the tests' network is theirs too: it may be no wider than
+ * the agent's own stage, or grading would hand the agent's processes what its stage denied (an
+ * answer to download, a way to send the tests out). Refused, naming what to change.
+ */
+export function checkSharedGradingNetwork(task: Task): void {
+  if (task.verifierMode !== 'shared') return;
+  const agent = new Set(task.network.agent.map((rule) => rule.replace(/\?$/, '')));
+  const wider = task.network.verify.filter((rule) => !agent.has(rule.replace(/\?$/, '')));
+  if (wider.length)
+    throw new TaskError(
+      task.id,
+      `it is graded in the agent's own sandbox (environment_mode "shared"), but its tests' network reaches what its agent's does not (${wider.join(', ')}), and the agent's processes would share it: give the verifier the agent's network mode, or grade in a fresh sandbox`,
+    );
+}

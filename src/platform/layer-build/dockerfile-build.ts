@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto';
 import type { Stats } from 'node:fs';
 import { chmod, lchown, mkdir, realpath, utimes } from 'node:fs/promises';
 import { basename, dirname, join, posix, relative, resolve } from 'node:path';
-import type { BackendSandbox } from '../../backends/index.ts';
+import { recordText, type BackendSandbox } from '../../backends/index.ts';
 import { SandgymError, isSandgymError, readRegularFile, resolveBeneath } from '../../common/index.ts';
 import type { Environment, ImageMetadata, ProjectStore } from '../store/layer-store.ts';
 import { standInFor } from '../store/base-environments.ts';
@@ -176,6 +176,7 @@ async function buildNoting(
   const buildArgs = options.buildArgs ?? {};
   const run: RunSettings = {
     network: [...(options.network ?? host.defaultBuildNetwork)],
+    notes,
     ...(options.timeoutMs === undefined
       ? {}
       : { deadlineAt: Date.now() + options.timeoutMs, timeoutMs: options.timeoutMs }),
@@ -516,6 +517,8 @@ interface StepPlan {
 /** What RUN steps run with: the build's network rules and its deadline. */
 interface RunSettings {
   network: string[];
+  /** The build's notes: a step that succeeds though its network refused it something says so. */
+  notes?: string[];
   deadlineAt?: number;
   timeoutMs?: number;
 }
@@ -625,11 +628,20 @@ async function runStep(
     if (result.timedOut) throw new SandgymError('failed_precondition', `${where}: RUN ran past ${limit}`);
     if (result.exitCode !== 0) {
       const tail = (result.stderr || result.stdout).trim().split('\n').slice(-5).join(' | ');
+      // the hosts its rules kept it from are most often why a RUN step that fetches fails
+      const record =
+        network.length === 0 ? undefined : (await sandbox.stats().catch(() => undefined))?.network;
+      const refused = record ? recordText(record) : '';
       throw new SandgymError(
         'failed_precondition',
-        `${where}: RUN failed with ${result.exitCode === null ? result.signal : `exit code ${result.exitCode}`}: ${tail}${network.length === 0 ? ' (the step had no network: give the build rules, e.g. --build-net mirror:debian)' : ''}`,
+        `${where}: RUN failed with ${result.exitCode === null ? result.signal : `exit code ${result.exitCode}`}: ${tail}${network.length === 0 ? ' (the step had no network: give the build rules, e.g. --build-net mirror:debian)' : ''}${refused ? ` (its network: ${refused}; the build's rules are ${network.join(', ')})` : ''}`,
       );
     }
+    // a step that got by without a host (a fallback, an optional fetch) still says which
+    const refused =
+      network.length === 0 ? undefined : (await sandbox.stats().catch(() => undefined))?.network;
+    const said = refused ? recordText(refused) : '';
+    if (said) run.notes?.push(`${where}: RUN's network: ${said}`);
     return (
       await sandbox.withWritableLayer((dir) =>
         host.store.addLayerFromDirectory(dir, `${where}: RUN ${argv.join(' ')}`),

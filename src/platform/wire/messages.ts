@@ -217,6 +217,12 @@ export const sandboxStats = z.object({
   kernelMemoryBytes: count.default(0),
   diskBytes: count.default(0),
   pidsLimitHits: count.default(0),
+  network: z
+    .object({
+      denied: z.array(z.string().max(64)).max(64),
+      unresolved: z.array(z.string().max(300)).max(64),
+    })
+    .optional(),
 });
 
 export const writtenPathsRequest = z.strictObject({
@@ -271,6 +277,7 @@ export const packDiffResult = z.object({
       }),
     )
     .default([]),
+  excludedByPattern: z.array(z.string()).max(10_000).default([]),
 });
 export const environmentRef = z.strictObject({ ref: ids.environment() });
 export const environmentMessage = environmentSchema;
