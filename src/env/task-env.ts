@@ -736,9 +736,19 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
       const report = networkReport({ agent: agentNetwork, grader: graderNetwork });
       return report ? { network: report } : {};
     };
+    // changes larger than the agent's disk (sparse files) are its own doing: scored, never packed;
+    // graded in place too, since the diff names the start-up hooks to remove before the tests
+    if (packed instanceof Error) {
+      return {
+        reward: 0,
+        tampered: [...this.earlierTampering],
+        deniedEgress,
+        details: { reason: `the agent's changes cannot be graded: ${packed.message}`, ...network() },
+      };
+    }
     if (mode === 'shared') {
-      const touched = packed instanceof Error ? [] : packed.present;
-      const excluded = packed instanceof Error ? [] : packed.excludedByPattern;
+      const touched = packed.present;
+      const excluded = packed.excludedByPattern;
       // start-up hooks a fresh grader would never have go; the image's modules the agent
       // replaced (which no live sandbox can put back) are named as tampering
       const hooks = startUpHooksIn(excluded);
@@ -759,15 +769,6 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
           ...this.sharedUserResidual(),
           ...network(),
         },
-      };
-    }
-    // changes larger than the agent's disk (sparse files) are its own doing: scored, never packed
-    if (packed instanceof Error) {
-      return {
-        reward: 0,
-        tampered: [...this.earlierTampering],
-        deniedEgress,
-        details: { reason: `the agent's changes cannot be graded: ${packed.message}`, ...network() },
       };
     }
     const { layer, present, dropped } = packed;

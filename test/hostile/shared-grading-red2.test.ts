@@ -92,6 +92,18 @@ describe('grading in the agent sandbox, second attacker', () => {
       }));
   }
 
+  // Used to break: a diff larger than the disk by apparent size (a sparse file) cannot be packed,
+  // and grading in place then went on without the diff's start-up hooks removed
+  it('scores a plugin hidden behind a diff too large to pack 0 when graded in place', () =>
+    attack('shared-grading', 'an entry point plugin beside a sparse file over the disk cap', async () => {
+      const plant = `${ENTRY_POINT_PLUGIN} && truncate -s 64G /app/.sparse`;
+      const report = await playEpisode(env.platform, await beaconTask('worker'), [
+        { type: 'exec', command: plant },
+      ]);
+      expect(report.outcome, JSON.stringify(report)).toEqual({ kind: 'ok' });
+      expect(report.reward, JSON.stringify(report.details)).toBe(0);
+    }));
+
   /** Copies the hidden tests, while they run, into a file of the agent's: a leftover process's loop. */
   const THIEF =
     'nohup setsid sh -c "while :; do cat /tests/test.sh >> /tmp/stolen 2>/dev/null; sleep 0.05; done" >/dev/null 2>&1 </dev/null &';
@@ -116,7 +128,9 @@ describe('grading in the agent sandbox, second attacker', () => {
       expect(report.reward === 0 || report.tampered.length > 0, JSON.stringify(report)).toBe(true);
     }));
 
-  it('BREAK: never lets the root tests follow a link the agent user left in /tmp', async () => {
+  // Used to break: the host's fs.protected_symlinks (and fifos, regular) were 0, so root followed
+  // the agent's link; sandgym setup now sets them (link-protections.ts).
+  it('never lets the root tests follow a link the agent user left in /tmp', async () => {
     await using task = TaskEnv.create(env.platform, await monitorAsWorker());
     await task.reset();
     await task.step({ type: 'exec', command: 'ln -s /etc/motd /tmp/grading.log' });
@@ -181,7 +195,10 @@ describe('grading in the agent sandbox, second attacker', () => {
       },
     ));
 
-  it('BREAK: checkpoints an episode whose non-root agent left a process running', () =>
+  // Used to break: CRIU, without CAP_SYS_RESOURCE on this host, cannot read the rlimits of a
+  // process of another user, and the checkpoint failed `platform_error`; now it is `unsupported`
+  // at memory depth (naming the capability) and TaskEnv falls back to a disk checkpoint.
+  it('checkpoints an episode whose non-root agent left a process running', () =>
     attack('shared-grading', "a non-root agent's leftover process against checkpoint()", async () => {
       await using task = TaskEnv.create(env.platform, await monitorAsWorker());
       await task.reset();
@@ -233,7 +250,9 @@ describe('grading in the agent sandbox, second attacker', () => {
   };
   for (const [name, { command, diskMib }] of Object.entries(starvers))
     for (const mode of ['shared', 'fresh'] as const) {
-      it(`${diskMib ? 'BREAK: ' : ''}scores a non-root agent that left ${name} 0 (graded ${mode}), never masked`, () =>
+      // Used to break (its disk filled): the btrfs snapshot packDiff prunes inherited the agent's
+      // full quota, so the platform's own first write failed and the episode was verifier_error.
+      it(`scores a non-root agent that left ${name} 0 (graded ${mode}), never masked`, () =>
         attack('shared-grading', `a non-root agent's sandbox with ${name} (${mode})`, async () => {
           const task = { ...(await monitorAsWorker()), verifierMode: mode };
           const starved = diskMib ? { ...task, resources: { ...task.resources, diskMib } } : task;

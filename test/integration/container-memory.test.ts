@@ -4,6 +4,7 @@ import { join, resolve } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import type { ContainerSandbox } from '../../src/backends/container/container-sandbox.ts';
 import { MAX_CHECKPOINTS_PER_SANDBOX } from '../../src/backends/contract.ts';
+import { hostCanGrantSysResource } from '../../src/backends/host/capabilities.ts';
 import { detectCriu } from '../../src/backends/host/criu.ts';
 import { activeSwapAreas } from '../../src/backends/host/swap.ts';
 import { silentLogger } from '../../src/common/index.ts';
@@ -359,6 +360,34 @@ process.exit(0);
       await expectCode(sandbox.restore(made[0]!), 'not_found', /lives as long as/);
       await sandbox.restore(made[1]!);
       expect((await sandbox.exec(['echo', 'back'])).stdout).toBe('back\n');
+    } finally {
+      await sandbox.close();
+    }
+  });
+
+  // CRIU reads every process's rlimits, which the kernel allows for another user's process only
+  // with CAP_SYS_RESOURCE: where the host withholds it, a process left running as uid 1000 once
+  // made the checkpoint a platform_error that named neither cause nor fix
+  it('checkpoint a container with a non-root process, or say which capability it lacks', async () => {
+    await using test = await createTestPlatform('container-checkpoint-user');
+    const sandbox = await test.platform.createSandbox({ environment: 'busybox:latest' });
+    try {
+      const started = await sandbox.exec(['sh', '-c', 'sleep 1000 >/dev/null 2>&1 </dev/null & echo $!'], {
+        user: '1000:1000',
+      });
+      const pid = started.stdout.trim();
+      expect(pid).toMatch(/^\d+$/);
+      const made = sandbox.checkpoint();
+      if (await hostCanGrantSysResource()) await expect(made).resolves.toMatchObject({ depth: 'memory' });
+      else await expectCode(made, 'unsupported', /run as a user other than root.*CAP_SYS_RESOURCE/);
+      // its twin: once only root's processes are left, the checkpoint is made
+      const gone = await sandbox.exec([
+        'sh',
+        '-c',
+        `kill -9 ${pid}; while [ -e /proc/${pid} ]; do sleep 0.1; done; ps -o user,pid,args`,
+      ]);
+      expect(gone.exitCode, gone.stdout + gone.stderr).toBe(0);
+      expect(await sandbox.checkpoint()).toMatchObject({ depth: 'memory' });
     } finally {
       await sandbox.close();
     }

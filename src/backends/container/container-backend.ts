@@ -43,6 +43,7 @@ import { agentBinaryPath, hostProgram } from '../host/paths.ts';
 import { isAlive, processIdentity, type ProcessIdentity } from '../host/processes.ts';
 import { HostHelper } from '../host/host-helper.ts';
 import { raisePtyLimit } from '../host/pty-room.ts';
+import { weakLinkProtections } from '../host/link-protections.ts';
 import { hostCanGrantSysResource } from '../host/capabilities.ts';
 import { detectCriu, type CriuSupport } from '../host/criu.ts';
 import type { NetworkRuleBook } from '../host/network-rules.ts';
@@ -288,6 +289,15 @@ export class ContainerBackend implements Backend {
     const runtime = hostProgram('crun');
     const layout = await detectCgroupLayout();
     await raisePtyLimit();
+    // Warned, not refused: the sysctls are the host's, for its operator to own, and only a sandbox
+    // with two users (a non-root agent beside root tests or services) is exposed; `sandgym setup`
+    // sets them, so only a host changed after it, or never set up, warns.
+    const weak = await weakLinkProtections();
+    if (weak.length > 0)
+      given.logger?.warn(
+        { sysctls: weak },
+        'link protections are off: root in a sandbox can follow a link its non-root agent left in /tmp; run `sandgym setup` (docs/security.md)',
+      );
     const owner = await processIdentity(process.pid);
     if (!owner) throw new SandgymError('platform_error', "Cannot read this process's identity from /proc");
     await Promise.all(
@@ -806,6 +816,12 @@ export class ContainerBackend implements Backend {
    * A read-write snapshot of a container's `rw` subvolume beside it in its slot: what it wrote, at
    * one instant and in one ioctl, for a packer to prune (see {@link filterDiffTree}) without
    * touching the sandbox. Counts against no sandbox's cap; deleted when the packer is done.
+   *
+   * btrfs gives a snapshot its source's quota limit along with its data, so a copy of a sandbox
+   * that filled its disk starts full: the pruner's first write (its trash folder) failed and an
+   * agent's full disk turned into a grading failure. The copy is the platform's scratch, so its
+   * cap is lifted before anything writes there; what it can hold is still the sandbox's own
+   * writes (shared extents) plus the pruner's renames.
    */
   private async privateCopy(
     slot: string,
@@ -815,6 +831,12 @@ export class ContainerBackend implements Backend {
     const rw = join(this.launcher.pathsOf(slot).dir, 'rw');
     const snapshot = join(this.launcher.pathsOf(slot).dir, `diff-${randomBytes(6).toString('hex')}`);
     await this.helper.snapshot(rw, snapshot);
+    try {
+      await this.helper.subvolume(snapshot, 'none');
+    } catch (error) {
+      await this.helper.deleteSubvolume(snapshot).catch(() => undefined);
+      throw error;
+    }
     const tree = join(snapshot, relative(rw, upperDir));
     return {
       tree,

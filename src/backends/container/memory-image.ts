@@ -163,6 +163,33 @@ export async function containerInitOf(pids: readonly number[]): Promise<number> 
   throw new SandgymError('failed_precondition', 'The container has no first process left to checkpoint');
 }
 
+/**
+ * Fails `unsupported`, naming the cause and the fix, where CRIU would fail to dump `pids` (a
+ * container's processes) on this host. CRIU reads every process's resource limits (prlimit),
+ * which the kernel allows a caller only for processes whose real, effective and saved user and
+ * group ids all equal its own, or with CAP_SYS_RESOURCE. Where this host withholds that
+ * capability from sandgym (its bounding set, as a host that is itself a container may), a
+ * process the agent left running as another user than root made every checkpoint a
+ * `platform_error` with CRIU's `Can't get rlimit`; `unsupported` lets a caller fall back to a
+ * disk checkpoint, which needs no CRIU.
+ */
+export async function assertCriuCanDump(pids: readonly number[], hasSysResource: boolean): Promise<void> {
+  if (hasSysResource) return;
+  const others: string[] = [];
+  for (const pid of pids) {
+    const status = await readFile(`/proc/${pid}/status`, 'utf8').catch(() => '');
+    const ids = ['Uid', 'Gid'].flatMap(
+      (field) => new RegExp(`^${field}:\\s+(\\d+)\\s+(\\d+)\\s+(\\d+)`, 'm').exec(status)?.slice(1) ?? [],
+    );
+    if (ids.some((id) => id !== '0')) others.push(`${pid} (uid ${ids[0] ?? '?'})`);
+  }
+  if (others.length === 0) return;
+  throw new SandgymError(
+    'unsupported',
+    `The sandbox cannot be checkpointed at memory depth: processes ${others.slice(0, 5).join(', ')} run as a user other than root, and CRIU reads their resource limits only with CAP_SYS_RESOURCE, which this host withholds from sandgym (its capability bounding set). Run sandgym with CAP_SYS_RESOURCE (e.g. a container started with --cap-add SYS_RESOURCE), or checkpoint at depth 'disk'`,
+  );
+}
+
 /** Mounts a container's overlay at `target` for a restore; its lower dirs come base first. */
 export async function mountOverlay(
   target: string,

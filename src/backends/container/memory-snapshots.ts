@@ -3,6 +3,7 @@ import { mkdir, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { availableParallelism } from 'node:os';
 import { ConcurrencyLimit, messageOf, type Logger } from '../../common/index.ts';
+import { hostCanGrantSysResource } from '../host/capabilities.ts';
 import type { CriuSupport } from '../host/criu.ts';
 import type { HostHelper } from '../host/host-helper.ts';
 import type { ScratchSlot, ScratchVolume } from '../host/scratch-volume.ts';
@@ -13,7 +14,14 @@ import { channelFifos } from '../internal/channel-fifos.ts';
 import type { AgentProcess, ContainerCheckpoint, ContainerMemory } from './container-sandbox.ts';
 import type { ContainerEgress } from './egress.ts';
 import type { ContainerLauncher } from './launch.ts';
-import { containerInitOf, detachOverlay, dumpTree, mountOverlay, restoreTree } from './memory-image.ts';
+import {
+  assertCriuCanDump,
+  containerInitOf,
+  detachOverlay,
+  dumpTree,
+  mountOverlay,
+  restoreTree,
+} from './memory-image.ts';
 import { killAll } from './residue.ts';
 import { readContainerState, type ContainerState } from './sandbox-record.ts';
 import type { WarmShell } from './warm-pool.ts';
@@ -29,6 +37,8 @@ const RESTORE_SYNC_TIMEOUT_MS = 10_000;
 export class ContainerMemorySnapshots {
   /** CRIU runs at once: each is a process busy for the sandbox's memory size; a run's preemption starts hundreds. */
   private readonly criuRuns = new ConcurrencyLimit(2 * availableParallelism());
+  /** Whether CRIU may read the limits of processes of any user here (see assertCriuCanDump). */
+  private readonly sysResource = hostCanGrantSysResource();
 
   constructor(
     private readonly criu: CriuSupport,
@@ -43,6 +53,11 @@ export class ContainerMemorySnapshots {
   forShell(shell: WarmShell, lowers: readonly string[]): ContainerMemory | undefined {
     if (!this.criu.usable) return undefined;
     const { dir } = this.launcher.pathsOf(shell.slot);
+    const dumpable = async (): Promise<number> => {
+      const members = await shell.cgroup.members();
+      await assertCriuCanDump(members, await this.sysResource);
+      return containerInitOf(members);
+    };
     const logged = async <T>(what: string, work: () => Promise<T>): Promise<T> => {
       try {
         return await this.criuRuns.run(work);
@@ -60,7 +75,7 @@ export class ContainerMemorySnapshots {
       dump: () =>
         logged('memory snapshot', async () => {
           const name = `memory-${randomBytes(6).toString('hex')}`;
-          const init = await containerInitOf(await shell.cgroup.members());
+          const init = await dumpable();
           const image = await dumpTree(init, dir, join(dir, name), { afterwards: 'gone' });
           // a successor adopting this sandbox finds its processes there
           await this.recordMemoryImage(dir, name);
@@ -71,7 +86,7 @@ export class ContainerMemorySnapshots {
       checkpoint: () =>
         logged('checkpoint', async () => {
           const id = `ckpt-${randomBytes(6).toString('hex')}`;
-          const init = await containerInitOf(await shell.cgroup.members());
+          const init = await dumpable();
           const image = await dumpTree(init, dir, join(dir, `memory-${id}`), { afterwards: 'stopped' });
           // the files at the instant of the dump: its processes stay stopped until the copy is made
           const copy = join(dir, `diff-${id.slice(5)}`);

@@ -5,6 +5,7 @@ import { detectCgroupLayout, type CgroupLayout } from './cgroups.ts';
 import { runProgram } from './run-program.ts';
 import { detectCriu, type CriuSupport } from './criu.ts';
 import { prepareDataFolder } from './data-folder.ts';
+import { setLinkProtections } from './link-protections.ts';
 import { agentBinaryTarget, agentSourceDir, defaultDataDir, isInstalledPackage } from './paths.ts';
 
 /** Host programs the backends and base layers use, and the Debian package of each. */
@@ -135,8 +136,9 @@ export interface HostReport {
 }
 
 /**
- * Prepares this host for sandboxes: installs missing Debian packages with apt-get and checks
- * the kernel features (overlayfs, EROFS, namespaces, cgroups). Idempotent.
+ * Prepares this host for sandboxes: installs missing Debian packages with apt-get, checks the
+ * kernel features (overlayfs, EROFS, namespaces, cgroups) and hardens its link protections
+ * (see link-protections.ts). Idempotent.
  */
 export async function prepareHost(logger: Logger): Promise<HostReport> {
   if (process.getuid?.() !== 0) {
@@ -158,6 +160,7 @@ export async function prepareHost(logger: Logger): Promise<HostReport> {
       );
     }
   }
+  await setLinkProtections(logger);
   const layout = await detectCgroupLayout();
   return {
     installedPackages: missing,
