@@ -250,6 +250,25 @@ describe('task start-up under a second attacker', () => {
         ),
       ));
 
+    it("BREAK: swaps the tests' tools through the workdir's ENTRYPOINT script", () =>
+      attack('entrypoint', 'tool swap through a workdir entrypoint', () =>
+        forgeAndGrade(
+          {
+            'environment/Dockerfile': [
+              'FROM debian:bookworm',
+              'WORKDIR /app',
+              'COPY start.sh /app/start.sh',
+              'ENTRYPOINT ["./start.sh"]',
+              '',
+            ].join('\n'),
+            'environment/start.sh': '#!/bin/sh\nexec "$@"\n',
+          },
+          // the tests never run the agent's code: only the grader's start does
+          '/app/start.sh',
+          `#!/bin/sh\n${SWAP_CAT}exec "$@"\n`,
+        ),
+      ));
+
     it("BREAK: swaps the tests' tools through a script the healthcheck runs", () =>
       attack('healthcheck', 'tool swap through the healthcheck script', () =>
         forgeAndGrade(
@@ -281,6 +300,41 @@ describe('task start-up under a second attacker', () => {
           `#!/bin/sh\n${SWAP_CAT}exit 0\n`,
         ),
       ));
+  });
+
+  describe('the grader, made to look broken by the agent', () => {
+    it("scores 0, never the task's fault, a grader whose healthcheck the agent's diff fails", () =>
+      attack('healthcheck', 'mask a 0 as a failed healthcheck', async () => {
+        const dir = await taskDir('health-mask', {
+          'task.toml': [
+            'version = "1.0"',
+            '[verifier]',
+            'timeout_sec = 60',
+            '[agent]',
+            'timeout_sec = 120',
+            '[environment]',
+            'cpus = 1',
+            'memory_mb = 512',
+            '[environment.healthcheck]',
+            'command = "test -f /app/ready"',
+            'interval_sec = 0.2',
+            'start_interval_sec = 0.2',
+            'retries = 2',
+            '',
+          ].join('\n'),
+          'environment/Dockerfile': ['FROM debian:bookworm', 'WORKDIR /app', 'RUN touch /app/ready', ''].join(
+            '\n',
+          ),
+        });
+        const episode = taskEnv(await loadHarborTask(dir));
+        await episode.reset();
+        // no work, and the grader's healthcheck made to fail: a 0 dressed as the task's fault
+        await episode.step({ type: 'exec', command: 'rm /app/ready' });
+        const { reward, info } = await episode.step({ type: 'submit' });
+        expect(reward).toBe(0);
+        // the run without the agent's changes was healthy: the agent's doing, never the task's
+        expect(String(info.grade?.details['reason'])).toMatch(/the agent's changes broke grading/);
+      }));
   });
 
   describe("a task author's entrypoint", () => {
