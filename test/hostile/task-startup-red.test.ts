@@ -1,4 +1,5 @@
 import { execFileSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { cp, mkdir, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
@@ -113,6 +114,44 @@ describe('task start-up under a second attacker', () => {
         const { reward, info } = await episode.step({ type: 'submit' });
         expect(JSON.stringify(info)).not.toContain(SECRET);
         expect(reward, JSON.stringify(info.grade?.details)).toBe(0);
+      }));
+
+    it('keeps a secret the user allowed for the tests out of the agent and the logs on disk', () =>
+      attack('task-env', 'allowed verifier secret on disk', async () => {
+        const dir = await taskDir('env-allowed', {
+          'task.toml': [
+            'version = "1.0"',
+            '[verifier]',
+            'timeout_sec = 60',
+            '[verifier.env]',
+            `TOKEN = "\${${SECRET_NAME}}"`,
+            '[agent]',
+            'timeout_sec = 120',
+            '[environment]',
+            'cpus = 1',
+            'memory_mb = 512',
+            '',
+          ].join('\n'),
+          // the tests use the token as the user meant them to: they pay out when they have it
+          'tests/test.sh': `#!/bin/bash\nif [ "$(printf %s "$TOKEN" | sha256sum | cut -c1-64)" = ${createHash('sha256').update(SECRET).digest('hex')} ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n`,
+        });
+        const episode = taskEnv(await loadHarborTask(dir, { taskEnv: [SECRET_NAME] }));
+        await episode.reset();
+        const seen = await episode.sandbox!.exec(['sh', '-c', 'env; cat /proc/[0-9]*/environ; true']);
+        expect(seen.stdout).not.toContain(SECRET);
+        const { reward, info } = await episode.step({ type: 'submit' });
+        expect(reward, JSON.stringify(info.grade?.details)).toBe(1);
+        expect(JSON.stringify(info)).not.toContain(SECRET);
+        await episode.close();
+        // trajectory logs, reports, anything the platform kept of the run
+        const onDisk = (() => {
+          try {
+            return execFileSync('grep', ['-rl', '--', SECRET, env.dataDir]).toString().trim();
+          } catch {
+            return '';
+          }
+        })();
+        expect(onDisk).toBe('');
       }));
 
     it("never echoes the host variable's value in the error that refuses it", () =>
