@@ -12,6 +12,7 @@ const HELLO = resolve(import.meta.dirname, '..', '..', 'examples', 'tasks', 'hel
 /** A secret in the test process's environment, as a user's API key is in theirs. */
 const SECRET = 'sk-redtask-4c1d9e-secret';
 const SECRET_NAME = 'REDTASK_OPENAI_API_KEY';
+const SECRET_HASH = createHash('sha256').update(SECRET).digest('hex');
 
 /** Tests that pay out only when the task's own entrypoint (never the agent's) ran in the grader. */
 const ENTRYPOINT_TESTS = [
@@ -97,7 +98,8 @@ describe('task start-up under a second attacker', () => {
           ].join('\n'),
           'environment/start.sh': '#!/bin/sh\nenv > /tmp/entrypoint-env\nexec "$@"\n',
           // the grader pays out when the secret reached it: the safe outcome is 0
-          'tests/test.sh': `#!/bin/bash\nif cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep -q ${SECRET}; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n`,
+          // (by its hash: the secret itself written into a task file would be on the node's disk)
+          'tests/test.sh': `#!/bin/bash\nfor f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f 2>/dev/null; done | while IFS= read -r line; do printf %s "\${line#*=}" | sha256sum; done | grep -q ${SECRET_HASH} && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n`,
         });
         const task = await loadHarborTask(dir);
         expect(JSON.stringify(task)).not.toContain(SECRET);
@@ -133,7 +135,7 @@ describe('task start-up under a second attacker', () => {
             '',
           ].join('\n'),
           // the tests use the token as the user meant them to: they pay out when they have it
-          'tests/test.sh': `#!/bin/bash\nif [ "$(printf %s "$TOKEN" | sha256sum | cut -c1-64)" = ${createHash('sha256').update(SECRET).digest('hex')} ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n`,
+          'tests/test.sh': `#!/bin/bash\nif [ "$(printf %s "$TOKEN" | sha256sum | cut -c1-64)" = ${SECRET_HASH} ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n`,
         });
         const episode = taskEnv(await loadHarborTask(dir, { taskEnv: [SECRET_NAME] }));
         await episode.reset();
