@@ -192,7 +192,7 @@ describe('task start-up under a second attacker', () => {
       expect(reward, JSON.stringify(info.grade?.details)).toBe(1);
     }
 
-    it('BREAK: runs an ENTRYPOINT found on PATH as the agent rewrote it', () =>
+    it("runs the task's own ENTRYPOINT found on PATH, never the agent's", () =>
       attack('entrypoint', 'entrypoint named by PATH', () =>
         rewriteAndGrade(
           {
@@ -381,7 +381,8 @@ describe('task start-up under a second attacker', () => {
   describe("a task author's entrypoint", () => {
     it('ends a daemon that left its session with the sandbox', () =>
       attack('entrypoint', 'daemonized entrypoint outlives teardown', async () => {
-        const marker = `redtask-daemon-${Math.random().toString(36).slice(2, 8)}`;
+        // a process name of at most 15 characters: what /proc/PID/comm and `pgrep -x` see
+        const marker = `rtd${Math.random().toString(36).slice(2, 10)}`;
         const dir = await taskDir('entrypoint-daemon', {
           'environment/Dockerfile': [
             'FROM debian:bookworm',
@@ -391,21 +392,22 @@ describe('task start-up under a second attacker', () => {
             '',
           ].join('\n'),
           // double fork into a new session, the pid file and the terminal left behind
-          'environment/start.sh': `#!/bin/sh\necho original > /tmp/entrypoint-ran\nsetsid sh -c 'exec -a ${marker} sleep 100000 </dev/null >/dev/null 2>&1 &' &\nexec "$@"\n`,
+          'environment/start.sh': `#!/bin/sh\necho original > /tmp/entrypoint-ran\ncp /bin/sleep /tmp/${marker}\nsetsid sh -c '/tmp/${marker} 100000 </dev/null >/dev/null 2>&1 &' &\nexec "$@"\n`,
         });
         const episode = taskEnv(await loadHarborTask(dir));
         await episode.reset();
         const inside = await episode.sandbox!.exec([
           'sh',
           '-c',
-          `grep -l ${marker} /proc/[0-9]*/cmdline | wc -l`,
+          // the entrypoint runs in the background: wait for its daemon to be up
+          `for i in $(seq 100); do cat /proc/[0-9]*/comm 2>/dev/null | grep -qx ${marker} && break; sleep 0.1; done; cat /proc/[0-9]*/comm 2>/dev/null | grep -cx ${marker}`,
         ]);
         expect(Number(inside.stdout.trim())).toBeGreaterThan(0);
         await episode.step({ type: 'submit' });
         await episode.close();
         const host = (() => {
           try {
-            return execFileSync('pgrep', ['-f', marker]).toString().trim();
+            return execFileSync('pgrep', ['-x', marker]).toString().trim();
           } catch {
             return '';
           }
