@@ -8,15 +8,17 @@
  * addresses (which must refuse it).
  */
 import { execFileSync } from 'node:child_process';
+import { createSocket } from 'node:dgram';
 import { createServer, type AddressInfo, type Server } from 'node:net';
 import { networkInterfaces } from 'node:os';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { isSandgymError } from '../../src/common/index.ts';
+import { DnsRelay } from '../../src/backends/host/dns-relay.ts';
 import { resolveHostnameRules } from '../../src/backends/host/hostname-rules.ts';
 import { ipv4Number, prefixMask } from '../../src/backends/host/network-rules.ts';
 import { harborNetwork } from '../../src/env/tasks/harbor-network.ts';
 import type { Sandbox } from '../../src/platform/index.ts';
-import { startFakeResolverIn } from '../support/fake-resolver.ts';
+import { startFakeResolver, startFakeResolverIn } from '../support/fake-resolver.ts';
 import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
 import { startUpstream, type Upstream } from '../support/upstream.ts';
 
@@ -181,6 +183,49 @@ describe('rednet: the DNS relay and hostname rules, attacked', () => {
     expect(record?.unresolved.filter((n) => n.startsWith('blame-the-task'))).toEqual([]);
   });
 
+  it("BREAK: a process left from the agent's stage cannot fill the next stage's denied record", async () => {
+    await using sandbox = await env.platform.createSandbox({
+      environment: 'debian:bookworm',
+      network: ['dns'],
+    });
+    // 20 refused destinations on the upstream's /30 link, sent once the next stage begins
+    await sandbox.exec([
+      'bash',
+      '-c',
+      `nohup bash -c 'while [ ! -e /tmp/go ]; do sleep 0.1; done
+         for p in $(seq 9001 9020); do timeout 2 bash -c "exec 3<>/dev/tcp/${upstream.address}/$p" 2>/dev/null; done
+         touch /tmp/done' >/dev/null 2>&1 &`,
+    ]);
+    await sandbox.setNetwork(['dns', 'mirror:test']);
+    await sandbox.exec(['bash', '-c', 'touch /tmp/go; while [ ! -e /tmp/done ]; do sleep 0.1; done']);
+    // the stage's own work is refused a host it needed
+    await sandbox.exec([
+      'bash',
+      '-c',
+      `timeout 3 bash -c 'exec 3<>/dev/tcp/${upstream.address}/8443' || true`,
+    ]);
+    const record = (await sandbox.stats()).network;
+    expect(record?.denied, "the stage's record").toContain(`${upstream.address}:8443/tcp`);
+  });
+
+  it("holds: two sandboxes at once, and the next holder of an address, never see another's names", async () => {
+    const addressOf = async (sandbox: Sandbox): Promise<string> =>
+      (await sandbox.exec(['hostname', '-I'])).stdout.trim();
+    let first: string;
+    {
+      await using a = await env.platform.createSandbox({ environment: 'debian:bookworm', network: ['dns'] });
+      await using b = await env.platform.createSandbox({ environment: 'debian:bookworm', network: ['dns'] });
+      first = await addressOf(a);
+      await a.exec(['bash', '-c', lookUp('secret-of-a.invalid')]);
+      await b.exec(['bash', '-c', lookUp('of-b.invalid')]);
+      expect((await a.stats()).network?.unresolved).toEqual(['secret-of-a.invalid']);
+      expect((await b.stats()).network?.unresolved).toEqual(['of-b.invalid']);
+    }
+    await using next = await env.platform.createSandbox({ environment: 'debian:bookworm', network: ['dns'] });
+    expect(await addressOf(next), "the next sandbox is given the first one's address").toBe(first);
+    expect((await next.stats()).network).toEqual({ denied: [], unresolved: [] });
+  });
+
   it('holds: a tenant naming the node in hostname: forms is refused before any rule is written', async () => {
     // numeric forms that are no IP literal to node:net but an address to getaddrinfo
     for (const host of ['0x7f.1', '127.1', '0177.0.0.1', '0300.0250.0.1', '100.64.1', '0.0']) {
@@ -227,5 +272,44 @@ describe('rednet: the DNS relay and hostname rules, attacked', () => {
       resolveHostnameRules(['hostname:router.attacker.example'], lookup),
       `${neighbour}, on the node's link ${link!.cidr}`,
     ).rejects.toThrow(/router\.attacker\.example/);
+  });
+});
+
+describe('rednet: what the relay keeps is text a report can show', () => {
+  it('holds: names with control bytes, dots inside a label or upper case cannot forge a report line', async () => {
+    const resolver = await startFakeResolver('127.0.0.1');
+    const relay = await DnsRelay.open('127.0.0.1', [{ address: '127.0.0.1', port: resolver.port }]);
+    const key = `127.0.0.1:${resolver.port}`;
+    const socket = createSocket('udp4');
+    try {
+      relay.permit('127.0.0.5', [key]);
+      await new Promise<void>((resolve) => socket.bind(0, '127.0.0.5', resolve));
+      const answers: Buffer[] = [];
+      socket.on('message', (packet) => answers.push(packet));
+      // labels as raw bytes: an escape sequence, a dot inside one label, a newline and a comma
+      const forged = [
+        ['evil\x1b[2Jclear', 'invalid'],
+        ['pypi.org', 'invalid'],
+        ['a\nagent: denied 1.2.3.4:443/tcp, b', 'invalid'],
+      ];
+      for (const [i, labels] of forged.entries()) {
+        const header = Buffer.from([0, i, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0]);
+        const name = labels.flatMap((label) => [Buffer.from([label.length]), Buffer.from(label, 'latin1')]);
+        socket.send(
+          Buffer.concat([header, ...name, Buffer.from([0, 0, 1, 0, 1])]),
+          relay.portOf(key)!,
+          '127.0.0.1',
+        );
+      }
+      while (answers.length < forged.length) await new Promise((resolve) => setTimeout(resolve, 10));
+      const kept = relay.unresolved('127.0.0.5');
+      expect(kept).toHaveLength(forged.length);
+      for (const name of kept) expect(name).toMatch(/^[a-z0-9_.\\-]+$/);
+      expect(kept).not.toContain('pypi.org.invalid');
+    } finally {
+      socket.close();
+      relay.close();
+      await resolver[Symbol.asyncDispose]();
+    }
   });
 });
