@@ -297,7 +297,7 @@ describe('rednet: what the relay keeps is text a report can show', () => {
         const name = labels.flatMap((label) => [Buffer.from([label.length]), Buffer.from(label, 'latin1')]);
         socket.send(
           Buffer.concat([header, ...name, Buffer.from([0, 0, 1, 0, 1])]),
-          relay.portOf(key)!,
+          relay.portOf(key),
           '127.0.0.1',
         );
       }
