@@ -226,6 +226,43 @@ describe('rednet: the DNS relay and hostname rules, attacked', () => {
     expect((await next.stats()).network).toEqual({ denied: [], unresolved: [] });
   });
 
+  it("holds: another eval's relay is out of reach, and its sockets, bridge and table go with it", async () => {
+    const other = await createTestPlatform('rednet-other', {
+      networkRules: { dns: [`${RESOLVER}:53`] },
+    });
+    let gateway = '';
+    let ports: number[] = [];
+    try {
+      {
+        await using theirs = await other.platform.createSandbox({
+          environment: 'debian:bookworm',
+          network: ['dns'],
+        });
+        gateway = await gatewayOf(theirs);
+        ports = relayPortsOn(gateway);
+        expect(ports.length).toBeGreaterThan(0);
+        // a sandbox of this eval, with every address its rules can name, sends to the other relay
+        await using ours = await env.platform.createSandbox({
+          environment: 'debian:bookworm',
+          network: ['cidr:0.0.0.0/0', 'dns'],
+        });
+        expect(await gatewayOf(ours)).not.toBe(gateway);
+        const probes = ports.map(
+          (port) =>
+            `got=$(timeout 3 bash -c 'exec 3<>/dev/udp/${gateway}/${port}; printf "${queryEscapes(7, 'cross-eval.example')}" >&3; head -c 12 <&3 | od -An -tx1'); [ -n "$got" ] && echo "answered on ${port}"`,
+        );
+        const out = await ours.exec(['bash', '-c', [...probes, 'true'].join('\n')]);
+        expect(out.stdout.trim()).toBe('');
+        expect(resolver.asked).not.toContain('cross-eval.example');
+      }
+    } finally {
+      await other[Symbol.asyncDispose]();
+    }
+    expect(relayPortsOn(gateway), 'relay sockets left after the platform closed').toEqual([]);
+    const links = execFileSync('ip', ['-4', '-o', 'addr', 'show'], { encoding: 'utf8' });
+    expect(links, 'the bridge of the closed platform').not.toContain(`${gateway}/`);
+  });
+
   it('holds: a tenant naming the node in hostname: forms is refused before any rule is written', async () => {
     // numeric forms that are no IP literal to node:net but an address to getaddrinfo
     for (const host of ['0x7f.1', '127.1', '0177.0.0.1', '0300.0250.0.1', '100.64.1', '0.0']) {
