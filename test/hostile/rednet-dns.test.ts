@@ -263,6 +263,37 @@ describe('rednet: the DNS relay and hostname rules, attacked', () => {
     expect(links, 'the bridge of the closed platform').not.toContain(`${gateway}/`);
   });
 
+  it("holds: a sandbox flooding the relay with queries and junk does not starve its neighbour's", async () => {
+    await using flooder = await env.platform.createSandbox({
+      environment: 'debian:bookworm',
+      network: ['dns'],
+    });
+    await using neighbour = await env.platform.createSandbox({
+      environment: 'debian:bookworm',
+      network: ['dns'],
+    });
+    const query = queryEscapes(0x1111, 'flood.invalid');
+    // queries and truncated junk, as fast as bash writes them, until the neighbour is done
+    await flooder.exec([
+      'bash',
+      '-c',
+      `nohup bash -c 'exec 3<>/dev/udp/${RESOLVER}/53
+         while [ ! -e /tmp/stop ]; do for i in 1 2 3 4 5 6 7 8 9 10; do
+           printf "${query}" >&3; printf "\\x00\\x01\\x01\\x00\\x00\\x01\\x00\\x00\\x00\\x00\\x00\\x00\\xc0\\x0c" >&3
+         done; done' >/dev/null 2>&1 &
+       sleep 1`,
+    ]);
+    try {
+      const out = await neighbour.exec(['bash', '-c', lookUp('neighbour-still-answered.example')]);
+      expect(out.stdout).toContain('10.0.0.1');
+    } finally {
+      await flooder.exec(['touch', '/tmp/stop']);
+    }
+    // the flooder's record is bounded, and the neighbour's is its own
+    expect((await flooder.stats()).network?.unresolved).toEqual(['flood.invalid']);
+    expect((await neighbour.stats()).network?.unresolved).toEqual([]);
+  });
+
   it('holds: a tenant naming the node in hostname: forms is refused before any rule is written', async () => {
     // numeric forms that are no IP literal to node:net but an address to getaddrinfo
     for (const host of ['0x7f.1', '127.1', '0177.0.0.1', '0300.0250.0.1', '100.64.1', '0.0']) {
