@@ -106,6 +106,34 @@ describe('rednet: the DNS relay and hostname rules, attacked', () => {
     expect(reached, 'names outside allowed_hosts the relay asked the upstream resolver').toEqual([]);
   });
 
+  it('BREAK: an allowlist stage reaches the resolver only through the relay (no TCP around it)', async () => {
+    const network = harborNetwork({
+      environment: { network_mode: 'allowlist', allowed_hosts: [] },
+      agent: {},
+      verifier: {},
+    });
+    await using sandbox = await env.platform.createSandbox({
+      environment: 'debian:bookworm',
+      network: network.agent,
+    });
+    // DNS over TCP goes straight to the resolver: the relay neither filters nor records it. The
+    // stand-in resolver's host has nothing on TCP 53, so "refused" (its RST) means it got there;
+    // the node's rules answer "no route" (administratively prohibited)
+    const out = await sandbox.exec([
+      'bash',
+      '-c',
+      `timeout 5 bash -c 'exec 3<>/dev/tcp/${RESOLVER}/53' 2>&1 && echo open; true`,
+    ]);
+    // honest twin: a port the rules do not name is refused by the node, not the resolver's host
+    const twin = await sandbox.exec([
+      'bash',
+      '-c',
+      `timeout 5 bash -c 'exec 3<>/dev/tcp/${RESOLVER}/54' 2>&1; true`,
+    ]);
+    expect(twin.stdout).toMatch(/No route to host/);
+    expect(out.stdout, 'TCP to the resolver').not.toMatch(/Connection refused|open/);
+  });
+
   it("holds: the bridge gateway answers a sandbox on no port but the relay's redirect", async () => {
     // every address a rule can name: only the guard stands between the sandbox and the node
     await using sandbox = await env.platform.createSandbox({
