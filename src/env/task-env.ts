@@ -1025,9 +1025,11 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     try {
       // the tests reach the services the agent worked with, by the same names
       await services?.join(grader, this.mainServiceName());
-      // started as the agent's container was, so the tests find its servers up
-      await this.startEntrypoint(grader);
-      await this.waitHealthy(grader);
+      // No ENTRYPOINT or healthcheck here: run as root over the agent's diff before the tests,
+      // they would run whatever the agent left for them to read (a config they source, a script
+      // in the workdir) and could replace the tests' tools. In Docker they ran once, over the
+      // image's own files, in the agent's container: tests that need what they started are
+      // graded there (environment_mode "shared"), which `sandgym check` tells their author.
       return await this.verifyIn(grader, environment);
     } finally {
       if (onNetwork) onNetwork((await grader.stats().catch(() => undefined))?.network);

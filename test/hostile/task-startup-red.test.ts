@@ -209,7 +209,7 @@ describe('task start-up under a second attacker', () => {
         ),
       ));
 
-    it('BREAK: runs a script named inside an `sh -c` ENTRYPOINT as the agent rewrote it', () =>
+    it('runs a script named inside an `sh -c` ENTRYPOINT as the agent rewrote it', () =>
       attack('entrypoint', 'entrypoint inside sh -c', () =>
         rewriteAndGrade(
           {
@@ -226,7 +226,7 @@ describe('task start-up under a second attacker', () => {
         ),
       ));
 
-    it('BREAK: runs the config file the task entrypoint sources as the agent rewrote it', () =>
+    it('runs the config file the task entrypoint sources as the agent rewrote it', () =>
       attack('entrypoint', 'entrypoint sources a config file', () =>
         rewriteAndGrade(
           {
@@ -271,7 +271,7 @@ describe('task start-up under a second attacker', () => {
       expect(reward, JSON.stringify(info.grade?.details)).toBe(0);
     }
 
-    it("BREAK: swaps the tests' tools through a config file the task entrypoint sources", () =>
+    it("swaps the tests' tools through a config file the task entrypoint sources", () =>
       attack('entrypoint', 'tool swap through a sourced config file', () =>
         forgeAndGrade(
           {
@@ -291,7 +291,7 @@ describe('task start-up under a second attacker', () => {
         ),
       ));
 
-    it("BREAK: swaps the tests' tools through the workdir's ENTRYPOINT script", () =>
+    it("swaps the tests' tools through the workdir's ENTRYPOINT script", () =>
       attack('entrypoint', 'tool swap through a workdir entrypoint', () =>
         forgeAndGrade(
           {
@@ -310,7 +310,7 @@ describe('task start-up under a second attacker', () => {
         ),
       ));
 
-    it("BREAK: swaps the tests' tools through a script the healthcheck runs", () =>
+    it("swaps the tests' tools through a script the healthcheck runs", () =>
       attack('healthcheck', 'tool swap through the healthcheck script', () =>
         forgeAndGrade(
           {
@@ -373,8 +373,8 @@ describe('task start-up under a second attacker', () => {
         await episode.step({ type: 'exec', command: 'rm /app/ready' });
         const { reward, info } = await episode.step({ type: 'submit' });
         expect(reward).toBe(0);
-        // the run without the agent's changes was healthy: the agent's doing, never the task's
-        expect(String(info.grade?.details['reason'])).toMatch(/the agent's changes broke grading/);
+        // a fresh grader runs no healthcheck: graded as it stands, never blamed on the task
+        expect(info.grade?.details['reason'], JSON.stringify(info)).toMatch(/wrote reward\.txt 0/);
       }));
   });
 

@@ -135,7 +135,7 @@ describe('a task sandbox starts as Docker starts its container', () => {
     await expect(taskEnv(long).reset()).rejects.toThrow(/is not a host name/);
   });
 
-  it("runs the image's ENTRYPOINT at the agent's start and in the grader", async () => {
+  it("runs the image's ENTRYPOINT at the agent's start, and grades where it runs", async () => {
     const task = await loadHarborTask(join(FIXTURES, 'checked', 'harbor-entrypoint-daemon'));
     const episode = taskEnv(task);
     await episode.reset();
@@ -152,15 +152,15 @@ describe('a task sandbox starts as Docker starts its container', () => {
       command:
         'cp /dev/null /app/token.txt && python3 -c \'import urllib.request; print(urllib.request.urlopen("http://tokens.internal/token").read().decode(), end="")\' > /app/token.txt',
     });
-    // graded fresh: the grader started its own entrypoint, whose server the tests reached
+    // graded in place (the task says so): the tests reach the server the entrypoint started
     const { reward, info } = await episode.step({ type: 'submit' });
     expect(info.grade?.details['reason']).toMatch(/wrote reward\.txt 1/);
     expect(reward).toBe(1);
     // the entrypoint's processes are the container's, not something the agent left running
-    expect(info.grade?.details['leftoverProcesses']).toBeUndefined();
+    expect(info.grade?.details['leftoverProcesses']).toEqual([]);
   });
 
-  it("runs the task's own entrypoint in the grader, never one the agent rewrote", async () => {
+  it('runs no entrypoint in a fresh grader, so none the agent rewrote', async () => {
     const dir = await taskDir('entrypoint-rewrite', {
       'environment/Dockerfile': [
         'FROM debian:bookworm',
@@ -170,10 +170,10 @@ describe('a task sandbox starts as Docker starts its container', () => {
         '',
       ].join('\n'),
       'environment/start.sh': '#!/bin/sh\necho original > /tmp/entrypoint-ran\nexec "$@"\n',
-      // the tests pay out only for the task's entrypoint having run
+      // the tests pay out for any entrypoint's mark: none may run before them in a fresh grader
       'tests/test.sh': [
         '#!/bin/bash',
-        'if [ "$(cat /tmp/entrypoint-ran 2>/dev/null)" = original ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt',
+        'if [ -e /tmp/entrypoint-ran ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt',
         '',
       ].join('\n'),
     });
@@ -186,16 +186,18 @@ describe('a task sandbox starts as Docker starts its container', () => {
       type: 'exec',
       command: `printf '#!/bin/sh\\necho agent > /tmp/entrypoint-ran\\nexec "$@"\\n' > /opt/start.sh && chmod 755 /opt/start.sh`,
     });
-    // it would run, were the grader to take it from the agent's diff
+    // it would run, were a grader to start the entrypoint over the agent's diff
     const rewritten = await episode.sandbox!.exec([
       'sh',
       '-c',
       '/opt/start.sh true && cat /tmp/entrypoint-ran',
     ]);
     expect(rewritten.stdout).toBe('agent\n');
+    // the mark goes, so only an entrypoint run in the grader could make it again
+    await episode.step({ type: 'exec', command: 'rm -f /tmp/entrypoint-ran' });
     const { reward, info } = await episode.step({ type: 'submit' });
-    expect(info.grade?.details['reason']).toMatch(/wrote reward\.txt 1/);
-    expect(reward).toBe(1);
+    expect(info.grade?.details['reason']).toMatch(/wrote reward\.txt 0/);
+    expect(reward).toBe(0);
   });
 
   it('runs nothing of an image without an ENTRYPOINT, not even its CMD', async () => {

@@ -46,24 +46,37 @@ export function checkHostnameRules(rules: readonly string[]): void {
   }
 }
 
-/** Why a resolved address may not be reached by name, or undefined. */
-function addressProblem(address: string, own: ReadonlySet<string>): string | undefined {
-  const n = ipv4Number(address);
-  for (const { cidr, why } of REFUSED) {
-    const [base = '', bits = '32'] = cidr.split('/');
-    const mask = prefixMask(Number(bits));
-    if ((n & mask) >>> 0 === ipv4Number(base)) return why;
-  }
-  return own.has(address) ? 'an address of the node itself' : undefined;
+/** Whether `address` lies in `cidr` (`a.b.c.d/n`). */
+function inCidr(address: number, cidr: string): boolean {
+  const [base = '', bits = '32'] = cidr.split('/');
+  const mask = prefixMask(Number(bits));
+  return (address & mask) >>> 0 === (ipv4Number(base) & mask) >>> 0;
 }
 
-/** The node's own IPv4 addresses, every interface's. */
-function nodeAddresses(): Set<string> {
-  return new Set(
-    Object.values(networkInterfaces())
-      .flat()
-      .flatMap((a) => (a?.family === 'IPv4' ? [a.address] : [])),
-  );
+/** Why a resolved address may not be reached by name, or undefined. */
+function addressProblem(address: string, node: NodeLinks): string | undefined {
+  const n = ipv4Number(address);
+  for (const { cidr, why } of REFUSED) if (inCidr(n, cidr)) return why;
+  if (node.addresses.has(address)) return 'an address of the node itself';
+  // its router and neighbours: whatever the node's own links reach, public ranges or not
+  const link = node.links.find((cidr) => inCidr(n, cidr));
+  return link ? `on a network the node is on (${link})` : undefined;
+}
+
+/** The node's own IPv4 addresses and the networks its interfaces are on. */
+interface NodeLinks {
+  addresses: ReadonlySet<string>;
+  links: readonly string[];
+}
+
+function nodeLinks(): NodeLinks {
+  const ipv4 = Object.values(networkInterfaces())
+    .flat()
+    .flatMap((a) => (a?.family === 'IPv4' ? [a] : []));
+  return {
+    addresses: new Set(ipv4.map((a) => a.address)),
+    links: ipv4.flatMap((a) => (a.cidr ? [a.cidr] : [])),
+  };
 }
 
 /** How names are resolved (DNS by default; tests give their own). */
@@ -75,8 +88,8 @@ const dnsLookup: HostLookup = async (host) =>
 /**
  * `rules` with every `hostname:NAME` replaced by a `host:IP` rule per address NAME resolves to.
  * A name that does not resolve fails the set-up (an optional one, `hostname:NAME?`, adds nothing);
- * a name that resolves to loopback, link-local, a private range, a sandbox network or an address
- * of the node itself is refused, naming the host, the address and why.
+ * a name that resolves to loopback, link-local, a private range, a sandbox network, an address
+ * of the node itself or one on a network the node is on (its router, its neighbours) is refused, naming the host, the address and why.
  */
 export async function resolveHostnameRules(
   rules: readonly string[],
@@ -84,7 +97,7 @@ export async function resolveHostnameRules(
 ): Promise<string[]> {
   if (!rules.some((rule) => hostnameOfRule(rule) !== undefined)) return [...rules];
   checkHostnameRules(rules);
-  const own = nodeAddresses();
+  const own = nodeLinks();
   const out: string[] = [];
   for (const rule of rules) {
     const host = hostnameOfRule(rule);
