@@ -736,6 +736,13 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
       const report = networkReport({ agent: agentNetwork, grader: graderNetwork });
       return report ? { network: report } : {};
     };
+    /** The grade of a verdict: what the agent touched beside it, and the stages' network records. */
+    const graded = (verdict: VerifierResult, tampered: string[], extra: Record<string, unknown>): Grade => ({
+      reward: verdict.reward,
+      tampered,
+      deniedEgress,
+      details: { ...verdict.details, ...extra, ...network() },
+    });
     // changes larger than the agent's disk (sparse files) are its own doing: scored, never packed;
     // graded in place too, since the diff names the start-up hooks to remove before the tests
     if (packed instanceof Error) {
@@ -757,19 +764,12 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
         ...new Set([...this.earlierTampering, ...[...touched, ...replaced.slice(0, 20)].map((p) => `/${p}`)]),
       ];
       const verdict = await this.gradeInPlace(agent, clean, hooks, (record) => (graderNetwork = record));
-      return {
-        reward: verdict.reward,
-        tampered,
-        deniedEgress,
-        details: {
-          ...verdict.details,
-          gradedIn: 'the agent sandbox',
-          leftoverProcesses: leftover,
-          ...(hooks.length ? { removedBeforeGrading: hooks.slice(0, 50).map((p) => `/${p}`) } : {}),
-          ...this.sharedUserResidual(),
-          ...network(),
-        },
-      };
+      return graded(verdict, tampered, {
+        gradedIn: 'the agent sandbox',
+        leftoverProcesses: leftover,
+        ...(hooks.length ? { removedBeforeGrading: hooks.slice(0, 50).map((p) => `/${p}`) } : {}),
+        ...this.sharedUserResidual(),
+      });
     }
     const { layer, present, dropped } = packed;
     // while it is graded, the agent's sandbox is off its services' network (see TaskServices.leave)
@@ -795,17 +795,10 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     }
     // Tampering is reported, not punished: the protected paths came from the task's own layers,
     // so the verifier judged the real work.
-    return {
-      reward: verdict.reward,
-      tampered,
-      deniedEgress,
-      details: {
-        ...verdict.details,
-        ...(dropped.length ? { droppedFromDiff: dropped } : {}),
-        ...(leftover.length ? { leftoverProcesses: leftover, leftoverNote: LEFTOVER_NOTE } : {}),
-        ...network(),
-      },
-    };
+    return graded(verdict, tampered, {
+      ...(dropped.length ? { droppedFromDiff: dropped } : {}),
+      ...(leftover.length ? { leftoverProcesses: leftover, leftoverNote: LEFTOVER_NOTE } : {}),
+    });
   }
 
   /**
