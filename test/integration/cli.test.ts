@@ -29,6 +29,14 @@ describe('the sandgym command line', () => {
     return { status: run.status, stdout: run.stdout, stderr: run.stderr };
   }
 
+  it("prints this package's version for --version, and exits 0", () => {
+    const { version } = JSON.parse(readFileSync(resolve('package.json'), 'utf8')) as { version: string };
+    for (const flag of ['--version', '-V']) {
+      const run = sandgym(flag);
+      expect(run, flag).toMatchObject({ status: 0, stdout: `${version}\n`, stderr: '' });
+    }
+  });
+
   it('runs python3 on the Debian base and prints one JSON document', () => {
     const run = sandgym('run', '--json', '--', 'python3', '-c', 'print(6*7)');
     expect(run.stderr).toBe('');
