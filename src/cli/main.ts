@@ -2,10 +2,6 @@
 // The setting above makes glibc map the socket and HTTP/2 buffers of a large call (32 KiB and up)
 // on their own, so their memory goes back to the system when the call ends; in its shared heap,
 // between smaller allocations that stay, it would not (docs/cluster.md, "Memory").
-import { readFile } from 'node:fs/promises';
-import { join } from 'node:path';
-import { z } from 'zod';
-import { packageRoot } from '../backends/index.ts';
 import { auditCommand } from './commands/audit.ts';
 import { benchCommand } from './commands/bench.ts';
 import { checkCommand } from './commands/check.ts';
@@ -18,6 +14,7 @@ import { gcCommand, killCommand, psCommand } from './commands/ps.ts';
 import { runCommand } from './commands/run.ts';
 import { setupCommand } from './commands/setup.ts';
 import { EXIT, UsageError, describeFailure } from './exit-codes.ts';
+import { SANDGYM_VERSION } from './version.ts';
 
 const USAGE = `usage: sandgym COMMAND [ARGS]   (sandgym --version: this package's version)
 
@@ -118,7 +115,7 @@ async function main(argv: string[]): Promise<number> {
     return name ? EXIT.ok : EXIT.usage;
   }
   if (name === '--version' || name === '-V' || name === 'version') {
-    console.log(await packageVersion());
+    console.log(SANDGYM_VERSION);
     return EXIT.ok;
   }
   const command = COMMANDS[name];
@@ -136,9 +133,3 @@ main(process.argv.slice(2)).then(
     process.exitCode = code;
   },
 );
-
-/** The version in this package's package.json: what `npm install sandgym@…` installed. */
-async function packageVersion(): Promise<string> {
-  const text = await readFile(join(packageRoot(), 'package.json'), 'utf8');
-  return z.object({ version: z.string() }).parse(JSON.parse(text)).version;
-}
