@@ -1,20 +1,17 @@
 import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { cp, mkdir, writeFile } from 'node:fs/promises';
-import { join, resolve } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { TaskEnv, loadHarborTask, type Task } from '../../src/env/index.ts';
+import { debianDockerfile, helloTaskWith } from '../support/task-dirs.ts';
 import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
 import { attack } from './summary.ts';
-
-const HELLO = resolve(import.meta.dirname, '..', '..', 'examples', 'tasks', 'hello-file');
 
 /** A secret in the test process's environment, as a user's API key is in theirs. */
 const SECRET = 'sk-redtask-4c1d9e-secret';
 const SECRET_NAME = 'REDTASK_OPENAI_API_KEY';
 const SECRET_HASH = createHash('sha256').update(SECRET).digest('hex');
 
-/** Tests that pay out only when the task's own entrypoint (never the agent's) ran in the grader. */
+/** Tests that pay out only while the mark of the task's own entrypoint (never the agent's) stands. */
 const ENTRYPOINT_TESTS = [
   '#!/bin/bash',
   'if [ "$(cat /tmp/entrypoint-ran 2>/dev/null)" = original ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt',
@@ -53,16 +50,8 @@ describe('task start-up under a second attacker', () => {
     return made;
   };
 
-  async function taskDir(name: string, files: Record<string, string>): Promise<string> {
-    const dir = join(env.dataDir, 'tasks', `${name}-${Math.random().toString(36).slice(2, 8)}`);
-    await mkdir(dir, { recursive: true });
-    await cp(HELLO, dir, { recursive: true });
-    for (const [path, content] of Object.entries(files)) {
-      await mkdir(join(dir, path, '..'), { recursive: true });
-      await writeFile(join(dir, path), content, { mode: 0o755 });
-    }
-    return dir;
-  }
+  const taskDir = (name: string, files: Record<string, string>): Promise<string> =>
+    helloTaskWith(env.dataDir, name, files);
 
   describe('host variables through templates (task author)', () => {
     it('never puts a host variable the user did not allow into a sandbox', () =>
@@ -89,13 +78,11 @@ describe('task start-up under a second attacker', () => {
         ].join('\n');
         const dir = await taskDir('env-leak', {
           'task.toml': toml,
-          'environment/Dockerfile': [
-            'FROM debian:bookworm',
+          'environment/Dockerfile': debianDockerfile(
             'COPY start.sh /opt/start.sh',
             'WORKDIR /app',
             'ENTRYPOINT ["/opt/start.sh"]',
-            '',
-          ].join('\n'),
+          ),
           'environment/start.sh': '#!/bin/sh\nenv > /tmp/entrypoint-env\nexec "$@"\n',
           // the grader pays out when the secret reached it: the safe outcome is 0
           // (by its hash: the secret itself written into a task file would be on the node's disk)
@@ -178,8 +165,10 @@ describe('task start-up under a second attacker', () => {
 
   describe("the grader's entrypoint, rewritten by the agent", () => {
     /**
-     * Plays one episode: the agent runs `rewrite`, then submits. Safe: the grader ran the task's
-     * own entrypoint (reward 1), never the agent's version of it.
+     * Plays one episode: the agent runs `rewrite`, then submits. Safe: no grader ran the agent's
+     * version (it would write `agent`); the task's own ran once, at the agent's start, and its
+     * mark reaches the grader in the agent's diff (reward 1). Fresh graders run no entrypoint
+     * since these broke: see docs/tasks.md, "How a task's sandbox starts".
      */
     async function rewriteAndGrade(files: Record<string, string>, rewrite: string): Promise<void> {
       const dir = await taskDir('entrypoint-red', { ...files, 'tests/test.sh': ENTRYPOINT_TESTS });
@@ -192,52 +181,46 @@ describe('task start-up under a second attacker', () => {
       expect(reward, JSON.stringify(info.grade?.details)).toBe(1);
     }
 
-    it("runs the task's own ENTRYPOINT found on PATH, never the agent's", () =>
+    it("never runs the agent's rewrite of an ENTRYPOINT found on PATH in a grader", () =>
       attack('entrypoint', 'entrypoint named by PATH', () =>
         rewriteAndGrade(
           {
-            'environment/Dockerfile': [
-              'FROM debian:bookworm',
+            'environment/Dockerfile': debianDockerfile(
               'COPY start.sh /usr/local/bin/start.sh',
               'WORKDIR /app',
               'ENTRYPOINT ["start.sh"]',
-              '',
-            ].join('\n'),
+            ),
             'environment/start.sh': '#!/bin/sh\necho original > /tmp/entrypoint-ran\nexec "$@"\n',
           },
           `printf '#!/bin/sh\\necho agent > /tmp/entrypoint-ran\\nexec "$@"\\n' > /usr/local/bin/start.sh`,
         ),
       ));
 
-    it('runs a script named inside an `sh -c` ENTRYPOINT as the agent rewrote it', () =>
+    it('never runs a script named inside an `sh -c` ENTRYPOINT as the agent rewrote it', () =>
       attack('entrypoint', 'entrypoint inside sh -c', () =>
         rewriteAndGrade(
           {
-            'environment/Dockerfile': [
-              'FROM debian:bookworm',
+            'environment/Dockerfile': debianDockerfile(
               'COPY start.sh /opt/start.sh',
               'WORKDIR /app',
               'ENTRYPOINT ["sh", "-c", "exec /opt/start.sh \\"$@\\"", "--"]',
-              '',
-            ].join('\n'),
+            ),
             'environment/start.sh': '#!/bin/sh\necho original > /tmp/entrypoint-ran\nexec "$@"\n',
           },
           `printf '#!/bin/sh\\necho agent > /tmp/entrypoint-ran\\nexec "$@"\\n' > /opt/start.sh`,
         ),
       ));
 
-    it('runs the config file the task entrypoint sources as the agent rewrote it', () =>
+    it('never runs the config file the task entrypoint sources as the agent rewrote it', () =>
       attack('entrypoint', 'entrypoint sources a config file', () =>
         rewriteAndGrade(
           {
-            'environment/Dockerfile': [
-              'FROM debian:bookworm',
+            'environment/Dockerfile': debianDockerfile(
               'COPY start.sh /opt/start.sh',
               'COPY app.conf /etc/default/app',
               'WORKDIR /app',
               'ENTRYPOINT ["/opt/start.sh"]',
-              '',
-            ].join('\n'),
+            ),
             'environment/app.conf': 'MARK=original\n',
             'environment/start.sh':
               '#!/bin/sh\n. /etc/default/app\necho "$MARK" > /tmp/entrypoint-ran\nexec "$@"\n',
@@ -271,18 +254,16 @@ describe('task start-up under a second attacker', () => {
       expect(reward, JSON.stringify(info.grade?.details)).toBe(0);
     }
 
-    it("swaps the tests' tools through a config file the task entrypoint sources", () =>
+    it("keeps the tests' tools from a config file the task entrypoint sources", () =>
       attack('entrypoint', 'tool swap through a sourced config file', () =>
         forgeAndGrade(
           {
-            'environment/Dockerfile': [
-              'FROM debian:bookworm',
+            'environment/Dockerfile': debianDockerfile(
               'COPY start.sh /opt/start.sh',
               'COPY app.conf /etc/default/app',
               'WORKDIR /app',
               'ENTRYPOINT ["/opt/start.sh"]',
-              '',
-            ].join('\n'),
+            ),
             'environment/app.conf': 'PORT=8080\n',
             'environment/start.sh': '#!/bin/sh\n. /etc/default/app\nexec "$@"\n',
           },
@@ -291,17 +272,15 @@ describe('task start-up under a second attacker', () => {
         ),
       ));
 
-    it("swaps the tests' tools through the workdir's ENTRYPOINT script", () =>
+    it("keeps the tests' tools from the workdir's ENTRYPOINT script", () =>
       attack('entrypoint', 'tool swap through a workdir entrypoint', () =>
         forgeAndGrade(
           {
-            'environment/Dockerfile': [
-              'FROM debian:bookworm',
+            'environment/Dockerfile': debianDockerfile(
               'WORKDIR /app',
               'COPY start.sh /app/start.sh',
               'ENTRYPOINT ["./start.sh"]',
-              '',
-            ].join('\n'),
+            ),
             'environment/start.sh': '#!/bin/sh\nexec "$@"\n',
           },
           // the tests never run the agent's code: only the grader's start does
@@ -310,7 +289,7 @@ describe('task start-up under a second attacker', () => {
         ),
       ));
 
-    it("swaps the tests' tools through a script the healthcheck runs", () =>
+    it("keeps the tests' tools from a script the healthcheck runs", () =>
       attack('healthcheck', 'tool swap through the healthcheck script', () =>
         forgeAndGrade(
           {
@@ -329,12 +308,7 @@ describe('task start-up under a second attacker', () => {
               'start_interval_sec = 0.2',
               '',
             ].join('\n'),
-            'environment/Dockerfile': [
-              'FROM debian:bookworm',
-              'COPY health.sh /opt/health.sh',
-              'WORKDIR /app',
-              '',
-            ].join('\n'),
+            'environment/Dockerfile': debianDockerfile('COPY health.sh /opt/health.sh', 'WORKDIR /app'),
             'environment/health.sh': '#!/bin/sh\nexit 0\n',
           },
           '/opt/health.sh',
@@ -384,13 +358,11 @@ describe('task start-up under a second attacker', () => {
         // a process name of at most 15 characters: what /proc/PID/comm and `pgrep -x` see
         const marker = `rtd${Math.random().toString(36).slice(2, 10)}`;
         const dir = await taskDir('entrypoint-daemon', {
-          'environment/Dockerfile': [
-            'FROM debian:bookworm',
+          'environment/Dockerfile': debianDockerfile(
             'COPY start.sh /opt/start.sh',
             'WORKDIR /app',
             'ENTRYPOINT ["/opt/start.sh"]',
-            '',
-          ].join('\n'),
+          ),
           // double fork into a new session, the pid file and the terminal left behind
           'environment/start.sh': `#!/bin/sh\necho original > /tmp/entrypoint-ran\ncp /bin/sleep /tmp/${marker}\nsetsid sh -c '/tmp/${marker} 100000 </dev/null >/dev/null 2>&1 &' &\nexec "$@"\n`,
         });

@@ -1,4 +1,3 @@
-import { cp, mkdir, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { TaskEnv, loadHarborTask, type Task } from '../../src/env/index.ts';
@@ -6,10 +5,11 @@ import { waitHealthy } from '../../src/env/healthcheck.ts';
 import type { TaskHealthcheck } from '../../src/env/tasks/task.ts';
 import { checkTask } from '../../src/rollout/index.ts';
 import type { Sandbox } from '../../src/platform/index.ts';
+import { HELLO_TASK, debianDockerfile, helloTaskWith } from '../support/task-dirs.ts';
 import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
 
 const FIXTURES = resolve(import.meta.dirname, '..', 'fixtures', 'tasks');
-const HELLO = resolve(import.meta.dirname, '..', '..', 'examples', 'tasks', 'hello-file');
+const HELLO = HELLO_TASK;
 
 /** Fetches a URL inside a sandbox with Python (every debian:bookworm sandbox has it). */
 const fetchArgv = (url: string) => [
@@ -55,17 +55,8 @@ describe('a task sandbox starts as Docker starts its container', () => {
     return made;
   };
 
-  /** A copy of the hello-file task with files of the test's own over it. */
-  async function taskDir(name: string, files: Record<string, string>): Promise<string> {
-    const dir = join(env.dataDir, 'tasks', `${name}-${Math.random().toString(36).slice(2, 8)}`);
-    await mkdir(dir, { recursive: true });
-    await cp(HELLO, dir, { recursive: true });
-    for (const [path, content] of Object.entries(files)) {
-      await mkdir(join(dir, path, '..'), { recursive: true });
-      await writeFile(join(dir, path), content, { mode: 0o755 });
-    }
-    return dir;
-  }
+  const taskDir = (name: string, files: Record<string, string>): Promise<string> =>
+    helloTaskWith(env.dataDir, name, files);
 
   it('resolves localhost and its own hostname in a sandbox without network', async () => {
     const box = await sandbox();
@@ -162,13 +153,11 @@ describe('a task sandbox starts as Docker starts its container', () => {
 
   it('runs no entrypoint in a fresh grader, so none the agent rewrote', async () => {
     const dir = await taskDir('entrypoint-rewrite', {
-      'environment/Dockerfile': [
-        'FROM debian:bookworm',
+      'environment/Dockerfile': debianDockerfile(
         'COPY start.sh /opt/start.sh',
         'WORKDIR /app',
         'ENTRYPOINT ["/opt/start.sh"]',
-        '',
-      ].join('\n'),
+      ),
       'environment/start.sh': '#!/bin/sh\necho original > /tmp/entrypoint-ran\nexec "$@"\n',
       // the tests pay out for any entrypoint's mark: none may run before them in a fresh grader
       'tests/test.sh': [
@@ -202,12 +191,10 @@ describe('a task sandbox starts as Docker starts its container', () => {
 
   it('runs nothing of an image without an ENTRYPOINT, not even its CMD', async () => {
     const dir = await taskDir('cmd-only', {
-      'environment/Dockerfile': [
-        'FROM debian:bookworm',
+      'environment/Dockerfile': debianDockerfile(
         'WORKDIR /app',
         'CMD ["sh", "-c", "touch /tmp/cmd-ran; sleep 1000"]',
-        '',
-      ].join('\n'),
+      ),
     });
     const episode = taskEnv(await loadHarborTask(dir));
     await episode.reset();
