@@ -1,4 +1,3 @@
-import { posix } from 'node:path';
 import type { Environment, Sandbox } from '../platform/index.ts';
 import { exposedTcpPorts, listeningPorts } from './task-services.ts';
 
@@ -17,22 +16,6 @@ const LISTEN_POLL_MS = 100;
 function entrypointArgv(environment: Environment): string[] | undefined {
   const entrypoint = environment.image?.entrypoint ?? [];
   return entrypoint.length ? [...entrypoint, ...IDLE_COMMAND] : undefined;
-}
-
-/**
- * The files of the image's ENTRYPOINT named by path (`/docker-entrypoint.sh`, `./start.sh` from the
- * workdir) outside the workdir: a fresh grader runs the entrypoint of the task's image, never one
- * the agent rewrote in its diff, so these are kept out of the diff like the interpreters the tests
- * run with. One in the workdir is the agent's work (a task may ask it to fix that very script),
- * and runs in the grader as the code under test does.
- */
-export function entrypointFiles(environment: Environment, workdir: string): string[] {
-  const work = posix.resolve(workdir);
-  const inWork = (path: string) => work === '/' || path === work || path.startsWith(`${work}/`);
-  return (environment.image?.entrypoint ?? [])
-    .filter((arg) => arg.startsWith('/') || arg.startsWith('./'))
-    .map((arg) => posix.resolve(work, arg))
-    .filter((path) => !inWork(path));
 }
 
 /** What runs the entrypoint: the image's USER in its WORKDIR (the task's, where it names one). */

@@ -48,7 +48,7 @@ import {
 } from './verifiers/index.ts';
 import { workspaceEnvironment, workspaceEnvironmentName } from './tasks/workspace.ts';
 import { TaskServices } from './task-services.ts';
-import { entrypointFiles, startEntrypoint } from './entrypoint.ts';
+import { startEntrypoint } from './entrypoint.ts';
 import { waitHealthy } from './healthcheck.ts';
 import { networkReport } from './network-report.ts';
 import { recordText, type NetworkRecord } from '../backends/index.ts';
@@ -485,16 +485,10 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     return this.task.workdir ? { workdir: this.task.workdir } : {};
   }
 
-  /**
-   * Paths only this task's grading leaves out: a SWE-bench repository's git folder, and the files
-   * of its image's ENTRYPOINT, which a fresh grader runs before the tests.
-   */
+  /** Paths only this task's grading leaves out: a SWE-bench repository's git folder. */
   private taskExclusions(): string[] {
     const grading = this.task.grading;
-    return [
-      ...(grading.kind === 'swebench' ? [`${grading.repoPath}/.git`] : []),
-      ...(this.built ? entrypointFiles(this.built, this.entrypointWorkdir()) : []),
-    ];
+    return grading.kind === 'swebench' ? [`${grading.repoPath}/.git`] : [];
   }
 
   /** Where the ENTRYPOINT starts: the task's workdir where it names one, else the image's. */
