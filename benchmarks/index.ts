@@ -14,6 +14,7 @@ import { benchVm } from './vm.ts';
 import { benchTasks } from './tasks.ts';
 import { benchControlPlane } from './control-plane.ts';
 import { benchPeers } from './peers.ts';
+import { benchEpisode } from './episode.ts';
 import type { BenchOptions, BenchReport } from './report.ts';
 
 /** Every benchmark by name, in the order `sandgym bench` runs them. */
@@ -33,6 +34,7 @@ export const BENCHMARKS: Record<string, (options: BenchOptions) => Promise<Bench
   hibernate: benchHibernate,
   vm: benchVm,
   tasks: benchTasks,
+  episode: benchEpisode,
   peers: benchPeers,
 };
 

@@ -69,6 +69,12 @@ export interface SandboxSpec {
   lifetime?: SandboxLifetime;
   /** Named network rules it starts with (see {@link BackendSandbox.setNetwork}); empty: loopback only. */
   network: readonly string[];
+  /**
+   * Whether its memory must be checkpointable where the host allows (a training run's sandboxes,
+   * which hibernate when preempted): a container then never starts on a pooled shell, whose
+   * swapped root CRIU cannot restore.
+   */
+  memorySnapshots?: boolean;
 }
 
 /** How long a sandbox may live when nobody uses it, and at most. */

@@ -16,6 +16,8 @@ export { comparableObservation, replayTrajectory } from './replay.ts';
 export type { ReplayReport } from './replay.ts';
 export type { AutoresetMode, VectorEnvOptions, VectorStepResult } from './vector-env.ts';
 export { TaskEnv } from './task-env.ts';
+export { EPISODE_PHASES, overheadMs } from './episode-timings.ts';
+export type { EpisodePhase, EpisodeTimings } from './episode-timings.ts';
 export { oraclePlan } from './oracle-plan.ts';
 export { PROTECTED_PATHS } from './grading-scope.ts';
 export type { GradingScope } from './grading-scope.ts';

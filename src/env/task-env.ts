@@ -52,6 +52,7 @@ import { startEntrypoint } from './entrypoint.ts';
 import { waitHealthy } from './healthcheck.ts';
 import { networkReport } from './network-report.ts';
 import { recordText, type NetworkRecord } from '../backends/index.ts';
+import { PhaseClock, type EpisodeTimings } from './episode-timings.ts';
 
 /** How long a task's setup script may run. */
 const SETUP_SCRIPT_TIMEOUT_MS = 10 * 60_000;
@@ -239,6 +240,8 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
   private gradedInPlace = false;
   /** The processes the agent's sandbox ran when the agent started: its entrypoint's. */
   private startupPids = new Set<string>();
+  /** Where this episode's time went, phase by phase: new at each reset. */
+  private phases = new PhaseClock();
 
   private constructor(
     private readonly platform: PlatformClient,
@@ -330,8 +333,19 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     return this.inner?.current;
   }
 
+  /** The clock of the current episode: its timings, and the agent's think time when a driver adds it. */
+  get clock(): PhaseClock {
+    return this.phases;
+  }
+
+  /** Where the current episode's time went so far, by phase. */
+  get timings(): EpisodeTimings {
+    return this.phases.snapshot();
+  }
+
   async reset(options: ResetOptions = {}): Promise<ResetResult<TaskObservation, TaskResetInfo>> {
-    const environment = await this.prepare();
+    this.phases = new PhaseClock();
+    const environment = await this.phases.time('environment', () => this.prepare());
     this.base = undefined;
     this.earlierTampering = [];
     return this.start(`${environment.name}:${environment.version}`, this.task.agentTimeoutMs, options);
@@ -349,13 +363,18 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
   ): Promise<ResetResult<TaskObservation, TaskResetInfo>> {
     if (this.isClosed)
       throw new SandgymError('failed_precondition', 'Cannot reset: the environment is closed');
-    await this.inner?.close();
+    const clock = this.phases;
+    await clock.time('teardown', async () => {
+      await this.inner?.close();
+      // each episode gets its services fresh, as a new compose project would
+      await this.services?.close();
+    });
     this.gradedInPlace = false;
-    // each episode gets its services fresh, as a new compose project would
-    await this.services?.close();
     this.services = undefined;
     const serviceNotes: string[] = [];
-    this.services = await TaskServices.start(this.platform, this.task, serviceNotes, this.inRun());
+    this.services = await clock.time('services', () =>
+      TaskServices.start(this.platform, this.task, serviceNotes, this.inRun()),
+    );
     this.buildNotes.push(...serviceNotes.filter((note) => !this.buildNotes.includes(note)));
     this.inner = SandboxEnv.create(this.platform, {
       sandbox: {
@@ -368,35 +387,43 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
       },
       ...this.agentOptions(),
     });
-    const reset = await this.inner.reset(options);
-    const sandbox = this.inner.current!;
-    await this.services?.join(sandbox, this.mainServiceName());
+    const inner = this.inner;
+    const reset = await clock.time('create', () => inner.reset(options));
+    const sandbox = inner.current!;
+    await clock.time('services', async () => this.services?.join(sandbox, this.mainServiceName()));
     // before anything runs in it, a clean sandbox of the task's environment shows what it holds
     this.scope = gradingScope(
-      await this.cleanFacts(sandbox, environment),
+      await clock.time('probe', () => this.cleanFacts(sandbox, environment)),
       this.workdir(),
       this.taskExclusions(),
     );
     // the container's start: its image's ENTRYPOINT, with what the agent finds running
     this.startupPids = new Set();
-    const started = await this.startEntrypoint(sandbox);
+    const started = await clock.time('taskStartup', () => this.startEntrypoint(sandbox));
     // A checkpoint's files already hold what setup did. Setup runs as root, so run again over the
     // agent's files it would follow the agent's symlinks (a chown or a write onto /etc/shadow),
     // and a script that is not idempotent would fail: it runs only in a fresh episode.
     if (!restoring) {
-      await sandbox.exec(['mkdir', '-p', '/logs/agent', '/logs/artifacts']);
-      const agentUser = this.userOf(this.task.agentUser);
-      // the agent's own log folders are its to write, as Harbor mounts them for it
-      if (!isRoot(agentUser))
-        await sandbox.exec(['chown', '-R', agentUser, '/logs/agent', '/logs/artifacts']);
-      if (this.task.setupScript !== undefined) await this.runSetupScript(sandbox, this.task.setupScript);
+      await clock.time('staging', async () => {
+        await sandbox.exec(['mkdir', '-p', '/logs/agent', '/logs/artifacts']);
+        const agentUser = this.userOf(this.task.agentUser);
+        // the agent's own log folders are its to write, as Harbor mounts them for it
+        if (!isRoot(agentUser))
+          await sandbox.exec(['chown', '-R', agentUser, '/logs/agent', '/logs/artifacts']);
+      });
+      const setupScript = this.task.setupScript;
+      if (setupScript !== undefined)
+        await clock.time('taskStartup', () => this.runSetupScript(sandbox, setupScript));
     }
     // the stage boundary: the same sandbox, the agent stage's rules
-    await sandbox.setNetwork(this.task.network.agent);
+    await clock.time('network', () => sandbox.setNetwork(this.task.network.agent));
     // the agent starts once the container is healthy, and its time with it
-    await this.waitHealthy(sandbox);
+    await clock.time('taskStartup', () => this.waitHealthy(sandbox));
     // what runs now is the container's, not the agent's leftovers (see leftoverProcesses)
-    if (started) this.startupPids = new Set((await this.processes(sandbox)).map(([pid]) => pid));
+    if (started)
+      this.startupPids = new Set(
+        (await clock.time('inspect', () => this.processes(sandbox))).map(([pid]) => pid),
+      );
     this.deadline = Date.now() + budgetMs;
     return this.opening(sandbox, reset.info);
   }
@@ -411,6 +438,10 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
   async stageSolution(): Promise<void> {
     const sandbox = this.inner?.current;
     if (!sandbox) throw new SandgymError('failed_precondition', 'Call reset() before stageSolution()');
+    await this.phases.time('staging', () => this.stageSolutionIn(sandbox));
+  }
+
+  private async stageSolutionIn(sandbox: Sandbox): Promise<void> {
     const oracle = this.task.oracle;
     if (oracle?.kind === 'shell') await sandbox.writeFile(oracle.path, oracle.script, { mode: 0o755 });
     // a reference program or a patch the oracle writes as any agent would
@@ -553,7 +584,8 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
   ): Promise<ResetResult<TaskObservation, TaskResetInfo>> {
     if (this.isClosed)
       throw new SandgymError('failed_precondition', 'Cannot attach: the environment is closed');
-    await this.prepare();
+    this.phases = new PhaseClock();
+    await this.phases.time('environment', () => this.prepare());
     await this.inner?.close();
     this.inner = await SandboxEnv.attach(this.platform, sandbox, episodeId, {
       owned: true,
@@ -660,7 +692,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
           info: { episodeId: inner.episode, stepIndex: inner.nextStepIndex, replayed: false },
           outcome: { kind: 'ok' },
         }
-      : await inner.step(action, { ...options, commandTimeoutCapMs: left });
+      : await this.timedStep(inner, action, { ...options, commandTimeoutCapMs: left });
     if (result.outcome.kind !== 'ok' || !(result.terminated || result.truncated)) return result;
     try {
       const grade = await this.grade();
@@ -684,6 +716,19 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
           : { kind: 'verifier_error', message },
       };
     }
+  }
+
+  /** One step of the agent's sandbox, its command's own time apart from the platform's. */
+  private async timedStep(
+    inner: SandboxEnv,
+    action: SandboxAction,
+    options: EnvCallOptions & { commandTimeoutCapMs: number },
+  ): Promise<StepResult<SandboxObservation, StepInfo>> {
+    const result = await this.phases.time('step', () => inner.step(action, options));
+    const observation = result.observation;
+    if (observation.type === 'exec' && !result.info.replayed)
+      this.phases.move('step', 'command', observation.durationMs);
+    return result;
   }
 
   /**
@@ -716,14 +761,17 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
         `Task ${this.task.id}'s episode was already graded in its sandbox`,
       );
     // what runs there now: gone in a fresh grader, which a task author must be able to see
-    const leftover = await this.leftoverProcesses(agent);
+    const clock = this.phases;
+    const leftover = await clock.time('inspect', () => this.leftoverProcesses(agent));
     // no name: a layer for this grading only, which layer gc reclaims later
-    const packed = await this.platform.packDiff(agent, this.diffOptions()).catch((error: unknown) => {
-      if (isDiffLargerThanDisk(error)) return error as Error;
-      throw error;
-    });
+    const packed = await clock.time('diff', () =>
+      this.platform.packDiff(agent, this.diffOptions()).catch((error: unknown) => {
+        if (isDiffLargerThanDisk(error)) return error as Error;
+        throw error;
+      }),
+    );
     // the agent stage's record: read before grading sets the verify stage's rules
-    const { deniedEgress, network: agentNetwork } = await agent.stats();
+    const { deniedEgress, network: agentNetwork } = await clock.time('inspect', () => agent.stats());
     const clean = `${environment.name}:${environment.version}`;
     let graderNetwork: NetworkRecord | undefined;
     const network = (): Record<string, unknown> => {
@@ -999,19 +1047,22 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     services: TaskServices | undefined = this.services,
     onNetwork?: (record: NetworkRecord | undefined) => void,
   ): Promise<VerifierResult> {
-    const grader = await this.platform.createSandbox({
-      environment,
-      ...(extraLayers.length ? { extraLayers } : {}),
-      resources: { ...this.task.resources },
-      // the task's variables are the container's, so its tests see them as the agent did
-      env: this.task.env,
-      ...this.workdirOption(),
-      network: this.task.network.verify,
-      ...this.inRun(),
-    });
+    const clock = this.phases;
+    const grader = await clock.time('graderCreate', () =>
+      this.platform.createSandbox({
+        environment,
+        ...(extraLayers.length ? { extraLayers } : {}),
+        resources: { ...this.task.resources },
+        // the task's variables are the container's, so its tests see them as the agent did
+        env: this.task.env,
+        ...this.workdirOption(),
+        network: this.task.network.verify,
+        ...this.inRun(),
+      }),
+    );
     try {
       // the tests reach the services the agent worked with, by the same names
-      await services?.join(grader, this.mainServiceName());
+      await clock.time('services', async () => services?.join(grader, this.mainServiceName()));
       // No ENTRYPOINT or healthcheck here: run as root over the agent's diff before the tests,
       // they would run whatever the agent left for them to read (a config they source, a script
       // in the workdir) and could replace the tests' tools. In Docker they ran once, over the
@@ -1019,28 +1070,34 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
       // graded there (environment_mode "shared"), which `sandgym check` tells their author.
       return await this.verifyIn(grader, environment);
     } finally {
-      if (onNetwork) onNetwork((await grader.stats().catch(() => undefined))?.network);
-      await services?.leave(grader).catch(() => undefined);
-      await grader.close();
+      await clock.time('graderTeardown', async () => {
+        if (onNetwork) onNetwork((await grader.stats().catch(() => undefined))?.network);
+        await services?.leave(grader).catch(() => undefined);
+        await grader.close();
+      });
     }
   }
 
   /** Runs the verifiers in `grader` (made from `environment`), within the grading deadline. */
   private verifyIn(grader: Sandbox, environment: string): Promise<VerifierResult> {
     const testUser = this.userOf(this.task.verifierUser);
-    return runVerifiers([...(this.options.verifiers ?? []), defaultVerifier(this.task)], {
-      task: this.task,
-      grader,
-      workdir: this.workdir(),
-      platform: this.platform,
-      environment,
-      imageEnv: this.built?.config.env ?? {},
-      ...(isRoot(testUser) ? {} : { user: testUser }),
-      deadline: Deadline.after(
-        this.task.verifierTimeoutMs + GRADING_OVERHEAD_MS,
-        `Grading task ${this.task.id}`,
-      ),
-    });
+    const clock = this.phases;
+    return clock.time('graderStaging', () =>
+      runVerifiers([...(this.options.verifiers ?? []), defaultVerifier(this.task)], {
+        task: this.task,
+        grader,
+        workdir: this.workdir(),
+        platform: this.platform,
+        environment,
+        imageEnv: this.built?.config.env ?? {},
+        ...(isRoot(testUser) ? {} : { user: testUser }),
+        deadline: Deadline.after(
+          this.task.verifierTimeoutMs + GRADING_OVERHEAD_MS,
+          `Grading task ${this.task.id}`,
+        ),
+        clock,
+      }),
+    );
   }
 
   /** The agent's changes without what grading never takes from it, reporting the protected paths it touched. */
@@ -1053,9 +1110,11 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     this.isClosed = true;
     // off its services' network before its sandbox ends (and its shell may go back to the pool)
     const agent = this.inner?.current;
-    if (agent) await this.services?.leave(agent).catch(() => undefined);
-    await this.inner?.close();
-    await this.services?.close();
+    await this.phases.time('teardown', async () => {
+      if (agent) await this.services?.leave(agent).catch(() => undefined);
+      await this.inner?.close();
+      await this.services?.close();
+    });
   }
 
   [Symbol.asyncDispose](): Promise<void> {

@@ -1,6 +1,7 @@
 import type { DockerfileBuildOptions, DockerfileBuildResult } from './layer-build/dockerfile-build.ts';
 import type { Environment, ProjectStore } from './store/layer-store.ts';
 import type { PlatformClient, Sandbox } from './platform-client.ts';
+import type { WarmPoolPolicy } from '../backends/index.ts';
 
 /** Sandboxes on one private network, reaching each other by address (a task and its services). */
 export interface SandboxGroupNetwork {
@@ -24,6 +25,8 @@ export interface HostPlatform extends PlatformClient {
   createGroupNetwork(): Promise<SandboxGroupNetwork>;
   /** Adopts the durable sandboxes a crashed predecessor on this data dir left running. */
   adoptSandboxes(): Promise<Sandbox[]>;
+  /** The warm pool of container shells: a batch raises its targets to its concurrency. */
+  readonly warmPool: { grow(policy: WarmPoolPolicy): void };
 }
 
 /** The platform as a {@link HostPlatform}, when it runs sandboxes on this host; else undefined. */

@@ -280,10 +280,25 @@ export class LocalPlatform implements HostPlatform {
   /** The kinds of sandbox this platform creates. */
   readonly backends: readonly BackendName[] = BACKEND_NAMES;
 
-  /** Warm shells ready now per CPU class, and a wait for the pool to reach its policy. */
-  get warmPool(): { ready: Record<QosClass, number>; filled(timeoutMs?: number): Promise<void> } {
+  /**
+   * Warm shells ready now per CPU class, a wait for the pool to reach its policy, a wait for the
+   * containers of closed sandboxes to be back in it (a close returns once its tenant is gone; the
+   * container is readied for the next behind it), and a way to raise the policy (a batch sizes
+   * the pool to its concurrency; see evaluate).
+   */
+  get warmPool(): {
+    ready: Record<QosClass, number>;
+    filled(timeoutMs?: number): Promise<void>;
+    recycled(): Promise<void>;
+    grow(policy: WarmPoolPolicy): void;
+  } {
     const container = this.container;
-    return { ready: container.warmShells, filled: (timeoutMs) => container.warmPoolFilled(timeoutMs) };
+    return {
+      ready: container.warmShells,
+      filled: (timeoutMs) => container.warmPoolFilled(timeoutMs),
+      recycled: () => container.recycled(),
+      grow: (policy) => container.growWarmPool(policy),
+    };
   }
 
   private readonly lifetimes: NodeJS.Timeout;
@@ -439,6 +454,8 @@ export class LocalPlatform implements HostPlatform {
         labels,
         network: resolved.network,
         ...(resolved.lifetime ? { lifetime: definedFields(resolved.lifetime) } : {}),
+        // a run's sandboxes hibernate when it is preempted
+        ...(resolved.run ? { memorySnapshots: true } : {}),
       },
       callOptionsOf(options),
     );

@@ -140,6 +140,9 @@ export function toAtif(report: EpisodeReport, instruction: string, agent: AtifAg
       tampered: report.tampered,
       ...(report.details ? { details: report.details } : {}),
       ...(report.sandboxId ? { sandbox_id: report.sandboxId } : {}),
+      // where the episode's time went, by phase, and what of it was the platform's
+      ...(report.timings ? { timings_ms: report.timings } : {}),
+      ...(report.overheadMs === undefined ? {} : { overhead_ms: report.overheadMs }),
     },
   };
 }

@@ -1,4 +1,4 @@
-import type { StepAction, StepAudit, StepOutcome, TaskObservation } from '../env/index.ts';
+import type { EpisodeTimings, StepAction, StepAudit, StepOutcome, TaskObservation } from '../env/index.ts';
 
 /** One task's evaluation. */
 export interface EpisodeReport {
@@ -28,7 +28,14 @@ export interface EpisodeReport {
   /** What building the task's environment said: steps taken from cache, base images, fallbacks. */
   buildNotes?: string[];
   /** Set when the agent used up its time budget: the episode was graded as it stood then. */
-  timeout?: { budgetMs: number; /** Every step of the episode, in order. */ trajectory?: StepEvent[] };
+  timeout?: { budgetMs: number };
+  /**
+   * Where the episode's time went, by phase (see EPISODE_PHASES): the environment, the agent's
+   * sandbox, staging, each step's agent, platform and command time, grading, teardown.
+   */
+  timings?: EpisodeTimings;
+  /** What the platform added: every phase but the task's and the agent's own (see overheadMs). */
+  overheadMs?: number;
   /** Every step of the episode, in order. */
   trajectory?: StepEvent[];
 }
@@ -68,6 +75,8 @@ export interface StepEvent {
   durationMs: number;
   /** The step on the platform alone, in ms. */
   platformMs?: number;
+  /** How long the agent took to decide this step (a model's think time), in ms. */
+  agentMs?: number;
   /** What the agent's model spent to choose this action (LLM agents). */
   usage?: TokenUsage;
   /** What the agent said besides its action (an LLM's message), if anything. */

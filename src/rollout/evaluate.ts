@@ -2,6 +2,7 @@ import { SandgymError, isSandgymError, messageOf, type Redactor } from '../commo
 import {
   TaskEnv,
   TaskError,
+  overheadMs,
   stepActionOf,
   type SandboxAction,
   type Grade,
@@ -13,7 +14,7 @@ import {
   type Task,
   type TaskObservation,
 } from '../env/index.ts';
-import type { PlatformClient } from '../platform/index.ts';
+import { hostPlatformOf, type PlatformClient } from '../platform/index.ts';
 import { AgentError, decisionOf, type Agent, type AgentDecision } from './agents.ts';
 import type { EvalJournal, StartedEpisode } from './eval-journal.ts';
 import type { EpisodeReport, EvalProgress, LifecycleEvent, StepEvent } from './episode-report.ts';
@@ -121,9 +122,29 @@ async function runEpisode(
   options: EvaluateOptions,
   earlier: StartedEpisode | undefined,
 ): Promise<EpisodeReport> {
+  const env = TaskEnv.create(platform, task, options.run ? { run: options.run } : {});
+  let report: EpisodeReport;
+  try {
+    report = await playEpisode(env, platform, task, agent, maxSteps, options, earlier);
+  } finally {
+    await env.close();
+  }
+  // after the teardown, so the episode's timings hold it
+  const timings = env.timings;
+  return { ...report, timings, overheadMs: Math.round(overheadMs(timings) * 10) / 10 };
+}
+
+async function playEpisode(
+  env: TaskEnv,
+  platform: PlatformClient,
+  task: Task,
+  agent: Agent,
+  maxSteps: number,
+  options: EvaluateOptions,
+  earlier: StartedEpisode | undefined,
+): Promise<EpisodeReport> {
   const started = performance.now();
   const redact = redactorOf(agent, options);
-  await using env = TaskEnv.create(platform, task, options.run ? { run: options.run } : {});
   const takenOver = earlier ? await takeOver(platform, env, task, earlier) : undefined;
   const opened = takenOver ?? (await env.reset());
   // a taken-over episode's sandbox has its solution from the run that started it
@@ -161,12 +182,15 @@ async function runEpisode(
   try {
     for (let stepIndex = 0; stepIndex < maxSteps; stepIndex++) {
       let decision: AgentDecision;
+      const deciding = performance.now();
       try {
-        decision = await decide(
-          agent,
-          observation,
-          { task, episodeId, stepIndex },
-          options.decisionTimeoutMs ?? DEFAULT_DECISION_TIMEOUT_MS,
+        decision = await env.clock.time('agent', () =>
+          decide(
+            agent,
+            observation,
+            { task, episodeId, stepIndex },
+            options.decisionTimeoutMs ?? DEFAULT_DECISION_TIMEOUT_MS,
+          ),
         );
       } catch (error) {
         if (!(error instanceof AgentError)) throw error;
@@ -175,6 +199,7 @@ async function runEpisode(
       }
       // what the step carries and the trajectory keeps: the action, or an invalid one's record
       const action = stepActionOf(decision.action);
+      const agentMs = performance.now() - deciding;
       const stepStarted = performance.now();
       let result: StepResult<TaskObservation, TaskStepInfo>;
       try {
@@ -202,6 +227,7 @@ async function runEpisode(
         ...(info.startedAt ? { startedAt: info.startedAt } : {}),
         durationMs: performance.now() - stepStarted,
         ...(info.durationMs === undefined ? {} : { platformMs: info.durationMs }),
+        agentMs,
         ...(decision.usage ? { usage: decision.usage } : {}),
         ...(decision.message ? { agentMessage: decision.message } : {}),
       });
@@ -222,17 +248,32 @@ async function runEpisode(
 }
 
 /**
- * Refuses two tasks with one id: results, the journal and resumes are keyed by id, so the second
- * would take the first's result.
+ * Sizes the embedded platform's warm pool to the batch: an episode holds its agent's sandbox and,
+ * while it is graded, a grader's. The pool fills behind the first episodes and from the shells
+ * finished ones leave, so a batch of one pays nothing for it. A training run's sandboxes take no
+ * pooled shells (they hibernate through CRIU), so a run sizes none.
  */
-function refuseDuplicateIds(tasks: readonly Task[]): void {
+function warmPoolFor(platform: PlatformClient, options: EvaluateOptions): void {
+  if (options.run) return;
+  hostPlatformOf(platform)?.warmPool.grow({ latency: 2 * Math.max(1, options.concurrency) });
+}
+
+/**
+ * Refuses two tasks with one id: results, the journal and resumes are keyed by id, so the second
+ * would take the first's result. The same task given again is another attempt at it (as Harbor's
+ * `n_attempts` runs), each reported in its place; only a journal, which keeps one result per id,
+ * cannot hold them.
+ */
+function refuseDuplicateIds(tasks: readonly Task[], journaled: boolean): void {
   const seen = new Map<string, Task>();
   for (const task of tasks) {
     const first = seen.get(task.id);
-    if (first)
+    if (first && (first !== task || journaled))
       throw new SandgymError(
         'invalid_argument',
-        `Two tasks have the id "${task.id}": ${first.source} and ${task.source}; give each task its own id`,
+        first === task
+          ? `Task "${task.id}" is given more than once, and a journal keeps one result per task: run its attempts without a journal (no --run)`
+          : `Two tasks have the id "${task.id}": ${first.source} and ${task.source}; give each task its own id`,
       );
     seen.set(task.id, task);
   }
@@ -258,7 +299,8 @@ export async function evaluate(
   makeAgent: () => Agent,
   options: EvaluateOptions,
 ): Promise<EpisodeReport[]> {
-  refuseDuplicateIds(tasks);
+  refuseDuplicateIds(tasks, options.journal !== undefined);
+  warmPoolFor(platform, options);
   const reports: EpisodeReport[] = new Array<EpisodeReport>(tasks.length);
   const started = performance.now();
   let next = 0;

@@ -1,4 +1,4 @@
-import { networkReportOf, networkReportText } from '../env/index.ts';
+import { EPISODE_PHASES, networkReportOf, networkReportText, type EpisodeTimings } from '../env/index.ts';
 import type { EpisodeReport, StepEvent } from './episode-report.ts';
 
 function escape(text: string): string {
@@ -21,6 +21,61 @@ function barChart(title: string, entries: [string, number][], unit = ''): string
     })
     .join('');
   return `<figure><figcaption>${escape(title)}</figcaption><svg width="560" height="${entries.length * rowHeight + 4}" role="img" aria-label="${escape(title)}">${bars}</svg></figure>`;
+}
+
+/** One colour per phase, in phase order: the platform's phases blue-grey, the task's own warm. */
+const PHASE_COLOURS: Record<(typeof EPISODE_PHASES)[number], string> = {
+  environment: '#8da0c4',
+  services: '#7f93b8',
+  create: '#4a7bd0',
+  probe: '#6f87b0',
+  taskStartup: '#e0a14a',
+  staging: '#5d79a8',
+  network: '#3f6bb8',
+  agent: '#d9534f',
+  step: '#2f5aa0',
+  command: '#f0b86b',
+  inspect: '#56709e',
+  diff: '#1f4a8c',
+  graderCreate: '#3b66ad',
+  graderStaging: '#4f6d9f',
+  tests: '#e8c170',
+  graderTeardown: '#6983b3',
+  teardown: '#9fb0cf',
+};
+
+/**
+ * Where each episode's time went: one stacked bar per episode, a segment per phase (hover
+ * names it), and a legend of the phases that occur.
+ */
+function phaseBars(episodes: readonly EpisodeReport[]): string {
+  const timed = episodes.filter((e): e is EpisodeReport & { timings: EpisodeTimings } => !!e.timings);
+  if (timed.length === 0) return '';
+  const total = (t: EpisodeTimings): number => EPISODE_PHASES.reduce((sum, p) => sum + (t[p] ?? 0), 0);
+  const max = Math.max(1, ...timed.map((e) => total(e.timings)));
+  const rowHeight = 22;
+  const rows = timed
+    .map((e, i) => {
+      let x = 170;
+      const y = i * rowHeight;
+      const segments = EPISODE_PHASES.filter((p) => (e.timings[p] ?? 0) > 0)
+        .map((phase) => {
+          const ms = e.timings[phase] ?? 0;
+          const width = (ms / max) * 360;
+          const rect = `<rect x="${x.toFixed(1)}" y="${y + 3}" width="${width.toFixed(1)}" height="16" style="fill:${PHASE_COLOURS[phase]}"><title>${phase} ${ms.toFixed(1)} ms</title></rect>`;
+          x += width;
+          return rect;
+        })
+        .join('');
+      const overhead = e.overheadMs === undefined ? '' : `, platform ${Math.round(e.overheadMs)} ms`;
+      return `<text x="0" y="${y + 15}" class="label">${escape(e.task.slice(0, 24))}</text>${segments}<text x="${(x + 6).toFixed(1)}" y="${y + 15}" class="value">${Math.round(total(e.timings))} ms${overhead}</text>`;
+    })
+    .join('');
+  const present = EPISODE_PHASES.filter((p) => timed.some((e) => (e.timings[p] ?? 0) > 0));
+  const legend = present
+    .map((p) => `<span class="phase"><i style="background:${PHASE_COLOURS[p]}"></i>${p}</span>`)
+    .join(' ');
+  return `<figure class="phases"><figcaption>Where each episode's time went (ms, by phase)</figcaption><svg width="760" height="${timed.length * rowHeight + 4}" role="img" aria-label="episode phases">${rows}</svg><div class="legend">${legend}</div></figure>`;
 }
 
 function percentile(values: number[], q: number): number {
@@ -100,6 +155,7 @@ rect { fill: #4a7bd0; } .label, .value { font-size: 12px; fill: #1d2330; }
 table { border-collapse: collapse; margin-top: 2em; } th, td { padding: 4px 12px; border-bottom: 1px solid #dde; text-align: left; }
 .network { color: #8a3b12; }
 .num { text-align: right; font-variant-numeric: tabular-nums; }
+.phase i { display: inline-block; width: 10px; height: 10px; margin-right: 4px; } .legend { font-size: 12px; max-width: 760px; }
 pre { max-width: 60em; max-height: 20em; overflow: auto; background: #f4f5f8; padding: .5em; } .metrics { color: #4a5468; }
 </style></head><body>
 <h1>${escape(title)}</h1>
@@ -108,6 +164,7 @@ pre { max-width: 60em; max-height: 20em; overflow: auto; background: #f4f5f8; pa
 ${barChart('Reward distribution (episodes)', bins)}
 ${barChart('Outcomes (episodes)', [...outcomes.entries()])}
 ${barChart('Latency per step (ms)', latency, ' ms')}
+${phaseBars(episodes)}
 </div>
 <table><thead><tr><th>task</th><th>reward</th><th>outcome</th><th>steps</th><th>time</th><th>tamper signals</th><th>why</th></tr></thead>
 <tbody>

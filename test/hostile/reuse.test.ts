@@ -62,6 +62,7 @@ describe('reuse of warm sandboxes', () => {
     const slot = first.slot;
     await run(first, 'sleep 1 & echo hi > /tmp/x');
     await first.close();
+    await env.platform.warmPool.recycled();
     await env.platform.warmPool.filled(60_000);
     const next = (await env.platform.createSandbox({ environment: 'debian:bookworm' })) as ContainerSandbox;
     try {
@@ -82,6 +83,7 @@ describe('reuse of warm sandboxes', () => {
       await run(poisoner, POISON_AGENT);
       expect(await run(poisoner, AGENT_STATE)).not.toBe(pristine); // the poison took
       await poisoner.close();
+      await env.platform.warmPool.recycled();
       await env.platform.warmPool.filled(60_000);
       const next = (await env.platform.createSandbox({ environment: 'debian:bookworm' })) as ContainerSandbox;
       try {

@@ -54,6 +54,7 @@ describe('warm pool', () => {
     } finally {
       await first.close();
     }
+    await platform.warmPool.recycled();
     // scrubbed and pooled again, beside the shell that refilled the pool meanwhile
     expect(platform.warmPool.ready.latency).toBe(2);
 
@@ -86,6 +87,7 @@ describe('warm pool', () => {
     } finally {
       await first.close();
     }
+    await platform.warmPool.recycled();
     // the same shell, scrubbed, now on busybox's layers
     await using second = await platform.createSandbox({ environment: 'busybox:latest' });
     await expect(second.readFile('/root/secret')).rejects.toMatchObject({ code: 'not_found' });
@@ -112,6 +114,7 @@ describe('warm pool', () => {
     } finally {
       await Promise.all(burst.map((s) => s.close()));
     }
+    await platform.warmPool.recycled();
     await platform.warmPool.filled(30_000);
     // the scrubbed containers are kept, up to twice the target
     expect(platform.warmPool.ready.latency).toBe(4);
@@ -143,6 +146,7 @@ describe('warm pool', () => {
     } finally {
       await first.close();
     }
+    await platform.warmPool.recycled();
     await using second = await platform.createSandbox({ environment: 'six:1' });
     expect(await networkNamespace(second)).toBe(namespace); // the pooled shell, not a cold create
     expect((await second.exec(['cat', '/layer-1', '/layer-5'])).stdout).toBe('1\n5\n');

@@ -134,7 +134,9 @@ export class ContainerBackend implements Backend {
   /** Checkpoints reach memory and processes where the host's CRIU works (`sandgym setup --criu`). */
   readonly capabilities: BackendCapabilities;
   private readonly sandboxes = new Set<ContainerSandbox>();
-  private readonly pool: WarmPool | undefined;
+  /** Containers being readied for the pool after their tenant ended (see {@link destroy}). */
+  private readonly recycling = new Set<Promise<void>>();
+  private readonly pool: WarmPool;
   private readonly logger: Logger;
   private readonly codec: Codec;
   private isClosed = false;
@@ -192,17 +194,16 @@ export class ContainerBackend implements Backend {
       this.egress,
       this.logger,
     );
-    const policy = options.warmPool ?? {};
-    this.pool = Object.values(policy).some((n) => n > 0)
-      ? new WarmPool(
-          policy,
-          {
-            createShell: (qos) => this.createShell(qos),
-            destroyShell: (shell) => this.launcher.teardown(shell),
-          },
-          this.logger,
-        )
-      : undefined;
+    // empty unless asked for (a node's --warm-pool, a batch's growWarmPool): no shell is made,
+    // and no container kept, for a platform that runs one command
+    this.pool = new WarmPool(
+      options.warmPool ?? {},
+      {
+        createShell: (qos) => this.createShell(qos),
+        destroyShell: (shell) => this.launcher.teardown(shell),
+      },
+      this.logger,
+    );
   }
 
   /** The names of the node's network rules (its rule book): what builds pick their package mirrors from. */
@@ -271,12 +272,22 @@ export class ContainerBackend implements Backend {
 
   /** Warm shells ready now, per CPU class. */
   get warmShells(): Record<QosClass, number> {
-    return this.pool?.ready ?? { latency: 0, best_effort: 0 };
+    return this.pool.ready;
   }
 
   /** Resolves once the warm pool holds what its policy asks for. */
   async warmPoolFilled(timeoutMs?: number): Promise<void> {
-    await this.pool?.filled(timeoutMs);
+    await this.pool.filled(timeoutMs);
+  }
+
+  /** Resolves once every container whose tenant ended is back in the pool (or destroyed). */
+  async recycled(): Promise<void> {
+    while (this.recycling.size > 0) await Promise.allSettled([...this.recycling]);
+  }
+
+  /** Raises the warm pool's targets to at least `policy`'s (see WarmPool.grow). */
+  growWarmPool(policy: WarmPoolPolicy): void {
+    if (!this.isClosed) this.pool.grow(policy);
   }
 
   /** Checks the host (agent binary, crun, cgroups) and prepares the data folder. */
@@ -361,11 +372,14 @@ export class ContainerBackend implements Backend {
 
   private createContainer(spec: SandboxSpec, options: CallOptions): Promise<ContainerSandbox> {
     const pool = this.pool;
-    if (!pool || this.options.loadMode === 'tar') return this.createCold(spec, options);
+    if (this.options.loadMode === 'tar' || spec.memorySnapshots) return this.createCold(spec, options);
     return pool.whileCreating(async () => {
-      const shell = pool.take(spec.qos);
+      // a shell already on the node network when the tenant's rules reach beyond loopback
+      const wantsVeth = spec.network.length > 0;
+      const shell = pool.take(spec.qos, (s) => this.egress.isAttached(s.slot) === wantsVeth);
       if (shell) {
         try {
+          await this.egress.fit(shell, spec.network);
           return await this.occupy(shell, spec);
         } catch (error) {
           this.logger.warn(
@@ -563,19 +577,46 @@ export class ContainerBackend implements Backend {
   private async destroy(sandbox: ContainerSandbox): Promise<void> {
     if (!sandbox.beginStop()) return;
     const shell = this.launcher.containers.get(sandbox.slot);
+    const pool = this.pool;
+    let releaseLater = false;
     try {
-      const pool = this.pool;
-      if (shell && pool && this.options.loadMode !== 'tar' && pool.reserve(shell.qos)) {
-        if (await this.reuse.scrub(shell)) return pool.put(shell, true);
+      if (shell && this.options.loadMode !== 'tar' && pool.reserve(shell.qos)) {
+        if (await this.reuse.endTenant(shell)) {
+          // its tenant is gone: the rest (its network made new, the root swapped back, the files
+          // removed) goes on behind the caller, and only then may the shell be taken again
+          releaseLater = true;
+          return this.recycleLater(shell, sandbox.layers);
+        }
         pool.unreserve(shell.qos);
       }
       if (shell) await this.launcher.teardown(shell);
       else await removeContainerResidue(sandbox.slot, sandbox.cgroup, this.launcher.pathsOf(sandbox.slot));
     } finally {
-      if (this.options.loadMode !== 'tar') this.mounts.release(sandbox.layers);
+      if (this.options.loadMode !== 'tar' && !releaseLater) this.mounts.release(sandbox.layers);
       this.sandboxes.delete(sandbox);
       sandbox.markStopped();
     }
+  }
+
+  /**
+   * Readies a shell whose tenant ended for the pool, or destroys it when that fails; the tenant's
+   * layers are let go once its overlay is. The backend's close waits for it.
+   */
+  private recycleLater(shell: WarmShell, layers: readonly LayerImage[]): void {
+    const pool = this.pool;
+    const done = (async () => {
+      try {
+        if (await this.reuse.makeReady(shell)) return pool.put(shell, true);
+        pool.unreserve(shell.qos);
+        await this.launcher.teardown(shell).catch((error: unknown) => {
+          this.logger.warn({ slot: shell.slot, error: messageOf(error) }, 'cannot destroy a container');
+        });
+      } finally {
+        this.mounts.release(layers);
+      }
+    })();
+    this.recycling.add(done);
+    void done.finally(() => this.recycling.delete(done));
   }
 
   live(): ContainerSandbox[] {
@@ -624,7 +665,13 @@ export class ContainerBackend implements Backend {
     for (const slot of await readdir(sandboxesDir).catch(() => [] as string[])) {
       if (this.launcher.containers.has(slot)) continue;
       const state = await readContainerState(join(sandboxesDir, slot));
-      if (!state?.durable || !state.spec || state.pooled || (await isAlive(state.owner))) continue;
+      if (!state || (await isAlive(state.owner))) continue;
+      // a dead predecessor's pooled shells held no tenant: nothing to adopt, only to reap
+      if (state.pooled) {
+        await this.reapDeadShell(slot);
+        continue;
+      }
+      if (!state.durable || !state.spec) continue;
       try {
         adopted.push(await this.adoptOne(slot, state, state.spec));
       } catch (error) {
@@ -682,6 +729,20 @@ export class ContainerBackend implements Backend {
     if (wasFrozen) await sandbox.pause();
     this.logger.info({ id: state.id }, 'adopted sandbox');
     return sandbox;
+  }
+
+  /** Removes a pooled shell a dead owner left (its agent, cgroups, folder), as gc would. */
+  private async reapDeadShell(slot: string): Promise<void> {
+    await removeContainerResidue(
+      slot,
+      new SandboxCgroup(this.layout, this.scope, slot),
+      this.launcher.pathsOf(slot),
+    ).catch((error: unknown) => {
+      this.logger.warn(
+        { slot, error: messageOf(error) },
+        'cannot reap a pooled shell of a dead owner; gc will',
+      );
+    });
   }
 
   /**
@@ -882,10 +943,14 @@ export class ContainerBackend implements Backend {
     if (this.isClosed) return;
     this.isClosed = true;
     const closing = settleAll(
-      [...[...this.sandboxes].map((s) => s.close()), this.pool?.close() ?? Promise.resolve()],
+      [...this.sandboxes].map((s) => s.close()),
       'Some sandboxes did not close cleanly',
     );
     await closing.catch(() => undefined); // wait for every sandbox before the node-level cleanup
+    // shells being readied go to the pool, and with it
+    await this.recycled();
+    const pooled = this.pool.close();
+    await pooled.catch(() => undefined);
     this.helper.close();
     await this.mounts.unmountIdle().catch(() => undefined);
     await removeIdleParents(this.layout, this.scope);
@@ -896,6 +961,7 @@ export class ContainerBackend implements Backend {
       this.logger.warn({ error: messageOf(error) }, 'cannot unmount the scratch volume');
     });
     await closing;
+    await pooled;
   }
 
   [Symbol.asyncDispose](): Promise<void> {

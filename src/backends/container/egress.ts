@@ -1,3 +1,4 @@
+import { readFile } from 'node:fs/promises';
 import { SandgymError } from '../../common/index.ts';
 import { controlPlaneOf, mergeControlPlanes, type ControlPlane } from '../host/egress-guard.ts';
 import type { GroupNetwork } from '../host/group-network.ts';
@@ -149,19 +150,61 @@ export class ContainerEgress {
    */
   async isolate(shell: WarmShell): Promise<void> {
     await this.detach(shell.slot);
+    await this.removeLinksBut(shell, ['lo']);
+  }
+
+  /**
+   * Readies a scrubbed container's network for its next tenant. Its veth on the node network,
+   * when it has one, is kept (set up again it costs a tenant more than its whole create), as new:
+   * nothing allowed, its counters and record zeroed, no flow of the last tenant left (see
+   * NodeNetwork.reset). Every other link (a group's) goes. Tenants hold no CAP_NET_ADMIN, so the
+   * namespace itself (addresses, routes, sysctls) is as the platform set it.
+   */
+  async recycle(shell: WarmShell): Promise<void> {
+    this.grouped.delete(shell.slot);
+    const attachment = await this.attached.get(shell.slot)?.catch(() => undefined);
+    if (!attachment || !this.network) {
+      this.attached.delete(shell.slot);
+      return this.removeLinksBut(shell, ['lo']);
+    }
+    await (await this.network).reset(attachment);
+    await this.removeLinksBut(shell, ['lo', 'eth0']);
+  }
+
+  /**
+   * Gives a pooled container the network kind its next tenant's rules ask for: off the node
+   * network when they allow nothing beyond loopback (its namespace then holds loopback only, as a
+   * new container's does, and its memory can be checkpointed); a veth is added later, by the
+   * first rules that allow something.
+   */
+  async fit(shell: WarmShell, rules: readonly string[]): Promise<void> {
+    if (rules.length === 0 && this.attached.has(shell.slot)) await this.isolate(shell);
+  }
+
+  /**
+   * Deletes the links of the container's namespace but `keep`, and fails unless exactly those
+   * are left. The namespace's links are read from /proc (no program runs when nothing is extra).
+   */
+  private async removeLinksBut(shell: WarmShell, keep: readonly string[]): Promise<void> {
     const pid = shell.agentPid ?? (await soleOrFirstProcess(shell));
-    const left = await runProgram('nsenter', [
-      `--net=/proc/${pid}/ns/net`,
-      'sh',
-      '-c',
-      `links() { ip -o link show | awk -F'[:@ ]+' '{print $2}'; }
-       for l in $(links); do [ "$l" = lo ] || ip link del "$l" 2>/dev/null; done; links`,
-    ]);
-    const links = left.split('\n').filter(Boolean);
-    if (links.join() !== 'lo')
+    let links = await linksOf(pid);
+    if (links.some((link) => !keep.includes(link))) {
+      await runProgram('nsenter', [
+        `--net=/proc/${pid}/ns/net`,
+        'sh',
+        '-c',
+        `for l in $(ip -o link show | awk -F'[:@ ]+' '{print $2}'); do
+           case " $* " in *" $l "*) ;; *) ip link del "$l" 2>/dev/null ;; esac
+         done`,
+        'sh',
+        ...keep,
+      ]);
+      links = await linksOf(pid);
+    }
+    if ([...links].sort().join() !== [...keep].sort().join())
       throw new SandgymError(
         'platform_error',
-        `Container ${shell.slot} keeps links beyond loopback: ${links.join(', ')}`,
+        `Container ${shell.slot} keeps links beyond ${keep.join(' and ')}: ${links.join(', ')}`,
       );
   }
 
@@ -181,6 +224,16 @@ function resolversOf(book: NetworkRuleBook): ResolverAddress[] {
     .map((text) => parseAddress(text, 'network rule "dns"'))
     .filter((target) => target.cidr.endsWith('/32'))
     .map((target) => ({ address: target.cidr.slice(0, -3), port: target.port ?? 53 }));
+}
+
+/** The links of the network namespace `pid` is in, as /proc/PID/net/dev lists them. */
+async function linksOf(pid: number): Promise<string[]> {
+  const table = await readFile(`/proc/${pid}/net/dev`, 'utf8');
+  return table
+    .split('\n')
+    .slice(2)
+    .map((line) => line.split(':')[0]!.trim())
+    .filter(Boolean);
 }
 
 /** A pid in the container's network namespace: its agent, found when the shell does not know it. */

@@ -94,19 +94,45 @@ export class ContainerReuse {
    * Leaves nothing of a tenant in its container: every process ended (the agent as pid 1 kills
    * the whole pid namespace and reaps it), the cgroup checked to hold the agent alone, then the
    * empty shell root swapped in, which also brings a fresh /dev and removes every IPC object;
-   * the tenant's upper dir is deleted; its network namespace is loopback only again (every group
-   * network left). False when any of it fails: the caller destroys it instead.
+   * the tenant's upper dir is deleted; its network namespace holds loopback, and its veth on the
+   * node network made new when it has one (every group network left). False when any of it fails:
+   * the caller destroys it instead.
    */
   async scrub(shell: WarmShell): Promise<boolean> {
+    return (await this.endTenant(shell)) && this.makeReady(shell);
+  }
+
+  /**
+   * The first part of a scrub, all its tenant waits for: every process of the tenant ended, the
+   * cgroup checked to hold the agent alone. False when it fails: the caller destroys it instead.
+   */
+  async endTenant(shell: WarmShell): Promise<boolean> {
     try {
       await shell.cgroup.setFrozen(false);
-      // back to loopback only: off the node network and every group network
-      await this.egress.isolate(shell);
       await shell.channel.call({ op: 'reset' }, { timeoutMs: RESET_TIMEOUT_MS });
       shell.agentPid = await soleProcess(shell);
+      // no tenant's from here: listings leave it out, and a successor after a crash reaps it
+      await this.launcher.saveState(
+        this.launcher.pathsOf(shell.slot).dir,
+        this.launcher.pooledState(shell.slot),
+      );
+      return true;
+    } catch (error) {
+      this.cannotScrub(shell, error);
+      return false;
+    }
+  }
+
+  /** The rest of a scrub, once {@link endTenant} left the agent alone in it. */
+  async makeReady(shell: WarmShell): Promise<boolean> {
+    try {
+      const agentPid = shell.agentPid ?? (await soleProcess(shell));
+      // with the tenant's processes gone, none can open a flow after its network is made new:
+      // off every group network; a veth on the node network stays, as new (see recycle)
+      await this.egress.recycle(shell);
       await this.checkAgentUnchanged(shell);
       await shell.cgroup.resetMemoryWatermark();
-      await this.launcher.options.helper.swap(shell.agentPid, { kind: 'bind', dir: this.launcher.shellRoot });
+      await this.launcher.options.helper.swap(agentPid, { kind: 'bind', dir: this.launcher.shellRoot });
       // the agent lets go of the tenant's root here: its handle on it is the last reference to
       // the detached overlay, and dropping that tears the overlay down (1-2 ms), which belongs
       // in this destroy rather than in the next tenant's create
@@ -114,16 +140,19 @@ export class ContainerReuse {
       const paths = this.launcher.pathsOf(shell.slot);
       await removeWritableLayers(paths.dir);
       await this.prepareWritableDirs(shell);
-      await this.launcher.saveState(paths.dir, this.launcher.pooledState(shell.slot));
       shell.pooledBaseline = baselineOf(await shell.cgroup.usage());
       return true;
     } catch (error) {
-      this.launcher.options.logger.warn(
-        { slot: shell.slot, error: messageOf(error) },
-        'cannot scrub a container for reuse; destroying it',
-      );
+      this.cannotScrub(shell, error);
       return false;
     }
+  }
+
+  private cannotScrub(shell: WarmShell, error: unknown): void {
+    this.launcher.options.logger.warn(
+      { slot: shell.slot, error: messageOf(error) },
+      'cannot scrub a container for reuse; destroying it',
+    );
   }
 
   /**

@@ -67,13 +67,32 @@ export class WarmPool {
   private readonly exitedShells = new WeakSet<WarmShell>();
   private readonly watched = new WeakSet<WarmShell>();
   private readonly reserved = new Map<QosClass, number>();
+  private readonly policy: WarmPoolPolicy;
 
   constructor(
-    private readonly policy: WarmPoolPolicy,
+    policy: WarmPoolPolicy,
     private readonly factory: ShellFactory,
     private readonly logger: Logger,
   ) {
+    this.policy = { ...policy };
     this.scheduleRefill();
+  }
+
+  /**
+   * Raises the pool's targets to at least `policy`'s (never lowers them): a batch about to run
+   * sizes the pool to its concurrency, which fills in the background from then on, and from the
+   * shells its own finished sandboxes leave.
+   */
+  grow(policy: WarmPoolPolicy): void {
+    let grew = false;
+    for (const qos of ['latency', 'best_effort'] as const) {
+      const wanted = Math.max(0, Math.floor(policy[qos] ?? 0));
+      if (wanted > this.target(qos)) {
+        this.policy[qos] = wanted;
+        grew = true;
+      }
+    }
+    if (grew) this.scheduleRefill();
   }
 
   /** Shells ready now, per class. */
@@ -89,14 +108,17 @@ export class WarmPool {
     return Math.max(0, Math.floor(this.policy[qos] ?? 0));
   }
 
-  /** A ready shell of this class, or undefined when there is none: the most recently pooled, whose pages are warmest. */
-  take(qos: QosClass): WarmShell | undefined {
+  /**
+   * A ready shell of this class, or undefined when there is none: the most recently pooled (whose
+   * pages are warmest) of those that `suits`, else of any.
+   */
+  take(qos: QosClass, suits: (shell: WarmShell) => boolean = () => true): WarmShell | undefined {
     const list = this.shells.get(qos) ?? [];
-    let shell: WarmShell | undefined;
-    while ((shell = list.pop()) && this.exitedShells.has(shell)) {
-      /* a shell that died while pooled is skipped; its exit handler already reaps it */
-    }
-    return shell;
+    // a shell that died while pooled is skipped; its exit handler already reaps it
+    const live = (shell: WarmShell): boolean => !this.exitedShells.has(shell);
+    let at = list.findLastIndex((shell) => live(shell) && suits(shell));
+    if (at < 0) at = list.findLastIndex(live);
+    return at < 0 ? undefined : list.splice(at, 1)[0];
   }
 
   /**
@@ -119,6 +141,11 @@ export class WarmPool {
   /** Puts a shell (new, or scrubbed after its tenant on a reserved place) in the pool. */
   put(shell: WarmShell, reserved = false): void {
     if (reserved) this.unreserve(shell.qos);
+    // a shell readied after the pool closed has no pool to wait in
+    if (this.closed) {
+      void this.factory.destroyShell(shell).catch(() => undefined);
+      return;
+    }
     const list = this.shells.get(shell.qos) ?? [];
     this.shells.set(shell.qos, list);
     list.push(shell);

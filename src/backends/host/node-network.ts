@@ -55,6 +55,16 @@ export class NodeNetwork {
   private controlPlane: ControlPlane = { hosts: [], ports: [] };
   /** Each attachment's current targets, to narrow what it may ask the relay when the guard grows. */
   private readonly targets = new Map<number, readonly EgressTarget[]>();
+  /**
+   * What each attachment's counter and record last read, with how many packets its sandbox had
+   * sent then: while that number stands, nothing new can have been refused (see {@link unlessQuiet}).
+   */
+  private readonly lastRead = new Map<number, QuietReading>();
+  /**
+   * When each attachment's record was last emptied (a new stage), as its veth's count of packets
+   * from the sandbox then, and whether its flows were forgotten then too (see {@link reset}).
+   */
+  private readonly emptied = new Map<number, { sent: string; flowless: boolean }>();
 
   private constructor(
     private readonly subnet: number,
@@ -267,13 +277,65 @@ export class NodeNetwork {
     const { index, address } = attachment;
     const now = new Set(targets.map((t) => (t.port === undefined ? t.cidr : `${t.cidr}:${t.port}`)));
     const before = this.allowed.get(index);
+    const narrowing = before !== undefined && [...before].some((target) => !now.has(target));
+    const emptied = this.emptied.get(index);
+    // Silent since its record was last emptied, the sandbox has a new stage's record already;
+    // with the same rules there is nothing to write. Silent since its flows were forgotten too,
+    // it has none for a narrowing to take away (nothing outside starts a flow to a sandbox).
+    const silent = emptied !== undefined && (await this.packetsFrom(index)) === emptied.sent;
+    if (silent && !narrowing && before?.size === now.size) return;
+    const sent = await this.packetsFrom(index);
     this.allowed.set(index, now);
+    this.lastRead.delete(index);
+    await nft(this.rulesScript(attachment, targets));
+    this.targets.set(index, targets);
+    this.relay?.permit(address, this.askable(targets));
+    const flowless = silent && emptied.flowless;
+    this.markEmptied(index, sent, flowless);
+    // the kernel keeps forwarding what flows the old rules let in (their replies meet no rule):
+    // a rule that goes takes its flows with it, the ones still allowed start again
+    if (narrowing && !flowless) await forgetFlows(address);
+  }
+
+  /**
+   * Readies an attachment kept on a pooled container (no process but its agent left) for its
+   * next tenant, as a new one would be: its denied counter and record zeroed, the relay's memory
+   * of it gone, and no flow of the last tenant left on its address (a reply still in flight, a
+   * peer's stream, which the next tenant would otherwise be handed). Its rules stay until the next
+   * tenant's replace them, which costs nothing when they are the same (see {@link allow}): the
+   * create of every sandbox with egress sets them. One program run: every episode's teardown.
+   */
+  async reset(attachment: NetworkAttachment): Promise<void> {
+    const { index, address } = attachment;
+    const sent = await this.packetsFrom(index);
+    this.lastRead.delete(index);
+    this.relay?.forget(address);
+    this.relay?.permit(address, this.askable(this.targets.get(index) ?? []));
+    await runProgram('sh', ['-c', `nft -f - && ${FORGET_FLOWS}`, 'sh', address], {
+      input: `${this.recorderScript(attachment)}
+      reset counter inet ${this.table} denied${index}`,
+    });
+    this.markEmptied(index, sent, true);
+  }
+
+  /**
+   * Notes that the attachment's record was emptied (and its flows forgotten, when `flowless`)
+   * while its veth had carried `sent` packets from it; unknown when that count cannot be read.
+   */
+  private markEmptied(index: number, sent: string | undefined, flowless: boolean): void {
+    if (sent === undefined) this.emptied.delete(index);
+    else this.emptied.set(index, { sent, flowless });
+  }
+
+  /** The nft transaction that lets the sandbox reach exactly `targets` from now on. */
+  private rulesScript(attachment: NetworkAttachment, targets: readonly EgressTarget[]): string {
+    const { index, address } = attachment;
     const chain = `sandbox${index}`;
     const rules = targets.map(
       (t) =>
         `add rule inet ${this.table} ${chain} ip daddr ${t.cidr}${t.port === undefined ? '' : ` meta l4proto { tcp, udp } th dport ${t.port}`} accept`,
     );
-    await nft(`
+    return `
       add counter inet ${this.table} denied${index}
       ${this.recorderScript(attachment)}
       add chain inet ${this.table} ${chain}
@@ -283,12 +345,7 @@ export class NodeNetwork {
       add rule inet ${this.table} ${chain} ct state new counter name denied${index} reject with icmpx type admin-prohibited
       add rule inet ${this.table} ${chain} drop
       add element inet ${this.table} denials { ${address} : "denied${index}" }
-      add element inet ${this.table} sandboxes { ${address} : jump ${chain} }`);
-    this.targets.set(index, targets);
-    this.relay?.permit(address, this.askable(targets));
-    // the kernel keeps forwarding what flows the old rules let in (their replies meet no rule):
-    // a rule that goes takes its flows with it, the ones still allowed start again
-    if (before && [...before].some((target) => !now.has(target))) await forgetFlows(address);
+      add element inet ${this.table} sandboxes { ${address} : jump ${chain} }`;
   }
 
   /**
@@ -326,29 +383,58 @@ export class NodeNetwork {
   }
 
   async deniedDestinations(attachment: NetworkAttachment): Promise<string[]> {
-    const out = await runProgram('nft', [
-      '-j',
-      'list',
-      'set',
-      'inet',
-      this.table,
-      `refused${attachment.index}`,
-    ]);
-    return destinationsOf(out);
+    return this.unlessQuiet(attachment, 'destinations', async () =>
+      destinationsOf(
+        await runProgram('nft', ['-j', 'list', 'set', 'inet', this.table, `refused${attachment.index}`]),
+      ),
+    );
   }
 
   /** New connections the sandbox's rules refused so far. */
   async denied(attachment: NetworkAttachment): Promise<number> {
-    const out = await runProgram('nft', [
-      '-j',
-      'list',
-      'counter',
-      'inet',
-      this.table,
-      `denied${attachment.index}`,
-    ]);
-    const parsed = JSON.parse(out) as { nftables?: { counter?: { packets?: number } }[] };
-    return parsed.nftables?.find((entry) => entry.counter)?.counter?.packets ?? 0;
+    return this.unlessQuiet(attachment, 'denied', async () => {
+      const out = await runProgram('nft', [
+        '-j',
+        'list',
+        'counter',
+        'inet',
+        this.table,
+        `denied${attachment.index}`,
+      ]);
+      const parsed = JSON.parse(out) as { nftables?: { counter?: { packets?: number } }[] };
+      return parsed.nftables?.find((entry) => entry.counter)?.counter?.packets ?? 0;
+    });
+  }
+
+  /**
+   * What `read` (an nft listing: a program run, the dearest part of a step's audit) last gave,
+   * while the sandbox has sent no packet since: every packet the rules refuse or record crossed
+   * its veth first, whose count of packets received from the sandbox then grew. A reading is
+   * kept only when that count stood still from before the listing to after it, so no packet was
+   * still on its way through the rules while they were listed.
+   */
+  private async unlessQuiet<K extends 'denied' | 'destinations'>(
+    attachment: NetworkAttachment,
+    kind: K,
+    read: () => Promise<NonNullable<QuietReading[K]>>,
+  ): Promise<NonNullable<QuietReading[K]>> {
+    const { index } = attachment;
+    const sent = await this.packetsFrom(index);
+    const last = sent === undefined ? undefined : this.lastRead.get(index);
+    const same = last !== undefined && last.sent === sent;
+    const kept = same ? last[kind] : undefined;
+    if (kept !== undefined) return kept;
+    const value = await read();
+    if (sent !== undefined && (await this.packetsFrom(index)) === sent)
+      this.lastRead.set(index, { ...(same ? last : {}), sent, [kind]: value });
+    return value;
+  }
+
+  /** How many packets the sandbox's veth has carried from it; undefined when it cannot be read. */
+  private async packetsFrom(index: number): Promise<string | undefined> {
+    return readFile(`/sys/class/net/${this.hostVeth(index)}/statistics/rx_packets`, 'utf8')
+      .then((text) => text.trim())
+      .catch(() => undefined);
   }
 
   /** Removes the sandbox's veth and rules; its namespace is back to loopback only. */
@@ -370,6 +456,8 @@ export class NodeNetwork {
     this.targets.delete(index);
     this.attached.delete(index);
     this.allowed.delete(index);
+    this.lastRead.delete(index);
+    this.emptied.delete(index);
   }
 
   get attachments(): number {
@@ -395,6 +483,13 @@ export class NodeNetwork {
       { retryable: true },
     );
   }
+}
+
+/** An attachment's last quiet readings, and its veth's count of packets from the sandbox then. */
+interface QuietReading {
+  sent: string;
+  denied?: number;
+  destinations?: string[];
 }
 
 /** A resolver of the node's `dns` rule, which sandboxes' queries to go through the relay. */
@@ -454,17 +549,17 @@ export function destinationsOf(listing: string): string[] {
   return elements.map(({ concat: [ip, proto, port] }) => `${ip}:${port}/${proto}`).sort();
 }
 
-/** Removes every flow the kernel tracks to or from `address` (conntrack exits 1 when none). */
+/**
+ * Removes every flow the kernel tracks to or from the address `$1` (conntrack exits 1 when
+ * none, so its own words tell a failure).
+ */
+const FORGET_FLOWS = `for way in -s -d; do
+   out=$(conntrack -D "$way" "$1" 2>&1 >/dev/null)
+   case "$out" in *"flow entries have been deleted"*) ;; *) echo "$out" >&2; exit 1 ;; esac
+ done`;
+
 async function forgetFlows(address: string): Promise<void> {
-  await runProgram('sh', [
-    '-c',
-    `for way in -s -d; do
-       out=$(conntrack -D "$way" "$1" 2>&1 >/dev/null)
-       case "$out" in *"flow entries have been deleted"*) ;; *) echo "$out" >&2; exit 1 ;; esac
-     done`,
-    'sh',
-    address,
-  ]);
+  await runProgram('sh', ['-c', FORGET_FLOWS, 'sh', address]);
 }
 
 function nft(script: string): Promise<string> {

@@ -2,6 +2,7 @@ import { SandgymError } from '../../common/index.ts';
 import type { PlatformClient, Sandbox } from '../../platform/index.ts';
 import type { Deadline } from '../deadline.ts';
 import type { Task } from '../tasks/task.ts';
+import type { PhaseClock } from '../episode-timings.ts';
 
 /** What a verifier works with: the grading sandbox (task layers plus the agent's diff). */
 export interface VerifyContext {
@@ -21,6 +22,13 @@ export interface VerifyContext {
    * The grader's own steps (staging, reading the reward) run as root.
    */
   user?: string;
+  /** The episode's clock, which counts the test command's own time apart from the grading's. */
+  clock?: PhaseClock;
+}
+
+/** Runs a verifier's test command, its time counted as the tests' own. */
+export function timedTests<T>(context: Pick<VerifyContext, 'clock'>, run: () => Promise<T>): Promise<T> {
+  return context.clock ? context.clock.time('tests', run) : run();
 }
 
 /** Exec options that run a command as the tests' user; /logs/verifier is theirs to write. */

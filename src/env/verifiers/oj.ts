@@ -1,10 +1,13 @@
 import type { OjCase } from '../tasks/task.ts';
-import { GradingAnomaly, outputTails, type Verifier } from './chain.ts';
+import { GradingAnomaly, outputTails, timedTests, type Verifier } from './chain.ts';
 
 /** Reward 1 when a command exits 0 in the grader, else 0. */
 export function exitCodeVerifier(argv: string[], timeoutMs: number): Verifier {
-  return async ({ grader, workdir, deadline }) => {
-    const run = await grader.exec(argv, { ...deadline.call(timeoutMs), cwd: workdir });
+  return async (context) => {
+    const { grader, workdir, deadline } = context;
+    const run = await timedTests(context, () =>
+      grader.exec(argv, { ...deadline.call(timeoutMs), cwd: workdir }),
+    );
     if (run.timedOut)
       throw new GradingAnomaly('timeout', `The verifier command ran out of its ${timeoutMs} ms`);
     return {
@@ -34,7 +37,8 @@ export function normaliseOutput(text: string): string {
  * every case matches.
  */
 export function ojVerifier(program: string, run: string[], cases: OjCase[], caseTimeoutMs: number): Verifier {
-  return async ({ grader, workdir, platform, environment, task, deadline }) => {
+  return async (context) => {
+    const { grader, workdir, platform, environment, task, deadline } = context;
     const source = await grader.readFile(program, deadline.call()).catch(() => undefined);
     if (!source)
       return {
@@ -55,11 +59,9 @@ export function ojVerifier(program: string, run: string[], cases: OjCase[], case
       await judge.writeFile(program, source, { ...deadline.call(), mode: 0o755 });
       const statuses: string[] = [];
       for (const testCase of cases) {
-        const result = await judge.exec(run, {
-          ...deadline.call(caseTimeoutMs),
-          stdin: testCase.stdin,
-          cwd: workdir,
-        });
+        const result = await timedTests(context, () =>
+          judge.exec(run, { ...deadline.call(caseTimeoutMs), stdin: testCase.stdin, cwd: workdir }),
+        );
         statuses.push(
           result.timedOut
             ? 'time_limit'

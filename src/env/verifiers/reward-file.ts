@@ -6,6 +6,7 @@ import {
   endLeftoverProcesses,
   judgeRun,
   outputTails,
+  timedTests,
   type Verifier,
 } from './chain.ts';
 import { harnessEnv, stageHarness } from './harness.ts';
@@ -113,14 +114,16 @@ export function rewardFileVerifier(testsDir: string, timeoutMs: number): Verifie
     const env = harnessEnv(context, task.verifierEnv ?? {});
     const runAs = await asTestUser(grader, user, deadline);
     const runTests = (shell: string) =>
-      grader.exec([shell, '/tests/test.sh'], {
-        ...deadline.call(timeoutMs),
-        ...runAs,
-        cwd: workdir,
-        env,
-        reportChannel: true,
-        outputCapBytes: RUN_OUTPUT_CAP_BYTES,
-      });
+      timedTests(context, () =>
+        grader.exec([shell, '/tests/test.sh'], {
+          ...deadline.call(timeoutMs),
+          ...runAs,
+          cwd: workdir,
+          env,
+          reportChannel: true,
+          outputCapBytes: RUN_OUTPUT_CAP_BYTES,
+        }),
+      );
     let run = await runTests('bash');
     // an image without bash (busybox) runs the script with its sh
     if (run.exitCode === 127 && /cannot run bash/.test(run.stderr)) run = await runTests('sh');

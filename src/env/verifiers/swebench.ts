@@ -13,6 +13,7 @@ import {
   type Verifier,
   type VerifierResult,
   type VerifyContext,
+  timedTests,
 } from './chain.ts';
 import { harnessEnv, stageHarness } from './harness.ts';
 import { checkRunSound, readHarnessReport } from './harness-report.ts';
@@ -116,12 +117,14 @@ export function sweBenchVerifier(
     }
     await stageHarness(grader, deadline);
     await grader.writeFile('/sandgym-runner/run_tests.py', SWEBENCH_RUNNER, deadline.call());
-    const run = await grader.exec(['python3', '-I', '/sandgym-runner/run_tests.py', repo, ...ids], {
-      ...deadline.call(timeoutMs),
-      cwd: repo,
-      reportChannel: true,
-      outputCapBytes: 16 << 20,
-    });
+    const run = await timedTests(context, () =>
+      grader.exec(['python3', '-I', '/sandgym-runner/run_tests.py', repo, ...ids], {
+        ...deadline.call(timeoutMs),
+        cwd: repo,
+        reportChannel: true,
+        outputCapBytes: 16 << 20,
+      }),
+    );
     await endLeftoverProcesses(grader, deadline);
     return judgeRun(run, () => {
       if (run.timedOut) throw new GradingAnomaly('timeout', `The tests ran out of their ${timeoutMs} ms`);
@@ -170,13 +173,15 @@ async function runRepoTests(
   }
   const targets = runnerTargets(runner, grading.testPatch).map((t) => `'${t.replaceAll("'", "'\\''")}'`);
   await stageHarness(grader, deadline);
-  const run = await grader.exec(['bash', '-c', runner.command.replace('{tests}', targets.join(' '))], {
-    ...deadline.call(timeoutMs),
-    cwd: grading.repoPath,
-    env: harnessEnv(context, {}),
-    outputCapBytes: 16 << 20,
-    reportChannel: true,
-  });
+  const run = await timedTests(context, () =>
+    grader.exec(['bash', '-c', runner.command.replace('{tests}', targets.join(' '))], {
+      ...deadline.call(timeoutMs),
+      cwd: grading.repoPath,
+      env: harnessEnv(context, {}),
+      outputCapBytes: 16 << 20,
+      reportChannel: true,
+    }),
+  );
   await endLeftoverProcesses(grader, deadline);
   if (run.timedOut) throw new GradingAnomaly('timeout', `The tests ran out of their ${timeoutMs} ms`);
   checkRunSound("the repository's test runner", run, readHarnessReport(run));

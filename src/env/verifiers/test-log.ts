@@ -10,6 +10,7 @@ import {
   judgeRun,
   outputTails,
   type Verifier,
+  timedTests,
 } from './chain.ts';
 import { harnessEnv, stageHarness } from './harness.ts';
 import {
@@ -79,14 +80,16 @@ export function testLogVerifier(
       (await readRegularFile(grading.runTests, `Task file ${grading.runTests}`))!,
       deadline.call(),
     );
-    const run = await grader.exec(['bash', `${TESTS_DIR}/run-tests.sh`], {
-      ...deadline.call(timeoutMs),
-      ...runAs,
-      cwd: workdir,
-      env: harnessEnv(context, { ...task.env, ...task.verifierEnv, TEST_DIR: TESTS_DIR }),
-      outputCapBytes: TEST_LOG_CAP_BYTES,
-      reportChannel: true,
-    });
+    const run = await timedTests(context, () =>
+      grader.exec(['bash', `${TESTS_DIR}/run-tests.sh`], {
+        ...deadline.call(timeoutMs),
+        ...runAs,
+        cwd: workdir,
+        env: harnessEnv(context, { ...task.env, ...task.verifierEnv, TEST_DIR: TESTS_DIR }),
+        outputCapBytes: TEST_LOG_CAP_BYTES,
+        reportChannel: true,
+      }),
+    );
     await endLeftoverProcesses(grader, deadline);
     return judgeRun(run, () => {
       if (run.timedOut) throw new GradingAnomaly('timeout', `The tests ran out of their ${timeoutMs} ms`);

@@ -64,6 +64,9 @@ export class NodeProjectClient implements HostPlatform {
     return Promise.resolve([]);
   }
 
+  /** The node's own: its operator sizes it (`--warm-pool`), not one project's batch. */
+  readonly warmPool = { grow: (): void => undefined };
+
   async createSandbox(request: SandboxRequest = {}, options: CallOptions = {}): Promise<Sandbox> {
     const sandbox = await this.node.create(this.project, request, options);
     // an env that resets many times made many: keep only those still there
