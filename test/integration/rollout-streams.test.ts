@@ -54,6 +54,16 @@ describe('rollout streams', () => {
       expect(exec?.platformMs).toBeGreaterThan(0);
       expect(reports.find((r) => r.task === task)?.trajectory?.map((s) => s.stepIndex)).toEqual([0, 1]);
       expect(mine.at(-1)?.reward).toBe(1);
+      // where its time went: every phase an oracle episode passes, within its wall time
+      const report = reports.find((r) => r.task === task)!;
+      const timings = report.timings ?? {};
+      for (const phase of ['create', 'step', 'command', 'diff', 'graderCreate', 'tests', 'teardown'] as const)
+        expect(timings[phase], `${task}: ${phase}`).toBeGreaterThan(0);
+      const summed = Object.values(timings).reduce((a, b) => a + b, 0);
+      expect(summed).toBeLessThanOrEqual(report.durationMs + (timings.teardown ?? 0) + 1);
+      expect(report.overheadMs).toBeGreaterThan(0);
+      expect(report.overheadMs).toBeLessThan(summed);
+      expect(exec?.agentMs).toBeGreaterThanOrEqual(0);
     }
     const states = await lifecycle;
     expect(states.filter((s) => s.state === 'running')).toHaveLength(5);

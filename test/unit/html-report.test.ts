@@ -6,7 +6,16 @@ describe('the evaluation report', () => {
     const html = renderHtmlReport(
       'eval <script>',
       [
-        { task: 'a<b', reward: 1, outcome: { kind: 'ok' }, steps: 3, durationMs: 1500, tampered: [] },
+        {
+          task: 'a<b',
+          reward: 1,
+          outcome: { kind: 'ok' },
+          steps: 3,
+          durationMs: 1500,
+          tampered: [],
+          timings: { create: 20, command: 30, tests: 40 },
+          overheadMs: 20,
+        },
         {
           task: 'c',
           reward: 0,
@@ -37,6 +46,9 @@ describe('the evaluation report', () => {
     expect(html).not.toContain('<script>');
     expect(html).toContain('infra_failure (oom)');
     expect(html).toContain('exec p50');
+    // a stacked bar of the timed episode's phases, each named on hover
+    expect(html).toContain('<title>create 20.0 ms</title>');
+    expect(html).toContain('90 ms, platform 20 ms');
     expect(html).toContain('/tests');
   });
 
