@@ -1,4 +1,4 @@
-import { rm } from 'node:fs/promises';
+import { open as openFile, rm } from 'node:fs/promises';
 import { resolve, join } from 'node:path';
 import {
   ContainerBackend,
@@ -349,6 +349,27 @@ export class LocalPlatform implements HostPlatform {
     const valid = parseAt(runOptionsSchema, options, 'run options');
     await this.runManager.start(project, valid);
     return localRun(this.runManager, project, valid.name);
+  }
+
+  /**
+   * Puts a sandbox's trajectory log on the disk: the barrier before its state is made to outlive
+   * the host (see TrajectoryLog). A log this process has not opened may still hold what a node
+   * process before it wrote and never synced (it was left in the page cache), so it is synced too.
+   */
+  async syncTrajectory(sandboxId: string): Promise<void> {
+    const open = this.trajectories.get(sandboxId);
+    if (open) return (await open).sync();
+    const file = await openFile(join(this.dataDir, 'trajectories', `${sandboxId}.log`), 'r').catch(
+      (error: unknown) => {
+        if ((error as NodeJS.ErrnoException).code === 'ENOENT') return undefined; // never stepped
+        throw error;
+      },
+    );
+    try {
+      await file?.datasync();
+    } finally {
+      await file?.close();
+    }
   }
 
   /** Closes and deletes a sandbox's trajectory log (its run ended). */
@@ -816,19 +837,20 @@ export const Platform = {
       'storeDir or $SANDGYM_STORE',
     );
     const layers = await LayerStore.open(storeDir);
+    // the backend and the run manager are made first, and reach the platform once it exists
+    const late: { platform?: LocalPlatform } = {};
     const container = await ContainerBackend.create({
       dataDir,
       logger,
       ...(options.loadMode ? { loadMode: options.loadMode } : {}),
       ...(options.verifyLayers ? { verifyLayers: options.verifyLayers } : {}),
       ...(options.durable ? { durable: true } : {}),
+      beforeImage: (id) => late.platform?.syncTrajectory(id) ?? Promise.resolve(),
       ...(options.warmPool ? { warmPool: options.warmPool } : {}),
       networkRules: options.networkRules ?? (await defaultRuleBook()),
       controlPlane:
         options.controlPlane ?? (process.env['SANDGYM_CONTROL_PLANE'] ?? '').split(',').filter(Boolean),
     });
-    // the run manager is opened first and reaches the platform once it exists
-    const late: { platform?: LocalPlatform } = {};
     const runs = await RunManager.open(
       join(dataDir, 'runs.json'),
       {
