@@ -90,14 +90,15 @@ export async function benchStepLoad(options: BenchOptions): Promise<BenchReport>
   const platform = await Platform.local({ dataDir: join(dir, 'platform'), storeDir: defaultStoreDir(base) });
   const results: { quiet?: Samples; loaded?: Samples } = {};
   try {
-    await using sandbox = await platform.createSandbox({ environment: 'busybox:latest' });
     await using env = SandboxEnv.create(platform, { sandbox: { environment: 'busybox:latest' } });
     await env.reset();
+    // the exec under the step: in the same sandbox
+    const sandbox = env.current!;
     for (let i = 0; i < WARMUP; i++) {
       await sandbox.exec(['true']);
       await env.step(ACTION);
     }
-    const logPath = join(dir, 'platform', 'trajectories', `${env.current!.id}.log`);
+    const logPath = join(dir, 'platform', 'trajectories', `${sandbox.id}.log`);
     options.progress(`step-load: quiet, ${ROUNDS * PER_ROUND} execs, steps and synced steps`);
     results.quiet = await measure(sandbox, env, logPath);
     options.progress('step-load: starting `sandgym eval` beside the steps');
