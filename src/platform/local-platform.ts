@@ -1,4 +1,4 @@
-import { open as openFile, rm } from 'node:fs/promises';
+import { access, rm } from 'node:fs/promises';
 import { resolve, join } from 'node:path';
 import {
   ContainerBackend,
@@ -353,23 +353,21 @@ export class LocalPlatform implements HostPlatform {
 
   /**
    * Puts a sandbox's trajectory log on the disk: the barrier before its state is made to outlive
-   * the host (see TrajectoryLog). A log this process has not opened may still hold what a node
-   * process before it wrote and never synced (it was left in the page cache), so it is synced too.
+   * the host (see TrajectoryLog). A log this process had not opened may hold what a node process
+   * before it wrote and never synced (it stayed in the page cache): opened, it knows none of its
+   * bytes to be on the disk, so its sync covers them.
    */
   async syncTrajectory(sandboxId: string): Promise<void> {
-    const open = this.trajectories.get(sandboxId);
-    if (open) return (await open).sync();
-    const file = await openFile(join(this.dataDir, 'trajectories', `${sandboxId}.log`), 'r').catch(
-      (error: unknown) => {
-        if ((error as NodeJS.ErrnoException).code === 'ENOENT') return undefined; // never stepped
-        throw error;
-      },
-    );
-    try {
-      await file?.datasync();
-    } finally {
-      await file?.close();
-    }
+    const path = join(this.dataDir, 'trajectories', `${sandboxId}.log`);
+    // never stepped: no log to sync, and none to make
+    const stepped =
+      this.trajectories.has(sandboxId) ||
+      (await access(path).then(
+        () => true,
+        () => false,
+      ));
+    if (!stepped) return;
+    await (await this.trajectory(sandboxId)).sync();
   }
 
   /** Closes and deletes a sandbox's trajectory log (its run ended). */
