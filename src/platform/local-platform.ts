@@ -31,6 +31,7 @@ import {
   abortable,
   createMsgpackCodec,
   definedFields,
+  messageOf,
   newSandboxId,
   nodeOfSandboxId,
   parseAt,
@@ -843,7 +844,13 @@ export const Platform = {
       ...(options.loadMode ? { loadMode: options.loadMode } : {}),
       ...(options.verifyLayers ? { verifyLayers: options.verifyLayers } : {}),
       ...(options.durable ? { durable: true } : {}),
-      beforeImage: (id) => late.platform?.syncTrajectory(id) ?? Promise.resolve(),
+      // a log that cannot be synced keeps the sandbox from an image (it hibernates by reclaim)
+      beforeImage: async (id) => {
+        await late.platform?.syncTrajectory(id).catch((error: unknown) => {
+          logger.error({ id, error: messageOf(error) }, 'not hibernating to an image: its log cannot sync');
+          throw error;
+        });
+      },
       ...(options.warmPool ? { warmPool: options.warmPool } : {}),
       networkRules: options.networkRules ?? (await defaultRuleBook()),
       controlPlane:

@@ -165,6 +165,21 @@ describe.skipIf(!criu.usable)('container memory snapshots (CRIU)', () => {
     expect((await sandbox.readFile('/root/steps')).toString()).toBe('one\ntwo\n');
   });
 
+  it('make no image of a sandbox whose log cannot sync: it hibernates by reclaim, a host crash ends it', async () => {
+    await using test = await createTestPlatform('container-memory-log-fails');
+    await using env = SandboxEnv.create(test.platform, { sandbox: { environment: 'busybox:latest' } });
+    await env.reset();
+    await env.step({ type: 'exec', command: 'echo one >> /root/steps' });
+    const sandbox = env.current!;
+    // its descriptor gone under it: the barrier's sync fails as a failing disk's would
+    await (await test.platform.trajectory(sandbox.id)).close();
+    const report = await sandbox.hibernate();
+    expect(report.imageBytes).toBeUndefined();
+    if (report.state === 'paused') expect(report.reason).toMatch(/Cannot sync the trajectory log/);
+    await sandbox.resume();
+    expect((await sandbox.readFile('/root/steps')).toString()).toBe('one\n');
+  });
+
   it('outlive their owner hibernated: a successor adopts the sandbox and its first request restores it', async () => {
     const dataDir = join(TEST_DATA_ROOT, `container-memory-adopt-${process.pid}`);
     // the first owner hibernates a durable sandbox and dies without closing anything
