@@ -4,6 +4,7 @@ import { benchLayers } from './layers.ts';
 import { benchReplay } from './replay.ts';
 import { benchPlacement } from './placement.ts';
 import { benchRemoteStep } from './remote-step.ts';
+import { benchStepLoad } from './step-load.ts';
 import { benchPreempt } from './preempt.ts';
 import { benchQos } from './qos.ts';
 import { benchBurst } from './burst.ts';
@@ -25,6 +26,7 @@ export const BENCHMARKS: Record<string, (options: BenchOptions) => Promise<Bench
   replay: benchReplay,
   placement: benchPlacement,
   'remote-step': benchRemoteStep,
+  'step-load': benchStepLoad,
   'control-plane': benchControlPlane,
   preempt: benchPreempt,
   qos: benchQos,

@@ -1,4 +1,4 @@
-import { rm } from 'node:fs/promises';
+import { access, rm } from 'node:fs/promises';
 import { resolve, join } from 'node:path';
 import {
   ContainerBackend,
@@ -31,6 +31,7 @@ import {
   abortable,
   createMsgpackCodec,
   definedFields,
+  messageOf,
   newSandboxId,
   nodeOfSandboxId,
   parseAt,
@@ -364,6 +365,25 @@ export class LocalPlatform implements HostPlatform {
     const valid = parseAt(runOptionsSchema, options, 'run options');
     await this.runManager.start(project, valid);
     return localRun(this.runManager, project, valid.name);
+  }
+
+  /**
+   * Puts a sandbox's trajectory log on the disk: the barrier before its state is made to outlive
+   * the host (see TrajectoryLog). A log this process had not opened may hold what a node process
+   * before it wrote and never synced (it stayed in the page cache): opened, it knows none of its
+   * bytes to be on the disk, so its sync covers them.
+   */
+  async syncTrajectory(sandboxId: string): Promise<void> {
+    const path = join(this.dataDir, 'trajectories', `${sandboxId}.log`);
+    // never stepped: no log to sync, and none to make
+    const stepped =
+      this.trajectories.has(sandboxId) ||
+      (await access(path).then(
+        () => true,
+        () => false,
+      ));
+    if (!stepped) return;
+    await (await this.trajectory(sandboxId)).sync();
   }
 
   /** Closes and deletes a sandbox's trajectory log (its run ended). */
@@ -833,19 +853,26 @@ export const Platform = {
       'storeDir or $SANDGYM_STORE',
     );
     const layers = await LayerStore.open(storeDir);
+    // the backend and the run manager are made first, and reach the platform once it exists
+    const late: { platform?: LocalPlatform } = {};
     const container = await ContainerBackend.create({
       dataDir,
       logger,
       ...(options.loadMode ? { loadMode: options.loadMode } : {}),
       ...(options.verifyLayers ? { verifyLayers: options.verifyLayers } : {}),
       ...(options.durable ? { durable: true } : {}),
+      // a log that cannot be synced keeps the sandbox from an image (it hibernates by reclaim)
+      beforeImage: async (id) => {
+        await late.platform?.syncTrajectory(id).catch((error: unknown) => {
+          logger.error({ id, error: messageOf(error) }, 'not hibernating to an image: its log cannot sync');
+          throw error;
+        });
+      },
       ...(options.warmPool ? { warmPool: options.warmPool } : {}),
       networkRules: options.networkRules ?? (await defaultRuleBook()),
       controlPlane:
         options.controlPlane ?? (process.env['SANDGYM_CONTROL_PLANE'] ?? '').split(',').filter(Boolean),
     });
-    // the run manager is opened first and reaches the platform once it exists
-    const late: { platform?: LocalPlatform } = {};
     const runs = await RunManager.open(
       join(dataDir, 'runs.json'),
       {

@@ -1,8 +1,8 @@
 import { createHash } from 'node:crypto';
-import { fdatasyncSync, writeSync } from 'node:fs';
+import { writeSync } from 'node:fs';
 import { mkdir, open, readFile, truncate, type FileHandle } from 'node:fs/promises';
 import { dirname } from 'node:path';
-import type { Codec } from '../common/index.ts';
+import { SandgymError, messageOf, type Codec } from '../common/index.ts';
 
 /** One logged step: what was asked, what came back, and when. */
 export interface TrajectoryRecord {
@@ -88,27 +88,21 @@ function checksum(body: Buffer): number {
   return createHash('sha256').update(body).digest().readUInt32BE(0);
 }
 
-/** An inline sync slower than this moves every later sync of the process to the thread pool. */
-const INLINE_SYNC_LIMIT_MS = 2;
-let syncInline = true;
-
-/**
- * Makes what was written to `file` durable. Inline first: a step waits for its record's sync
- * either way, and on a disk that syncs in microseconds the thread pool's round trip costs more
- * than the sync. A disk slow enough to stall the event loop (one sync over 2 ms) gets every later
- * sync of this process off the loop.
- */
-async function syncData(file: FileHandle): Promise<void> {
-  if (!syncInline) return file.datasync();
-  const started = performance.now();
-  fdatasyncSync(file.fd);
-  if (performance.now() - started > INLINE_SYNC_LIMIT_MS) syncInline = false;
-}
-
 /**
  * A sandbox's append-only trajectory log: frames of [length, checksum, msgpack record], each
- * fsynced before the step's result is returned. A crash can only leave a torn last frame; opening
- * the log cuts it off, so the log always ends on a whole record.
+ * written (to the page cache) before the step's result is returned, and synced to the disk only
+ * at a barrier ({@link sync}). Why that is enough for exactly once:
+ * - a node process that dies leaves what it wrote in the page cache, where the process that
+ *   adopts its sandboxes reads it: every answered step is there;
+ * - a host that dies (power, kernel) takes its running sandboxes with it: no sandbox is left to
+ *   run a step in twice, so the records of its last steps need not survive;
+ * - the one sandbox that outlives the host is a durable one hibernated to a memory image, which
+ *   the host's next node process adopts and resumes: its log is synced before the image is made
+ *   (see ContainerBackendOptions.beforeImage), so the image holds no step its log lost. State
+ *   packed into the layer store outlives the host too, but starts new sandboxes with logs of
+ *   their own: no episode carries on from it, so none of its steps can run twice.
+ * A crash can only leave a torn last frame; opening the log cuts it off, so the log always ends
+ * on a whole record.
  *
  * The log never grows past its cap (the node's, or the sandbox's disk cap if less: the node keeps
  * no more for a sandbox than it may write). Its first seven eighths hold frames whole; past them a
@@ -122,6 +116,10 @@ export class TrajectoryLog {
   private readonly loaded: TrajectoryRecord[] = [];
   /** Steps that started and have no record yet, by `episode:index`. */
   private readonly intents = new Map<string, StepIntent>();
+  /** Bytes of the file known to be on the disk; the sync under way, if one is; the first failed one. */
+  private syncedBytes = 0;
+  private syncing: Promise<void> | undefined;
+  private syncFailure: SandgymError | undefined;
 
   private constructor(
     readonly path: string,
@@ -184,24 +182,54 @@ export class TrajectoryLog {
   }
 
   /**
-   * Appends a record and makes it durable before returning. Past the whole part of the log, the
-   * record's long strings are cut (see {@link shrunk}) and `capped` says so: the step ran, so it
-   * is logged once whatever room is left (its start kept room for it).
+   * Appends a record, written before this returns (so before the step answers: a node process
+   * that dies right after the answer leaves it in the page cache), not synced (see the class
+   * comment). Past the whole part of the log, the record's long strings are cut (see
+   * {@link shrunk}) and `capped` says so: the step ran, so it is logged once whatever room is
+   * left (its start kept room for it).
    */
-  async append(given: TrajectoryRecord): Promise<{ capped: boolean }> {
+  append(given: TrajectoryRecord): { capped: boolean } {
     const { frame, body, capped } = this.fitted(given);
     this.writeFrame(body);
-    await syncData(this.file);
     this.index(frame);
     return { capped };
   }
 
   /**
+   * The barrier before sandbox state that outlives the host is made: resolves once everything
+   * written before the call is on the disk. Concurrent callers share a sync (group commit); one
+   * that comes while a sync is under way waits for it and, if frames came after its start, for
+   * one more. Once a sync failed, every later one fails: the kernel may have dropped the pages it
+   * could not write, so a later sync that succeeds proves nothing about them.
+   */
+  async sync(): Promise<void> {
+    while (this.syncedBytes < this.size) {
+      this.syncing ??= this.syncOnce().finally(() => (this.syncing = undefined));
+      await this.syncing;
+    }
+  }
+
+  private async syncOnce(): Promise<void> {
+    if (this.syncFailure) throw this.syncFailure;
+    const upTo = this.size;
+    try {
+      await this.file.datasync();
+    } catch (error) {
+      this.syncFailure = new SandgymError(
+        'platform_error',
+        `Cannot sync the trajectory log ${this.path} to its disk (${messageOf(error)}): check the disk of the node's data dir; its later steps are not made durable`,
+      );
+      throw this.syncFailure;
+    }
+    this.syncedBytes = Math.max(this.syncedBytes, upTo);
+  }
+
+  /**
    * Records that a step starts; false, with nothing written, when the log has no room left for
-   * the step and its record: the step must not run, since it could not be logged. Not synced on
-   * its own: it reaches the disk with the step's record (one sync per step). A node process that
-   * dies leaves it in the page cache, where the restarted node reads it; a host that dies takes
-   * its sandboxes with it, so nothing is left to doubt.
+   * the step and its record: the step must not run, since it could not be logged. Written before
+   * the action runs, not synced (see the class comment): a node process that dies leaves it in
+   * the page cache, where the restarted node reads it; a host that dies takes its sandboxes with
+   * it, so nothing is left to doubt.
    */
   recordIntent(intent: Omit<StepIntent, 'intent'>): boolean {
     const { frame, body } = this.fitted({ intent: true, ...intent });
@@ -214,6 +242,11 @@ export class TrajectoryLog {
   /** The bytes in the log and its cap. */
   get room(): { usedBytes: number; capBytes: number } {
     return { usedBytes: this.size, capBytes: this.capBytes };
+  }
+
+  /** The bytes of the log known to be on the disk (a log opened again knows of none). */
+  get durableBytes(): number {
+    return this.syncedBytes;
   }
 
   /** `frame` as the log keeps it: whole in the first seven eighths of its cap, else shrunk. */
@@ -244,7 +277,7 @@ export class TrajectoryLog {
   /**
    * Appends a frame to the file (not synced). Written synchronously: a copy into the page cache
    * takes microseconds, where a thread-pool write costs a round trip through another thread on
-   * every step; only the sync, which waits for the disk, goes to the pool.
+   * every step; only a barrier's sync, which waits for the disk, goes to the pool.
    */
   private writeFrame(body: Buffer): void {
     const header = Buffer.alloc(HEADER_BYTES);

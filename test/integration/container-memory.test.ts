@@ -147,6 +147,39 @@ describe.skipIf(!criu.usable)('container memory snapshots (CRIU)', () => {
     }
   });
 
+  it('sync the trajectory log before hibernating to an image, the state that outlives the host', async () => {
+    await using test = await createTestPlatform('container-memory-log');
+    await using env = SandboxEnv.create(test.platform, { sandbox: { environment: 'busybox:latest' } });
+    await env.reset();
+    await env.step({ type: 'exec', command: 'echo one >> /root/steps' });
+    const sandbox = env.current!;
+    const log = await test.platform.trajectory(sandbox.id);
+    // a step writes its record and answers: the disk waits for a barrier
+    expect(log.durableBytes).toBeLessThan(log.room.usedBytes);
+    const report = await sandbox.hibernate();
+    expect(report.imageBytes).toBeGreaterThan(0);
+    expect(log.durableBytes).toBe(log.room.usedBytes);
+    // the steps after it are the resumed sandbox's, written and not synced until the next image
+    await env.step({ type: 'exec', command: 'echo two >> /root/steps' });
+    expect(log.durableBytes).toBeLessThan(log.room.usedBytes);
+    expect((await sandbox.readFile('/root/steps')).toString()).toBe('one\ntwo\n');
+  });
+
+  it('make no image of a sandbox whose log cannot sync: it hibernates by reclaim, a host crash ends it', async () => {
+    await using test = await createTestPlatform('container-memory-log-fails');
+    await using env = SandboxEnv.create(test.platform, { sandbox: { environment: 'busybox:latest' } });
+    await env.reset();
+    await env.step({ type: 'exec', command: 'echo one >> /root/steps' });
+    const sandbox = env.current!;
+    // its descriptor gone under it: the barrier's sync fails as a failing disk's would
+    await (await test.platform.trajectory(sandbox.id)).close();
+    const report = await sandbox.hibernate();
+    expect(report.imageBytes).toBeUndefined();
+    if (report.state === 'paused') expect(report.reason).toMatch(/Cannot sync the trajectory log/);
+    await sandbox.resume();
+    expect((await sandbox.readFile('/root/steps')).toString()).toBe('one\n');
+  });
+
   it('outlive their owner hibernated: a successor adopts the sandbox and its first request restores it', async () => {
     const dataDir = join(TEST_DATA_ROOT, `container-memory-adopt-${process.pid}`);
     // the first owner hibernates a durable sandbox and dies without closing anything

@@ -93,6 +93,14 @@ export interface ContainerBackendOptions {
    * data dir adopts them with {@link ContainerBackend.adopt}. Otherwise they end with their owner.
    */
   durable?: boolean;
+  /**
+   * Runs before a sandbox's processes are dumped to the memory image it hibernates to: the one
+   * sandbox state that outlives the host (a durable sandbox's image is adopted by the host's next
+   * process, even after a power loss). The platform syncs the sandbox's trajectory log here, so
+   * the image holds no step its log could lose. A failure stops the dump (the sandbox is then
+   * hibernated by reclaim, which a host crash ends).
+   */
+  beforeImage?: (sandboxId: string) => Promise<void>;
   /** Warm shells kept ready per CPU class (see {@link WarmPool}); none by default. */
   warmPool?: WarmPoolPolicy;
   /** The node's named network rules, which sandboxes' policies name (see {@link NetworkRuleBook}). */
@@ -557,6 +565,7 @@ export class ContainerBackend implements Backend {
       ...(createdAt === undefined ? {} : { createdAt }),
       ...(memory ? { memory } : {}),
       ...(hibernatedImage ? { hibernatedImage } : {}),
+      ...(this.options.beforeImage ? { beforeImage: this.options.beforeImage } : {}),
     });
     this.sandboxes.add(sandbox);
     return sandbox;

@@ -63,6 +63,8 @@ export interface ContainerSandboxParts {
   memory?: ContainerMemory;
   /** Set when it starts out hibernated (adopted so): its processes are in this image. */
   hibernatedImage?: MemoryImage;
+  /** The barrier before it hibernates to a memory image (see ContainerBackendOptions.beforeImage). */
+  beforeImage?: (sandboxId: string) => Promise<void>;
 }
 
 /**
@@ -256,6 +258,8 @@ export class ContainerSandbox extends AgentSandbox {
 
   /** Dumps its processes to an image in its folder; they end, and the cgroup's memory goes with them. */
   private async hibernateToImage(memory: ContainerMemory): Promise<HibernateReport> {
+    // first, while nothing has changed: a failed barrier leaves the sandbox as it was
+    await this.parts.beforeImage?.(this.id);
     const before = await this.residentBytes();
     const wasPaused = this.currentState === 'paused';
     // CRIU stops the processes itself; a frozen cgroup would hold it off

@@ -14,8 +14,8 @@ interface Running {
 
 /**
  * The steps of one sandbox, run where the sandbox runs, exactly once. A step is looked up in the
- * trajectory log; one not there records its intent, runs, is audited, and is recorded (synced)
- * before it answers. So:
+ * trajectory log; one not there records its intent, runs, is audited, and is recorded (written
+ * to the log, see TrajectoryLog for when it reaches the disk) before it answers. So:
  * - a step already recorded answers with its record, whoever asks and however often;
  * - a step still running is waited for, not run again (a retry, or a client that re-attached);
  * - a step whose intent is recorded but not its result ran in a node process that died: it is
@@ -91,7 +91,7 @@ export class SandboxSteps {
     const result = await this.runAudited(request);
     faultPoint('step.after-action');
     const durationMs = performance.now() - started;
-    const { capped } = await this.log.append({
+    const { capped } = this.log.append({
       episodeId,
       stepIndex,
       action,
