@@ -2,6 +2,7 @@ import { SandgymError, isSandgymError, messageOf, type FailureReason } from '../
 import {
   hostPlatformOf,
   isDiffLargerThanDisk,
+  type HostPlatform,
   type Environment as LayerEnvironment,
   type PlatformClient,
   type Sandbox,
@@ -95,6 +96,19 @@ function cachedPromise<T>(cache: Map<string, Promise<T>>, key: string, make: () 
     if (cache.size > CACHE_SIZE) cache.delete(cache.keys().next().value ?? key);
   }
   return value;
+}
+
+/**
+ * Each task's built environment and build notes, per platform: a batch runs a task's episodes on
+ * one Task object, and the build's cache lookup (hashing its context again) need not be repeated
+ * for each. A failed build is not kept.
+ */
+const builds = new WeakMap<PlatformClient, WeakMap<Task, Promise<Built>>>();
+
+/** A task's environment as built, and what building it noted. */
+interface Built {
+  environment: LayerEnvironment;
+  notes: string[];
 }
 
 /** What a fresh grading's details say when the agent's sandbox still ran processes. */
@@ -288,13 +302,27 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     if (source.kind === 'stored') return (this.built = await this.platform.getEnvironment(source.ref));
     const platform = hostPlatformOf(this.platform);
     if (!platform) return (this.built = await this.prebuilt());
-    if (source.kind === 'workspace')
-      return (this.built = await workspaceEnvironment(platform, this.task, source));
-    if (source.kind === 'image') {
-      const resolved = await platform.resolveImage(source.ref);
-      this.buildNotes = resolved.notes;
-      return (this.built = resolved.environment);
+    let mine = builds.get(this.platform);
+    if (!mine) builds.set(this.platform, (mine = new WeakMap()));
+    let building = mine.get(this.task);
+    if (!building) {
+      building = this.buildOn(platform);
+      mine.set(this.task, building);
+      building.catch(() => mine.delete(this.task));
     }
+    const { environment, notes } = await building;
+    this.buildNotes = [...notes];
+    return (this.built = environment);
+  }
+
+  /** Builds the task's environment on a platform that runs sandboxes on this host. */
+  private async buildOn(platform: HostPlatform): Promise<Built> {
+    const source = this.task.environment;
+    if (source.kind === 'workspace')
+      return { environment: await workspaceEnvironment(platform, this.task, source), notes: [] };
+    if (source.kind === 'image') return platform.resolveImage(source.ref);
+    if (source.kind === 'stored')
+      return { environment: await platform.getEnvironment(source.ref), notes: [] };
     const result = await platform.buildFromDockerfile({
       file: source.dockerfile,
       context: source.context,
@@ -302,9 +330,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
       name: taskEnvironmentName(this.task),
       ...(this.task.buildTimeoutMs ? { timeoutMs: this.task.buildTimeoutMs } : {}),
     });
-    this.built = result.environment;
-    this.buildNotes = result.notes;
-    return result.environment;
+    return { environment: result.environment, notes: result.notes };
   }
 
   /** On a cluster: the environment this task's build leaves in the shared store. */

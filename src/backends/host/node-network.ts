@@ -292,6 +292,7 @@ export class NodeNetwork {
     this.relay?.permit(address, this.askable(targets));
     const flowless = silent && emptied.flowless;
     this.markEmptied(index, sent, flowless);
+    await this.noteQuiet(index, sent, { destinations: [] });
     // the kernel keeps forwarding what flows the old rules let in (their replies meet no rule):
     // a rule that goes takes its flows with it, the ones still allowed start again
     if (narrowing && !flowless) await forgetFlows(address);
@@ -316,6 +317,21 @@ export class NodeNetwork {
       reset counter inet ${this.table} denied${index}`,
     });
     this.markEmptied(index, sent, true);
+    // nothing refused since, while the sandbox stays silent: no listing needed to know it
+    await this.noteQuiet(index, sent, { denied: 0, destinations: [] });
+  }
+
+  /**
+   * Notes what the counter and record hold, known without listing them (just zeroed or emptied),
+   * when the veth's packet count still stands at `sent`, read before they were.
+   */
+  private async noteQuiet(
+    index: number,
+    sent: string | undefined,
+    known: Omit<QuietReading, 'sent'>,
+  ): Promise<void> {
+    if (sent === undefined || (await this.packetsFrom(index)) !== sent) return;
+    this.lastRead.set(index, { sent, ...known });
   }
 
   /**
