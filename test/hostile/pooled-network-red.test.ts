@@ -210,4 +210,45 @@ while True: held.append(s.accept()[0])`,
         await second.close();
       }
     }));
+  it('a tenant whose rules allow nothing gets loopback only, orphans of the last one or not', () =>
+    attack('pooled-network', 'keep a veth for a tenant that allows nothing', async () => {
+      await leaveOrphan();
+      const second = await nextTenant([]);
+      try {
+        expect(await addressOf(second)).toBe('');
+        expect((await second.exec(['ip', '-o', 'link'])).stdout).not.toContain('eth0');
+        const tried = await second.exec([
+          'sh',
+          '-c',
+          `wget -q -T 3 -O - http://${upstream.address}:8080/id 2>/dev/null || echo refused`,
+        ]);
+        expect(tried.stdout.trim()).toBe('refused');
+      } finally {
+        await second.close();
+      }
+    }));
+
+  it('counts every refusal however the readings race its packets', () =>
+    attack('pooled-network', 'slip a refusal between a quiet reading and its check', async () => {
+      const sandbox = await nextTenant(['mirror:first']);
+      try {
+        const attempts = 200;
+        await sandbox.exec([
+          'sh',
+          '-c',
+          // each attempt on its own (a refused SYN waits out -w), spread over a few seconds
+          `(i=0; while [ $i -lt ${attempts} ]; do nc -w 1 ${upstream.address} 8081 </dev/null >/dev/null 2>&1 &
+            i=$((i+1)); echo $i >/tmp/tried; usleep 10000; done; wait; touch /tmp/done) >/dev/null 2>&1 &`,
+        ]);
+        // readings as close together as the platform allows, while refusals keep coming
+        const done = async (): Promise<boolean> =>
+          (await sandbox.exec(['sh', '-c', 'test -e /tmp/done && echo y || true'])).stdout.trim() === 'y';
+        while (!(await done())) await Promise.all([sandbox.stats(), sandbox.stats(), sandbox.stats()]);
+        const tried = Number((await sandbox.exec(['cat', '/tmp/tried'])).stdout.trim());
+        expect(tried).toBe(attempts);
+        expect((await sandbox.stats()).deniedEgress).toBeGreaterThanOrEqual(attempts);
+      } finally {
+        await sandbox.close();
+      }
+    }));
 });
