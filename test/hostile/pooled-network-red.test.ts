@@ -10,6 +10,8 @@ import { attack } from './summary.ts';
 const UPSTREAM_INDEX = 33;
 /** The port of a server that accepts connections and never reads them (a stalled peer). */
 const STALLED_PORT = 9000;
+/** A port a task's own server commonly listens on. */
+const SQUATTED_PORT = 8000;
 const STALLED_HEX = STALLED_PORT.toString(16).toUpperCase().padStart(4, '0');
 
 /** The sandbox's address on the node network, or '' when it has no veth. */
@@ -100,9 +102,9 @@ while True: held.append(s.accept()[0])`,
   });
 
   /** A tenant on the one pooled shell: the last one's container, scrubbed. */
-  async function nextTenant(network: string[]): Promise<Sandbox> {
+  async function nextTenant(network: string[], environment = 'busybox:latest'): Promise<Sandbox> {
     await env.platform.warmPool.recycled();
-    return env.platform.createSandbox({ environment: 'busybox:latest', network });
+    return env.platform.createSandbox({ environment, network });
   }
 
   /**
@@ -249,6 +251,42 @@ while True: held.append(s.accept()[0])`,
         expect((await sandbox.stats()).deniedEgress).toBeGreaterThanOrEqual(attempts);
       } finally {
         await sandbox.close();
+      }
+    }));
+  it("BREAK: a port the last tenant's socket held is free for the next tenant's server", () =>
+    attack('pooled-network', "squat the next tenant's server port from an orphaned socket", async () => {
+      const first = await nextTenant(['mirror:first'], 'debian:bookworm');
+      try {
+        // its stream to the stalled server leaves from the port the next tenant's server wants,
+        // and is cut off mid-write: the socket is orphaned with its data unsent
+        const streamed = await first.exec([
+          'perl',
+          '-MSocket',
+          '-e',
+          `socket(S, PF_INET, SOCK_STREAM, 0) or die "socket: $!";
+           bind(S, sockaddr_in(${SQUATTED_PORT}, INADDR_ANY)) or die "bind: $!";
+           connect(S, sockaddr_in(${STALLED_PORT}, inet_aton("${upstream.address}"))) or die "connect: $!";
+           $SIG{ALRM} = sub { exit 0 }; alarm 2; syswrite(S, "x" x 65536) while 1;`,
+        ]);
+        expect(streamed.stderr).toBe('');
+        expect(await socketsToStalled(first)).not.toEqual([]);
+      } finally {
+        await first.close();
+      }
+      // a server as most programs make one: bind without SO_REUSEADDR (perl-base, in every Debian)
+      const second = await nextTenant(['mirror:first'], 'debian:bookworm');
+      try {
+        const served = await second.exec([
+          'perl',
+          '-MSocket',
+          '-e',
+          `socket(S, PF_INET, SOCK_STREAM, 0) or die "socket: $!";
+           bind(S, sockaddr_in(${SQUATTED_PORT}, INADDR_ANY)) or die "bind: $!\\n";
+           listen(S, 5) or die "listen: $!"; print "listening\\n";`,
+        ]);
+        expect(`${served.stdout}${served.stderr}`.trim()).toBe('listening');
+      } finally {
+        await second.close();
       }
     }));
 });
