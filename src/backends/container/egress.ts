@@ -63,15 +63,21 @@ export class ContainerEgress {
     let attaching = this.attached.get(shell.slot);
     if (!attaching) {
       if (targets.length === 0) return;
-      attaching = (async () => {
-        const network = await this.nodeNetwork();
-        return network.attach(shell.agentPid ?? (await soleOrFirstProcess(shell)));
-      })();
-      this.attached.set(shell.slot, attaching);
-      attaching.catch(() => this.attached.delete(shell.slot));
+      attaching = this.attach(shell);
     }
     const attachment = await attaching;
     await (await this.nodeNetwork()).allow(attachment, targets);
+  }
+
+  /** Gives the container a veth on the node network, nothing allowed yet. */
+  private attach(shell: WarmShell): Promise<NetworkAttachment> {
+    const attaching = (async () => {
+      const network = await this.nodeNetwork();
+      return network.attach(shell.agentPid ?? (await soleOrFirstProcess(shell)));
+    })();
+    this.attached.set(shell.slot, attaching);
+    attaching.catch(() => this.attached.delete(shell.slot));
+    return attaching;
   }
 
   /**
@@ -162,13 +168,42 @@ export class ContainerEgress {
    */
   async recycle(shell: WarmShell): Promise<void> {
     this.grouped.delete(shell.slot);
+    // first: a socket whose process died still sends (an orphan with data queued) and holds its
+    // port, and would make flows again after they are forgotten
+    await this.clearSockets(shell);
     const attachment = await this.attached.get(shell.slot)?.catch(() => undefined);
     if (!attachment || !this.network) {
       this.attached.delete(shell.slot);
       return this.removeLinksBut(shell, ['lo']);
     }
-    await (await this.network).reset(attachment);
+    const network = await this.network;
+    if (await network.carriedTraffic(attachment)) {
+      // its counters hold the last tenant's traffic: a new veth, made here rather than in the
+      // next tenant's create
+      await this.isolate(shell);
+      await this.attach(shell);
+    } else {
+      await network.reset(attachment);
+    }
     await this.removeLinksBut(shell, ['lo', 'eth0']);
+  }
+
+  /**
+   * Ends every IP socket left in the container's namespace once its processes are gone: orphans
+   * still sending, TIME_WAIT holding a port. Fails (the shell is destroyed, not pooled) unless the
+   * namespace then holds none, so the next tenant never meets a socket of the last.
+   */
+  private async clearSockets(shell: WarmShell): Promise<void> {
+    const pid = shell.agentPid ?? (await soleOrFirstProcess(shell));
+    if ((await socketsIn(pid)) === 0) return;
+    // ss exits non-zero for a socket it cannot end; what is left decides
+    await runProgram('nsenter', [`--net=/proc/${pid}/ns/net`, 'ss', '-K', '-a', '-n']).catch(() => undefined);
+    const left = await socketsIn(pid);
+    if (left > 0)
+      throw new SandgymError(
+        'platform_error',
+        `Container ${shell.slot} keeps ${left} socket(s) of its last tenant, which no tenant may inherit`,
+      );
   }
 
   /**
@@ -224,6 +259,20 @@ function resolversOf(book: NetworkRuleBook): ResolverAddress[] {
     .map((text) => parseAddress(text, 'network rule "dns"'))
     .filter((target) => target.cidr.endsWith('/32'))
     .map((target) => ({ address: target.cidr.slice(0, -3), port: target.port ?? 53 }));
+}
+
+/**
+ * The IP sockets of the network namespace `pid` is in, as /proc/PID/net/sockstat{,6} count them
+ * for that namespace: those in use (an orphan still sending among them) and in TIME_WAIT. (Their
+ * `orphan`, `alloc` and `mem` fields are the host's, not the namespace's.)
+ */
+async function socketsIn(pid: number): Promise<number> {
+  let count = 0;
+  for (const file of ['sockstat', 'sockstat6']) {
+    const text = await readFile(`/proc/${pid}/net/${file}`, 'utf8');
+    for (const match of text.matchAll(/\b(inuse|tw) (\d+)/g)) count += Number(match[2]);
+  }
+  return count;
 }
 
 /** The links of the network namespace `pid` is in, as /proc/PID/net/dev lists them. */

@@ -250,6 +250,8 @@ export class NodeNetwork {
           'ip link set "$2" netns "$3"',
           'ip link set "$1" master "$4"',
           'bridge link set dev "$1" isolated on',
+          // no IPv6 chatter of the host's end either: what the sandbox's link counts is its own
+          'echo 1 > /proc/sys/net/ipv6/conf/"$1"/disable_ipv6',
           'ip link set "$1" up',
           // inside: no IPv6 (no link-local path around the rules), one address, one route
           `nsenter --net=/proc/"$3"/ns/net sh -c 'ip link set "$1" name eth0 && echo 1 > /proc/sys/net/ipv6/conf/eth0/disable_ipv6 && ip addr add "$2" dev eth0 && ip link set eth0 up && ip route add default via "$3"' sh "$2" "$5/${SUBNET_BITS}" "$6"`,
@@ -444,6 +446,14 @@ export class NodeNetwork {
     if (sent !== undefined && (await this.packetsFrom(index)) === sent)
       this.lastRead.set(index, { ...(same ? last : {}), sent, [kind]: value });
     return value;
+  }
+
+  /**
+   * Whether the sandbox ever sent a packet on its veth: a veth that carried its traffic counts it
+   * (its link's counters, which the sandbox reads and nobody can zero), so it is never handed on.
+   */
+  async carriedTraffic(attachment: NetworkAttachment): Promise<boolean> {
+    return (await this.packetsFrom(attachment.index)) !== '0';
   }
 
   /** How many packets the sandbox's veth has carried from it; undefined when it cannot be read. */
