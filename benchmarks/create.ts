@@ -23,7 +23,7 @@ export async function benchCreate(options: BenchOptions): Promise<BenchReport> {
   );
   options.progress('create: baseline crun run /bin/true');
   const crunRun = await timeCommand(
-    `${fixture.crunPrefix} run --bundle ${fixture.bundle} sandgym-bench-create`,
+    `${fixture.crunPrefix} run --bundle ${fixture.bundle} ${fixture.containerId('create')}`,
     RUNS,
   );
   await using pooled = await BenchFixture.create({ warmPool: { latency: RUNS + WARMUP } }, 'pooled');

@@ -24,7 +24,10 @@ export async function benchExec(options: BenchOptions): Promise<BenchReport> {
   options.progress('exec: baseline nsenter -a');
   const nsenter = await timeCommand(`nsenter -t ${state.pid} -a /bin/true`, BASELINE_RUNS);
   options.progress('exec: baseline crun exec');
-  const crunExec = await timeCommand(`${fixture.crunPrefix} exec ${sandbox.id} /bin/true`, BASELINE_RUNS);
+  const crunExec = await timeCommand(
+    `${fixture.sandboxCrunPrefix} exec ${sandbox.id} /bin/true`,
+    BASELINE_RUNS,
+  );
   return {
     bench: 'exec',
     host: hostInfo(),

@@ -43,7 +43,7 @@ export async function benchFnCall(options: BenchOptions): Promise<BenchReport> {
     const spawnConcurrent = await rate(SPAWNS, CONCURRENCY, spawnOnce);
     options.progress(`fncall: baseline, crun run per call (${CRUN_RUNS} runs)`);
     const crun = await timeCommand(
-      `${fixture.crunPrefix} run --bundle ${fixture.bundle} sandgym-bench-fncall`,
+      `${fixture.crunPrefix} run --bundle ${fixture.bundle} ${fixture.containerId('fncall')}`,
       CRUN_RUNS,
     );
     const crunRate = 1000 / quantile(crun, 0.5);

@@ -40,4 +40,5 @@ export const BENCHMARKS: Record<string, (options: BenchOptions) => Promise<Bench
   peers: benchPeers,
 };
 
+export { reapDeadBenchRuns } from './residue.ts';
 export type { BenchReport, BenchOptions, Metric } from './report.ts';

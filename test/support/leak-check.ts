@@ -17,19 +17,22 @@ function findLeaks(): string[] {
     if ((fsType === 'overlay' || fsType === 'erofs' || fsType === 'btrfs') && /sandgym/.test(line))
       leaks.push(`mount: ${left?.split(' ')[4]} (${fsType})`);
   }
-  for (const hierarchy of readdirSync('/sys/fs/cgroup')) {
-    const parent = join('/sys/fs/cgroup', hierarchy, 'sandgym');
-    try {
-      for (const scope of readdirSync(parent, { withFileTypes: true })) {
-        if (!scope.isDirectory()) continue;
-        const sandboxes = readdirSync(join(parent, scope.name), { withFileTypes: true }).filter((e) =>
-          e.isDirectory(),
-        );
-        for (const entry of sandboxes) leaks.push(`cgroup: ${join(parent, scope.name, entry.name)}`);
-        if (sandboxes.length === 0) leaks.push(`cgroup: ${join(parent, scope.name)} (empty scope)`);
+  // latency sandboxes under sandgym, best-effort ones under their idle parent
+  for (const top of ['sandgym', 'sandgym-best-effort']) {
+    for (const hierarchy of readdirSync('/sys/fs/cgroup')) {
+      const parent = join('/sys/fs/cgroup', hierarchy, top);
+      try {
+        for (const scope of readdirSync(parent, { withFileTypes: true })) {
+          if (!scope.isDirectory()) continue;
+          const sandboxes = readdirSync(join(parent, scope.name), { withFileTypes: true }).filter((e) =>
+            e.isDirectory(),
+          );
+          for (const entry of sandboxes) leaks.push(`cgroup: ${join(parent, scope.name, entry.name)}`);
+          if (sandboxes.length === 0) leaks.push(`cgroup: ${join(parent, scope.name)} (empty scope)`);
+        }
+      } catch {
+        // no sandgym cgroups in this hierarchy
       }
-    } catch {
-      // no sandgym cgroups in this hierarchy
     }
   }
   try {

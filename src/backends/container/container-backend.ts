@@ -656,7 +656,7 @@ export class ContainerBackend implements Backend {
     if (mine) return mine.close();
     const slot = (await this.records.slotOf(id)) ?? id;
     const paths = this.launcher.pathsOf(slot);
-    const cgroup = new SandboxCgroup(this.layout, this.scope, slot);
+    const cgroup = SandboxCgroup.existing(this.layout, this.scope, slot);
     if (!existsSync(paths.dir) && (await cgroup.processes()).length === 0) {
       throw new SandgymError('not_found', `No sandbox "${id}" on this node: see "sandgym ps"`);
     }
@@ -703,7 +703,7 @@ export class ContainerBackend implements Backend {
       network: recorded.network,
     };
     const paths = this.launcher.pathsOf(slot);
-    const cgroup = new SandboxCgroup(this.layout, this.scope, slot);
+    const cgroup = SandboxCgroup.existing(this.layout, this.scope, slot);
     const running = (await cgroup.processes()).length > 0;
     if (!running && state.memoryImage) return this.adoptHibernated(slot, state, spec, state.memoryImage);
     if (!running) throw new Error('none of its processes is left');
@@ -744,7 +744,7 @@ export class ContainerBackend implements Backend {
   private async reapDeadShell(slot: string): Promise<void> {
     await removeContainerResidue(
       slot,
-      new SandboxCgroup(this.layout, this.scope, slot),
+      SandboxCgroup.existing(this.layout, this.scope, slot),
       this.launcher.pathsOf(slot),
     ).catch((error: unknown) => {
       this.logger.warn(
@@ -786,7 +786,7 @@ export class ContainerBackend implements Backend {
     const slot = spec.id;
     const paths = this.launcher.pathsOf(slot);
     const lowers = await this.mounts.acquire(spec.layers);
-    const cgroup = new SandboxCgroup(this.layout, this.scope, slot);
+    const cgroup = new SandboxCgroup(this.layout, this.scope, slot, spec.qos);
     try {
       const scratch = await this.memory.writableLayerFrom(checkpoint, slot, spec.resources.diskMib);
       await this.launcher.saveState(paths.dir, this.launcher.tenantState(spec, slot));
@@ -833,7 +833,7 @@ export class ContainerBackend implements Backend {
       slot,
       qos: spec.qos,
       channel,
-      cgroup: new SandboxCgroup(this.layout, this.scope, slot),
+      cgroup: new SandboxCgroup(this.layout, this.scope, slot, spec.qos),
       exited: channel.closed,
       scratch,
       diskMib: spec.resources.diskMib,
@@ -865,7 +865,7 @@ export class ContainerBackend implements Backend {
     // paths are left empty: the consumer reads digests, it does not mount
     const found = { layers: state.layers.map((digest) => ({ digest, path: '' })), labels: state.labels };
     const upper = join(paths.dir, 'rw', 'upper');
-    const cgroup = new SandboxCgroup(this.layout, this.scope, slot);
+    const cgroup = SandboxCgroup.existing(this.layout, this.scope, slot);
     const wasFrozen = await cgroup.isFrozen();
     // frozen, so what it writes cannot change under the packer (or the snapshot)
     if (!wasFrozen) await cgroup.setFrozen(true);

@@ -114,7 +114,7 @@ export class ContainerLauncher {
     overlay: { lowers: string[]; erofs: boolean } | undefined,
   ): Promise<WarmShell> {
     const paths = this.pathsOf(slot);
-    const cgroup = new SandboxCgroup(this.options.layout, this.options.scope, slot);
+    const cgroup = new SandboxCgroup(this.options.layout, this.options.scope, slot, spec.qos);
     let shell: WarmShell | undefined;
     this.containersMade++;
     try {

@@ -42,7 +42,7 @@ export class ContainerRecords {
     for (const slot of await readdir(dir).catch(() => [] as string[])) {
       const state = await readContainerState(join(dir, slot));
       if (!state || state.pooled) continue;
-      const cgroup = new SandboxCgroup(this.launcher.options.layout, this.launcher.options.scope, slot);
+      const cgroup = SandboxCgroup.existing(this.launcher.options.layout, this.launcher.options.scope, slot);
       records.push(await listedRecord(state, 'container', () => cgroup.isFrozen()));
     }
     return records;
@@ -62,7 +62,7 @@ export class ContainerRecords {
       if (state && (await isAlive(state.owner))) continue;
       await removeContainerResidue(
         slot,
-        new SandboxCgroup(this.launcher.options.layout, this.launcher.options.scope, slot),
+        SandboxCgroup.existing(this.launcher.options.layout, this.launcher.options.scope, slot),
         this.launcher.pathsOf(slot),
       );
       if (!state?.pooled) report.sandboxes.push(state?.id ?? slot);
@@ -70,7 +70,7 @@ export class ContainerRecords {
     // cgroups whose sandbox folder is gone: a crash between the two removals
     for (const id of await listSandboxCgroups(this.launcher.options.layout, this.launcher.options.scope)) {
       if (mine.has(id) || existsSync(join(sandboxesDir, id))) continue;
-      const cgroup = new SandboxCgroup(this.launcher.options.layout, this.launcher.options.scope, id);
+      const cgroup = SandboxCgroup.existing(this.launcher.options.layout, this.launcher.options.scope, id);
       await removeContainerResidue(id, cgroup, this.launcher.pathsOf(id));
       report.cgroups.push(...cgroup.allPaths());
     }

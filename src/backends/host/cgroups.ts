@@ -1,5 +1,5 @@
 import { readFile, writeFile, rmdir, mkdir, readdir } from 'node:fs/promises';
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { createHash } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -40,8 +40,15 @@ export async function detectCgroupLayout(): Promise<CgroupLayout> {
   return { kind: 'v1', controllers, unified };
 }
 
-/** The cgroup folder all sandgym sandboxes live under, in every hierarchy. */
-const CGROUP_PARENT = 'sandgym';
+/**
+ * The top-level cgroup folder sandgym sandboxes live under, by CPU class, in every hierarchy.
+ * Best-effort sandboxes get a parent of their own, marked idle (see {@link markIdleParent}):
+ * SCHED_IDLE and the lowest weight rank a sandbox only against its siblings, while each of its
+ * ancestors competes at its own weight with everything at its level. Under `sandgym`, a busy
+ * best-effort sandbox alone on a CPU carried `sandgym`'s full weight against the host's tasks,
+ * the node's own event loop included, so the step of a latency sandbox waited on it.
+ */
+const CGROUP_PARENTS: Record<QosClass, string> = { latency: 'sandgym', best_effort: 'sandgym-best-effort' };
 
 /**
  * Sandboxes are grouped by the data folder that owns them (`sandgym/<scope>/<id>`), so that
@@ -154,8 +161,17 @@ export class SandboxCgroup {
     private readonly layout: CgroupLayout,
     scope: string,
     sandboxId: string,
+    readonly qos: QosClass,
   ) {
-    this.relativePath = `${CGROUP_PARENT}/${scope}/${sandboxId}`;
+    this.relativePath = sandboxCgroupPath(scope, sandboxId, qos);
+  }
+
+  /** The cgroups of a sandbox found on the node, whose class the parent that holds them tells. */
+  static existing(layout: CgroupLayout, scope: string, sandboxId: string): SandboxCgroup {
+    const bestEffort = new SandboxCgroup(layout, scope, sandboxId, 'best_effort');
+    return bestEffort.allPaths().some((path) => existsSync(path))
+      ? bestEffort
+      : new SandboxCgroup(layout, scope, sandboxId, 'latency');
   }
 
   /**
@@ -168,8 +184,13 @@ export class SandboxCgroup {
       : undefined;
   }
 
-  /** Creates what the runtime does not: the hybrid freeze leaf. Returns files the launcher joins. */
+  /**
+   * Creates what the runtime does not: the idle parent of best-effort sandboxes (made again
+   * each time, since the last sandbox's close removes it) and the hybrid freeze leaf. Returns
+   * files the launcher joins.
+   */
   async prepare(): Promise<string[]> {
+    if (this.qos === 'best_effort') await markIdleParent(this.layout);
     const leaf = this.freezeLeaf;
     if (!leaf) return [];
     await mkdir(leaf, { recursive: true });
@@ -405,6 +426,34 @@ export class SandboxCgroup {
   }
 }
 
+/** A sandbox's cgroup path inside each hierarchy, as the runtime's cgroupsPath takes it. */
+export function sandboxCgroupPath(scope: string, sandboxId: string, qos: QosClass): string {
+  return `${CGROUP_PARENTS[qos]}/${scope}/${sandboxId}`;
+}
+
+/**
+ * Makes the best-effort parent in the CPU hierarchy and marks it idle (cpu.idle, Linux 5.15 and
+ * later), so at the root its whole subtree runs only when nothing else on the host wants the
+ * CPU; a kernel without cpu.idle gets the lowest weight instead. Best effort: a host whose cpu
+ * controller is not enabled there keeps the class's SCHED_IDLE and leaf weight.
+ */
+async function markIdleParent(layout: CgroupLayout): Promise<void> {
+  const cpuRoot = layout.kind === 'v2' ? layout.root : layout.controllers['cpu'];
+  if (!cpuRoot) return;
+  const dir = join(cpuRoot, CGROUP_PARENTS.best_effort);
+  await mkdir(dir, { recursive: true });
+  const lowest = layout.kind === 'v2' ? ['cpu.weight', '1'] : ['cpu.shares', '2'];
+  for (const [file, value] of [['cpu.idle', '1'], lowest] as const) {
+    if (
+      await writeFile(join(dir, file), value).then(
+        () => true,
+        () => false,
+      )
+    )
+      return;
+  }
+}
+
 function hierarchyRoots(layout: CgroupLayout): string[] {
   return layout.kind === 'v2'
     ? [layout.root]
@@ -414,8 +463,10 @@ function hierarchyRoots(layout: CgroupLayout): string[] {
 /** Removes the scope's parent folders once no sandbox uses them; a busy one stays. */
 export async function removeIdleParents(layout: CgroupLayout, scope: string): Promise<void> {
   for (const root of hierarchyRoots(layout)) {
-    await rmdir(join(root, CGROUP_PARENT, scope)).catch(() => undefined);
-    await rmdir(join(root, CGROUP_PARENT)).catch(() => undefined);
+    for (const parent of Object.values(CGROUP_PARENTS)) {
+      await rmdir(join(root, parent, scope)).catch(() => undefined);
+      await rmdir(join(root, parent)).catch(() => undefined);
+    }
   }
 }
 
@@ -423,12 +474,14 @@ export async function removeIdleParents(layout: CgroupLayout, scope: string): Pr
 export async function listSandboxCgroups(layout: CgroupLayout, scope: string): Promise<string[]> {
   const ids = new Set<string>();
   for (const root of hierarchyRoots(layout)) {
-    try {
-      for (const entry of await readdir(join(root, CGROUP_PARENT, scope), { withFileTypes: true })) {
-        if (entry.isDirectory()) ids.add(entry.name);
+    for (const parent of Object.values(CGROUP_PARENTS)) {
+      try {
+        for (const entry of await readdir(join(root, parent, scope), { withFileTypes: true })) {
+          if (entry.isDirectory()) ids.add(entry.name);
+        }
+      } catch {
+        // no such folder in this hierarchy
       }
-    } catch {
-      // no sandgym folder in this hierarchy
     }
   }
   return [...ids];

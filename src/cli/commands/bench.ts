@@ -1,4 +1,4 @@
-import { BENCHMARKS, type BenchReport } from '../../../benchmarks/index.ts';
+import { BENCHMARKS, reapDeadBenchRuns, type BenchReport } from '../../../benchmarks/index.ts';
 import { BENCHMARK_PROGRAMS, installPrograms } from '../../backends/index.ts';
 import { writeFileAtomic } from '../../common/index.ts';
 import { consoleLogger } from '../console-logger.ts';
@@ -31,11 +31,11 @@ export async function benchCommand(args: string[]): Promise<number> {
   }
   const selected = names.length ? names : Object.keys(BENCHMARKS);
   await installPrograms(BENCHMARK_PROGRAMS, consoleLogger());
+  const progress = (message: string): void => console.error(`sandgym bench: ${message}`);
+  await reapDeadBenchRuns(progress);
   const reports: BenchReport[] = [];
   for (const name of selected) {
-    const report = await BENCHMARKS[name]!({
-      progress: (message) => console.error(`sandgym bench: ${message}`),
-    });
+    const report = await BENCHMARKS[name]!({ progress });
     reports.push(report);
     if (!json) printReport(report);
   }
