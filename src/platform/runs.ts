@@ -33,6 +33,12 @@ export interface PhaseReport {
   hibernated: string[];
   resumed: string[];
   /**
+   * Of `resumed` at `rollout`/`resumed`: hibernated sandboxes whose restore had started, all at
+   * once, but not ended when the call returned. A request to one waits for its own restore only
+   * (it goes first among those still queued); one that fails leaves its sandbox `failed`.
+   */
+  restoring: string[];
+  /**
    * Sandboxes with a request in flight, left running. At `preempted` they hibernate as soon as
    * their last request ends.
    */
@@ -108,6 +114,8 @@ export class RunManager {
   private readonly runs = new Map<string, RunRecord>();
   /** Runs whose sandboxes a renewal is bringing back: no lapse until that is done. */
   private readonly resuming = new Set<RunRecord>();
+  /** Per run, the restores its last `rollout`/`resumed` left running: the next phase waits for them. */
+  private readonly restores = new Map<string, Promise<void>>();
   private timer: NodeJS.Timeout | undefined;
   private sweeping: Promise<void> = Promise.resolve();
   /**
@@ -214,6 +222,8 @@ export class RunManager {
 
   async setPhase(project: string, name: string, phase: TrainingPhase): Promise<PhaseReport> {
     const run = this.find(project, name);
+    // a preemption right after a rollout applies to sandboxes that are back, not half restored
+    await this.restores.get(key(project, name));
     run.phase = phase;
     run.hibernateWhenIdle = [];
     const report: PhaseReport = {
@@ -221,18 +231,27 @@ export class RunManager {
       paused: [],
       hibernated: [],
       resumed: [],
+      restoring: [],
       busy: [],
       freedBytes: 0,
       keptMemory: [],
     };
     const members = await this.members(run);
     await this.save();
+    const restores: Promise<void>[] = [];
     await settleAll(
       members.map(async (sandbox) => {
         if (phase === 'rollout' || phase === 'resumed') {
           if (sandbox.state !== 'paused' && sandbox.state !== 'hibernated') return;
-          await sandbox.resume();
           report.resumed.push(sandbox.id);
+          if (sandbox.state === 'paused') return sandbox.resume();
+          // started all at once, not awaited: the trainer's first request waits for its own only
+          report.restoring.push(sandbox.id);
+          restores.push(
+            sandbox.resume().catch((error: unknown) => {
+              this.logger.warn({ sandbox: sandbox.id, err: error }, 'restore at rollout failed');
+            }),
+          );
           return;
         }
         if (sandbox.activeCalls > 0) {
@@ -258,7 +277,20 @@ export class RunManager {
       `Phase ${phase} could not be applied to every sandbox of run ${name}`,
     );
     if (run.hibernateWhenIdle.length > 0) await this.save();
+    if (restores.length > 0) this.trackRestores(key(project, name), restores);
+    // what ended while the others were being started is back already
+    report.restoring = report.restoring.filter(
+      (id) => members.find((s) => s.id === id)?.state === 'hibernated',
+    );
     return report;
+  }
+
+  /** Keeps a run's background restores until every one has ended, for the next phase to wait on. */
+  private trackRestores(runKey: string, restores: Promise<void>[]): void {
+    const all: Promise<void> = Promise.all(restores).then(() => {
+      if (this.restores.get(runKey) === all) this.restores.delete(runKey);
+    });
+    this.restores.set(runKey, all);
   }
 
   /**
@@ -334,6 +366,7 @@ export class RunManager {
 
   async end(project: string, name: string): Promise<{ destroyed: string[] }> {
     const run = this.find(project, name);
+    await this.restores.get(key(project, name)); // a sandbox is destroyed whole, not mid-restore
     this.runs.delete(key(project, name));
     await this.save();
     return this.destroyAll(run);

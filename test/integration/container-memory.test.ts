@@ -147,6 +147,51 @@ describe.skipIf(!criu.usable)('container memory snapshots (CRIU)', () => {
     }
   });
 
+  it('restore a run at rollout all at once; a preemption right after finds them back and hibernates them again', async () => {
+    await using test = await createTestPlatform('container-memory-rollout');
+    const run = await test.platform.startRun({ name: `rollout-${process.pid}`, leaseMs: 600_000 });
+    const sandboxes = await Promise.all(
+      [0, 1, 2].map(() =>
+        test.platform.createSandbox({
+          environment: 'busybox:latest',
+          resources: { memoryMib: 256 },
+          run: run.name,
+        }),
+      ),
+    );
+    try {
+      const holders = await Promise.all(sandboxes.map(async (s) => (await s.exec(HOLDER)).stdout.trim()));
+      for (const sandbox of sandboxes) {
+        for (let i = 0; (await sandbox.exec(['cat', '/tmp/count'])).exitCode !== 0; i++) {
+          if (i > 100) throw new Error('the holder never started counting');
+          await new Promise((done) => setTimeout(done, 100));
+        }
+      }
+      const ids = sandboxes.map((s) => s.id).sort();
+      const first = await run.phase('preempted');
+      expect(first.hibernated.sort()).toEqual(ids);
+      const rollout = await run.phase('rollout');
+      expect(rollout.resumed.sort()).toEqual(ids);
+      for (const id of rollout.restoring) expect(ids).toContain(id);
+      // no request came, and yet a preemption now applies to running sandboxes, not half-restored ones
+      const again = await run.phase('preempted');
+      expect(again.hibernated.sort()).toEqual(ids);
+      for (const sandbox of sandboxes) {
+        const stats = await sandbox.stats();
+        expect(stats.state).toBe('hibernated');
+        expect(stats.memoryBytes).toBeLessThan(10e6);
+      }
+      expect(again.freedBytes).toBeGreaterThan(3 * 40e6);
+      // and a request after the next rollout finds its own processes
+      await run.phase('rollout');
+      const alive = await Promise.all(sandboxes.map((s, i) => s.exec(['kill', '-0', holders[i]!])));
+      expect(alive.map((r) => r.exitCode)).toEqual([0, 0, 0]);
+    } finally {
+      await Promise.all(sandboxes.map((s) => s.close()));
+      await run.end();
+    }
+  });
+
   it('outlive their owner hibernated: a successor adopts the sandbox and its first request restores it', async () => {
     const dataDir = join(TEST_DATA_ROOT, `container-memory-adopt-${process.pid}`);
     // the first owner hibernates a durable sandbox and dies without closing anything

@@ -78,6 +78,8 @@ export interface ContainerMemory {
   dump(): Promise<MemoryImage>;
   /** Starts `image`'s processes as the container's, and a channel to their agent. */
   restore(image: MemoryImage): Promise<AgentProcess>;
+  /** Starts a {@link restore} of `image` that waits for its turn next: a request waits on it. */
+  hurry(image: MemoryImage): void;
   /** Deletes an image's files. */
   drop(image: MemoryImage): Promise<void>;
   /** Dumps its processes, which carry on, with a copy of its files taken at the same instant. */
@@ -288,6 +290,8 @@ export class ContainerSandbox extends AgentSandbox {
   async resume(options: CallOptions = {}): Promise<void> {
     throwIfAborted(options.signal, 'Resume');
     if (this.currentState === 'hibernated' && this.hibernatedImage) {
+      // a second caller is a request waiting on a restore a phase change started with the run's others
+      if (this.resuming) this.parts.memory?.hurry(this.hibernatedImage);
       this.resuming ??= this.resumeFromImage().finally(() => (this.resuming = undefined));
       return this.resuming;
     }

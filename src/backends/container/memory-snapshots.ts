@@ -58,9 +58,9 @@ export class ContainerMemorySnapshots {
       await assertCriuCanDump(members, await this.sysResource);
       return containerInitOf(members);
     };
-    const logged = async <T>(what: string, work: () => Promise<T>): Promise<T> => {
+    const logged = async <T>(what: string, work: () => Promise<T>, key?: object): Promise<T> => {
       try {
-        return await this.criuRuns.run(work);
+        return await this.criuRuns.run(work, key);
       } catch (error) {
         this.logger.warn({ slot: shell.slot, error: messageOf(error) }, `${what} failed`);
         throw error;
@@ -81,7 +81,8 @@ export class ContainerMemorySnapshots {
           await this.recordMemoryImage(dir, name);
           return image;
         }),
-      restore: (image) => logged('memory restore', () => this.start(shell, lowers, image.dir)),
+      restore: (image) => logged('memory restore', () => this.start(shell, lowers, image.dir), image),
+      hurry: (image) => this.criuRuns.hurry(image),
       drop: (image) => rm(image.dir, { recursive: true, force: true }),
       checkpoint: () =>
         logged('checkpoint', async () => {

@@ -199,6 +199,8 @@ export const phaseReport = z.object({
   paused: z.array(z.string()),
   hibernated: z.array(z.string()),
   resumed: z.array(z.string()),
+  /** Of `resumed`: sandboxes whose restore was still running when the phase call returned. */
+  restoring: z.array(z.string()).default([]),
   /** Sandboxes left running because a request was in flight. */
   busy: z.array(z.string()),
   freedBytes: count,
