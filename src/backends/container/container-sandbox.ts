@@ -363,7 +363,8 @@ export class ContainerSandbox extends AgentSandbox {
     this.watchAgent();
     this.hibernatedImage = undefined;
     this.currentState = 'running';
-    await memory.drop(image);
+    // its files go after the request that waits: nothing reads them again, and no record names them
+    void memory.drop(image).catch(() => undefined);
   }
 
   /**

@@ -179,9 +179,23 @@ export class ContainerMemorySnapshots {
         () => this.launcher.openChannel(shell.slot),
         cgroupRoot,
       );
-    } finally {
+    } catch (error) {
       await detachOverlay(rootfs);
+      throw error;
     }
+    // the node's mount goes while the agent answers (the restored namespace holds its own), off
+    // the first request's path; a failure of either is thrown once both are done
+    const [answered, detached] = await Promise.allSettled([
+      this.connect(shell, dir, opened),
+      detachOverlay(rootfs),
+    ]);
+    if (answered.status === 'rejected') throw answered.reason;
+    if (detached.status === 'rejected') throw detached.reason;
+    return answered.value;
+  }
+
+  /** Takes the restored agent's channel as the container's, once it answers on it. */
+  private async connect(shell: WarmShell, dir: string, opened: AgentChannel): Promise<AgentProcess> {
     const channel = await this.launcher.syncChannel(shell.slot, opened, RESTORE_SYNC_TIMEOUT_MS);
     await channel.restored({ kernel: false, timeoutMs: RESTORE_SYNC_TIMEOUT_MS });
     await this.recordMemoryImage(dir, undefined);
