@@ -1,5 +1,5 @@
 import { spawnSync } from 'node:child_process';
-import { readFile, readdir, rm } from 'node:fs/promises';
+import { readFile, readdir, rm, stat } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import type { ContainerSandbox } from '../../src/backends/container/container-sandbox.ts';
@@ -16,6 +16,12 @@ import { STORE_DIR, TEST_DATA_ROOT, createTestPlatform } from '../support/platfo
 // `npm test` builds CRIU 4.1 (`sandgym setup --criu`); without it, containers hibernate by reclaim
 const criu = await detectCriu();
 if (!criu.usable) console.warn(`container memory snapshots are not tested: ${criu.reason}`);
+
+/** The folders under `root` whose names match `name`, however deep. */
+async function findDirs(root: string, name: RegExp): Promise<string[]> {
+  const entries = await readdir(root, { recursive: true, withFileTypes: true });
+  return entries.filter((e) => e.isDirectory() && name.test(e.name)).map((e) => join(e.parentPath, e.name));
+}
 
 /** Starts a process that holds ~48 MB of anonymous memory and counts in /tmp/count; its pid. */
 const HOLDER = [
@@ -49,6 +55,11 @@ describe.skipIf(!criu.usable)('container memory snapshots (CRIU)', () => {
       expect(report.freedBytes).toBeGreaterThanOrEqual(before.memoryBytes * 0.9);
       expect(after.memoryBytes).toBeLessThanOrEqual(before.memoryBytes * 0.1);
       expect(report.imageBytes).toBeGreaterThan(40e6);
+      // the image holds its whole memory: root's alone on the node, and nowhere in the sandbox
+      const images = await findDirs(test.dataDir, /^memory-/);
+      expect(images).toHaveLength(1);
+      const image = await stat(images[0]!);
+      expect([image.uid, image.mode & 0o777]).toEqual([0, 0o700]);
       // any request brings it back: the same process, still counting, its files kept
       expect((await sandbox.exec(['kill', '-0', holder])).exitCode).toBe(0);
       expect((await sandbox.readFile('/root/note')).toString()).toBe('written before');

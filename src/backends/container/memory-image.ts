@@ -64,7 +64,8 @@ export async function dumpTree(
   /** `running`: a checkpoint; `stopped`: a checkpoint whose caller copies files, then continues them; `gone`: hibernation. */
   options: { afterwards: 'running' | 'stopped' | 'gone' },
 ): Promise<MemoryImage> {
-  await mkdir(imageDir, { recursive: true });
+  // the sandbox's whole memory: root's alone, whatever the folders above allow
+  await mkdir(imageDir, { recursive: true, mode: 0o700 });
   const externals = await externalFilesOf(initPid, sandboxDir);
   const args = [
     'dump',
