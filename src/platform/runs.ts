@@ -6,6 +6,24 @@ import type { BackendSandbox } from '../backends/index.ts';
 /** The phases a trainer publishes. */
 export type TrainingPhase = 'rollout' | 'weight_sync' | 'train' | 'preempted' | 'resumed';
 
+/**
+ * At `preempted`, an expected length below this keeps the sandboxes' processes (frozen, memory to
+ * swap) instead of dumping them: a CRIU dump and restore cost 0.2-0.5 s of a sandbox's time each
+ * here (a hundred or more of a run's, two cores busy for seconds), against milliseconds to
+ * thaw, which a minute away from its GPUs does not repay.
+ */
+const SHORT_PREEMPTION_MS = 60_000;
+
+/** Options for {@link Run.phase}. */
+export interface PhaseOptions {
+  /**
+   * How long the trainer expects the phase to last, in ms. At `preempted`, under a minute
+   * the sandboxes are frozen and their memory pushed to swap rather
+   * than dumped (`keptMemory` says so where no swap took it); unset or longer, dumped.
+   */
+  expectedMs?: number | undefined;
+}
+
 /** Options for {@link PlatformClient.startRun}. */
 export interface RunOptions {
   name: string;
@@ -60,7 +78,7 @@ export interface Run extends AsyncDisposable {
    * Applies the phase policy: freeze idle sandboxes in `train`/`weight_sync`, hibernate them on
    * `preempted` (busy ones when their request ends), resume them on `rollout`/`resumed`.
    */
-  phase(phase: TrainingPhase): Promise<PhaseReport>;
+  phase(phase: TrainingPhase, options?: PhaseOptions): Promise<PhaseReport>;
   /** Destroys every sandbox and trajectory log of the run, at once. */
   end(): Promise<{ destroyed: string[] }>;
 }
@@ -220,7 +238,13 @@ export class RunManager {
     return this.status(run);
   }
 
-  async setPhase(project: string, name: string, phase: TrainingPhase): Promise<PhaseReport> {
+  async setPhase(
+    project: string,
+    name: string,
+    phase: TrainingPhase,
+    options: PhaseOptions = {},
+  ): Promise<PhaseReport> {
+    const keepProcesses = options.expectedMs !== undefined && options.expectedMs < SHORT_PREEMPTION_MS;
     const run = this.find(project, name);
     // a preemption right after a rollout applies to sandboxes that are back, not half restored
     await this.restores.get(key(project, name));
@@ -261,7 +285,7 @@ export class RunManager {
           return;
         }
         if (phase === 'preempted') {
-          const hibernated = await sandbox.hibernate();
+          const hibernated = await sandbox.hibernate(keepProcesses ? { keepProcesses } : {});
           report.freedBytes += hibernated.freedBytes;
           if (hibernated.state === 'hibernated') {
             report.hibernated.push(sandbox.id);

@@ -6,6 +6,7 @@ import type { ContainerSandbox } from '../../src/backends/container/container-sa
 import { MAX_CHECKPOINTS_PER_SANDBOX } from '../../src/backends/contract.ts';
 import { hostCanGrantSysResource } from '../../src/backends/host/capabilities.ts';
 import { detectCriu } from '../../src/backends/host/criu.ts';
+import { ensureSwapFile, removeSwapFile } from '../../src/backends/index.ts';
 import { activeSwapAreas } from '../../src/backends/host/swap.ts';
 import { silentLogger } from '../../src/common/index.ts';
 import { SandboxEnv } from '../../src/env/index.ts';
@@ -200,6 +201,39 @@ describe.skipIf(!criu.usable)('container memory snapshots (CRIU)', () => {
     } finally {
       await Promise.all(sandboxes.map((s) => s.close()));
       await run.end();
+    }
+  });
+
+  it('keep the processes of a preemption the trainer expects to be short, onto swap, even after a restore', async () => {
+    await using test = await createTestPlatform('container-memory-short');
+    const swapFile = `${test.dataDir}.swapfile`;
+    await ensureSwapFile(swapFile, 128);
+    const run = await test.platform.startRun({ name: `short-${process.pid}`, leaseMs: 600_000 });
+    const sandbox = await test.platform.createSandbox({
+      environment: 'busybox:latest',
+      resources: { memoryMib: 256 },
+      run: run.name,
+    });
+    try {
+      const holder = (await sandbox.exec(HOLDER)).stdout.trim();
+      await expectCode(run.phase('preempted', { expectedMs: 0 }), 'invalid_argument', /expectedMs/);
+      // a long one dumps it: its agent comes back on a new channel
+      const long = await run.phase('preempted', { expectedMs: 3_600_000 });
+      expect(long.hibernated).toEqual([sandbox.id]);
+      expect((await sandbox.stats()).memoryBytes).toBeLessThan(10e6);
+      await run.phase('rollout');
+      expect((await sandbox.exec(['kill', '-0', holder])).exitCode).toBe(0);
+      // a short one freezes it and pushes its memory to swap: its processes stay
+      const short = await run.phase('preempted', { expectedMs: 5_000 });
+      expect(short.hibernated).toEqual([sandbox.id]);
+      expect((await sandbox.stats()).pids).toBeGreaterThan(0);
+      // the thaw checks the agent it has now, not the one it was created with
+      await run.phase('rollout');
+      expect((await sandbox.exec(['kill', '-0', holder])).exitCode).toBe(0);
+    } finally {
+      await sandbox.close();
+      await run.end();
+      await removeSwapFile(swapFile);
     }
   });
 

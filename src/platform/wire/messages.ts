@@ -186,7 +186,17 @@ export const startRunRequest = z.strictObject({
     .optional(),
 });
 export const runRef = z.strictObject({ name: ids.run() });
-export const setPhaseRequest = z.strictObject({ name: ids.run(), phase: trainingPhase });
+/** How long the trainer expects a phase to last, in ms: at `preempted`, a short one keeps processes. */
+export const expectedPhaseMs = z
+  .number()
+  .int()
+  .min(1, 'expectedMs is at least 1')
+  .max(7 * 24 * 3600_000);
+export const setPhaseRequest = z.strictObject({
+  name: ids.run(),
+  phase: trainingPhase,
+  expectedMs: expectedPhaseMs.optional(),
+});
 export const runStatus = z.object({
   name: z.string(),
   phase: trainingPhase,
