@@ -116,7 +116,13 @@ export async function benchHibernate(options: BenchOptions): Promise<BenchReport
     };
   } finally {
     options.progress(`hibernate: closing ${sandboxes.length} sandboxes`);
-    await Promise.all(sandboxes.map((s) => s.close()));
+    const closed = await Promise.allSettled(sandboxes.map((s) => s.close()));
+    // the swap file goes whatever happened: the host as the run found it
     await removeSwapFile(swapFile);
+    const failed = closed.filter((c): c is PromiseRejectedResult => c.status === 'rejected');
+    if (failed.length > 0)
+      options.progress(
+        `hibernate: ${failed.length} sandboxes did not close cleanly, first: ${String(failed[0]!.reason)}`,
+      );
   }
 }

@@ -9,10 +9,15 @@ import {
   type Sandbox,
   type SandboxRequest,
 } from '../src/platform/index.ts';
-import { compared, hostInfo, type BenchOptions, type BenchReport, type Metric } from './report.ts';
+import { mountBenchLayers } from './create-samples.ts';
+import { BenchFixture } from './fixture.ts';
+import { compared, hostInfo, quantile, type BenchOptions, type BenchReport, type Metric } from './report.ts';
 
 /** Memory each sandbox holds: anonymous memory of a process, which only a memory snapshot frees whole. */
 const HOLD_MIB = 16;
+
+/** Hibernate-then-first-step rounds on one sandbox at a time, and creates they are set against. */
+const SAMPLES = Number(process.env['SANDGYM_BENCH_PREEMPT_SAMPLES'] ?? 10);
 
 /** The sandboxes of each backend: as many containers as a small node runs idle, a few TCG microVMs. */
 const FLEETS: { backend: BackendName; count: number; memoryMib: number }[] = [
@@ -72,19 +77,29 @@ async function preemptFleet(
     const preemptMs = performance.now() - started;
     const after = await used();
     started = performance.now();
-    await run.phase('rollout');
+    const rollout = await run.phase('rollout');
+    const rolloutMs = performance.now() - started;
     await sandboxes[0]!.exec(['true']);
     const backMs = performance.now() - started;
+    // the restores the rollout left running, until every sandbox has answered a request
+    await Promise.all(sandboxes.map((s) => s.exec(['true'])));
+    const allBackMs = performance.now() - started;
+    options.progress(`preempt: ${SAMPLES} first steps of one hibernated ${backend} sandbox, and creates`);
     // one sandbox alone: a request to it while hibernated, against creating a fresh one for it
-    await sandboxes[0]!.hibernate();
-    started = performance.now();
-    await sandboxes[0]!.exec(['true']);
-    const wakeMs = performance.now() - started;
-    started = performance.now();
-    const fresh = await platform.createSandbox(request);
-    await fresh.exec(['true']);
-    const createMs = performance.now() - started;
-    await fresh.close();
+    const wakes: number[] = [];
+    const creates: number[] = [];
+    for (let i = 0; i < SAMPLES; i++) {
+      const sandbox = sandboxes[i % count]!;
+      await sandbox.hibernate();
+      started = performance.now();
+      await sandbox.exec(['true']);
+      wakes.push(performance.now() - started);
+      started = performance.now();
+      const fresh = await platform.createSandbox(request);
+      await fresh.exec(['true']);
+      creates.push(performance.now() - started);
+      await fresh.close();
+    }
     options.progress(`preempt: baseline, destroying and recreating ${count} ${backend} sandboxes`);
     started = performance.now();
     await Promise.all(sandboxes.splice(0).map((s) => s.close()));
@@ -99,8 +114,22 @@ async function preemptFleet(
       [`${backend}_memory_after_mib`]: { value: mib(after), unit: 'MiB' },
       [`${backend}_memory_freed_percent`]: { value: round((100 * (before - after)) / before), unit: '%' },
       [`${backend}_hibernated`]: { value: report.hibernated.length, unit: 'sandboxes' },
+      [`${backend}_rollout_call_ms`]: { value: round(rolloutMs), unit: 'ms' },
+      [`${backend}_restoring_after_rollout`]: { value: rollout.restoring.length, unit: 'sandboxes' },
       [`${backend}_first_step_after_rollout_ms_vs_recreate`]: compared(backMs, recreateMs),
-      [`${backend}_first_step_of_one_hibernated_ms_vs_create`]: compared(wakeMs, createMs),
+      [`${backend}_all_back_after_rollout_ms_vs_recreate`]: compared(allBackMs, recreateMs),
+      [`${backend}_first_step_of_one_hibernated_p50_ms_vs_create`]: compared(
+        quantile(wakes, 0.5),
+        quantile(creates, 0.5),
+      ),
+      ...(backend === 'container'
+        ? {
+            container_first_step_of_one_hibernated_p50_ms_vs_pooled_create: compared(
+              quantile(wakes, 0.5),
+              quantile(await pooledFirstSteps(options), 0.5),
+            ),
+          }
+        : {}),
     };
   } finally {
     await Promise.all(sandboxes.map((s) => s.close().catch(() => undefined)));
@@ -119,4 +148,30 @@ async function holdMemory(sandbox: Sandbox, mib: number): Promise<void> {
     if (polls > 300) throw new Error(`sandbox ${sandbox.id} never filled its memory`);
     await new Promise((done) => setTimeout(done, 100));
   }
+}
+
+/**
+ * Create plus first step of containers on pre-created shells (the warm pool's): the fastest
+ * way to a fresh sandbox, which a restore is set against. Each is kept live until all are
+ * timed, so that every create takes a shell the pool made ahead.
+ */
+async function pooledFirstSteps(options: BenchOptions): Promise<number[]> {
+  await using pooled = await BenchFixture.create({ warmPool: { latency: SAMPLES } }, 'preempt-pooled');
+  await mountBenchLayers(pooled.platform);
+  options.progress(`preempt: ${SAMPLES} creates and first steps on pre-created shells`);
+  await pooled.platform.warmPool.filled();
+  const live: Sandbox[] = [];
+  const samples: number[] = [];
+  try {
+    for (let i = 0; i < SAMPLES; i++) {
+      const started = performance.now();
+      const sandbox = await pooled.platform.createSandbox({ environment: 'busybox:latest' });
+      live.push(sandbox);
+      await sandbox.exec(['true']);
+      samples.push(performance.now() - started);
+    }
+  } finally {
+    await Promise.all(live.map((sandbox) => sandbox.close()));
+  }
+  return samples;
 }

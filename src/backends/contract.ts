@@ -20,6 +20,17 @@ export interface CallOptions {
   timeoutMs?: number;
 }
 
+/** How deep a hibernation goes. */
+export interface HibernateOptions extends CallOptions {
+  /**
+   * Keep the processes: freeze them and push their memory to swap instead of dumping them to a
+   * memory image. Back in milliseconds rather than a restore's hundreds, for a short
+   * preemption; it frees less (kernel memory stays) and nothing without swap. Backends whose
+   * hibernation keeps processes anyway (VM snapshots) ignore it.
+   */
+  keepProcesses?: boolean;
+}
+
 /** An EROFS layer image in the store, as a backend needs it. */
 export interface LayerImage {
   digest: string;
@@ -312,7 +323,7 @@ export interface BackendSandbox extends AsyncDisposable {
    * Frees the sandbox's memory while keeping it: frozen, then its memory pushed out as far as the
    * backend can. Any later request resumes it. Backends without the capability fail `unsupported`.
    */
-  hibernate(options?: CallOptions): Promise<HibernateReport>;
+  hibernate(options?: HibernateOptions): Promise<HibernateReport>;
   /** Thaws a paused or hibernated sandbox. */
   resume(options?: CallOptions): Promise<void>;
   /**

@@ -26,6 +26,7 @@ export type {
   ExecResult,
   ExecStream,
   GcReport,
+  HibernateOptions,
   HibernateReport,
   ListDirOptions,
   CheckpointOptions,

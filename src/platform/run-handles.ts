@@ -1,7 +1,8 @@
 import { z } from 'zod';
 import type { CallOptions } from '../backends/index.ts';
-import type { PhaseReport, Run, RunManager, RunStatus, TrainingPhase } from './runs.ts';
-import type { RUNS, WireClient } from './wire/index.ts';
+import { parseAt } from '../common/index.ts';
+import type { PhaseOptions, PhaseReport, Run, RunManager, RunStatus, TrainingPhase } from './runs.ts';
+import { expectedPhaseMs, type RUNS, type WireClient } from './wire/index.ts';
 
 /** Validates {@link RunOptions} at the API boundary. */
 export const runOptionsSchema = z.strictObject({
@@ -10,12 +11,16 @@ export const runOptionsSchema = z.strictObject({
   ttlMs: z.number().int().min(0).optional(),
 });
 
+/** Validates {@link PhaseOptions} at the API boundary. */
+const phaseOptionsSchema = z.strictObject({ expectedMs: expectedPhaseMs.optional() });
+
 /** A run of the embedded platform (or of a node agent's own manager). */
 export function localRun(manager: RunManager, project: string, name: string): Run {
   const run: Run = {
     name,
     renew: () => manager.renew(project, name),
-    phase: (phase: TrainingPhase) => manager.setPhase(project, name, phase),
+    phase: async (phase: TrainingPhase, options: PhaseOptions = {}) =>
+      manager.setPhase(project, name, phase, parseAt(phaseOptionsSchema, options, 'phase options')),
     end: () => manager.end(project, name),
     [Symbol.asyncDispose]: async () => {
       await run.end();
@@ -29,7 +34,8 @@ export function remoteRun(client: WireClient<typeof RUNS>, name: string, options
   const run: Run = {
     name,
     renew: (): Promise<RunStatus> => client.call('RenewLease', { name }, options),
-    phase: (phase: TrainingPhase): Promise<PhaseReport> => client.call('SetPhase', { name, phase }, options),
+    phase: (phase: TrainingPhase, phaseOptions: PhaseOptions = {}): Promise<PhaseReport> =>
+      client.call('SetPhase', { name, phase, ...phaseOptions }, options),
     end: () => client.call('EndRun', { name }, options),
     [Symbol.asyncDispose]: async () => {
       await run.end();

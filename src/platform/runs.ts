@@ -6,6 +6,24 @@ import type { BackendSandbox } from '../backends/index.ts';
 /** The phases a trainer publishes. */
 export type TrainingPhase = 'rollout' | 'weight_sync' | 'train' | 'preempted' | 'resumed';
 
+/**
+ * At `preempted`, an expected length below this keeps the sandboxes' processes (frozen, memory to
+ * swap) instead of dumping them: a CRIU dump and restore cost 0.2-0.5 s of a sandbox's time each
+ * here (a hundred or more of a run's, two cores busy for seconds), against milliseconds to
+ * thaw, which a minute away from its GPUs does not repay.
+ */
+const SHORT_PREEMPTION_MS = 60_000;
+
+/** Options for {@link Run.phase}. */
+export interface PhaseOptions {
+  /**
+   * How long the trainer expects the phase to last, in ms. At `preempted`, under a minute
+   * the sandboxes are frozen and their memory pushed to swap rather
+   * than dumped (`keptMemory` says so where no swap took it); unset or longer, dumped.
+   */
+  expectedMs?: number | undefined;
+}
+
 /** Options for {@link PlatformClient.startRun}. */
 export interface RunOptions {
   name: string;
@@ -33,6 +51,12 @@ export interface PhaseReport {
   hibernated: string[];
   resumed: string[];
   /**
+   * Of `resumed` at `rollout`/`resumed`: hibernated sandboxes whose restore had started, all at
+   * once, but not ended when the call returned. A request to one waits for its own restore only
+   * (it goes first among those still queued); one that fails leaves its sandbox `failed`.
+   */
+  restoring: string[];
+  /**
    * Sandboxes with a request in flight, left running. At `preempted` they hibernate as soon as
    * their last request ends.
    */
@@ -54,7 +78,7 @@ export interface Run extends AsyncDisposable {
    * Applies the phase policy: freeze idle sandboxes in `train`/`weight_sync`, hibernate them on
    * `preempted` (busy ones when their request ends), resume them on `rollout`/`resumed`.
    */
-  phase(phase: TrainingPhase): Promise<PhaseReport>;
+  phase(phase: TrainingPhase, options?: PhaseOptions): Promise<PhaseReport>;
   /** Destroys every sandbox and trajectory log of the run, at once. */
   end(): Promise<{ destroyed: string[] }>;
 }
@@ -108,6 +132,8 @@ export class RunManager {
   private readonly runs = new Map<string, RunRecord>();
   /** Runs whose sandboxes a renewal is bringing back: no lapse until that is done. */
   private readonly resuming = new Set<RunRecord>();
+  /** Per run, the restores its last `rollout`/`resumed` left running: the next phase waits for them. */
+  private readonly restores = new Map<string, Promise<void>>();
   private timer: NodeJS.Timeout | undefined;
   private sweeping: Promise<void> = Promise.resolve();
   /**
@@ -212,8 +238,16 @@ export class RunManager {
     return this.status(run);
   }
 
-  async setPhase(project: string, name: string, phase: TrainingPhase): Promise<PhaseReport> {
+  async setPhase(
+    project: string,
+    name: string,
+    phase: TrainingPhase,
+    options: PhaseOptions = {},
+  ): Promise<PhaseReport> {
+    const keepProcesses = options.expectedMs !== undefined && options.expectedMs < SHORT_PREEMPTION_MS;
     const run = this.find(project, name);
+    // a preemption right after a rollout applies to sandboxes that are back, not half restored
+    await this.restores.get(key(project, name));
     run.phase = phase;
     run.hibernateWhenIdle = [];
     const report: PhaseReport = {
@@ -221,18 +255,27 @@ export class RunManager {
       paused: [],
       hibernated: [],
       resumed: [],
+      restoring: [],
       busy: [],
       freedBytes: 0,
       keptMemory: [],
     };
     const members = await this.members(run);
     await this.save();
+    const restores: Promise<void>[] = [];
     await settleAll(
       members.map(async (sandbox) => {
         if (phase === 'rollout' || phase === 'resumed') {
           if (sandbox.state !== 'paused' && sandbox.state !== 'hibernated') return;
-          await sandbox.resume();
           report.resumed.push(sandbox.id);
+          if (sandbox.state === 'paused') return sandbox.resume();
+          // started all at once, not awaited: the trainer's first request waits for its own only
+          report.restoring.push(sandbox.id);
+          restores.push(
+            sandbox.resume().catch((error: unknown) => {
+              this.logger.warn({ sandbox: sandbox.id, err: error }, 'restore at rollout failed');
+            }),
+          );
           return;
         }
         if (sandbox.activeCalls > 0) {
@@ -242,7 +285,7 @@ export class RunManager {
           return;
         }
         if (phase === 'preempted') {
-          const hibernated = await sandbox.hibernate();
+          const hibernated = await sandbox.hibernate(keepProcesses ? { keepProcesses } : {});
           report.freedBytes += hibernated.freedBytes;
           if (hibernated.state === 'hibernated') {
             report.hibernated.push(sandbox.id);
@@ -258,7 +301,20 @@ export class RunManager {
       `Phase ${phase} could not be applied to every sandbox of run ${name}`,
     );
     if (run.hibernateWhenIdle.length > 0) await this.save();
+    if (restores.length > 0) this.trackRestores(key(project, name), restores);
+    // what ended while the others were being started is back already
+    report.restoring = report.restoring.filter(
+      (id) => members.find((s) => s.id === id)?.state === 'hibernated',
+    );
     return report;
+  }
+
+  /** Keeps a run's background restores until every one has ended, for the next phase to wait on. */
+  private trackRestores(runKey: string, restores: Promise<void>[]): void {
+    const all: Promise<void> = Promise.all(restores).then(() => {
+      if (this.restores.get(runKey) === all) this.restores.delete(runKey);
+    });
+    this.restores.set(runKey, all);
   }
 
   /**
@@ -334,6 +390,7 @@ export class RunManager {
 
   async end(project: string, name: string): Promise<{ destroyed: string[] }> {
     const run = this.find(project, name);
+    await this.restores.get(key(project, name)); // a sandbox is destroyed whole, not mid-restore
     this.runs.delete(key(project, name));
     await this.save();
     return this.destroyAll(run);

@@ -16,6 +16,7 @@ import {
 } from 'rxjs';
 import { messageOf, type Logger } from '../common/index.ts';
 import type {
+  PhaseOptions,
   PhaseReport,
   PlatformClient,
   Run,
@@ -190,8 +191,8 @@ export class TrainingCoordinator implements AsyncDisposable {
   }
 
   /** Publishes a phase; resolves with what it did to the run's sandboxes. */
-  async phase(phase: TrainingPhase): Promise<PhaseReport> {
-    const report = await this.run.phase(phase);
+  async phase(phase: TrainingPhase, options: PhaseOptions = {}): Promise<PhaseReport> {
+    const report = await this.run.phase(phase, options);
     this.phaseSubject.next({ run: this.run.name, phase, at: new Date().toISOString(), report });
     const cause = `phase:${phase}`;
     for (const sandboxId of report.paused) this.lifecycleSubject.next({ sandboxId, state: 'paused', cause });

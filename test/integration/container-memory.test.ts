@@ -1,11 +1,12 @@
 import { spawnSync } from 'node:child_process';
-import { readFile, readdir, rm } from 'node:fs/promises';
+import { readFile, readdir, rm, stat } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import type { ContainerSandbox } from '../../src/backends/container/container-sandbox.ts';
 import { MAX_CHECKPOINTS_PER_SANDBOX } from '../../src/backends/contract.ts';
 import { hostCanGrantSysResource } from '../../src/backends/host/capabilities.ts';
 import { detectCriu } from '../../src/backends/host/criu.ts';
+import { ensureSwapFile, removeSwapFile } from '../../src/backends/index.ts';
 import { activeSwapAreas } from '../../src/backends/host/swap.ts';
 import { silentLogger } from '../../src/common/index.ts';
 import { SandboxEnv } from '../../src/env/index.ts';
@@ -16,6 +17,12 @@ import { STORE_DIR, TEST_DATA_ROOT, createTestPlatform } from '../support/platfo
 // `npm test` builds CRIU 4.1 (`sandgym setup --criu`); without it, containers hibernate by reclaim
 const criu = await detectCriu();
 if (!criu.usable) console.warn(`container memory snapshots are not tested: ${criu.reason}`);
+
+/** The folders under `root` whose names match `name`, however deep. */
+async function findDirs(root: string, name: RegExp): Promise<string[]> {
+  const entries = await readdir(root, { recursive: true, withFileTypes: true });
+  return entries.filter((e) => e.isDirectory() && name.test(e.name)).map((e) => join(e.parentPath, e.name));
+}
 
 /** Starts a process that holds ~48 MB of anonymous memory and counts in /tmp/count; its pid. */
 const HOLDER = [
@@ -49,6 +56,11 @@ describe.skipIf(!criu.usable)('container memory snapshots (CRIU)', () => {
       expect(report.freedBytes).toBeGreaterThanOrEqual(before.memoryBytes * 0.9);
       expect(after.memoryBytes).toBeLessThanOrEqual(before.memoryBytes * 0.1);
       expect(report.imageBytes).toBeGreaterThan(40e6);
+      // the image holds its whole memory: root's alone on the node, and nowhere in the sandbox
+      const images = await findDirs(test.dataDir, /^memory-/);
+      expect(images).toHaveLength(1);
+      const image = await stat(images[0]!);
+      expect([image.uid, image.mode & 0o777]).toEqual([0, 0o700]);
       // any request brings it back: the same process, still counting, its files kept
       expect((await sandbox.exec(['kill', '-0', holder])).exitCode).toBe(0);
       expect((await sandbox.readFile('/root/note')).toString()).toBe('written before');
@@ -178,6 +190,84 @@ describe.skipIf(!criu.usable)('container memory snapshots (CRIU)', () => {
     if (report.state === 'paused') expect(report.reason).toMatch(/Cannot sync the trajectory log/);
     await sandbox.resume();
     expect((await sandbox.readFile('/root/steps')).toString()).toBe('one\n');
+  });
+
+  it('restore a run at rollout all at once; a preemption right after finds them back and hibernates them again', async () => {
+    await using test = await createTestPlatform('container-memory-rollout');
+    const run = await test.platform.startRun({ name: `rollout-${process.pid}`, leaseMs: 600_000 });
+    const sandboxes = await Promise.all(
+      [0, 1, 2].map(() =>
+        test.platform.createSandbox({
+          environment: 'busybox:latest',
+          resources: { memoryMib: 256 },
+          run: run.name,
+        }),
+      ),
+    );
+    try {
+      const holders = await Promise.all(sandboxes.map(async (s) => (await s.exec(HOLDER)).stdout.trim()));
+      for (const sandbox of sandboxes) {
+        for (let i = 0; (await sandbox.exec(['cat', '/tmp/count'])).exitCode !== 0; i++) {
+          if (i > 100) throw new Error('the holder never started counting');
+          await new Promise((done) => setTimeout(done, 100));
+        }
+      }
+      const ids = sandboxes.map((s) => s.id).sort();
+      const first = await run.phase('preempted');
+      expect(first.hibernated.sort()).toEqual(ids);
+      const rollout = await run.phase('rollout');
+      expect(rollout.resumed.sort()).toEqual(ids);
+      for (const id of rollout.restoring) expect(ids).toContain(id);
+      // no request came, and yet a preemption now applies to running sandboxes, not half-restored ones
+      const again = await run.phase('preempted');
+      expect(again.hibernated.sort()).toEqual(ids);
+      for (const sandbox of sandboxes) {
+        const stats = await sandbox.stats();
+        expect(stats.state).toBe('hibernated');
+        expect(stats.memoryBytes).toBeLessThan(10e6);
+      }
+      expect(again.freedBytes).toBeGreaterThan(3 * 40e6);
+      // and a request after the next rollout finds its own processes
+      await run.phase('rollout');
+      const alive = await Promise.all(sandboxes.map((s, i) => s.exec(['kill', '-0', holders[i]!])));
+      expect(alive.map((r) => r.exitCode)).toEqual([0, 0, 0]);
+    } finally {
+      await Promise.all(sandboxes.map((s) => s.close()));
+      await run.end();
+    }
+  });
+
+  it('keep the processes of a preemption the trainer expects to be short, onto swap, even after a restore', async () => {
+    await using test = await createTestPlatform('container-memory-short');
+    const swapFile = `${test.dataDir}.swapfile`;
+    await ensureSwapFile(swapFile, 128);
+    const run = await test.platform.startRun({ name: `short-${process.pid}`, leaseMs: 600_000 });
+    const sandbox = await test.platform.createSandbox({
+      environment: 'busybox:latest',
+      resources: { memoryMib: 256 },
+      run: run.name,
+    });
+    try {
+      const holder = (await sandbox.exec(HOLDER)).stdout.trim();
+      await expectCode(run.phase('preempted', { expectedMs: 0 }), 'invalid_argument', /expectedMs/);
+      // a long one dumps it: its agent comes back on a new channel
+      const long = await run.phase('preempted', { expectedMs: 3_600_000 });
+      expect(long.hibernated).toEqual([sandbox.id]);
+      expect((await sandbox.stats()).memoryBytes).toBeLessThan(10e6);
+      await run.phase('rollout');
+      expect((await sandbox.exec(['kill', '-0', holder])).exitCode).toBe(0);
+      // a short one freezes it and pushes its memory to swap: its processes stay
+      const short = await run.phase('preempted', { expectedMs: 5_000 });
+      expect(short.hibernated).toEqual([sandbox.id]);
+      expect((await sandbox.stats()).pids).toBeGreaterThan(0);
+      // the thaw checks the agent it has now, not the one it was created with
+      await run.phase('rollout');
+      expect((await sandbox.exec(['kill', '-0', holder])).exitCode).toBe(0);
+    } finally {
+      await sandbox.close();
+      await run.end();
+      await removeSwapFile(swapFile);
+    }
   });
 
   it('outlive their owner hibernated: a successor adopts the sandbox and its first request restores it', async () => {

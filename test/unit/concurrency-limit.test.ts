@@ -22,4 +22,23 @@ describe('ConcurrencyLimit', () => {
     expect(results.filter((r) => r.status === 'rejected')).toHaveLength(1);
     expect(await limit.run(() => Promise.resolve('after'))).toBe('after');
   });
+
+  it('starts a hurried task next, ahead of those queued before it', async () => {
+    const limit = new ConcurrencyLimit(1);
+    const started: string[] = [];
+    let release: () => void = () => undefined;
+    const blocker = limit.run(() => new Promise<void>((done) => (release = done)));
+    const keys = ['a', 'b', 'c'].map((name) => ({ name }));
+    const queued = keys.map((key) =>
+      limit.run(() => {
+        started.push(key.name);
+        return Promise.resolve();
+      }, key),
+    );
+    limit.hurry(keys[2]!);
+    limit.hurry({ name: 'unknown' }); // nothing waits under it: no change
+    release();
+    await Promise.all([blocker, ...queued]);
+    expect(started).toEqual(['c', 'a', 'b']);
+  });
 });

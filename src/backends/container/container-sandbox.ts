@@ -2,6 +2,7 @@ import { SandgymError, messageOf, type FailureReason } from '../../common/index.
 import {
   type CallOptions,
   type CheckpointOptions,
+  type HibernateOptions,
   type HibernateReport,
   type NetworkRecord,
   type SandboxCheckpoint,
@@ -80,6 +81,8 @@ export interface ContainerMemory {
   dump(): Promise<MemoryImage>;
   /** Starts `image`'s processes as the container's, and a channel to their agent. */
   restore(image: MemoryImage): Promise<AgentProcess>;
+  /** Starts a {@link restore} of `image` that waits for its turn next: a request waits on it. */
+  hurry(image: MemoryImage): void;
   /** Deletes an image's files. */
   drop(image: MemoryImage): Promise<void>;
   /** Dumps its processes, which carry on, with a copy of its files taken at the same instant. */
@@ -208,13 +211,14 @@ export class ContainerSandbox extends AgentSandbox {
    * and its memory reclaimed (page cache dropped, anonymous memory to swap where there is swap).
    * When neither freed its processes' memory, it is only paused, and the report says so and why.
    */
-  async hibernate(options: CallOptions = {}): Promise<HibernateReport> {
+  async hibernate(options: HibernateOptions = {}): Promise<HibernateReport> {
     throwIfAborted(options.signal, 'Hibernate');
     if (this.currentState === 'hibernated')
       return { state: 'hibernated', freedBytes: 0, residentBytes: await this.residentBytes() };
     const memory = this.parts.memory;
     let noImage: string;
-    if (!memory) noImage = 'this host has no CRIU 4.1, or the warm pool started it';
+    if (options.keepProcesses) noImage = 'its processes were kept, as asked (a short preemption)';
+    else if (!memory) noImage = 'this host has no CRIU 4.1, or the warm pool started it';
     else if (!memory.available()) noImage = memory.unavailableBecause();
     else if (this.activeCalls > 0) noImage = 'a request was in flight';
     else {
@@ -291,15 +295,25 @@ export class ContainerSandbox extends AgentSandbox {
 
   async resume(options: CallOptions = {}): Promise<void> {
     throwIfAborted(options.signal, 'Resume');
-    if (this.currentState === 'hibernated' && this.hibernatedImage) {
-      this.resuming ??= this.resumeFromImage().finally(() => (this.resuming = undefined));
+    if (this.currentState === 'hibernated') {
+      // one comeback at a time: a request may come while a phase change brings it back; a
+      // request waiting on a restore the phase change queued with the run's others goes first
+      if (this.resuming && this.hibernatedImage) this.parts.memory?.hurry(this.hibernatedImage);
+      this.resuming ??= (this.hibernatedImage ? this.resumeFromImage() : this.thawFromSwap()).finally(
+        () => (this.resuming = undefined),
+      );
       return this.resuming;
     }
-    if (this.currentState !== 'paused' && this.currentState !== 'hibernated') return;
-    const wasHibernated = this.currentState === 'hibernated';
+    if (this.currentState !== 'paused') return;
     await this.parts.cgroup.setFrozen(false);
     this.currentState = 'running';
-    if (wasHibernated) await this.checkWholeAfterHibernation();
+  }
+
+  /** Thaws it after a hibernation by reclaim, and checks it came back whole. */
+  private async thawFromSwap(): Promise<void> {
+    await this.parts.cgroup.setFrozen(false);
+    this.currentState = 'running';
+    await this.checkWholeAfterHibernation();
   }
 
   /**
@@ -363,7 +377,8 @@ export class ContainerSandbox extends AgentSandbox {
     this.watchAgent();
     this.hibernatedImage = undefined;
     this.currentState = 'running';
-    await memory.drop(image);
+    // its files go after the request that waits: nothing reads them again, and no record names them
+    void memory.drop(image).catch(() => undefined);
   }
 
   /**
@@ -377,7 +392,7 @@ export class ContainerSandbox extends AgentSandbox {
     const now = areas.length ? await activeSwapAreas() : [];
     const gone = areas.filter((area) => !stillActive(area, now)).map((area) => area.filename);
     if (gone.length) return this.lose(`its memory was on swap ${gone.join(', ')}, which is gone`);
-    const alive = await this.parts.channel.call({ op: 'ping' }, { timeoutMs: RESUME_CHECK_MS }).then(
+    const alive = await this.channel.call({ op: 'ping' }, { timeoutMs: RESUME_CHECK_MS }).then(
       () => true,
       () => false,
     );
@@ -391,7 +406,7 @@ export class ContainerSandbox extends AgentSandbox {
     );
     this.currentState = 'failed';
     this.failureReason = 'node_lost';
-    this.parts.channel.fail(error);
+    this.channel.fail(error);
     throw error;
   }
 

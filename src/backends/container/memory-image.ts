@@ -31,8 +31,21 @@ export interface MemoryImage {
   sizeBytes: number;
 }
 
-/** Options every CRIU run shares: the sandbox's bind mounts from the node are external, kept by path. */
-const MOUNTS = ['--ext-mount-map', 'auto', '--enable-external-sharing', '--enable-external-masters'];
+/**
+ * Options every CRIU run shares. The sandbox's bind mounts from the node are external, kept by
+ * path. Its network is not locked: CRIU's lock (firewall rules it adds and removes in the
+ * sandbox's network namespace, two more programs per run, 60-70 ms of a restore here) keeps
+ * packets off sockets while their processes are stopped, and only a sandbox whose namespace
+ * reaches nothing but itself is dumped (see `ContainerMemory.available`): no packet can arrive.
+ */
+const SHARED = [
+  '--ext-mount-map',
+  'auto',
+  '--enable-external-sharing',
+  '--enable-external-masters',
+  '--network-lock',
+  'skip',
+];
 
 /** How long a dump or restore may take; they are I/O of the sandbox's memory size. */
 const CRIU_TIMEOUT_MS = 120_000;
@@ -51,7 +64,8 @@ export async function dumpTree(
   /** `running`: a checkpoint; `stopped`: a checkpoint whose caller copies files, then continues them; `gone`: hibernation. */
   options: { afterwards: 'running' | 'stopped' | 'gone' },
 ): Promise<MemoryImage> {
-  await mkdir(imageDir, { recursive: true });
+  // the sandbox's whole memory: root's alone, whatever the folders above allow
+  await mkdir(imageDir, { recursive: true, mode: 0o700 });
   const externals = await externalFilesOf(initPid, sandboxDir);
   const args = [
     'dump',
@@ -61,7 +75,7 @@ export async function dumpTree(
     imageDir,
     '--log-file',
     'dump.log',
-    ...MOUNTS,
+    ...SHARED,
     ...externals.flatMap((file) => ['--external', file.key]),
     ...(options.afterwards === 'running' ? ['--leave-running'] : []),
     ...(options.afterwards === 'stopped' ? ['--leave-stopped'] : []),
@@ -120,7 +134,7 @@ export async function restoreTree(
       '--root',
       rootfs,
       '--restore-detached',
-      ...MOUNTS,
+      ...SHARED,
       // the child gets the descriptors in order from fd 3
       ...record.externals.flatMap((file, i) => ['--inherit-fd', `fd[${3 + i}]:${file.key}`]),
       ...(cgroupRoot ? ['--cgroup-root', cgroupRoot] : []),

@@ -58,9 +58,9 @@ export class ContainerMemorySnapshots {
       await assertCriuCanDump(members, await this.sysResource);
       return containerInitOf(members);
     };
-    const logged = async <T>(what: string, work: () => Promise<T>): Promise<T> => {
+    const logged = async <T>(what: string, work: () => Promise<T>, key?: object): Promise<T> => {
       try {
-        return await this.criuRuns.run(work);
+        return await this.criuRuns.run(work, key);
       } catch (error) {
         this.logger.warn({ slot: shell.slot, error: messageOf(error) }, `${what} failed`);
         throw error;
@@ -81,7 +81,8 @@ export class ContainerMemorySnapshots {
           await this.recordMemoryImage(dir, name);
           return image;
         }),
-      restore: (image) => logged('memory restore', () => this.start(shell, lowers, image.dir)),
+      restore: (image) => logged('memory restore', () => this.start(shell, lowers, image.dir), image),
+      hurry: (image) => this.criuRuns.hurry(image),
       drop: (image) => rm(image.dir, { recursive: true, force: true }),
       checkpoint: () =>
         logged('checkpoint', async () => {
@@ -178,9 +179,23 @@ export class ContainerMemorySnapshots {
         () => this.launcher.openChannel(shell.slot),
         cgroupRoot,
       );
-    } finally {
+    } catch (error) {
       await detachOverlay(rootfs);
+      throw error;
     }
+    // the node's mount goes while the agent answers (the restored namespace holds its own), off
+    // the first request's path; a failure of either is thrown once both are done
+    const [answered, detached] = await Promise.allSettled([
+      this.connect(shell, dir, opened),
+      detachOverlay(rootfs),
+    ]);
+    if (answered.status === 'rejected') throw answered.reason;
+    if (detached.status === 'rejected') throw detached.reason;
+    return answered.value;
+  }
+
+  /** Takes the restored agent's channel as the container's, once it answers on it. */
+  private async connect(shell: WarmShell, dir: string, opened: AgentChannel): Promise<AgentProcess> {
     const channel = await this.launcher.syncChannel(shell.slot, opened, RESTORE_SYNC_TIMEOUT_MS);
     await channel.restored({ kernel: false, timeoutMs: RESTORE_SYNC_TIMEOUT_MS });
     await this.recordMemoryImage(dir, undefined);

@@ -14,6 +14,7 @@ import type {
   ExecOptions,
   ExecResult,
   ExecStream,
+  HibernateOptions,
   HibernateReport,
   LayerImage,
   ListDirOptions,
@@ -337,7 +338,7 @@ export abstract class AgentSandbox implements BackendSandbox {
   protected abstract destroy(): Promise<void>;
 
   abstract pause(options?: CallOptions): Promise<void>;
-  abstract hibernate(options?: CallOptions): Promise<HibernateReport>;
+  abstract hibernate(options?: HibernateOptions): Promise<HibernateReport>;
   abstract resume(options?: CallOptions): Promise<void>;
   abstract checkpoint(options?: CheckpointOptions): Promise<SandboxCheckpoint>;
   abstract restore(checkpoint: SandboxCheckpoint | string, options?: CallOptions): Promise<void>;

@@ -60,6 +60,7 @@ export function runService(watcher: NodeWatcher, shared: RunLedger | undefined) 
         paused: reports.flatMap((r) => r.paused),
         hibernated: reports.flatMap((r) => r.hibernated),
         resumed: reports.flatMap((r) => r.resumed),
+        restoring: reports.flatMap((r) => r.restoring),
         busy: reports.flatMap((r) => r.busy),
         freedBytes: reports.reduce((sum, r) => sum + r.freedBytes, 0),
         keptMemory: reports.flatMap((r) => r.keptMemory),

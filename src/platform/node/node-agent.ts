@@ -300,7 +300,8 @@ export class NodeAgent {
     return register(RUNS, {
       StartRun: (request, call) => runs.start(call.principal.project, request),
       RenewLease: ({ name }, call) => runs.renew(call.principal.project, name),
-      SetPhase: ({ name, phase }, call) => runs.setPhase(call.principal.project, name, phase),
+      SetPhase: ({ name, phase, expectedMs }, call) =>
+        runs.setPhase(call.principal.project, name, phase, expectedMs === undefined ? {} : { expectedMs }),
       EndRun: async ({ name }, call) => {
         const report = await runs.end(call.principal.project, name);
         await Promise.all(report.destroyed.map((id) => this.forget(id)));

@@ -22,6 +22,7 @@ export type { TlsFiles, TlsPaths } from './tls.ts';
 export { ENVS, SANDBOXES, NODE, RUNS } from './services.ts';
 export type { EnvSpec } from './env-messages.ts';
 export type { DrainProgress, SandboxInfo, NodeStatus, ExecEvent, ExecRequest } from './messages.ts';
+export { expectedPhaseMs } from './messages.ts';
 export { decodeMessage, encodeMessage } from './decode.ts';
 export { methodPath } from './service.ts';
 export type { MethodDef, ServiceDef } from './service.ts';

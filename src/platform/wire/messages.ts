@@ -186,7 +186,17 @@ export const startRunRequest = z.strictObject({
     .optional(),
 });
 export const runRef = z.strictObject({ name: ids.run() });
-export const setPhaseRequest = z.strictObject({ name: ids.run(), phase: trainingPhase });
+/** How long the trainer expects a phase to last, in ms: at `preempted`, a short one keeps processes. */
+export const expectedPhaseMs = z
+  .number()
+  .int()
+  .min(1, 'expectedMs is at least 1')
+  .max(7 * 24 * 3600_000);
+export const setPhaseRequest = z.strictObject({
+  name: ids.run(),
+  phase: trainingPhase,
+  expectedMs: expectedPhaseMs.optional(),
+});
 export const runStatus = z.object({
   name: z.string(),
   phase: trainingPhase,
@@ -199,6 +209,8 @@ export const phaseReport = z.object({
   paused: z.array(z.string()),
   hibernated: z.array(z.string()),
   resumed: z.array(z.string()),
+  /** Of `resumed`: sandboxes whose restore was still running when the phase call returned. */
+  restoring: z.array(z.string()).default([]),
   /** Sandboxes left running because a request was in flight. */
   busy: z.array(z.string()),
   freedBytes: count,
