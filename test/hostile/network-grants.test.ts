@@ -740,6 +740,7 @@ describe('network grants and the guard', () => {
         } finally {
           await first.close();
         }
+        await platform.warmPool.recycled();
         await using second = await platform.createSandbox({ environment: 'debian:bookworm' });
         expect(await networkNamespaceOf(second), 'the very same container').toBe(namespace);
         const links = (await second.readFile('/proc/net/dev')).toString();

@@ -49,6 +49,8 @@ export class VmSandbox extends AgentSandbox {
   private current: QemuVm;
   /** Set while its QEMU is being replaced (restore, hibernate), whose exit is then expected. */
   private replacing = false;
+  /** The restore of a hibernated VM in progress, which every resume meanwhile waits for. */
+  private restoring: Promise<void> | undefined;
   private hibernation: { image: VmSnapshot; inFlight: InFlight } | undefined;
   /** Its checkpoints, in its own folder: they go with it. */
   readonly checkpoints: CheckpointShelf<VmSnapshot>;
@@ -169,11 +171,17 @@ export class VmSandbox extends AgentSandbox {
       await this.current.qmp.execute('cont');
       this.currentState = 'running';
     } else if (this.currentState === 'hibernated' && this.hibernation) {
-      const { image, inFlight } = this.hibernation;
-      await this.replaceWith(image, inFlight);
-      this.hibernation = undefined;
-      await rm(image.dir, { recursive: true, force: true });
+      // one restore, whoever asks while it runs (a rollout that started it, a request after)
+      this.restoring ??= this.restoreHibernated(this.hibernation).finally(() => (this.restoring = undefined));
+      await this.restoring;
     }
+  }
+
+  /** Brings a hibernated VM back from its image, and removes the image. */
+  private async restoreHibernated({ image, inFlight }: NonNullable<VmSandbox['hibernation']>): Promise<void> {
+    await this.replaceWith(image, inFlight);
+    this.hibernation = undefined;
+    await rm(image.dir, { recursive: true, force: true });
   }
 
   /** A checkpoint, then its QEMU ended: all of its memory goes back to the host until a request resumes it. */
