@@ -114,18 +114,24 @@ async function takeOver(
 /** Thrown when a taken-over episode cannot go on: its agent chose otherwise, or a step is in doubt. */
 class TakeOverDiverged extends Error {}
 
-async function runEpisode(
-  platform: PlatformClient,
-  task: Task,
-  agent: Agent,
-  maxSteps: number,
-  options: EvaluateOptions,
-  earlier: StartedEpisode | undefined,
-): Promise<EpisodeReport> {
+/** What one episode runs with. */
+interface EpisodeInputs {
+  platform: PlatformClient;
+  task: Task;
+  agent: Agent;
+  maxSteps: number;
+  options: EvaluateOptions;
+  /** The episode an interrupted run started, to take over. */
+  earlier: StartedEpisode | undefined;
+}
+
+/** Plays one episode in an env of its own, and closes it before its timings are read. */
+async function runEpisode(inputs: EpisodeInputs): Promise<EpisodeReport> {
+  const { platform, task, options } = inputs;
   const env = TaskEnv.create(platform, task, options.run ? { run: options.run } : {});
   let report: EpisodeReport;
   try {
-    report = await playEpisode(env, platform, task, agent, maxSteps, options, earlier);
+    report = await playEpisode(env, inputs);
   } finally {
     await env.close();
   }
@@ -136,12 +142,7 @@ async function runEpisode(
 
 async function playEpisode(
   env: TaskEnv,
-  platform: PlatformClient,
-  task: Task,
-  agent: Agent,
-  maxSteps: number,
-  options: EvaluateOptions,
-  earlier: StartedEpisode | undefined,
+  { platform, task, agent, maxSteps, options, earlier }: EpisodeInputs,
 ): Promise<EpisodeReport> {
   const started = performance.now();
   const redact = redactorOf(agent, options);
@@ -329,17 +330,24 @@ export async function evaluate(
       try {
         report =
           earlier ??
-          (await runEpisode(
+          (await runEpisode({
             platform,
             task,
-            makeAgent(),
+            agent: makeAgent(),
             maxSteps,
             options,
-            options.journal?.startedEpisode(task.id),
-          ).catch((error: unknown) => {
+            earlier: options.journal?.startedEpisode(task.id),
+          }).catch((error: unknown) => {
             // the taken-over episode cannot go on from its log: it starts over in a fresh sandbox
             if (error instanceof TakeOverDiverged)
-              return runEpisode(platform, task, makeAgent(), maxSteps, options, undefined);
+              return runEpisode({
+                platform,
+                task,
+                agent: makeAgent(),
+                maxSteps,
+                options,
+                earlier: undefined,
+              });
             throw error;
           }));
       } catch (error) {

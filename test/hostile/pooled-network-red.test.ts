@@ -1,8 +1,9 @@
-import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Sandbox } from '../../src/platform/index.ts';
 import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
+import { addressOf, flowsOf } from '../support/node-network.ts';
 import { startUpstream, type Upstream } from '../support/upstream.ts';
 import { attack } from './summary.ts';
 
@@ -13,12 +14,6 @@ const STALLED_PORT = 9000;
 /** A port a task's own server commonly listens on. */
 const SQUATTED_PORT = 8000;
 const STALLED_HEX = STALLED_PORT.toString(16).toUpperCase().padStart(4, '0');
-
-/** The sandbox's address on the node network, or '' when it has no veth. */
-async function addressOf(sandbox: Sandbox): Promise<string> {
-  const shown = await sandbox.exec(['sh', '-c', 'ip -o -4 addr show dev eth0 2>/dev/null || true']);
-  return /inet (\d+\.\d+\.\d+\.\d+)/.exec(shown.stdout)?.[1] ?? '';
-}
 
 /** The TCP sockets of the sandbox's network namespace with the stalled port as remote port. */
 async function socketsToStalled(sandbox: Sandbox): Promise<string[]> {
@@ -36,16 +31,14 @@ async function bytesSent(sandbox: Sandbox): Promise<number> {
   return Number(line.split(':')[1]?.trim().split(/\s+/)[8] ?? Number.NaN);
 }
 
-/** The flows the host's conntrack table holds to or from `address`. */
-function flowsOf(address: string): string {
-  const list = (way: string): string => {
-    try {
-      return execFileSync('conntrack', ['-L', way, address], { encoding: 'utf8', stdio: 'pipe' });
-    } catch {
-      return '';
-    }
-  };
-  return `${list('-s')}${list('-d')}`.trim();
+/** Runs a perl program that opens a TCP socket `S` (perl-base is in every Debian image). */
+function perlSocket(sandbox: Sandbox, program: string) {
+  return sandbox.exec([
+    'perl',
+    '-MSocket',
+    '-e',
+    `socket(S, PF_INET, SOCK_STREAM, 0) or die "socket: $!";\n${program}`,
+  ]);
 }
 
 /** Polls `probe` until it returns true or `rounds` half-seconds passed; whether it ever did. */
@@ -61,9 +54,10 @@ async function becomes(probe: () => Promise<boolean> | boolean, rounds: number):
  * Second attacker on the pooled shell's kept veth (redpool). The tenant before controls every
  * process and byte of its sandbox, but not what the kernel keeps for it after its processes are
  * gone: a TCP socket closed with data still unsent is orphaned, not freed, and goes on sending
- * from the namespace's address (zero-window probes, retransmits) for up to minutes. The scrub
- * ends processes and flushes conntrack; it does not (cannot, without a new namespace) end the
- * namespace's orphaned sockets, and the kept veth now carries them to the next tenant.
+ * from the namespace's address (zero-window probes, retransmits) for up to minutes. Five of these
+ * broke the first landing (the link counters, the connection seen, the flow revived, the framed
+ * refusals, the squatted port); the scrub now ends every socket of the namespace, fails closed
+ * when any is left, and replaces a veth that carried traffic.
  */
 describe("a pooled container's kept network against the last tenant's orphaned sockets", () => {
   let env: TestPlatform;
@@ -148,7 +142,7 @@ while True: held.append(s.accept()[0])`,
       }
     }));
 
-  it("BREAK: the next tenant's link counters start from nothing", () =>
+  it("the next tenant's link counters start from nothing", () =>
     attack('pooled-network', "read the last tenant's traffic off the kept veth", async () => {
       const first = await nextTenant(['mirror:first']);
       let sent: number;
@@ -172,7 +166,7 @@ while True: held.append(s.accept()[0])`,
       }
     }));
 
-  it("BREAK: the next tenant sees none of the last tenant's connections", () =>
+  it("the next tenant sees none of the last tenant's connections", () =>
     attack('pooled-network', "hand the next tenant the last one's orphaned socket", async () => {
       await leaveOrphan();
       const second = await nextTenant(['mirror:first']);
@@ -184,7 +178,7 @@ while True: held.append(s.accept()[0])`,
       }
     }));
 
-  it('BREAK: no flow of the last tenant comes back on the kept address', () =>
+  it('no flow of the last tenant comes back on the kept address', () =>
     attack('pooled-network', 'revive a flow after the scrub forgot it', async () => {
       const address = await leaveOrphan();
       await env.platform.warmPool.recycled();
@@ -192,7 +186,7 @@ while True: held.append(s.accept()[0])`,
       expect(await becomes(() => flowsOf(address).includes(`dport=${STALLED_PORT}`), 20)).toBe(false);
     }));
 
-  it("BREAK: the next tenant's count and record hold only refusals it made", () =>
+  it("the next tenant's count and record hold only refusals it made", () =>
     attack('pooled-network', "frame the next tenant with the last one's refused egress", async () => {
       await leaveOrphan();
       const second = await nextTenant(['mirror:second']);
@@ -253,21 +247,18 @@ while True: held.append(s.accept()[0])`,
         await sandbox.close();
       }
     }));
-  it("BREAK: a port the last tenant's socket held is free for the next tenant's server", () =>
+  it("a port the last tenant's socket held is free for the next tenant's server", () =>
     attack('pooled-network', "squat the next tenant's server port from an orphaned socket", async () => {
       const first = await nextTenant(['mirror:first'], 'debian:bookworm');
       try {
         // its stream to the stalled server leaves from the port the next tenant's server wants,
         // and is cut off mid-write: the socket is orphaned with its data unsent
-        const streamed = await first.exec([
-          'perl',
-          '-MSocket',
-          '-e',
-          `socket(S, PF_INET, SOCK_STREAM, 0) or die "socket: $!";
-           bind(S, sockaddr_in(${SQUATTED_PORT}, INADDR_ANY)) or die "bind: $!";
+        const streamed = await perlSocket(
+          first,
+          `bind(S, sockaddr_in(${SQUATTED_PORT}, INADDR_ANY)) or die "bind: $!";
            connect(S, sockaddr_in(${STALLED_PORT}, inet_aton("${upstream.address}"))) or die "connect: $!";
            $SIG{ALRM} = sub { exit 0 }; alarm 2; syswrite(S, "x" x 65536) while 1;`,
-        ]);
+        );
         expect(streamed.stderr).toBe('');
         expect(await socketsToStalled(first)).not.toEqual([]);
       } finally {
@@ -276,14 +267,11 @@ while True: held.append(s.accept()[0])`,
       // a server as most programs make one: bind without SO_REUSEADDR (perl-base, in every Debian)
       const second = await nextTenant(['mirror:first'], 'debian:bookworm');
       try {
-        const served = await second.exec([
-          'perl',
-          '-MSocket',
-          '-e',
-          `socket(S, PF_INET, SOCK_STREAM, 0) or die "socket: $!";
-           bind(S, sockaddr_in(${SQUATTED_PORT}, INADDR_ANY)) or die "bind: $!\\n";
+        const served = await perlSocket(
+          second,
+          `bind(S, sockaddr_in(${SQUATTED_PORT}, INADDR_ANY)) or die "bind: $!\\n";
            listen(S, 5) or die "listen: $!"; print "listening\\n";`,
-        ]);
+        );
         expect(`${served.stdout}${served.stderr}`.trim()).toBe('listening');
       } finally {
         await second.close();

@@ -1,7 +1,7 @@
-import { execFileSync } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Sandbox } from '../../src/platform/index.ts';
 import { createTestPlatform, type TestPlatform } from '../support/platform.ts';
+import { addressOf, flowsOf } from '../support/node-network.ts';
 import { startUpstream, type Upstream } from '../support/upstream.ts';
 import { attack } from './summary.ts';
 
@@ -12,24 +12,6 @@ async function fetchId(sandbox: Sandbox, address: string, port: number): Promise
     { timeoutMs: 10_000 },
   );
   return result.stdout.trim();
-}
-
-/** The sandbox's address on the node network, or '' when it has no veth. */
-async function addressOf(sandbox: Sandbox): Promise<string> {
-  const shown = await sandbox.exec(['sh', '-c', 'ip -o -4 addr show dev eth0 2>/dev/null || true']);
-  return /inet (\d+\.\d+\.\d+\.\d+)/.exec(shown.stdout)?.[1] ?? '';
-}
-
-/** The flows the host's conntrack table holds to or from `address`. */
-function flowsOf(address: string): string {
-  const list = (way: string): string => {
-    try {
-      return execFileSync('conntrack', ['-L', way, address], { encoding: 'utf8', stdio: 'pipe' });
-    } catch {
-      return '';
-    }
-  };
-  return `${list('-s')}${list('-d')}`.trim();
 }
 
 /**

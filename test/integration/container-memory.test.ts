@@ -12,7 +12,7 @@ import { silentLogger } from '../../src/common/index.ts';
 import { SandboxEnv } from '../../src/env/index.ts';
 import { NodeAgent, Platform, type PlatformClient } from '../../src/platform/index.ts';
 import { expectCode } from '../support/errors.ts';
-import { STORE_DIR, TEST_DATA_ROOT, createTestPlatform } from '../support/platform.ts';
+import { STORE_DIR, TEST_DATA_ROOT, createTestPlatform, type TestPlatform } from '../support/platform.ts';
 
 // `npm test` builds CRIU 4.1 (`sandgym setup --criu`); without it, containers hibernate by reclaim
 const criu = await detectCriu();
@@ -30,6 +30,17 @@ const HOLDER = [
   '-c',
   'sh -c \'x=$(head -c 48000000 /dev/zero | tr "\\0" a); i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done\' >/dev/null 2>&1 & echo $!',
 ];
+
+/** A run on the test platform, and one container of `environment` in it. */
+async function sandboxInRun(test: TestPlatform, name: string, environment: string) {
+  const run = await test.platform.startRun({ name: `${name}-${process.pid}`, leaseMs: 600_000 });
+  const sandbox = await test.platform.createSandbox({
+    environment,
+    resources: { memoryMib: 256 },
+    run: run.name,
+  });
+  return { run, sandbox };
+}
 
 describe.skipIf(!criu.usable)('container memory snapshots (CRIU)', () => {
   it('hibernate an idle container to disk: ≥ 90% of its memory freed, its processes back on the next request', async () => {
@@ -99,12 +110,7 @@ describe.skipIf(!criu.usable)('container memory snapshots (CRIU)', () => {
 
   it('report a hibernation that could not free memory as what it was: a pause, and why', async () => {
     await using test = await createTestPlatform('container-memory-kept');
-    const run = await test.platform.startRun({ name: `kept-${process.pid}`, leaseMs: 600_000 });
-    const sandbox = await test.platform.createSandbox({
-      environment: 'debian:bookworm',
-      resources: { memoryMib: 256 },
-      run: run.name,
-    });
+    const { run, sandbox } = await sandboxInRun(test, 'kept', 'debian:bookworm');
     try {
       // a child held ptrace-stopped by its parent, which holds ~48 MB: CRIU cannot dump the tree
       await sandbox.writeFile(
@@ -241,12 +247,7 @@ describe.skipIf(!criu.usable)('container memory snapshots (CRIU)', () => {
     await using test = await createTestPlatform('container-memory-short');
     const swapFile = `${test.dataDir}.swapfile`;
     await ensureSwapFile(swapFile, 128);
-    const run = await test.platform.startRun({ name: `short-${process.pid}`, leaseMs: 600_000 });
-    const sandbox = await test.platform.createSandbox({
-      environment: 'busybox:latest',
-      resources: { memoryMib: 256 },
-      run: run.name,
-    });
+    const { run, sandbox } = await sandboxInRun(test, 'short', 'busybox:latest');
     try {
       const holder = (await sandbox.exec(HOLDER)).stdout.trim();
       await expectCode(run.phase('preempted', { expectedMs: 0 }), 'invalid_argument', /expectedMs/);

@@ -29,6 +29,8 @@ const REQUIRED_PROGRAMS: Record<string, string> = {
   debootstrap: 'debootstrap',
   busybox: 'busybox-static',
   ip: 'iproute2',
+  // a recycled container's sockets ended before its next tenant (see ContainerEgress.recycle)
+  ss: 'iproute2',
   nsenter: 'util-linux',
   unshare: 'util-linux',
   setfattr: 'attr',

@@ -284,9 +284,9 @@ export class NodeNetwork {
     // Silent since its record was last emptied, the sandbox has a new stage's record already;
     // with the same rules there is nothing to write. Silent since its flows were forgotten too,
     // it has none for a narrowing to take away (nothing outside starts a flow to a sandbox).
-    const silent = emptied !== undefined && (await this.packetsFrom(index)) === emptied.sent;
-    if (silent && !narrowing && before?.size === now.size) return;
     const sent = await this.packetsFrom(index);
+    const silent = emptied !== undefined && sent === emptied.sent;
+    if (silent && !narrowing && before?.size === now.size) return;
     this.allowed.set(index, now);
     this.lastRead.delete(index);
     await nft(this.rulesScript(attachment, targets));
