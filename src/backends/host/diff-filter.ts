@@ -122,12 +122,22 @@ export async function filterDiffTree(
   const dropped: FilterReport['dropped'] = [];
   const excludedByPattern: string[] = [];
   const present = new Set<string>();
-  for (const path of filter.reportPaths ?? []) if (await touches(tree, path)) present.add(path);
+  // the copy is private and still: a path whose first name the tree lacks is not there, which
+  // spares a lookup for each of the few dozen report and exclude paths a diff mostly never touches
+  const topNames = new Set(await readdir(tree));
+  const mayBeThere = (parts: string[]): boolean => parts.length > 0 && topNames.has(parts[0]!);
+  const reported = filter.reportPaths ?? [];
+  // read only, so looked up all at once
+  const touched = await Promise.all(
+    reported.map(async (path) => mayBeThere(components(path)) && (await touches(tree, path))),
+  );
+  reported.forEach((path, i) => touched[i] && present.add(path));
 
   // excluded paths, top down, so no check ever goes through a symlink
   const opaqueCandidates = new Map<string, string[]>();
   for (const path of filter.excludePaths ?? []) {
     const parts = components(path);
+    if (!mayBeThere(parts)) continue;
     for (let depth = 1; depth <= parts.length; depth++) {
       const rel = parts.slice(0, depth).join('/');
       const info = await lstat(join(tree, rel)).catch(() => undefined);

@@ -1,5 +1,5 @@
 import { constants } from 'node:fs';
-import { lstat, open, readdir, type FileHandle } from 'node:fs/promises';
+import { open, readdir, type FileHandle } from 'node:fs/promises';
 import { posix } from 'node:path';
 
 /** A folder opened so that a symlink, or anything but a folder, in its place fails the open. */
@@ -14,6 +14,9 @@ async function openFolder(parent: FileHandle | string, name?: string): Promise<F
   const path = typeof parent === 'string' ? parent : `/proc/self/fd/${parent.fd}/${name ?? ''}`;
   return open(path, FOLDER_FLAGS).catch(() => undefined);
 }
+
+/** Python's bytecode cache folders, which no audit counts (see {@link writtenUnder}). */
+const BYTECODE_CACHE = '__pycache__';
 
 /**
  * What an overlay upper dir holds under each of `prefixes` (absolute paths inside the sandbox):
@@ -37,45 +40,65 @@ export async function writtenUnder(
   const root = await openFolder(upper);
   if (!root) return [];
   try {
-    for (const prefix of prefixes) {
-      const parts = posix.normalize(`/${prefix}`).split('/').filter(Boolean);
-      const more = await walkPrefix(root, parts, add);
-      if (!more) break;
-    }
+    await walkPrefixes(root, '', prefixTree(prefixes), add);
   } finally {
     await root.close();
   }
   return [...found].sort();
 }
 
-/** Walks down to a prefix's folder, then everything below it; false once the limit is reached. */
-async function walkPrefix(
-  root: FileHandle,
-  parts: string[],
-  add: (path: string) => boolean,
-): Promise<boolean> {
-  const held: FileHandle[] = [];
-  try {
-    let folder = root;
-    let at = '';
-    for (const part of parts) {
-      // lstat of the last name only: the held folder is reached through its fd, nothing followed
-      const there = await lstat(`/proc/self/fd/${folder.fd}/${part}`).catch(() => undefined);
-      if (!there) return true; // the sandbox never wrote there
-      at = `${at}/${part}`;
-      const next = await openFolder(folder, part);
-      // a file, link or whiteout where the prefix's folder (or the prefix) was
-      if (!next) return add(at);
-      held.push(next);
-      folder = next;
-    }
-    return await walk(folder, at, add);
-  } finally {
-    for (const handle of held) await handle.close();
-  }
+/**
+ * The prefixes as a tree of their names: a node that ends a prefix takes everything below it.
+ * Steps are audited after every call against a few dozen prefixes, most of which the sandbox never
+ * wrote under: one listing per folder the prefixes share, instead of a lookup per prefix, keeps
+ * that cheap.
+ */
+interface PrefixNode {
+  whole: boolean;
+  below: Map<string, PrefixNode>;
 }
 
-const BYTECODE_CACHE = '__pycache__';
+function prefixTree(prefixes: readonly string[]): PrefixNode {
+  const root: PrefixNode = { whole: false, below: new Map() };
+  for (const prefix of prefixes) {
+    let node = root;
+    for (const part of posix.normalize(`/${prefix}`).split('/').filter(Boolean)) {
+      let next = node.below.get(part);
+      if (!next) node.below.set(part, (next = { whole: false, below: new Map() }));
+      node = next;
+    }
+    node.whole = true;
+  }
+  return root;
+}
+
+/**
+ * Below the held folder `folder` (sandbox path `at`), what the prefixes of `node` hold; false once
+ * the limit is reached. A name the prefixes go through that is not a folder (a file, a link, a
+ * whiteout, or a folder swapped for one under the walk) is reported itself, never entered.
+ */
+async function walkPrefixes(
+  folder: FileHandle,
+  at: string,
+  node: PrefixNode,
+  add: (path: string) => boolean,
+): Promise<boolean> {
+  if (node.whole) return walk(folder, at, add);
+  const names = new Set(await readdir(`/proc/self/fd/${folder.fd}`).catch(() => []));
+  for (const [name, below] of node.below) {
+    if (!names.has(name)) continue; // the sandbox never wrote there
+    const path = `${at}/${name}`;
+    const next = await openFolder(folder, name);
+    let more: boolean;
+    try {
+      more = next ? await walkPrefixes(next, path, below, add) : add(path);
+    } finally {
+      await next?.close();
+    }
+    if (!more) return false;
+  }
+  return true;
+}
 
 /** Adds every leaf below the held folder `dir`; false once the limit is reached. */
 async function walk(folder: FileHandle, dir: string, add: (path: string) => boolean): Promise<boolean> {
