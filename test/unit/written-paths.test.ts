@@ -73,8 +73,25 @@ describe('writtenUnder: what an upper dir holds under protected prefixes', () =>
       '/usr/lib/a',
       '/usr/lib/python3/b',
     ]);
+    // a flood under one prefix takes only its share of the limit: the other stays reported
     for (let i = 0; i < 10; i++) await put(`tests/f${i}`);
-    expect(await writtenUnder(upper, PROTECTED, 3)).toHaveLength(3);
+    const capped = await writtenUnder(upper, PROTECTED, 3);
+    expect(capped.length).toBeLessThanOrEqual(3);
+    expect(capped.filter((path) => path.startsWith('/tests/'))).toHaveLength(1);
+    expect(capped.filter((path) => path.startsWith('/usr/lib/'))).toHaveLength(1);
+  });
+
+  it('reports what is in a bytecode cache but bytecode, and a chain of folders deeper than it walks', async () => {
+    await put('usr/lib/python3/__pycache__/ok.cpython-311.pyc');
+    await put('usr/lib/python3/__pycache__/evil.py');
+    let deep = 'tests';
+    for (let i = 0; i < 100; i++) deep += '/d';
+    await put(`${deep}/leaf`);
+    const written = await writtenUnder(upper, PROTECTED, 256);
+    expect(written).toContain('/usr/lib/python3/__pycache__/evil.py');
+    expect(written.some((path) => path.endsWith('.pyc'))).toBe(false);
+    // the folder at the walk's depth stands for what is below it
+    expect(written.filter((path) => path.startsWith('/tests/'))).toEqual([`/${'tests' + '/d'.repeat(64)}`]);
   });
 
   it('takes the root as a prefix to mean everything, and an upper dir that is gone as nothing', async () => {
