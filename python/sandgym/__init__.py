@@ -3,9 +3,10 @@
 Needs only Debian's python3-grpcio and python3-msgpack. See python/README.md.
 """
 
+from ._shapes import STEP_INFO_KEYS
 from .env import SandgymEnv, VectorEnv
 from .errors import SandgymError
 from .platform import DirEntry, ExecResult, Platform, Sandbox
 from .wire import tls_credentials
 
-__all__ = ["DirEntry", "ExecResult", "Platform", "Sandbox", "SandgymEnv", "SandgymError", "VectorEnv", "tls_credentials"]
+__all__ = ["STEP_INFO_KEYS", "DirEntry", "ExecResult", "Platform", "Sandbox", "SandgymEnv", "SandgymError", "VectorEnv", "tls_credentials"]
