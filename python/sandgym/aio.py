@@ -153,6 +153,8 @@ class SandgymEnv:
         self.spec = dict(spec)
         self.env_id: Optional[str] = None
         self._next = 0
+        # calls of one env go one at a time: two steps at once would both take the same index
+        self._turn = asyncio.Lock()
 
     async def _ensure(self) -> str:
         if self.env_id is None:
@@ -160,18 +162,21 @@ class SandgymEnv:
         return self.env_id
 
     async def reset(self, seed: Optional[int] = None, options: Optional[Mapping[str, Any]] = None) -> Tuple[dict, dict]:
-        env_id = await self._ensure()
-        reply = await self._wire.call("Envs", "Reset", reset_request(env_id, seed, options))
-        self._next = 0
-        return reply["observation"], reply["info"]
+        async with self._turn:
+            env_id = await self._ensure()
+            reply = await self._wire.call("Envs", "Reset", reset_request(env_id, seed, options))
+            self._next = 0
+            return reply["observation"], reply["info"]
 
     async def step(self, action: Mapping[str, Any]) -> StepResult:
-        if self.env_id is None:
-            raise SandgymError("failed_precondition", "Call reset() before step()")
-        request = {"envId": self.env_id, "stepIndex": self._next, "action": wire_action(action)}
-        reply = await self._call_surviving_restarts("Step", request)
-        self._next += 1
-        return step_result(reply)
+        """As `sandgym.SandgymEnv.step`. Steps given at once run in the order they were given."""
+        async with self._turn:
+            if self.env_id is None:
+                raise SandgymError("failed_precondition", "Call reset() before step()")
+            request = {"envId": self.env_id, "stepIndex": self._next, "action": wire_action(action)}
+            reply = await self._call_surviving_restarts("Step", request)
+            self._next += 1
+            return step_result(reply)
 
     async def _call_surviving_restarts(self, method: str, request: dict) -> dict:
         deadline = time.monotonic() + _RECONNECT_S
@@ -188,10 +193,11 @@ class SandgymEnv:
         return await self._wire.call("Envs", "Checkpoint", {"envId": self.env_id})
 
     async def restore(self, checkpoint: Any) -> Tuple[dict, dict]:
-        request = {"envId": self.env_id, "checkpointId": checkpoint_id(checkpoint)}
-        reply = await self._wire.call("Envs", "Restore", request)
-        self._next = 0
-        return reply["observation"], reply["info"]
+        async with self._turn:
+            request = {"envId": self.env_id, "checkpointId": checkpoint_id(checkpoint)}
+            reply = await self._wire.call("Envs", "Restore", request)
+            self._next = 0
+            return reply["observation"], reply["info"]
 
     async def close(self) -> None:
         """Destroys the env and its sandbox. Idempotent."""

@@ -235,7 +235,9 @@ if gymnasium is not None:
     # nondeterministic: a step runs real commands in a real sandbox; its info has an episode id
     # and timings, which no seed makes repeat
     if ENV_ID not in gymnasium.registry:
-        gymnasium.register(ENV_ID, entry_point="sandgym.gym:Env", nondeterministic=True)
+        gymnasium.register(
+            ENV_ID, entry_point="sandgym.gym:Env", vector_entry_point="sandgym.gym:VectorEnv", nondeterministic=True
+        )
 
 else:
 

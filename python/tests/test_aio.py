@@ -56,6 +56,16 @@ class AsyncClientTest(unittest.IsolatedAsyncioTestCase):
             observation, *_ = await env.step({"type": "read_file", "path": "/root/state"})
             self.assertEqual(observation["content"], "kept\n")
 
+    async def test_steps_of_one_env_given_at_once_run_in_order(self):
+        async with SandgymEnv(self.platform, BUSYBOX) as env:
+            await env.reset()
+            steps = [{"type": "exec", "command": f"echo {i} >> /root/log"} for i in range(4)]
+            results = await asyncio.gather(*(env.step(step) for step in steps))
+            self.assertEqual([r[4]["stepIndex"] for r in results], [0, 1, 2, 3])
+            self.assertFalse(any(r[4]["replayed"] for r in results))
+            observation, *_ = await env.step({"type": "read_file", "path": "/root/log"})
+            self.assertEqual(observation["content"], "0\n1\n2\n3\n")
+
     async def test_sandboxes_attach_and_fork(self):
         async with await self.platform.create_sandbox({"environment": "busybox:latest"}) as sandbox:
             await sandbox.write_file("/root/f", "shared\n")

@@ -70,9 +70,11 @@ class GymnasiumTest(unittest.TestCase):
             self.assertEqual(json.loads(observation["json"])["stdout"].split("\n")[0], "x")
 
     def test_vector_env_batches_and_autoresets_next_step(self):
+        import gymnasium
         import numpy as np
 
-        envs = sandgym_gym.VectorEnv({"kind": "task", "path": TASK}, 2, platform=self.platform)
+        envs = gymnasium.make_vec(sandgym_gym.ENV_ID, num_envs=2, spec={"kind": "task", "path": TASK}, url=URL)
+        self.assertIsInstance(envs, sandgym_gym.VectorEnv)
         try:
             observations, infos = envs.reset(seed=1)
             self.assertIn(observations, envs.observation_space)
