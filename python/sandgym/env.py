@@ -34,14 +34,15 @@ class SandgymEnv:
         self.env_id: Optional[str] = None
         self._next = 0
 
-    def _ensure(self) -> None:
+    def _ensure(self) -> str:
         if self.env_id is None:
             self.env_id = self._wire.call("Envs", "Make", {"spec": self.spec})["envId"]
+        return self.env_id
 
     def reset(self, seed: Optional[int] = None, options: Optional[Mapping[str, Any]] = None) -> Tuple[dict, dict]:
         """Starts an episode in a fresh sandbox. `options` may name it: {"episode_id": "..."}."""
-        self._ensure()
-        reply = self._wire.call("Envs", "Reset", reset_request(self.env_id, seed, options))
+        env_id = self._ensure()
+        reply = self._wire.call("Envs", "Reset", reset_request(env_id, seed, options))
         self._next = 0
         return reply["observation"], reply["info"]
 
@@ -133,7 +134,7 @@ class VectorEnv:
             return result
 
         results = list(self._pool.map(one, range(len(self.envs))))
-        return tuple([r[k] for r in results] for k in range(5))
+        return tuple([r[k] for r in results] for k in range(5))  # type: ignore[return-value]
 
     def close(self) -> None:
         errors = []

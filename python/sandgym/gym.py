@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import string
-from typing import Any, List, Mapping, Optional, Tuple
+from typing import Any, Mapping, Optional, Sequence, Tuple
 
 from .env import SandgymEnv
 from .env import VectorEnv as _SandgymVectorEnv
@@ -97,7 +97,7 @@ def gym_observation(observation: Mapping[str, Any]) -> dict:
     return {"type": str(observation.get("type", "")), "json": json.dumps(observation, ensure_ascii=True)}
 
 
-def _batched_infos(infos: List[Mapping[str, Any]]) -> dict:
+def _batched_infos(infos: Sequence[Any]) -> dict:
     """Infos as Gymnasium's vector envs give them: per key an array over the envs and a `_key`
     mask of the envs that have a value. A key whose values are maps for every env is batched
     the same way inside (`infos["outcome"]["kind"]`); other values go as objects (Gymnasium's
@@ -138,7 +138,7 @@ if gymnasium is not None:
         `gymnasium.make`'s kwargs, which Gymnasium copies and prints). `info` is that of
         `sandgym.SandgymEnv`: the same keys on every step, `outcome` among them."""
 
-        metadata = {"render_modes": []}
+        metadata: dict = {"render_modes": []}
 
         def __init__(
             self,
@@ -198,11 +198,11 @@ if gymnasium is not None:
             self._platform, self._owns_platform = _platform_of(platform, url, token, project)
             self.envs = _SandgymVectorEnv.make(self._platform, spec, num_envs)
 
-        def _batched(self, observations: List[Mapping[str, Any]]) -> Any:
+        def _batched(self, observations: Sequence[Mapping[str, Any]]) -> Any:
             out = create_empty_array(self.single_observation_space, self.num_envs)
             return concatenate(self.single_observation_space, [gym_observation(o) for o in observations], out)
 
-        def _infos(self, infos: List[Mapping[str, Any]]) -> dict:
+        def _infos(self, infos: Sequence[Mapping[str, Any]]) -> dict:
             return _batched_infos(infos)
 
         def reset(
