@@ -1,6 +1,7 @@
 """sandgym for Python: sandboxes and gym environments on a sandgym node or cluster.
 
-Needs only Debian's python3-grpcio and python3-msgpack. See python/README.md.
+Needs only Debian's python3-grpcio and python3-msgpack. See python/README.md. The same for
+asyncio is `sandgym.aio`; Gymnasium's own Env and VectorEnv classes are in `sandgym.gym`.
 """
 
 from ._shapes import STEP_INFO_KEYS
