@@ -16,7 +16,8 @@ _ACTION_FIELDS = {"timeout_ms": "timeoutMs"}
 
 # Every step's info carries these keys (None when a step has nothing to say), whatever the step
 # was: a plain step, a graded submit, a replayed retry or a vector env's autoreset. Code written
-# against one step (`info["outcome"]["kind"]`) then works on every step.
+# against one step (`info["outcome"]["kind"]`) then works on every step. Keys a newer node adds
+# are passed on as well.
 STEP_INFO_KEYS = (
     "episodeId",
     "stepIndex",

@@ -32,7 +32,7 @@ class AsyncClientTest(unittest.IsolatedAsyncioTestCase):
             observations, rewards, terminated, truncated, infos = await envs.step(actions)
             self.assertEqual([o["stdout"] for o in observations], [f"{i}\n" for i in range(ENVS)])
             self.assertTrue(all(type(r) is float for r in rewards))
-            self.assertTrue(all(tuple(info) == STEP_INFO_KEYS for info in infos))
+            self.assertTrue(all(set(STEP_INFO_KEYS) <= set(info) for info in infos))
             # grpc.aio's own few threads at most, not one per env as a thread pool would take
             self.assertLess(threading.active_count() - threads_before, 8)
             ended = [{"type": "submit"} if i % 2 else {"type": "exec", "command": "true"} for i in range(ENVS)]

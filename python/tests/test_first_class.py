@@ -32,7 +32,8 @@ class StepShapeTest(unittest.TestCase):
             for observations, rewards, terminated, truncated, infos in steps:
                 for reward, info in zip(rewards, infos):
                     self.assertIs(type(reward), float)
-                    self.assertEqual(tuple(info), STEP_INFO_KEYS)
+                    # a newer node may add keys; these are on every step whatever it was
+                    self.assertLessEqual(set(STEP_INFO_KEYS), set(info))
                     # the README's pattern, on every kind of step
                     self.assertEqual(info["outcome"]["kind"], "ok")
                     seen.append(info)

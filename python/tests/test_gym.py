@@ -61,7 +61,8 @@ class GymnasiumTest(unittest.TestCase):
             observation, reward, terminated, truncated, info = env.step(action)
             self.assertIn(observation, env.observation_space)
             self.assertEqual(json.loads(observation["json"])["stdout"], "café\n")
-            self.assertEqual((reward, terminated, tuple(info)), (0.0, False, STEP_INFO_KEYS))
+            self.assertEqual((reward, terminated), (0.0, False))
+            self.assertLessEqual(set(STEP_INFO_KEYS), set(info))
             write = {"type": "write_file", "command": "rm -rf /", "path": "/root/a", "content": "x\n"}
             observation, *_ = env.step(write)
             # only the fields of the action's type are sent: the stray command never runs
