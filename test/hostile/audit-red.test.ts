@@ -1,6 +1,6 @@
 import { spawn } from 'node:child_process';
 import { readdirSync } from 'node:fs';
-import { mkdir, mkdtemp, rm, symlink, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, rm, stat, symlink, utimes, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
@@ -152,6 +152,29 @@ describe('step audit (writtenUnder) under attack', () => {
       } finally {
         await rm(host, { recursive: true, force: true });
       }
+    }));
+
+  it('BREAK: never lists a folder of the agent that only leads to the prefixes (/etc, /usr, /)', () =>
+    attack('audit', 'audit cost grows with files outside the prefixes', async () => {
+      // Each step's audit lists the upper dir's /, /usr, /usr/local, /etc, /root and /logs in
+      // full to find the few prefix names there: a million empty files the agent leaves in /etc
+      // made every audit of its steps take 3-4 s, stall the node's event loop 1.6-2.6 s and add
+      // ~150 MiB to its heap on this machine, where a lookup per prefix costs nothing. A folder
+      // that is listed gets its access time updated (relatime: while it is older than the
+      // change), so the listing shows without a clock.
+      const etc = join(upper, 'etc');
+      await mkdir(etc);
+      for (let i = 0; i < 2000; i++) await writeFile(join(etc, `junk${i}`), '');
+      const control = await mkdtemp(join(upper, 'control-'));
+      const old = new Date('2000-01-01T00:00:00Z');
+      const listedSince = async (dir: string): Promise<boolean> => (await stat(dir)).atimeMs > old.getTime();
+      await utimes(control, old, new Date());
+      readdirSync(control);
+      // a filesystem that keeps no access times cannot show a listing: then this proves nothing
+      expect(await listedSince(control), 'this filesystem keeps access times').toBe(true);
+      await utimes(etc, old, new Date());
+      expect(await writtenUnder(upper, PROTECTED_PATHS, 256)).toEqual([]);
+      expect(await listedSince(etc)).toBe(false);
     }));
 
   it('BREAK: holds a bounded number of descriptors, whatever the depth of a chain of folders', () =>
