@@ -191,6 +191,23 @@ describe('step audit from inside a sandbox', () => {
         expect(report.outcome).toEqual({ kind: 'ok' });
         expect(report.reward, JSON.stringify(report.details)).toBe(0);
       }));
+
+    it('scores 0, never masks, an agent whose start-up hooks are too many to name to rm (shared mode)', () =>
+      attack('grading', 'hook list past ARG_MAX in shared grading', async () => {
+        // graded in place, every bytecode cache the diff filter took out is passed to one rm as
+        // an argument: a thousand at 3.4 kB paths is past what execve takes
+        const flood = [
+          'import os',
+          'deep = "/app/" + "/".join(["d" * 200] * 17)',
+          'for i in range(1000): os.makedirs(f"{deep}/x{i}/__pycache__")',
+        ].join('\n');
+        const task = { ...(await wordTask()), verifierMode: 'shared' as const };
+        const report = await playEpisode(env.platform, task, [
+          { type: 'exec', command: `python3 -c '${flood}'` },
+        ]);
+        expect(report.outcome, JSON.stringify(report)).toEqual({ kind: 'ok' });
+        expect(report.reward).toBe(0);
+      }));
   });
 
   it('reports an opaque /usr/local in the graded episode as tampering, and grades the real work', () =>
