@@ -208,6 +208,22 @@ describe('step audit from inside a sandbox', () => {
         expect(report.outcome, JSON.stringify(report)).toEqual({ kind: 'ok' });
         expect(report.reward).toBe(0);
       }));
+
+    it('BREAK: honest twin: grades the work of an agent whose project holds 10,000 bytecode caches (shared mode)', async () => {
+      // a virtualenv in the workdir with a few large packages has thousands of caches, some
+      // 200 bytes deep; each is one argument of the clearing shell
+      const venv = [
+        'import os',
+        'site = "/app/.venv/lib/python3.11/site-packages"',
+        'for i in range(10000): os.makedirs(f"{site}/package_{i % 40}/" + "/".join(["submodule"] * 14) + f"/m{i}/__pycache__")',
+      ].join('\n');
+      const task = { ...(await wordTask()), verifierMode: 'shared' as const };
+      const report = await playEpisode(env.platform, task, [
+        { type: 'exec', command: `python3 -c '${venv}' && echo one two three > /app/answer.txt` },
+      ]);
+      expect(report.outcome, JSON.stringify(report)).toEqual({ kind: 'ok' });
+      expect(report.reward, JSON.stringify(report.details).slice(0, 400)).toBe(1);
+    });
   });
 
   it('reports an opaque /usr/local in the graded episode as tampering, and grades the real work', () =>
