@@ -146,8 +146,13 @@ export function gradingScope(
   const venvConfigs = pathDirs.map((dir) =>
     posix.join(posix.dirname(dir), 'pyvenv.cfg').replace(/^\.\//, ''),
   );
+  // the links' hops outside the protected folders (`/etc/alternatives/awk`), each alone: a folder
+  // they pass through is the agent's to change otherwise
+  const hops = (facts?.linkHops ?? [])
+    .map(relative)
+    .filter((hop) => hop !== '' && !underAny(hop, [...PROTECTED, ...pathDirs]));
   const excludePaths = [
-    ...new Set([...PROTECTED, ...pathDirs, ...venvConfigs, ...extraExcluded.map(relative)]),
+    ...new Set([...PROTECTED, ...pathDirs, ...venvConfigs, ...hops, ...extraExcluded.map(relative)]),
   ];
   const regexes = [...HOOK_PATTERNS];
   const python = facts?.python;
@@ -165,9 +170,15 @@ export function gradingScope(
   return {
     excludePaths,
     excludeRegexes: regexes,
-    reportPaths: [...new Set([...PROTECTED, ...pathDirs, ...venvConfigs, ...shadowingPaths(workdir)])],
+    reportPaths: [
+      ...new Set([...PROTECTED, ...pathDirs, ...venvConfigs, ...hops, ...shadowingPaths(workdir)]),
+    ],
     hiddenPaths: HIDDEN,
   };
+}
+
+function underAny(path: string, folders: readonly string[]): boolean {
+  return folders.some((folder) => path === folder || path.startsWith(`${folder}/`));
 }
 
 function isWithin(path: string, folder: string): boolean {

@@ -1,3 +1,4 @@
+import { posix } from 'node:path';
 import { z } from 'zod';
 import { parseAt } from '../common/index.ts';
 import type { Sandbox } from '../platform/index.ts';
@@ -7,9 +8,13 @@ import type { Sandbox } from '../platform/index.ts';
  * its `python3` the folders on the module path, every top-level module name they provide, and
  * the modules its start-up asks for that the environment does not have (Debian's stock
  * sitecustomize asks for `apport_python_hook`, which anything later on the path could supply).
+ * `linkHops` are the paths the symbolic links of those folders go through and end at
+ * (`/usr/bin/awk` → `/etc/alternatives/awk` → `/usr/bin/mawk`): a diff that repoints one of them
+ * replaces the tool as surely as writing the folder would.
  */
 export interface InterpreterFacts {
   pathDirs: string[];
+  linkHops: string[];
   python?: { sitePaths: string[]; modules: string[]; missingStartupModules: string[] };
 }
 
@@ -49,6 +54,21 @@ print(json.dumps({'path': os.environ.get('PATH', ''), 'sitePaths': dirs, 'module
                   'missingStartupModules': missing}))
 `;
 
+/**
+ * Prints, for every symbolic link in the folders given as arguments, each path its chain goes
+ * through after it (eight hops at most), one per line: what a replaced tool could hide behind.
+ */
+const LINK_PROBE = `for d in "$@"; do
+  for f in "$d"/*; do
+    p=$f; n=0
+    while [ -L "$p" ] && [ $n -lt 8 ]; do
+      t=$(readlink "$p") || break
+      case $t in /*) ;; *) t=\${p%/*}/$t ;; esac
+      printf '%s\\n' "$t"; p=$t; n=$((n + 1))
+    done
+  done
+done`;
+
 /** How long the probe may take: one interpreter start and a listing of its module folders. */
 const PROBE_TIMEOUT_MS = 60_000;
 
@@ -61,17 +81,33 @@ export async function probeInterpreters(sandbox: Sandbox): Promise<InterpreterFa
   if (run.exitCode !== 0) {
     const path = (await sandbox.exec(['sh', '-c', 'printf %s "$PATH"'], { timeoutMs: PROBE_TIMEOUT_MS }))
       .stdout;
-    return { pathDirs: splitPath(path || DEFAULT_PATH) };
+    const pathDirs = splitPath(path || DEFAULT_PATH);
+    return { pathDirs, linkHops: await linkHops(sandbox, pathDirs) };
   }
   const facts = parseAt(factsSchema, JSON.parse(run.stdout), `interpreter probe of ${sandbox.id}`);
+  const pathDirs = splitPath(facts.path || DEFAULT_PATH);
   return {
-    pathDirs: splitPath(facts.path || DEFAULT_PATH),
+    pathDirs,
+    linkHops: await linkHops(sandbox, pathDirs),
     python: {
       sitePaths: facts.sitePaths,
       modules: facts.modules,
       missingStartupModules: facts.missingStartupModules,
     },
   };
+}
+
+/** The hops of the links in `dirs` (see {@link InterpreterFacts.linkHops}), normalised. */
+async function linkHops(sandbox: Sandbox, dirs: readonly string[]): Promise<string[]> {
+  const run = await sandbox.exec(['sh', '-c', LINK_PROBE, 'links', ...dirs], { timeoutMs: PROBE_TIMEOUT_MS });
+  return [
+    ...new Set(
+      run.stdout
+        .split('\n')
+        .filter((line) => line.startsWith('/'))
+        .map((line) => posix.normalize(line)),
+    ),
+  ];
 }
 
 function splitPath(path: string): string[] {

@@ -140,13 +140,14 @@ const GRADER_OWNED_PATHS = ['/tests', '/logs/verifier', '/sandgym-runner'];
 /**
  * Readies the agent's live sandbox for grading in place, as root: /logs made root's (so no
  * user can swap the verifier's folder beneath it), what the agent left at the graders' paths and
- * its start-up hooks (its arguments) removed, and the tests' folders made anew, private to the
+ * its start-up hooks (NUL-separated on its stdin) removed, and the tests' folders made anew, private to the
  * tests' user (`$TESTS_USER`), so a leftover process of any other user cannot read them.
  */
 const CLEAR_FOR_GRADING = `set -eu
 if [ -L /logs ] || { [ -e /logs ] && [ ! -d /logs ]; }; then rm -f -- /logs; fi
 mkdir -p /logs && chown 0:0 /logs && chmod 755 /logs
-rm -rf -- ${GRADER_OWNED_PATHS.join(' ')} "$@"
+rm -rf -- ${GRADER_OWNED_PATHS.join(' ')}
+xargs -0 -r rm -rf --
 mkdir -m 700 /tests /sandgym-runner
 chown "$TESTS_USER" /tests /sandgym-runner`;
 
@@ -826,13 +827,13 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
       const excluded = packed.excludedByPattern;
       // grading in place removes the hooks the report lists, and a report lists a bounded number:
       // past it, hooks the agent hid behind a flood of harmless ones would run with the tests
-      if (excluded.length >= PACK_REPORT_MAX_ENTRIES) {
+      if (packed.excludedByPatternCut) {
         return {
           reward: 0,
           tampered: [...this.earlierTampering],
           deniedEgress,
           details: {
-            reason: `the agent left ${PACK_REPORT_MAX_ENTRIES} or more start-up hooks and caches (.pth files, sitecustomize, __pycache__ folders, entry point tables), more than grading in its own sandbox can remove before the tests: scored 0`,
+            reason: `the agent left more than ${PACK_REPORT_MAX_ENTRIES} start-up hooks and caches (.pth files, sitecustomize, __pycache__ folders, entry point tables), more than grading in its own sandbox can remove before the tests: scored 0`,
             ...network(),
           },
         };
@@ -899,13 +900,13 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
   ): Promise<VerifierResult> {
     this.gradedInPlace = true;
     try {
-      const cleared = await agent.exec(
-        ['sh', '-c', CLEAR_FOR_GRADING, 'clear', ...hooks.map((p) => `/${p}`)],
-        {
-          timeoutMs: 60_000,
-          env: { TESTS_USER: this.userOf(this.task.verifierUser) },
-        },
-      );
+      const cleared = await agent.exec(['sh', '-c', CLEAR_FOR_GRADING], {
+        // on stdin, NUL-separated: 10,000 hook paths as arguments overflow ARG_MAX, and a name
+        // holding a newline must stay one name
+        stdin: hooks.map((p) => `/${p}\0`).join(''),
+        timeoutMs: 60_000,
+        env: { TESTS_USER: this.userOf(this.task.verifierUser) },
+      });
       // never wider than the agent's stage (checkSharedGradingNetwork): its processes are still here
       await agent.setNetwork(this.task.network.verify);
       const run =

@@ -708,18 +708,19 @@ export class LocalPlatform implements HostPlatform {
         present: report.present,
         dropped: report.dropped,
         excludedByPattern: report.excludedByPattern,
+        excludedByPatternCut: report.excludedByPatternCut,
         layer: await store.addLayerFromDirectory(dir, `pack_diff of sandbox ${id}`),
         parent: found.labels['environment'],
         stack: found.layers.map((l) => l.digest),
       };
     };
-    const { store, layer, present, dropped, excludedByPattern, parent, stack } = await (
+    const { store, layer, present, dropped, excludedByPattern, excludedByPatternCut, parent, stack } = await (
       await this.registry.ownerOf(id)
     ).withWritableLayerOf(id, pack, {
       ...definedFields({ signal: options.signal, timeoutMs: options.timeoutMs }),
       filter,
     });
-    if (!ref) return { layer, present, dropped, excludedByPattern };
+    if (!ref) return { layer, present, dropped, excludedByPattern, excludedByPatternCut };
     const handle = typeof sandbox === 'string' ? undefined : sandbox;
     const config = parent ? (await store.getEnvironment(parent)).config : {};
     const environment = await store.putEnvironment({
@@ -730,7 +731,7 @@ export class LocalPlatform implements HostPlatform {
     });
     // a snapshot of a run's sandbox belongs to the run: its end removes it
     if (handle) await this.runManager.addSnapshot(handle, `${environment.name}:${environment.version}`);
-    return { layer, environment, present, dropped, excludedByPattern };
+    return { layer, environment, present, dropped, excludedByPattern, excludedByPatternCut };
   }
 
   /**

@@ -144,6 +144,8 @@ export interface PackDiffResult {
   dropped: DroppedEntry[];
   /** What the exclusion patterns took out (start-up hooks, caches): see FilterReport. */
   excludedByPattern: string[];
+  /** Whether the patterns took out more than `excludedByPattern` lists: see FilterReport. */
+  excludedByPatternCut: boolean;
 }
 
 /** Options for {@link PlatformClient.layerGc}. */

@@ -154,12 +154,13 @@ export class RemotePlatform implements PlatformClient {
     const fields: Partial<PackDiffOptions> = { ...options };
     delete fields.signal; // call options travel as the call's own
     delete fields.timeoutMs;
-    const { layer, environment, present, dropped, excludedByPattern } = await this.client.call(
-      'PackDiff',
-      { sandboxId: typeof sandbox === 'string' ? sandbox : sandbox.id, ...definedFields(fields) },
-      callOptionsOf(options),
-    );
-    const found = { layer, present, dropped, excludedByPattern };
+    const { layer, environment, present, dropped, excludedByPattern, excludedByPatternCut } =
+      await this.client.call(
+        'PackDiff',
+        { sandboxId: typeof sandbox === 'string' ? sandbox : sandbox.id, ...definedFields(fields) },
+        callOptionsOf(options),
+      );
+    const found = { layer, present, dropped, excludedByPattern, excludedByPatternCut };
     return environment ? { ...found, environment } : found;
   }
 

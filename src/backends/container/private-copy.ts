@@ -10,7 +10,12 @@ export interface PrivateCopy extends DiffTree {
 }
 
 /** What an unfiltered layer reports: nothing. */
-export const NOTHING_FILTERED: FilterReport = { present: [], dropped: [], excludedByPattern: [] };
+export const NOTHING_FILTERED: FilterReport = {
+  present: [],
+  dropped: [],
+  excludedByPattern: [],
+  excludedByPatternCut: false,
+};
 
 /**
  * Prunes a private copy by `filter`, hands it to `consume`, and deletes it whatever happens. The

@@ -60,6 +60,8 @@ export interface FilterReport {
    * remove there, since no packing keeps it from the tests.
    */
   excludedByPattern: string[];
+  /** Whether the patterns took out more than {@link excludedByPattern} lists (it stops at {@link MAX_LISTED}). */
+  excludedByPatternCut: boolean;
 }
 
 /**
@@ -126,6 +128,7 @@ export async function filterDiffTree(
   const dropped: FilterReport['dropped'] = [];
   const drop = (entry: DroppedEntry): void => void (dropped.length < MAX_LISTED && dropped.push(entry));
   const excludedByPattern: string[] = [];
+  let excludedByPatternCut = false;
   const present = new Set<string>();
   // the copy is private and still: a path whose first name the tree lacks is not there, which
   // spares a lookup for each of the few dozen report and exclude paths a diff mostly never touches
@@ -187,6 +190,7 @@ export async function filterDiffTree(
       if (excluded.some((regex) => regex.test(rel))) {
         await discard(rel); // left out as asked, so not reported as dropped
         if (excludedByPattern.length < MAX_LISTED) excludedByPattern.push(rel);
+        else excludedByPatternCut = true;
         continue;
       }
       if (Buffer.byteLength(entry.name) > MAX_NAME_BYTES) reason = 'name_too_long';
@@ -222,7 +226,7 @@ export async function filterDiffTree(
       drop({ path: rel, reason: 'links_into_hidden' });
     }
   }
-  return { present: [...present], dropped, excludedByPattern };
+  return { present: [...present], dropped, excludedByPattern, excludedByPatternCut };
 }
 
 /**

@@ -291,6 +291,7 @@ export const packDiffResult = z.object({
     .max(PACK_REPORT_MAX_ENTRIES)
     .default([]),
   excludedByPattern: z.array(z.string()).max(PACK_REPORT_MAX_ENTRIES).default([]),
+  excludedByPatternCut: z.boolean().default(false),
 });
 export const environmentRef = z.strictObject({ ref: ids.environment() });
 export const environmentMessage = environmentSchema;
