@@ -4,6 +4,8 @@ import { isAbsolute, resolve, sep } from 'node:path';
 import { SandgymError, climbsOut, nodeScopedId } from '../common/index.ts';
 import {
   ENVS,
+  networkGrantOf,
+  quotaOf,
   register,
   sameValue,
   stepActionOf,
@@ -12,6 +14,7 @@ import {
   type SandboxAction,
   type StepAction,
   type HostPlatform,
+  type ProjectLimits,
   type ServedService,
 } from '../platform/index.ts';
 import type { ResetInfo, StepInfo, StepResult } from './environment.ts';
@@ -67,7 +70,7 @@ const DEFAULT_IDLE_TTL_MS = 30 * 60_000;
  * grades on the node. Checkpoints stay on the node and are restored by id.
  */
 export function envService(
-  clientFor: (project: string) => HostPlatform,
+  clientFor: (project: string, limits: ProjectLimits) => HostPlatform,
   options: EnvServiceOptions,
 ): ServedService {
   const envs = new Map<string, Served>();
@@ -135,7 +138,11 @@ export function envService(
           'resource_exhausted',
           `Project ${project} holds ${held} envs on node ${options.nodeId}, the most it may: Close the ones it is done with`,
         );
-      const client = clientFor(project);
+      // a controller's call carries the project's network grant and quota: its env keeps to them
+      const client = clientFor(project, {
+        quota: quotaOf(call.metadata),
+        network: networkGrantOf(call.metadata),
+      });
       const env = await make(spec, client).catch(async (error: unknown) => {
         await client.close();
         throw error;
@@ -230,6 +237,13 @@ export function envService(
 
   return {
     registration,
+    reserved() {
+      const counts: Record<string, number> = {};
+      for (const { project, env } of envs.values())
+        if (!(env instanceof TaskEnv ? env.sandbox : env.current))
+          counts[project] = (counts[project] ?? 0) + 1;
+      return counts;
+    },
     async close() {
       clearInterval(reaper);
       await Promise.all([...envs.keys()].map(closeEnv));

@@ -194,7 +194,10 @@ export async function nodeCommand(args: string[]): Promise<number> {
     services: (agent) => {
       const taskRoot = text(parsed, 'task-root');
       return [
-        envService((project) => agent.clientFor(project), { nodeId, ...(taskRoot ? { taskRoot } : {}) }),
+        envService((project, limits) => agent.clientFor(project, limits), {
+          nodeId,
+          ...(taskRoot ? { taskRoot } : {}),
+        }),
       ];
     },
   }).catch(async (error: unknown) => {
