@@ -11,7 +11,16 @@ export { NodeAgent } from './node/node-agent.ts';
 export type { PhaseOptions, PhaseReport, Run, RunOptions, RunStatus, TrainingPhase } from './runs.ts';
 export type { NodeAgentOptions, ProjectLimits, ServedService } from './node/node-agent.ts';
 export type { NodeEtcdOptions } from './etcd/node-cluster-link.ts';
-export { ENVS, NODE, WireClient, networkGrantOf, quotaOf, readTlsFiles, register } from './wire/index.ts';
+export {
+  ENVS,
+  NODE,
+  WireClient,
+  envSpecSchema,
+  networkGrantOf,
+  quotaOf,
+  readTlsFiles,
+  register,
+} from './wire/index.ts';
 export type {
   CallContext,
   DrainProgress,
