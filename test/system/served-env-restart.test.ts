@@ -12,6 +12,7 @@ import { expectCode } from '../support/errors.ts';
 import { NODE_TOKEN, startLoneNode, type LoneNode, type NodeProcess } from '../support/cluster.ts';
 
 const TOKEN = 'restart-tenant-token-7d2f9b4e1a6c3850';
+const OTHER = 'other-tenant-token-3c5e7a9b1d2f4068';
 const BUSYBOX = { kind: 'sandbox', sandbox: { environment: 'busybox:latest' } } as const;
 const append = (word: string) => ({ type: 'exec', command: `echo ${word} >> /root/log` });
 
@@ -36,7 +37,10 @@ describe('a served env across node restarts', () => {
       listen: '127.0.0.1:0',
       nodes: [node.address],
       nodeToken: NODE_TOKEN,
-      grants: { [TOKEN]: { project: 'restarts', maxSandboxes: 8 } },
+      grants: {
+        [TOKEN]: { project: 'restarts', maxSandboxes: 8 },
+        [OTHER]: { project: 'other', maxSandboxes: 8 },
+      },
       logger: silentLogger(),
       pollMs: 200,
     });
@@ -82,10 +86,20 @@ describe('a served env across node restarts', () => {
       await node.restart({ SANDGYM_FAULT_POINTS: 'step.after-record' });
       await untilBack(sandboxId);
       const died = once(node.child, 'exit');
-      await expect(envs.call('Step', { envId, stepIndex: 1, action: append('two') })).rejects.toThrow();
+      // the node dies with the step recorded and its answer unsent
+      await expectCode(envs.call('Step', { envId, stepIndex: 1, action: append('two') }), 'node_lost');
       await died;
       await node.restart();
       await untilBack(sandboxId);
+      // recorded, it is still its project's alone: another's call neither reaches nor rebuilds it
+      const other = new WireClient(`127.0.0.1:${controller.port}`, ENVS, { token: OTHER });
+      try {
+        const read = { type: 'read_file', path: '/root/log' };
+        await expectCode(other.call('Step', { envId, stepIndex: 2, action: read }), 'not_found');
+        await expectCode(other.call('Close', { envId }), 'not_found');
+      } finally {
+        other.close();
+      }
       // the rebuilt env holds to what the log says step 1 was
       await expectCode(envs.call('Step', { envId, stepIndex: 1, action: append('three') }), 'divergence');
       const retried = await envs.call('Step', { envId, stepIndex: 1, action: append('two') });
