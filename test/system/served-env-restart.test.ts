@@ -5,11 +5,15 @@ import { join, resolve } from 'node:path';
 import { setTimeout as delay } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { isSandgymError, silentLogger } from '../../src/common/index.ts';
+import { TaskEnv, loadTasks } from '../../src/env/index.ts';
 import { Controller } from '../../src/platform/index.ts';
 import { ENVS, SANDBOXES, WireClient } from '../../src/platform/wire/index.ts';
 import { PYTHON } from '../../benchmarks/python-client.ts';
 import { expectCode } from '../support/errors.ts';
 import { NODE_TOKEN, startLoneNode, type LoneNode, type NodeProcess } from '../support/cluster.ts';
+import { createTestPlatform } from '../support/platform.ts';
+
+const TASK_ROOT = resolve('examples/tasks');
 
 const TOKEN = 'restart-tenant-token-7d2f9b4e1a6c3850';
 const OTHER = 'other-tenant-token-3c5e7a9b1d2f4068';
@@ -31,7 +35,11 @@ describe('a served env across node restarts', () => {
   let sandboxes: WireClient<typeof SANDBOXES>;
 
   beforeAll(async () => {
-    lone = await startLoneNode(`r${tag}`, 241, 7800, ['--warm-pool', '0']);
+    // the task's environment is built once here, in the store the node shares
+    await using built = await createTestPlatform('served-env-restart-build');
+    const [task] = await loadTasks([join(TASK_ROOT, 'hello-file')]);
+    await TaskEnv.create(built.platform, task!).prepare();
+    lone = await startLoneNode(`r${tag}`, 241, 7800, ['--warm-pool', '0', '--task-root', TASK_ROOT]);
     node = lone.node;
     controller = await Controller.start({
       listen: '127.0.0.1:0',
@@ -111,6 +119,24 @@ describe('a served env across node restarts', () => {
       });
       expect(read.observation).toMatchObject({ content: 'one\ntwo\n' });
       expect(read.info).toMatchObject({ stepIndex: 2, replayed: false });
+    } finally {
+      await envs.call('Close', { envId });
+    }
+  });
+
+  it('grades a task env after a crash, on what the agent did before it', async () => {
+    const { envId } = await envs.call('Make', { spec: { kind: 'task', path: 'hello-file' } });
+    try {
+      const reset = await envs.call('Reset', { envId });
+      const sandboxId = reset.info['sandboxId'] as string;
+      const write = { type: 'write_file', path: '/app/hello.txt', content: 'hello sandgym\n' };
+      await envs.call('Step', { envId, stepIndex: 0, action: write });
+      await kill(node);
+      await node.restart();
+      await untilBack(sandboxId);
+      const submitted = await envs.call('Step', { envId, stepIndex: 1, action: { type: 'submit' } });
+      expect(submitted).toMatchObject({ terminated: true, reward: 1, outcome: { kind: 'ok' } });
+      expect(submitted.info).toMatchObject({ stepIndex: 1, replayed: false });
     } finally {
       await envs.call('Close', { envId });
     }
