@@ -161,7 +161,9 @@ export function envService(
     const sandbox = episode && (await client.attachSandbox(episode.sandboxId).catch(() => undefined));
     // a sandbox that did not outlive the node (it ended, or was reaped): the env waits for a reset
     if (episode && sandbox) {
-      next = stepIndex ?? (await loggedSteps(client, sandbox.id, episode.episodeId));
+      const logged = await loggedSteps(client, sandbox.id, episode.episodeId);
+      // an index past the log is refused as out of order by the Step handler, and the env lives on
+      next = Math.min(stepIndex ?? logged, logged);
       if (env instanceof TaskEnv) {
         const budgetLeftMs = Math.max(0, (episode.deadlineAt ?? Date.now()) - Date.now());
         await env.attach(sandbox, episode.episodeId, budgetLeftMs, { nextStepIndex: next });

@@ -134,6 +134,12 @@ describe('a served env across node restarts', () => {
       await kill(node);
       await node.restart();
       await untilBack(sandboxId);
+      // an index past the log is refused, and leaves the rebuilt env where its log ends
+      await expectCode(
+        envs.call('Step', { envId, stepIndex: 7, action: { type: 'submit' } }),
+        'invalid_argument',
+        /out of order: the next step is 1/,
+      );
       const submitted = await envs.call('Step', { envId, stepIndex: 1, action: { type: 'submit' } });
       expect(submitted).toMatchObject({ terminated: true, reward: 1, outcome: { kind: 'ok' } });
       expect(submitted.info).toMatchObject({ stepIndex: 1, replayed: false });
