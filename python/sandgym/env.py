@@ -68,6 +68,8 @@ class SandgymEnv:
                 if error.code != "node_lost" or time.monotonic() > deadline:
                     raise
                 self._wire.wait_ready(max(0.1, deadline - time.monotonic()))
+                # through a controller, the controller answers at once while the env's node is away
+                time.sleep(0.1)
 
     def checkpoint(self) -> dict:
         """Saves the episode so far on the node; returns a map whose `checkpointId` restores it."""

@@ -1,7 +1,7 @@
 /** Shared foundations: errors, ids, the wire codec, the logger and validation helpers. */
 export { SANDGYM_ERROR_CODES, SandgymError, isSandgymError, messageOf } from './errors.ts';
 export type { SandgymErrorCode, FailureReason, SandgymErrorOptions } from './errors.ts';
-export { newSandboxId, isSandboxId, nodeOfSandboxId, nodeScopedId } from './ids.ts';
+export { newSandboxId, isSandboxId, nodeOfEnvId, nodeOfSandboxId, nodeScopedId } from './ids.ts';
 export { createMsgpackCodec } from './codec.ts';
 export type { Codec } from './codec.ts';
 export { LOG_LEVELS, createLogger, silentLogger } from './logger.ts';

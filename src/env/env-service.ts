@@ -4,6 +4,8 @@ import { isAbsolute, resolve, sep } from 'node:path';
 import { SandgymError, climbsOut, nodeScopedId } from '../common/index.ts';
 import {
   ENVS,
+  networkGrantOf,
+  quotaOf,
   register,
   sameValue,
   stepActionOf,
@@ -12,12 +14,14 @@ import {
   type SandboxAction,
   type StepAction,
   type HostPlatform,
+  type ProjectLimits,
   type ServedService,
 } from '../platform/index.ts';
 import type { ResetInfo, StepInfo, StepResult } from './environment.ts';
 import { SandboxEnv, type CheckpointRef } from './sandbox-env.ts';
 import { TaskEnv, type TaskCheckpoint } from './task-env.ts';
 import { loadTasks } from './tasks/load-tasks.ts';
+import { ServedEnvRecords, type ServedEnvRecord } from './served-env-records.ts';
 
 /** Options for {@link envService}. */
 export interface EnvServiceOptions {
@@ -27,6 +31,12 @@ export interface EnvServiceOptions {
   taskRoot?: string;
   /** An env that gets no call for this long is closed with its sandbox. Default 30 minutes. */
   idleTtlMs?: number;
+  /**
+   * Where envs are recorded, so the successor of a node that crashed (on the same data dir, whose
+   * node adopts the envs' sandboxes) carries them on: their next step goes on from the sandbox's
+   * trajectory log. Without it, envs end with the process.
+   */
+  stateDir?: string;
 }
 
 type AnyEnv = SandboxEnv | TaskEnv;
@@ -34,6 +44,8 @@ type AnyEnv = SandboxEnv | TaskEnv;
 interface Served {
   project: string;
   kind: EnvSpec['kind'];
+  /** What the env was made as, and with which limits: what a successor rebuilds it from. */
+  made: Pick<ServedEnvRecord, 'spec' | 'limits'>;
   env: AnyEnv;
   client: HostPlatform;
   lastUsed: number;
@@ -67,35 +79,123 @@ const DEFAULT_IDLE_TTL_MS = 30 * 60_000;
  * grades on the node. Checkpoints stay on the node and are restored by id.
  */
 export function envService(
-  clientFor: (project: string) => HostPlatform,
+  clientFor: (project: string, limits: ProjectLimits) => HostPlatform,
   options: EnvServiceOptions,
 ): ServedService {
   const envs = new Map<string, Served>();
   const saved = new Map<string, Saved>();
   const idleTtlMs = options.idleTtlMs ?? DEFAULT_IDLE_TTL_MS;
+  const records = options.stateDir ? new ServedEnvRecords(options.stateDir) : undefined;
+  /** Envs a predecessor on this data dir served, rebuilt at their first call (see revive). */
+  const dormant = new Map<string, { record: ServedEnvRecord; since: number }>();
+  const reviving = new Map<string, Promise<Served>>();
+  const loaded = (records?.list() ?? Promise.resolve([])).then((list) => {
+    for (const record of list) dormant.set(record.envId, { record, since: Date.now() });
+  });
 
   const closeEnv = async (envId: string): Promise<void> => {
     const served = envs.get(envId);
     if (!served) return;
     envs.delete(envId);
+    await records?.remove(envId).catch(() => undefined);
     await served.env.close().catch(() => undefined);
     await served.client.close().catch(() => undefined);
+  };
+  /** A predecessor's env nobody came back for: its sandbox goes, and its record. */
+  const closeDormant = async (envId: string): Promise<void> => {
+    const found = dormant.get(envId);
+    if (!found) return;
+    dormant.delete(envId);
+    const { project, limits, episode } = found.record;
+    if (episode)
+      await clientFor(project, limits)
+        .killSandbox(episode.sandboxId)
+        .catch(() => undefined);
+    await records?.remove(envId).catch(() => undefined);
   };
   const reaper = setInterval(
     () => {
       const now = Date.now();
       for (const [envId, served] of envs) if (now - served.lastUsed > idleTtlMs) void closeEnv(envId);
+      for (const [envId, { since }] of dormant) if (now - since > idleTtlMs) void closeDormant(envId);
     },
     Math.min(idleTtlMs, 60_000),
   );
   reaper.unref();
 
-  /** The caller's env; another project's is as missing as one never made. */
-  const envOf = (envId: string, project: string): Served => {
-    const served = envs.get(envId);
-    if (served?.project !== project)
+  /** The caller's env, live or left by a predecessor; another project's is as missing as one never made. */
+  const envOf = async (envId: string, project: string): Promise<Served | ServedEnvRecord> => {
+    await loaded;
+    const found = envs.get(envId) ?? dormant.get(envId)?.record;
+    if (found?.project !== project)
       throw new SandgymError('not_found', `No env ${envId} on node ${options.nodeId}`);
-    return served;
+    return found;
+  };
+
+  /**
+   * A predecessor's env, rebuilt over its adopted sandbox: its episode goes on at `stepIndex`
+   * (a step's retry, whose record the trajectory log holds) or at the log's tail, and the
+   * platform's log answers for every step already run, so none runs twice.
+   */
+  const revive = (envId: string, project: string, stepIndex: number | undefined): Promise<Served> => {
+    let pending = reviving.get(envId);
+    if (!pending) {
+      pending = (async () => {
+        const found = await envOf(envId, project);
+        if (!('envId' in found)) return found;
+        const served = await rebuild(found, stepIndex);
+        dormant.delete(envId);
+        envs.set(envId, served);
+        return served;
+      })().finally(() => reviving.delete(envId));
+      reviving.set(envId, pending);
+    }
+    return pending;
+  };
+
+  const rebuild = async (record: ServedEnvRecord, stepIndex: number | undefined): Promise<Served> => {
+    const { project, spec, limits, episode } = record;
+    const client = clientFor(project, limits);
+    let env = await make(spec, client);
+    let next = 0;
+    const sandbox = episode && (await client.attachSandbox(episode.sandboxId).catch(() => undefined));
+    // a sandbox that did not outlive the node (it ended, or was reaped): the env waits for a reset
+    if (episode && sandbox) {
+      const logged = await loggedSteps(client, sandbox.id, episode.episodeId);
+      // an index past the log is refused as out of order by the Step handler, and the env lives on
+      next = Math.min(stepIndex ?? logged, logged);
+      if (env instanceof TaskEnv) {
+        const budgetLeftMs = Math.max(0, (episode.deadlineAt ?? Date.now()) - Date.now());
+        await env.attach(sandbox, episode.episodeId, budgetLeftMs, { nextStepIndex: next });
+      } else if (spec.kind === 'sandbox') {
+        env = await SandboxEnv.attach(client, sandbox, episode.episodeId, {
+          ...sandboxOptions(spec),
+          owned: true,
+          nextStepIndex: next,
+        });
+      }
+    }
+    return {
+      project,
+      kind: spec.kind,
+      made: { spec, limits },
+      env,
+      client,
+      lastUsed: Date.now(),
+      next,
+      queue: Promise.resolve(),
+    };
+  };
+
+  /** Records where an env's episode is, for a successor; a node without a state dir keeps nothing. */
+  const remember = async (envId: string, served: Served, reset?: { info: ResetInfo }): Promise<void> => {
+    if (!records) return;
+    const episode = reset && {
+      sandboxId: reset.info.sandboxId,
+      episodeId: reset.info.episodeId,
+      ...(served.env instanceof TaskEnv ? { deadlineAt: Date.now() + served.env.budgetLeftMs } : {}),
+    };
+    await records.write({ envId, project: served.project, ...served.made, ...(episode ? { episode } : {}) });
   };
   /** The caller's env checkpoint; another project's is as missing as one never made. */
   const checkpointOf = (checkpointId: string, project: string): Saved => {
@@ -105,9 +205,20 @@ export function envService(
     return found;
   };
 
-  /** The caller's env, with `work` queued behind its other calls. */
-  const withEnv = <T>(envId: string, project: string, work: (served: Served) => Promise<T>): Promise<T> => {
-    const served = envOf(envId, project);
+  /**
+   * The caller's env, with `work` queued behind its other calls; a predecessor's is rebuilt
+   * first (at `stepIndex`, for a step).
+   */
+  const withEnv = async <T>(
+    envId: string,
+    project: string,
+    work: (served: Served) => Promise<T>,
+    stepIndex?: number,
+  ): Promise<T> => {
+    await loaded;
+    const served = envs.get(envId) ?? (await revive(envId, project, stepIndex));
+    if (served.project !== project)
+      throw new SandgymError('not_found', `No env ${envId} on node ${options.nodeId}`);
     served.lastUsed = Date.now();
     const result = served.queue.then(() => work(served));
     served.queue = result.catch(() => undefined);
@@ -115,13 +226,7 @@ export function envService(
   };
 
   const make = async (spec: EnvSpec, client: HostPlatform): Promise<AnyEnv> => {
-    if (spec.kind === 'sandbox') {
-      return SandboxEnv.create(client, {
-        ...(spec.sandbox ? { sandbox: spec.sandbox } : {}),
-        ...(spec.user ? { user: spec.user } : {}),
-        ...(spec.protectedPaths ? { protectedPaths: spec.protectedPaths } : {}),
-      });
-    }
+    if (spec.kind === 'sandbox') return SandboxEnv.create(client, sandboxOptions(spec));
     const task = await taskOf(spec, options.taskRoot);
     return TaskEnv.create(client, task);
   };
@@ -129,26 +234,42 @@ export function envService(
   const handlers: Handlers<typeof ENVS> = {
     Make: async ({ spec }, call) => {
       const project = call.principal.project;
-      const held = [...envs.values()].filter((served) => served.project === project).length;
+      await loaded;
+      const held = [...envs.values(), ...[...dormant.values()].map((entry) => entry.record)].filter(
+        (served) => served.project === project,
+      ).length;
       if (held >= MAX_ENVS_PER_PROJECT)
         throw new SandgymError(
           'resource_exhausted',
           `Project ${project} holds ${held} envs on node ${options.nodeId}, the most it may: Close the ones it is done with`,
         );
-      const client = clientFor(project);
+      // a controller's call carries the project's network grant and quota: its env keeps to them
+      const quota = quotaOf(call.metadata);
+      const network = networkGrantOf(call.metadata);
+      const limits = {
+        ...(quota === undefined ? {} : { quota }),
+        ...(network ? { network: [...network] } : {}),
+      };
+      const client = clientFor(project, limits);
       const env = await make(spec, client).catch(async (error: unknown) => {
         await client.close();
         throw error;
       });
       const envId = nodeScopedId('env', options.nodeId);
-      envs.set(envId, {
+      const served: Served = {
         project,
         kind: spec.kind,
+        made: { spec, limits },
         env,
         client,
         lastUsed: Date.now(),
         next: 0,
         queue: Promise.resolve(),
+      };
+      envs.set(envId, served);
+      await remember(envId, served).catch(async (error: unknown) => {
+        await closeEnv(envId);
+        throw error;
       });
       return { envId, kind: spec.kind };
     },
@@ -160,35 +281,41 @@ export function envService(
         });
         served.next = 0;
         delete served.last;
+        await remember(envId, served, reset);
         return wireReset(reset);
       }),
     Step: ({ envId, stepIndex, action }, call) =>
-      withEnv(envId, call.principal.project, async (served) => {
-        // read as the step reads it, so a retry matches whatever form the action came in
-        const read = stepActionOf(action);
-        if (served.last && stepIndex === served.last.index) {
-          if (!sameValue(served.last.action, read))
+      withEnv(
+        envId,
+        call.principal.project,
+        async (served) => {
+          // read as the step reads it, so a retry matches whatever form the action came in
+          const read = stepActionOf(action);
+          if (served.last && stepIndex === served.last.index) {
+            if (!sameValue(served.last.action, read))
+              throw new SandgymError(
+                'divergence',
+                `Step ${stepIndex} of env ${envId} already ran another action: ${JSON.stringify(served.last.action).slice(0, 1024)}`,
+              );
+            return wireStep({ ...served.last.result, info: { ...served.last.result.info, replayed: true } });
+          }
+          if (stepIndex !== served.next) {
             throw new SandgymError(
-              'divergence',
-              `Step ${stepIndex} of env ${envId} already ran another action: ${JSON.stringify(served.last.action).slice(0, 1024)}`,
+              'invalid_argument',
+              `Step ${stepIndex} of env ${envId} is out of order: the next step is ${served.next}`,
             );
-          return wireStep({ ...served.last.result, info: { ...served.last.result.info, replayed: true } });
-        }
-        if (stepIndex !== served.next) {
-          throw new SandgymError(
-            'invalid_argument',
-            `Step ${stepIndex} of env ${envId} is out of order: the next step is ${served.next}`,
-          );
-        }
-        // whatever it is: an invalid action is an observation of its step (see stepActionOf)
-        const result = await served.env.step(read as SandboxAction);
-        // a step the platform could not answer keeps its index, for the retry
-        if (!(result.outcome.kind === 'infra_failure' && result.outcome.reason === 'node_lost')) {
-          served.last = { index: stepIndex, action: read, result };
-          served.next = stepIndex + 1;
-        }
-        return wireStep(result);
-      }),
+          }
+          // whatever it is: an invalid action is an observation of its step (see stepActionOf)
+          const result = await served.env.step(read as SandboxAction);
+          // a step the platform could not answer keeps its index, for the retry
+          if (!(result.outcome.kind === 'infra_failure' && result.outcome.reason === 'node_lost')) {
+            served.last = { index: stepIndex, action: read, result };
+            served.next = stepIndex + 1;
+          }
+          return wireStep(result);
+        },
+        stepIndex,
+      ),
     Checkpoint: ({ envId }, call) =>
       withEnv(envId, call.principal.project, async (served) => {
         const checkpoint = await served.env.checkpoint();
@@ -213,6 +340,7 @@ export function envService(
             : await served.env.restore(found.checkpoint);
         served.next = 0;
         delete served.last;
+        await remember(envId, served, restored);
         return wireReset(restored);
       }),
     // queued like any call: a step in flight ends (and is recorded) before its env goes
@@ -230,8 +358,19 @@ export function envService(
 
   return {
     registration,
+    reserved() {
+      const counts: Record<string, number> = {};
+      const without = [
+        ...[...envs.values()].filter(({ env }) => !(env instanceof TaskEnv ? env.sandbox : env.current)),
+        // a predecessor's env with an episode has its sandbox among the node's adopted ones
+        ...[...dormant.values()].map((entry) => entry.record).filter((record) => !record.episode),
+      ];
+      for (const { project } of without) counts[project] = (counts[project] ?? 0) + 1;
+      return counts;
+    },
     async close() {
       clearInterval(reaper);
+      // a node that closes ends its sandboxes: only a crashed one leaves envs to carry on
       await Promise.all([...envs.keys()].map(closeEnv));
     },
   };
@@ -266,6 +405,21 @@ async function taskOf(spec: Extract<EnvSpec, { kind: 'task' }>, taskRoot: string
         : `${spec.path} holds ${tasks.length} tasks (${tasks.map((t) => t.id).join(', ')}): name one in spec.task`,
     );
   return task;
+}
+
+/** How many steps of an episode a sandbox's trajectory log holds: where the episode goes on. */
+async function loggedSteps(client: HostPlatform, sandboxId: string, episodeId: string): Promise<number> {
+  const records = await (await client.stepLog(sandboxId)).records();
+  return records.filter((record) => record.episodeId === episodeId).length;
+}
+
+/** A sandbox env's options, as its spec gives them. */
+function sandboxOptions(spec: Extract<EnvSpec, { kind: 'sandbox' }>) {
+  return {
+    ...(spec.sandbox ? { sandbox: spec.sandbox } : {}),
+    ...(spec.user ? { user: spec.user } : {}),
+    ...(spec.protectedPaths ? { protectedPaths: spec.protectedPaths } : {}),
+  };
 }
 
 /** A reset as the wire carries it: plain maps, nothing undefined. */

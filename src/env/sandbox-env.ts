@@ -108,21 +108,23 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
   }
 
   /**
-   * Attaches to a live sandbox and an episode another client started; its next steps replay
-   * from the log until they reach the tail. The attached env destroys the sandbox on close
-   * only when told it now `owned` it (the client that started it is gone).
+   * Attaches to a live sandbox and an episode another client started; its next steps (from
+   * `nextStepIndex`, default 0) replay from the log until they reach the tail. The attached env
+   * destroys the sandbox on close only when told it now `owned` it (the client that started it
+   * is gone); its `sandbox` request, if given, is what its later resets start.
    */
   static attach(
     platform: PlatformClient,
     sandbox: Sandbox,
     episodeId: string,
-    options: Omit<SandboxEnvOptions, 'sandbox'> & { owned?: boolean } = {},
+    options: SandboxEnvOptions & { owned?: boolean; nextStepIndex?: number } = {},
   ): Promise<SandboxEnv> {
-    const { owned, ...envOptions } = options;
+    const { owned, nextStepIndex, ...envOptions } = options;
     const env = new SandboxEnv(platform, envOptions);
     env.sandbox = sandbox;
     env.owned = owned ?? false;
     env.episodeId = episodeId;
+    env.stepIndex = nextStepIndex ?? 0;
     return Promise.resolve(env);
   }
 

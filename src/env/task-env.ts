@@ -361,6 +361,11 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
   }
 
   /** The clock of the current episode: its timings, and the agent's think time when a driver adds it. */
+  /** The agent time left in this episode. */
+  get budgetLeftMs(): number {
+    return Math.max(0, this.deadline - Date.now());
+  }
+
   get clock(): PhaseClock {
     return this.phases;
   }
@@ -602,12 +607,14 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
   /**
    * Takes over an episode whose sandbox outlived the client that ran it (an eval that was
    * killed): its logged steps replay from the trajectory log as the agent re-issues them, and
-   * the first step past the log runs for real. `budgetLeftMs` is the agent time still left.
+   * the first step past the log runs for real. `budgetLeftMs` is the agent time still left;
+   * `nextStepIndex` is where the agent goes on (default 0: from the episode's start).
    */
   async attach(
     sandbox: Sandbox,
     episodeId: string,
     budgetLeftMs: number,
+    options: { nextStepIndex?: number } = {},
   ): Promise<ResetResult<TaskObservation, TaskResetInfo>> {
     if (this.isClosed)
       throw new SandgymError('failed_precondition', 'Cannot attach: the environment is closed');
@@ -617,6 +624,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     this.inner = await SandboxEnv.attach(this.platform, sandbox, episodeId, {
       owned: true,
       ...this.agentOptions(),
+      ...(options.nextStepIndex === undefined ? {} : { nextStepIndex: options.nextStepIndex }),
     });
     this.deadline = Date.now() + Math.floor(budgetLeftMs);
     return this.opening(sandbox, { episodeId, sandboxId: sandbox.id, attached: true });
@@ -639,7 +647,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
         'failed_precondition',
         `Task ${this.task.id} was graded in the agent's own sandbox, which ends the episode: checkpoint before grading, or reset()`,
       );
-    const budgetLeftMs = Math.max(0, this.deadline - Date.now());
+    const budgetLeftMs = this.budgetLeftMs;
     if (options.depth !== 'disk') {
       const memory = await this.inner.checkpointMemory();
       if (memory) return { ...memory, tampered: [...this.earlierTampering], budgetLeftMs };

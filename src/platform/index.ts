@@ -9,9 +9,18 @@ export { RemotePlatform } from './remote-platform.ts';
 export type { ConnectOptions } from './remote-platform.ts';
 export { NodeAgent } from './node/node-agent.ts';
 export type { PhaseOptions, PhaseReport, Run, RunOptions, RunStatus, TrainingPhase } from './runs.ts';
-export type { NodeAgentOptions, ServedService } from './node/node-agent.ts';
+export type { NodeAgentOptions, ProjectLimits, ServedService } from './node/node-agent.ts';
 export type { NodeEtcdOptions } from './etcd/node-cluster-link.ts';
-export { ENVS, NODE, WireClient, readTlsFiles, register } from './wire/index.ts';
+export {
+  ENVS,
+  NODE,
+  WireClient,
+  envSpecSchema,
+  networkGrantOf,
+  quotaOf,
+  readTlsFiles,
+  register,
+} from './wire/index.ts';
 export type {
   CallContext,
   DrainProgress,

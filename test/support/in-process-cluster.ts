@@ -58,7 +58,7 @@ export async function startInProcessCluster(options: {
     ...(options.envs
       ? {
           services: (agent: NodeAgent) => [
-            envService((project) => agent.clientFor(project), {
+            envService((project, limits) => agent.clientFor(project, limits), {
               nodeId: options.nodeId,
               taskRoot: options.envs!.taskRoot,
             }),

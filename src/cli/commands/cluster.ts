@@ -1,3 +1,4 @@
+import { join } from 'node:path';
 import { readFile } from 'node:fs/promises';
 import { hostname } from 'node:os';
 import { z } from 'zod';
@@ -154,8 +155,9 @@ export async function nodeCommand(args: string[]): Promise<number> {
   const storeDir = text(parsed, 'store');
   const trajectoryRetentionMs = durationMs('trajectory-retention', text(parsed, 'trajectory-retention'));
   const storeMib = positiveInt('max-store-mib', text(parsed, 'max-store-mib')) ?? DEFAULT_NODE_STORE_MIB;
+  const dataDir = text(parsed, 'data-dir') ?? defaultDataDir();
   const platform = await Platform.local({
-    dataDir: text(parsed, 'data-dir') ?? defaultDataDir(),
+    dataDir,
     nodeId,
     logger,
     durable: true,
@@ -194,7 +196,12 @@ export async function nodeCommand(args: string[]): Promise<number> {
     services: (agent) => {
       const taskRoot = text(parsed, 'task-root');
       return [
-        envService((project) => agent.clientFor(project), { nodeId, ...(taskRoot ? { taskRoot } : {}) }),
+        envService((project, limits) => agent.clientFor(project, limits), {
+          nodeId,
+          ...(taskRoot ? { taskRoot } : {}),
+          // its sandboxes are durable: a restarted node carries its envs on too
+          stateDir: join(dataDir, 'served-envs'),
+        }),
       ];
     },
   }).catch(async (error: unknown) => {

@@ -3,6 +3,7 @@ import { checkNetworkGrant, grantedRules, type NetworkGrant } from '../../backen
 import { FairQueue } from './fair-queue.ts';
 import { NodeWatcher } from './node-watcher.ts';
 import { runService } from './run-service.ts';
+import { envRouting } from './env-routing.ts';
 import { Placer, type Demand } from './placement.ts';
 import { sandboxRequestSchema } from '../sandbox-request.ts';
 import {
@@ -179,7 +180,18 @@ export class Controller {
     );
     controller.server = await WireServer.listen(
       options.listen,
-      [controller.service(), runService(controller.watcher, controller.etcd?.runs)],
+      [
+        controller.service(),
+        runService(controller.watcher, controller.etcd?.runs),
+        // a Make is placed as a create, and counts against the quota as one (see NodeStatus.projects)
+        envRouting(controller.watcher, (spec, call) =>
+          controller.place(spec.kind === 'sandbox' ? (spec.sandbox ?? {}) : {}, call, (nodeId, metadata) =>
+            controller.watcher
+              .envClientOf(nodeId, 'node')
+              .call('Make', { spec }, { signal: call.signal, metadata }),
+          ),
+        ),
+      ],
       {
         authenticate: tokenAuthenticator(projects),
         resolvers: RESOLVED_BY_NODES,
@@ -373,7 +385,9 @@ export class Controller {
     const { project } = call.principal;
     const timer = this.metrics.createSeconds.startTimer();
     try {
-      const info = await this.place(request, call);
+      const info = await this.place(request, call, (nodeId, metadata) =>
+        this.watcher.clientOf(nodeId, 'node').call('Create', { request }, { signal: call.signal, metadata }),
+      );
       timer({ outcome: 'created' });
       this.metrics.creates.inc({ project, outcome: 'created' });
       return info;
@@ -386,8 +400,16 @@ export class Controller {
     }
   }
 
-  /** The quota check, placement, the node's veto, and waiting for room, in that order. */
-  private async place(request: unknown, call: CallContext): Promise<SandboxInfo> {
+  /**
+   * The quota check, placement, the node's veto, and waiting for room, in that order, for what
+   * `send` asks the chosen node to make (a sandbox of `request`, or an env whose episodes run in
+   * one) with the project's metadata.
+   */
+  private async place<T>(
+    request: unknown,
+    call: CallContext,
+    send: (nodeId: string, metadata: Record<string, string>) => Promise<T>,
+  ): Promise<T> {
     const { project } = call.principal;
     const resolved = sandboxRequestSchema.parse(request);
     grantedRules(resolved.network, this.networkOf(project), `project ${project}`);
@@ -424,12 +446,10 @@ export class Controller {
       }
       const release = this.reserve(node.nodeId, project, demand);
       try {
-        const info = await this.watcher
-          .clientOf(node.nodeId, 'node')
-          .call('Create', { request }, { signal: call.signal, metadata: this.nodeMetadata(project) });
+        const made = await send(node.nodeId, this.nodeMetadata(project));
         this.settleAfterNextPoll(node.nodeId, release);
         this.metrics.admissions.inc({ project, result: 'admitted', reason: '' });
-        return info;
+        return made;
       } catch (error) {
         release();
         // a full or lost node: place elsewhere; anything else is the caller's to see

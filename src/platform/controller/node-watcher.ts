@@ -1,6 +1,6 @@
 import { SandgymError, type Logger } from '../../common/index.ts';
 import type { NodeLoad } from './placement.ts';
-import { NODE, RUNS, SANDBOXES, WireClient, type NodeStatus, type TlsFiles } from '../wire/index.ts';
+import { ENVS, NODE, RUNS, SANDBOXES, WireClient, type NodeStatus, type TlsFiles } from '../wire/index.ts';
 
 interface Watched {
   address: string;
@@ -11,6 +11,7 @@ interface Watched {
   node: WireClient<typeof NODE>;
   sandboxes: WireClient<typeof SANDBOXES>;
   runs: WireClient<typeof RUNS>;
+  envs: WireClient<typeof ENVS>;
 }
 
 /**
@@ -50,6 +51,7 @@ export class NodeWatcher {
       node: new WireClient(address, NODE, options),
       sandboxes: new WireClient(address, SANDBOXES, options),
       runs: new WireClient(address, RUNS, options),
+      envs: new WireClient(address, ENVS, options),
     };
   }
 
@@ -84,6 +86,7 @@ export class NodeWatcher {
     watched.node.close();
     watched.sandboxes.close();
     watched.runs.close();
+    watched.envs.close();
   }
 
   /** Polls once (so the first view is complete), then keeps polling. */
@@ -146,6 +149,15 @@ export class NodeWatcher {
 
   /** The client for a node's sandboxes. An unknown node is `not_found`, like an unknown sandbox. */
   clientOf(nodeId: string, what: string): WireClient<typeof SANDBOXES> {
+    return this.watchedOf(nodeId, what).sandboxes;
+  }
+
+  /** The client for the envs a node serves. An unknown node is `not_found`, like an unknown env. */
+  envClientOf(nodeId: string, what: string): WireClient<typeof ENVS> {
+    return this.watchedOf(nodeId, what).envs;
+  }
+
+  private watchedOf(nodeId: string, what: string): Watched {
     const watched = this.watched.find((entry) => entry.status?.nodeId === nodeId);
     if (!watched && this.departed.has(nodeId)) {
       throw new SandgymError('node_lost', `Node ${nodeId} left the cluster: its etcd lease ended`, {
@@ -153,7 +165,7 @@ export class NodeWatcher {
       });
     }
     if (!watched) throw new SandgymError('not_found', `No ${what}: no node "${nodeId}" is known`);
-    return watched.sandboxes;
+    return watched;
   }
 
   /** Run clients of every node that answered its last poll. */

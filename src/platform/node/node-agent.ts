@@ -90,6 +90,21 @@ type Refusal = 'draining' | 'full' | 'memory' | 'quota';
 export interface ServedService {
   registration: Registration;
   close(): Promise<void>;
+  /**
+   * Per project, sandboxes it is owed but holds none of now (an env between episodes): the node
+   * reports them with the project's live ones, so a controller's quota counts them.
+   */
+  reserved?(): Record<string, number>;
+}
+
+/**
+ * What a controller passed with the call that made a project's in-process client, held for
+ * every sandbox that client makes: the project's quota (enforced with etcd) and its network
+ * grant. Neither: the caller held the node token as the node's operator.
+ */
+export interface ProjectLimits {
+  quota?: number | undefined;
+  network?: NetworkGrant | undefined;
 }
 
 interface Owned {
@@ -268,6 +283,9 @@ export class NodeAgent {
     this.prune();
     const projects: Record<string, number> = {};
     for (const { project } of this.owned.values()) projects[project] = (projects[project] ?? 0) + 1;
+    for (const served of this.served)
+      for (const [project, count] of Object.entries(served.reserved?.() ?? {}))
+        projects[project] = (projects[project] ?? 0) + count;
     return {
       nodeId: this.nodeId,
       backends: [...this.platform.backends],
@@ -601,15 +619,16 @@ export class NodeAgent {
 
   /**
    * A project's client of this node in this process: what the node serves that project over the
-   * wire, for services that run on the node (served environments). Closing it destroys the
-   * sandboxes it created.
+   * wire, for services that run on the node (served environments), within the `limits` the
+   * call that asked for it came with. Closing it destroys the sandboxes it created.
    */
-  clientFor(project: string): NodeProjectClient {
+  clientFor(project: string, limits: ProjectLimits = {}): NodeProjectClient {
     return new NodeProjectClient(
       {
         platform: this.platform,
-        create: (owner, request, options) => this.create(owner, request, options),
-        forkInMemory: (owner, id, count, options) => this.forkInMemory(owner, id, count, options),
+        create: (owner, request, options) => this.create(owner, request, { ...options, ...limits }),
+        forkInMemory: (owner, id, count, options) =>
+          this.forkInMemory(owner, id, count, { ...options, quota: limits.quota }),
         sandboxOf: (owner, id) => this.projectSandbox(owner, id),
         destroy: (owner, id) => this.destroy(id, owner),
       },

@@ -21,6 +21,7 @@ export { RequestBudget, DEFAULT_IN_FLIGHT_BYTES } from './request-budget.ts';
 export type { TlsFiles, TlsPaths } from './tls.ts';
 export { ENVS, SANDBOXES, NODE, RUNS } from './services.ts';
 export type { EnvSpec } from './env-messages.ts';
+export { envSpec as envSpecSchema } from './env-messages.ts';
 export type { DrainProgress, SandboxInfo, NodeStatus, ExecEvent, ExecRequest } from './messages.ts';
 export { expectedPhaseMs } from './messages.ts';
 export { decodeMessage, encodeMessage } from './decode.ts';
