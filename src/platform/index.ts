@@ -11,9 +11,10 @@ export { NodeAgent } from './node/node-agent.ts';
 export type { PhaseOptions, PhaseReport, Run, RunOptions, RunStatus, TrainingPhase } from './runs.ts';
 export type { NodeAgentOptions, ServedService } from './node/node-agent.ts';
 export type { NodeEtcdOptions } from './etcd/node-cluster-link.ts';
-export { ENVS, NODE, WireClient, readTlsFiles, register } from './wire/index.ts';
+export { ENVS, NODE, WireClient, chatOptions, readTlsFiles, register } from './wire/index.ts';
 export type {
   CallContext,
+  ChatOptions,
   DrainProgress,
   EnvSpec,
   Handlers,

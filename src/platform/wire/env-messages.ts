@@ -71,3 +71,27 @@ export const envRestoreRequest = z.strictObject({
   envId: envIdField,
   checkpointId: ids.envCheckpoint(),
 });
+
+/**
+ * How a chat env talks to a model (see ChatEnv): what it is told first, its budgets, and the
+ * text format its tool calls come in when its answers are text.
+ */
+export const chatOptions = z.strictObject({
+  /** The system message; default: a short one on acting through the tools. */
+  systemPrompt: z
+    .string()
+    .max(256 * 1024)
+    .optional(),
+  /** The first user message of an env with no instruction of its own (a sandbox env). */
+  instruction: z
+    .string()
+    .max(1024 * 1024)
+    .optional(),
+  /** Turns (answers stepped) before the episode is truncated. */
+  maxTurns: z.number().int().positive().max(1_000_000).optional(),
+  /** Tokens (as the caller counts them per step) before the episode is truncated. */
+  maxTokens: z.number().int().positive().max(1_000_000_000).optional(),
+  /** `auto`: whichever of `hermes` (`<tool_call>` JSON) or `llama3` (bare JSON) a text answer holds. */
+  format: z.enum(['auto', 'hermes', 'llama3']).optional(),
+});
+export type ChatOptions = z.output<typeof chatOptions>;
