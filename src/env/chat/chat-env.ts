@@ -1,5 +1,5 @@
 import { SandgymError, issuesText, parseAt } from '../../common/index.ts';
-import { chatOptions, type SandboxAction, type StepOutcome } from '../../platform/index.ts';
+import { chatOptions, type ChatOptions, type SandboxAction, type StepOutcome } from '../../platform/index.ts';
 import type {
   EnvCallOptions,
   Environment,
@@ -26,21 +26,16 @@ export type ChatMessage =
   | { role: 'system' | 'user'; content: string }
   | { role: 'tool'; tool_call_id: string; name: string; content: string };
 
-/** Options for {@link ChatEnv.create}. */
-export interface ChatEnvOptions {
-  /** The system message; default: a short one on acting through the tools. */
-  systemPrompt?: string;
-  /** The first user message when the env has no instruction of its own (a sandbox env). */
-  instruction?: string;
-  /** Turns before the episode is truncated. */
-  maxTurns?: number;
-  /** Tokens before the episode is truncated: counted by `countTokens`, or given to each step. */
-  maxTokens?: number;
+/**
+ * Options for {@link ChatEnv.create}: the wire's (system prompt, instruction, budgets), and what
+ * only a caller in this process can give.
+ */
+export type ChatEnvOptions = Omit<ChatOptions, 'format'> & {
   /** The caller's tokenizer: counts each answer and each tool message the env returns. */
   countTokens?: (text: string) => number;
   /** How text answers hold their calls: a format, or the caller's parser. Default `auto`. */
   parser?: ToolCallFormat | ToolCallParser;
-}
+};
 
 /** Options for {@link ChatEnv.step}. */
 export interface ChatStepOptions extends EnvCallOptions {
