@@ -248,11 +248,12 @@ export class ChatEnv implements Environment<
   private counted(answer: string | AssistantMessage, messages: ChatMessage[]): number {
     const count = this.options.countTokens;
     if (!count) return 0;
+    // the answer's text and its calls' names and arguments: no serialising of what the model nested
     const said =
       typeof answer === 'string'
-        ? answer
-        : [answer.content ?? '', JSON.stringify(answer.tool_calls ?? [])].join('');
-    return [said, ...messages.map((m) => m.content)].reduce((sum, text) => sum + count(text), 0);
+        ? [answer]
+        : [answer.content ?? '', ...(answer.tool_calls ?? []).map(callText)];
+    return [...said, ...messages.map((m) => m.content)].reduce((sum, text) => sum + count(text), 0);
   }
 
   /** Truncates the episode once a budget is spent, graded as it stands when the env grades. */
@@ -286,6 +287,12 @@ export class ChatEnv implements Environment<
   [Symbol.asyncDispose](): Promise<void> {
     return this.close();
   }
+}
+
+/** A chat-completions call's name and arguments as text, whatever shape it came in. */
+function callText(call: unknown): string {
+  const fn = (call as { function?: { name?: unknown; arguments?: unknown } } | null)?.function;
+  return [fn?.name, fn?.arguments].filter((part) => typeof part === 'string').join(' ');
 }
 
 interface TurnResult {
