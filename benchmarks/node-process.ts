@@ -12,7 +12,8 @@ export interface BenchNode extends AsyncDisposable {
   token: string;
 }
 
-export async function startBenchNode(): Promise<BenchNode> {
+/** `args` are more `sandgym node` options (`--max-sandboxes 1100`, say). */
+export async function startBenchNode(args: readonly string[] = []): Promise<BenchNode> {
   const base = defaultDataDir();
   const dataDir = resolve(base, `bench-node-${process.pid}`);
   const token = randomBytes(32).toString('hex');
@@ -29,6 +30,7 @@ export async function startBenchNode(): Promise<BenchNode> {
       defaultStoreDir(base),
       '--node-id',
       'bench',
+      ...args,
     ],
     { env: { ...process.env, SANDGYM_NODE_TOKEN: token }, stdio: ['ignore', 'pipe', 'inherit'] },
   );

@@ -13,8 +13,18 @@ import { atATime } from './report.ts';
  * trials as make up the eval.
  */
 const EVAL_TASKS = ['examples/tasks/fix-sum', 'examples/tasks/hello-file'];
-export const EVAL_EPISODES = 20;
-const EVAL_CONCURRENCY = 4;
+
+/** One eval the peers run: how many episodes, how many at a time. */
+export interface EvalShape {
+  episodes: number;
+  concurrency: number;
+}
+
+/** A short eval at a trainer's usual few at a time, and a longer one at 16 (issue 30). */
+export const EVAL_SHAPES: readonly EvalShape[] = [
+  { episodes: 20, concurrency: 4 },
+  { episodes: 100, concurrency: 16 },
+];
 
 /** How one side did: wall time of the whole eval, and how many episodes it solved. */
 export interface EvalOutcome {
@@ -22,19 +32,23 @@ export interface EvalOutcome {
   solved: number;
 }
 
-/** The eval's episodes: every example task, repeated until there are {@link EVAL_EPISODES}. */
-export async function evalEpisodes(): Promise<Task[]> {
+/** An eval's episodes: every example task, repeated until there are `count`. */
+export async function evalEpisodes(count: number): Promise<Task[]> {
   const tasks = await loadTasks(EVAL_TASKS.map((path) => resolve(path)));
-  return Array.from({ length: EVAL_EPISODES }, (_, i) => tasks[i % tasks.length]!);
+  return Array.from({ length: count }, (_, i) => tasks[i % tasks.length]!);
 }
 
 /** The oracle over the episodes through sandgym's own runner, as `sandgym eval` runs them. */
-export async function sandgymEval(platform: LocalPlatform, episodes: Task[]): Promise<EvalOutcome> {
+export async function sandgymEval(
+  platform: LocalPlatform,
+  episodes: Task[],
+  concurrency: number,
+): Promise<EvalOutcome> {
   const oracle = BUILT_IN_AGENTS['oracle']!;
   // each environment built once beforehand, as the Docker side's images are
-  await new RolloutRunner(platform, oracle, { concurrency: EVAL_CONCURRENCY }).run(distinct(episodes));
+  await new RolloutRunner(platform, oracle, { concurrency }).run(distinct(episodes));
   const started = performance.now();
-  const reports = await new RolloutRunner(platform, oracle, { concurrency: EVAL_CONCURRENCY }).run(episodes);
+  const reports = await new RolloutRunner(platform, oracle, { concurrency }).run(episodes);
   return {
     ms: performance.now() - started,
     solved: reports.filter((r) => r.outcome.kind === 'ok' && r.reward >= 1).length,
@@ -110,6 +124,7 @@ export async function engineEval(
   engine: PeerEngine,
   platform: LocalPlatform,
   episodes: Task[],
+  concurrency: number,
 ): Promise<EvalOutcome> {
   const scratch = await mkdtemp(join(platform.dataDir, 'peer-eval-'));
   try {
@@ -133,7 +148,7 @@ export async function engineEval(
       });
     }
     const started = performance.now();
-    const solved = await atATime(episodes.length, EVAL_CONCURRENCY, (i) => {
+    const solved = await atATime(episodes.length, concurrency, (i) => {
       const task = episodes[i]!;
       const { image, ...tars } = prepared.get(task.source)!;
       return engineEpisode(engine, image, task, tars);

@@ -4,7 +4,7 @@ import { runProgram } from '../src/backends/index.ts';
 import type { Sandbox } from '../src/platform/index.ts';
 import { BenchFixture } from './fixture.ts';
 import { startDocker, startPodman, type PeerEngine } from './peer-engines.ts';
-import { EVAL_EPISODES, engineEval, evalEpisodes, sandgymEval, type EvalOutcome } from './peer-eval.ts';
+import { EVAL_SHAPES, engineEval, evalEpisodes, sandgymEval, type EvalOutcome } from './peer-eval.ts';
 import {
   atATime,
   compared,
@@ -100,8 +100,9 @@ function engineDriver(engine: PeerEngine): Driver {
 /**
  * peers: the same work through sandgym (embedded, cold creates) and through Debian's Docker
  * (`docker.io`) and Podman, each driven through its API socket as an SDK would, in one run:
- * create→ready, `true` round trip, 100 creates 16 at a time, host memory per idle sandbox, and a
- * 20-episode eval of the example tasks (sandgym's runner against a Docker harness's steps).
+ * create→ready, `true` round trip, 100 creates 16 at a time, host memory per idle sandbox, and
+ * evals of the example tasks, 20 episodes 4 at a time and 100 16 at a time (sandgym's runner
+ * against a Docker harness's steps).
  * The engines run in folders of their own, without iptables or a bridge, and everything they
  * made is removed at the end.
  */
@@ -120,9 +121,21 @@ export async function benchPeers(options: BenchOptions): Promise<BenchReport> {
     },
     options,
   );
-  const episodes = await evalEpisodes();
-  options.progress(`peers: sandgym: eval of ${episodes.length} example-task episodes, oracle agent`);
-  const evals: Record<string, EvalOutcome> = { sandgym: await sandgymEval(fixture.platform, episodes) };
+  /** Each side's outcome of each eval shape, keyed `name` then `EPISODES_at_CONCURRENCY`. */
+  const evals: Record<string, Record<string, EvalOutcome>> = { sandgym: {} };
+  const shapes = await Promise.all(
+    EVAL_SHAPES.map(async (shape) => ({
+      ...shape,
+      key: `${shape.episodes}_at_${shape.concurrency}`,
+      tasks: await evalEpisodes(shape.episodes),
+    })),
+  );
+  const evalNote = (s: (typeof shapes)[number]): string =>
+    `eval of ${s.episodes} example-task episodes, ${s.concurrency} at a time`;
+  for (const shape of shapes) {
+    options.progress(`peers: sandgym: ${evalNote(shape)}, oracle agent`);
+    evals['sandgym']![shape.key] = await sandgymEval(fixture.platform, shape.tasks, shape.concurrency);
+  }
   const tarFile = join(fixture.dir, 'busybox.tar');
   await runProgram('tar', ['-C', fixture.rootfs, '-cf', tarFile, '.']);
   const tar = await readFile(tarFile);
@@ -135,10 +148,11 @@ export async function benchPeers(options: BenchOptions): Promise<BenchReport> {
     await using engine = await start(join(fixture.dir, name));
     await engine.api.importImage(tar, 'sandgym-bench/busybox', 'latest');
     peers[name] = await measure(name, engineDriver(engine), options);
-    options.progress(
-      `peers: ${name}: eval of ${episodes.length} example-task episodes, as a Docker harness runs them`,
-    );
-    evals[name] = await engineEval(engine, fixture.platform, episodes);
+    evals[name] = {};
+    for (const shape of shapes) {
+      options.progress(`peers: ${name}: ${evalNote(shape)}, as a Docker harness runs them`);
+      evals[name][shape.key] = await engineEval(engine, fixture.platform, shape.tasks, shape.concurrency);
+    }
   }
   const p50 = (samples: number[]): number => quantile(samples, 0.5);
   const perSecond = (ms: number): number => (BURST / ms) * 1000;
@@ -152,14 +166,18 @@ export async function benchPeers(options: BenchOptions): Promise<BenchReport> {
       'sandboxes/s',
     );
     metrics[`idle_memory_vs_${name}`] = compared(sandgym.idleKib / 1024, side.idleKib / 1024, 'MiB');
-    metrics[`eval_${EVAL_EPISODES}_episodes_s_vs_${name}`] = compared(
-      (evals['sandgym']?.ms ?? NaN) / 1000,
-      (evals[name]?.ms ?? NaN) / 1000,
-      's',
-    );
+    for (const { key } of shapes) {
+      metrics[`eval_${key}_s_vs_${name}`] = compared(
+        (evals['sandgym']?.[key]?.ms ?? NaN) / 1000,
+        (evals[name]?.[key]?.ms ?? NaN) / 1000,
+        's',
+      );
+    }
   }
-  for (const [name, outcome] of Object.entries(evals)) {
-    metrics[`eval_solved_${name}`] = { value: outcome.solved, unit: `of ${EVAL_EPISODES}` };
+  for (const [name, outcomes] of Object.entries(evals)) {
+    for (const { key, episodes } of shapes) {
+      metrics[`eval_${key}_solved_${name}`] = { value: outcomes[key]?.solved ?? 0, unit: `of ${episodes}` };
+    }
   }
   return { bench: 'peers', host: hostInfo(), metrics };
 }

@@ -35,7 +35,8 @@ class SandgymError(Exception):
 
 def from_rpc_error(error):
     """The SandgymError a failed gRPC call comes to."""
-    trailing = dict(error.trailing_metadata() or ())
+    # pairs, from grpc's tuple of metadata and grpc.aio's Metadata alike (not a plain mapping)
+    trailing = {key: value for key, value in (error.trailing_metadata() or ())}
     code = trailing.get("sandgym-code") or _CODE_OF_STATUS.get(error.code(), "platform_error")
     unreachable = error.code() == grpc.StatusCode.UNAVAILABLE and "sandgym-code" not in trailing
     retryable = trailing.get("sandgym-retryable") == "true" or unreachable

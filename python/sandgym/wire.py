@@ -1,8 +1,13 @@
 """The wire under the client: gRPC with msgpack messages, as docs/wire.md describes."""
 
+from __future__ import annotations
+
+import asyncio
 import os
+from typing import Any, List, Optional, Tuple
 
 import grpc
+import grpc.aio
 import msgpack
 
 from .errors import SandgymError, from_rpc_error
@@ -19,7 +24,7 @@ def _decode(data):
     return msgpack.unpackb(data, raw=False)
 
 
-def parse_url(url):
+def parse_url(url: str) -> str:
     """`grpc://HOST:PORT` (or `HOST:PORT`) as the target gRPC dials."""
     target = url[len("grpc://"):] if url.startswith("grpc://") else url
     if "://" in target or ":" not in target:
@@ -35,7 +40,7 @@ def _read_pem(path, what):
         raise SandgymError("invalid_argument", f"cannot read the TLS {what} {path}: {error}") from None
 
 
-def tls_credentials(ca=None, cert=None, key=None):
+def tls_credentials(ca: Optional[str] = None, cert: Optional[str] = None, key: Optional[str] = None) -> Any:
     """TLS to the server, from PEM file paths; defaults to $SANDGYM_TLS_CA, $SANDGYM_TLS_CERT and
     $SANDGYM_TLS_KEY. Returns None (plaintext) when no CA is given. The certificate and key are
     what a server that asks for mutual TLS checks."""
@@ -53,30 +58,38 @@ def tls_credentials(ca=None, cert=None, key=None):
     )
 
 
+_CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+    # a restarted node is back within seconds: do not back off for minutes
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+]
+
+
+def _metadata_of(token: str, project: Optional[str]) -> List[Tuple[str, str]]:
+    metadata = [("authorization", f"Bearer {token}")]
+    if project:
+        metadata.append(("sandgym-project", project))
+    return metadata
+
+
 class Wire:
     """One channel to a node agent or a controller; every call carries the token."""
 
-    def __init__(self, url, token, project=None, connect_timeout=10.0, tls=None):
+    def __init__(self, url: str, token: str, project: Optional[str] = None, connect_timeout: float = 10.0, tls: Any = None) -> None:
         credentials = tls if tls is not None else tls_credentials()
-        options = [
-            ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
-            # a restarted node is back within seconds: do not back off for minutes
-            ("grpc.initial_reconnect_backoff_ms", 200),
-            ("grpc.max_reconnect_backoff_ms", 2000),
-        ]
+        target = parse_url(url)
         self._channel = (
-            grpc.secure_channel(parse_url(url), credentials, options=options)
+            grpc.secure_channel(target, credentials, options=_CHANNEL_OPTIONS)
             if credentials is not None
-            else grpc.insecure_channel(parse_url(url), options=options)
+            else grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
         )
-        self._metadata = [("authorization", f"Bearer {token}")]
-        if project:
-            self._metadata.append(("sandgym-project", project))
-        self._methods = {}
+        self._metadata = _metadata_of(token, project)
+        self._methods: dict = {}
         self.wait_ready(connect_timeout)
 
-    def wait_ready(self, timeout=10.0):
+    def wait_ready(self, timeout: float = 10.0) -> None:
         """Returns once the server is reachable; raises a retryable `node_lost` after `timeout`."""
         try:
             grpc.channel_ready_future(self._channel).result(timeout=timeout)
@@ -90,7 +103,7 @@ class Wire:
             self._methods[path] = method
         return method
 
-    def call(self, service, method, request, timeout=None):
+    def call(self, service: str, method: str, request: dict, timeout: Optional[float] = None) -> Any:
         """One unary call; a failure raises SandgymError."""
         try:
             return self._method(f"/sandgym.v1.{service}/{method}")(
@@ -106,7 +119,7 @@ class Wire:
         )
         return _Pending(future)
 
-    def close(self):
+    def close(self) -> None:
         self._channel.close()
 
 
@@ -119,3 +132,56 @@ class _Pending:
             return self._future.result()
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
+
+
+class AsyncWire:
+    """One asyncio channel (grpc.aio) to a node agent or a controller: every call of a process's
+    envs is multiplexed on it as HTTP/2 streams, with no thread per call. Made in the event loop
+    that uses it (see `connect`)."""
+
+    def __init__(self, url: str, token: str, project: Optional[str] = None, tls: Any = None) -> None:
+        credentials = tls if tls is not None else tls_credentials()
+        target = parse_url(url)
+        self._channel = (
+            grpc.aio.secure_channel(target, credentials, options=_CHANNEL_OPTIONS)
+            if credentials is not None
+            else grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
+        )
+        self._metadata = tuple(_metadata_of(token, project))
+        self._methods: dict = {}
+
+    @classmethod
+    async def connect(cls, url: str, token: str, project: Optional[str] = None, connect_timeout: float = 10.0, tls: Any = None) -> "AsyncWire":
+        wire = cls(url, token, project, tls)
+        try:
+            await wire.wait_ready(connect_timeout)
+        except BaseException:
+            await wire.close()
+            raise
+        return wire
+
+    async def wait_ready(self, timeout: float = 10.0) -> None:
+        """Returns once the server is reachable; raises a retryable `node_lost` after `timeout`."""
+        try:
+            await asyncio.wait_for(self._channel.channel_ready(), timeout)
+        except asyncio.TimeoutError:
+            raise SandgymError("node_lost", f"the server did not answer within {timeout} s", True) from None
+
+    def _method(self, path: str) -> Any:
+        method = self._methods.get(path)
+        if method is None:
+            method = self._channel.unary_unary(path, request_serializer=_encode, response_deserializer=_decode)
+            self._methods[path] = method
+        return method
+
+    async def call(self, service: str, method: str, request: dict, timeout: Optional[float] = None) -> Any:
+        """One unary call; a failure raises SandgymError."""
+        try:
+            return await self._method(f"/sandgym.v1.{service}/{method}")(
+                request, metadata=self._metadata, timeout=timeout
+            )
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+
+    async def close(self) -> None:
+        await self._channel.close()

@@ -52,6 +52,7 @@ export { recordText } from './network-record.ts';
 export { callOptionsOf } from './call-options.ts';
 export { isRootUser } from './internal/users.ts';
 export { buildErofsImage } from './host/erofs.ts';
+export { MAX_LISTED as PACK_REPORT_MAX_ENTRIES } from './host/diff-filter.ts';
 export type { DiffFilter, DroppedEntry, FilterReport } from './host/diff-filter.ts';
 export { buildBusyboxRootfs, buildDebianRootfs } from './host/base-rootfs.ts';
 export type { DebianRootfsOptions } from './host/base-rootfs.ts';

@@ -52,7 +52,7 @@ import { TaskServices } from './task-services.ts';
 import { startEntrypoint } from './entrypoint.ts';
 import { waitHealthy } from './healthcheck.ts';
 import { networkReport } from './network-report.ts';
-import { recordText, type NetworkRecord } from '../backends/index.ts';
+import { PACK_REPORT_MAX_ENTRIES, recordText, type NetworkRecord } from '../backends/index.ts';
 import { PhaseClock, type EpisodeTimings } from './episode-timings.ts';
 
 /** How long a task's setup script may run. */
@@ -824,6 +824,19 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     if (mode === 'shared') {
       const touched = packed.present;
       const excluded = packed.excludedByPattern;
+      // grading in place removes the hooks the report lists, and a report lists a bounded number:
+      // past it, hooks the agent hid behind a flood of harmless ones would run with the tests
+      if (excluded.length >= PACK_REPORT_MAX_ENTRIES) {
+        return {
+          reward: 0,
+          tampered: [...this.earlierTampering],
+          deniedEgress,
+          details: {
+            reason: `the agent left ${PACK_REPORT_MAX_ENTRIES} or more start-up hooks and caches (.pth files, sitecustomize, __pycache__ folders, entry point tables), more than grading in its own sandbox can remove before the tests: scored 0`,
+            ...network(),
+          },
+        };
+      }
       // start-up hooks a fresh grader would never have go; the image's modules the agent
       // replaced (which no live sandbox can put back) are named as tampering
       const hooks = startUpHooksIn(excluded);

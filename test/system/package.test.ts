@@ -57,6 +57,10 @@ describe('the npm package', () => {
           'dist/src/env/verifiers/swebench_runner.py',
           'agent/Makefile',
           'agent/agent.c',
+          // the Python client, pip-installable from the package's python/ folder
+          'python/pyproject.toml',
+          'python/sandgym/py.typed',
+          'python/sandgym/aio.py',
         ]),
       );
       // no tests, no TypeScript sources, no source maps, no checkout data

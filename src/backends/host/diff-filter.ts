@@ -56,14 +56,18 @@ export interface FilterReport {
   dropped: DroppedEntry[];
   /**
    * What an exclusion pattern took out (start-up hooks, caches, modules that would shadow the
-   * harness), at most {@link MAX_LISTED_BY_PATTERN}: what grading in the agent's own sandbox must
+   * harness), at most {@link MAX_LISTED}: what grading in the agent's own sandbox must
    * remove there, since no packing keeps it from the tests.
    */
   excludedByPattern: string[];
 }
 
-/** How many pattern-excluded paths a report lists; a diff with more is the agent's flood. */
-const MAX_LISTED_BY_PATTERN = 10_000;
+/**
+ * How many pattern-excluded paths, and how many dropped entries, a report lists: a diff with
+ * more is the agent's flood (each FIFO or link costs it one inode), which must not become an
+ * episode report of millions of entries.
+ */
+export const MAX_LISTED = 10_000;
 
 /** The longest name a layer image holds (mkfs.erofs 1.5 refuses 255-byte names). */
 const MAX_NAME_BYTES = 254;
@@ -120,14 +124,25 @@ export async function filterDiffTree(
   let trashed = 0;
   const discard = (rel: string): Promise<void> => rename(join(tree, rel), join(trash, String(trashed++)));
   const dropped: FilterReport['dropped'] = [];
+  const drop = (entry: DroppedEntry): void => void (dropped.length < MAX_LISTED && dropped.push(entry));
   const excludedByPattern: string[] = [];
   const present = new Set<string>();
-  for (const path of filter.reportPaths ?? []) if (await touches(tree, path)) present.add(path);
+  // the copy is private and still: a path whose first name the tree lacks is not there, which
+  // spares a lookup for each of the few dozen report and exclude paths a diff mostly never touches
+  const topNames = new Set(await readdir(tree));
+  const mayBeThere = (parts: string[]): boolean => parts.length > 0 && topNames.has(parts[0]!);
+  const reported = filter.reportPaths ?? [];
+  // read only, so looked up all at once
+  const touched = await Promise.all(
+    reported.map(async (path) => mayBeThere(components(path)) && (await touches(tree, path))),
+  );
+  reported.forEach((path, i) => touched[i] && present.add(path));
 
   // excluded paths, top down, so no check ever goes through a symlink
   const opaqueCandidates = new Map<string, string[]>();
   for (const path of filter.excludePaths ?? []) {
     const parts = components(path);
+    if (!mayBeThere(parts)) continue;
     for (let depth = 1; depth <= parts.length; depth++) {
       const rel = parts.slice(0, depth).join('/');
       const info = await lstat(join(tree, rel)).catch(() => undefined);
@@ -138,7 +153,7 @@ export async function filterDiffTree(
       }
       if (!info.isDirectory()) {
         await discard(rel);
-        dropped.push({ path: rel, reason: 'replaces_an_excluded_folder' });
+        drop({ path: rel, reason: 'replaces_an_excluded_folder' });
         break;
       }
       opaqueCandidates.set(rel, [...(opaqueCandidates.get(rel) ?? []), path]);
@@ -165,13 +180,13 @@ export async function filterDiffTree(
           Buffer.concat([Buffer.from(`${join(tree, dir)}/`), entry.bytes]),
           join(trash, String(trashed++)),
         );
-        dropped.push({ path: rel, reason: 'name_not_utf8' });
+        drop({ path: rel, reason: 'name_not_utf8' });
         continue;
       }
       let reason: Exclude<DropReason, 'excluded'> | undefined;
       if (excluded.some((regex) => regex.test(rel))) {
         await discard(rel); // left out as asked, so not reported as dropped
-        if (excludedByPattern.length < MAX_LISTED_BY_PATTERN) excludedByPattern.push(rel);
+        if (excludedByPattern.length < MAX_LISTED) excludedByPattern.push(rel);
         continue;
       }
       if (Buffer.byteLength(entry.name) > MAX_NAME_BYTES) reason = 'name_too_long';
@@ -181,7 +196,7 @@ export async function filterDiffTree(
         reason = 'special_file';
       if (reason) {
         await discard(rel);
-        dropped.push({ path: rel, reason });
+        drop({ path: rel, reason });
       } else if (entry.isDirectory()) {
         pending.push(rel);
       } else if (entry.isSymbolicLink()) {
@@ -204,7 +219,7 @@ export async function filterDiffTree(
     });
     for (const rel of leaking) {
       await discard(rel);
-      dropped.push({ path: rel, reason: 'links_into_hidden' });
+      drop({ path: rel, reason: 'links_into_hidden' });
     }
   }
   return { present: [...present], dropped, excludedByPattern };

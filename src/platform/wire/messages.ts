@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { BACKEND_NAMES } from '../../backends/index.ts';
+import { BACKEND_NAMES, PACK_REPORT_MAX_ENTRIES } from '../../backends/index.ts';
 import { ids, names, notAnId, pathInTree, textWithoutNul } from '../../common/index.ts';
 import { environmentSchema, layerManifestSchema } from '../store/layer-store.ts';
 import { networkRulesSchema, sandboxRequestSchema } from '../sandbox-request.ts';
@@ -288,8 +288,9 @@ export const packDiffResult = z.object({
         ]),
       }),
     )
+    .max(PACK_REPORT_MAX_ENTRIES)
     .default([]),
-  excludedByPattern: z.array(z.string()).max(10_000).default([]),
+  excludedByPattern: z.array(z.string()).max(PACK_REPORT_MAX_ENTRIES).default([]),
 });
 export const environmentRef = z.strictObject({ ref: ids.environment() });
 export const environmentMessage = environmentSchema;
