@@ -1,9 +1,17 @@
 """A node's env at the level of chat messages, for trainers that generate with their own engine
 (the Envs service's ChatReset and ChatStep, docs/wire.md "Chat episodes")."""
 
-import time
+from __future__ import annotations
 
+import time
+from typing import Any, Callable, Iterable, List, Mapping, Optional, Tuple, Union
+
+from ._shapes import reset_request
 from .errors import SandgymError
+
+Answer = Union[str, Mapping[str, Any]]
+Parser = Callable[[str], Iterable[Mapping[str, Any]]]
+ChatStepResult = Tuple[List[dict], float, bool, bool, dict]
 
 # how long a turn waits for a node that went away to come back before giving up
 _RECONNECT_S = 30.0
@@ -29,25 +37,25 @@ class ChatEnv:
 
     def __init__(
         self,
-        platform,
-        spec,
+        platform: Any,
+        spec: Mapping[str, Any],
         *,
-        system_prompt=None,
-        instruction=None,
-        max_turns=None,
-        max_tokens=None,
-        format=None,
-        parser=None,
-        count_tokens=None,
-    ):
+        system_prompt: Optional[str] = None,
+        instruction: Optional[str] = None,
+        max_turns: Optional[int] = None,
+        max_tokens: Optional[int] = None,
+        format: Optional[str] = None,
+        parser: Optional[Parser] = None,
+        count_tokens: Optional[Callable[[str], int]] = None,
+    ) -> None:
         self._wire = platform._wire
-        self.spec = spec
-        self.env_id = None
-        self.tools = []
+        self.spec = dict(spec)
+        self.env_id: Optional[str] = None
+        self.tools: List[dict] = []
         self._parser = parser
         self._count_tokens = count_tokens
         self._turn = 0
-        self._shown = []
+        self._shown: List[dict] = []
         options = {
             "systemPrompt": system_prompt,
             "instruction": instruction,
@@ -57,35 +65,30 @@ class ChatEnv:
         }
         self._chat = {key: value for key, value in options.items() if value is not None}
 
-    def reset(self, seed=None, options=None):
+    def reset(self, seed: Optional[int] = None, options: Optional[Mapping[str, Any]] = None) -> Tuple[List[dict], dict]:
         """Starts an episode: (messages, info). `options` may name it: {"episode_id": "..."}."""
         if self.env_id is None:
             self.env_id = self._wire.call("Envs", "Make", {"spec": self.spec})["envId"]
-        request = {"envId": self.env_id, "chat": self._chat}
-        if seed is not None:
-            request["seed"] = int(seed)
-        episode_id = (options or {}).get("episode_id", (options or {}).get("episodeId"))
-        if episode_id is not None:
-            request["options"] = {"episodeId": episode_id}
+        request = dict(reset_request(self.env_id, seed, options), chat=self._chat)
         reply = self._wire.call("Envs", "ChatReset", request)
         self._turn = 0
         self._shown = reply["messages"]
         self.tools = reply["info"].get("tools", [])
         return reply["messages"], reply["info"]
 
-    def step(self, answer, tokens=None):
+    def step(self, answer: Answer, tokens: Optional[int] = None) -> ChatStepResult:
         """One turn: (messages, reward, terminated, truncated, info). `info["outcome"]` is the
         platform's verdict on the turn: an `infra_failure` is not the model's doing."""
         if self.env_id is None:
             raise SandgymError("failed_precondition", "Call reset() before step()")
         text = answer if isinstance(answer, str) else (answer.get("content") or "")
-        parse_error = None
+        parse_error: Optional[str] = None
         if self._parser is not None and isinstance(answer, str):
-            answer, parse_error = self._parsed(answer)
+            answer, parse_error = self._parsed(self._parser, answer)
         if tokens is None and self._count_tokens is not None:
             shown = [m.get("content") or "" for m in self._shown if m.get("role") != "system"]
             tokens = sum(int(self._count_tokens(t)) for t in [text, *shown])
-        request = {"envId": self.env_id, "turn": self._turn, "answer": answer}
+        request: dict = {"envId": self.env_id, "turn": self._turn, "answer": answer}
         if tokens is not None:
             request["tokens"] = int(tokens)
         reply = self._call_surviving_restarts(request)
@@ -97,10 +100,10 @@ class ChatEnv:
             info["parse_error"] = parse_error
         return reply["messages"], float(reply["reward"]), reply["terminated"], reply["truncated"], info
 
-    def _parsed(self, text):
+    def _parsed(self, parser: Parser, text: str) -> Tuple[dict, Optional[str]]:
         """The answer as a message whose calls the caller's parser read, and what it raised."""
         try:
-            calls = list(self._parser(text))
+            calls = list(parser(text))
         except Exception as error:  # the parser's failure is the model's observation
             return {"role": "assistant", "content": "", "tool_calls": []}, f"{type(error).__name__}: {error}"
         tool_calls = []
@@ -116,7 +119,7 @@ class ChatEnv:
         # the text was read here: the node reads only the calls
         return {"role": "assistant", "content": "", "tool_calls": tool_calls}, None
 
-    def _call_surviving_restarts(self, request):
+    def _call_surviving_restarts(self, request: dict) -> dict:
         deadline = time.monotonic() + _RECONNECT_S
         while True:
             try:
@@ -127,14 +130,14 @@ class ChatEnv:
                     raise
                 self._wire.wait_ready(max(0.1, deadline - time.monotonic()))
 
-    def close(self):
+    def close(self) -> None:
         """Destroys the env and its sandbox. Idempotent."""
         if self.env_id is not None:
             env_id, self.env_id = self.env_id, None
             self._wire.call("Envs", "Close", {"envId": env_id})
 
-    def __enter__(self):
+    def __enter__(self) -> "ChatEnv":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()

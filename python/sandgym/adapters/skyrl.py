@@ -12,6 +12,10 @@ to the model (`system_prompt`, `max_turns`, `max_tokens`, `format`); `extras`, p
 env (`spec`, or `task`: a path under the node's task root).
 """
 
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 from skyrl_gym.envs.registration import register as _register
 
@@ -22,7 +26,7 @@ from ..platform import Platform
 _CHAT_OPTIONS = ("system_prompt", "instruction", "max_tokens", "format")
 
 
-def register(env_id="sandgym"):
+def register(env_id: str = "sandgym") -> None:
     """Registers the adapter with SkyRL-gym under `env_id`."""
     _register(id=env_id, entry_point="sandgym.adapters.skyrl:SandgymTextEnv")
 
@@ -30,7 +34,7 @@ def register(env_id="sandgym"):
 class SandgymTextEnv(BaseTextEnv):
     """One episode of a sandgym env per instance, as SkyRL makes one per sample."""
 
-    def __init__(self, env_config=None, extras=None):
+    def __init__(self, env_config: Optional[Mapping[str, Any]] = None, extras: Optional[Mapping[str, Any]] = None) -> None:
         super().__init__()
         config = dict(env_config or {})
         extras = dict(extras or {})
@@ -44,13 +48,13 @@ class SandgymTextEnv(BaseTextEnv):
         options = {key: config[key] for key in _CHAT_OPTIONS if config.get(key) is not None}
         self._chat = ChatEnv(self._platform, spec, max_turns=self.max_turns, **options)
 
-    def init(self, prompt=None):
+    def init(self, prompt: Optional[List[Dict[str, str]]] = None) -> Tuple[List[dict], Dict[str, Any]]:
         """The episode's opening messages (the dataset's prompt is the task's, told by the node)."""
         messages, info = self._chat.reset()
         self.turns = 0
         return messages, {"tools": self._chat.tools, "episode_id": info.get("episodeId")}
 
-    def step(self, action):
+    def step(self, action: str) -> BaseTextEnvStepOutput:
         messages, reward, terminated, truncated, info = self._chat.step(action)
         self.turns += 1
         return BaseTextEnvStepOutput(
@@ -60,7 +64,7 @@ class SandgymTextEnv(BaseTextEnv):
             metadata=info,
         )
 
-    def close(self):
+    def close(self) -> None:
         try:
             self._chat.close()
         finally:
