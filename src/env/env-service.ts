@@ -18,6 +18,7 @@ import {
   type ServedService,
 } from '../platform/index.ts';
 import type { ResetInfo, StepInfo, StepResult } from './environment.ts';
+import { ChatEnv, type ChatMessage } from './chat/chat-env.ts';
 import { SandboxEnv, type CheckpointRef } from './sandbox-env.ts';
 import { TaskEnv, type TaskCheckpoint } from './task-env.ts';
 import { loadTasks } from './tasks/load-tasks.ts';
@@ -58,6 +59,16 @@ interface Served {
   last?: { index: number; action: StepAction; result: StepResult<unknown> };
   /** Calls on one env run one at a time, in order. */
   queue: Promise<unknown>;
+  /** The chat episode, once ChatReset started one: its turns go through ChatStep only. */
+  chat?: ServedChat;
+}
+
+interface ServedChat {
+  env: ChatEnv;
+  /** The index the next turn must have. */
+  next: number;
+  /** The last turn, its answer and result, for a retry whose answer was lost. */
+  last?: { turn: number; answer: unknown; result: StepResult<ChatMessage[]> };
 }
 
 interface Saved {
@@ -281,6 +292,7 @@ export function envService(
         });
         served.next = 0;
         delete served.last;
+        delete served.chat;
         await remember(envId, served, reset);
         return wireReset(reset);
       }),
@@ -289,6 +301,11 @@ export function envService(
         envId,
         call.principal.project,
         async (served) => {
+          if (served.chat)
+            throw new SandgymError(
+              'failed_precondition',
+              `Env ${envId} is in a chat episode: step it with ChatStep, or Reset it`,
+            );
           // read as the step reads it, so a retry matches whatever form the action came in
           const read = stepActionOf(action);
           if (served.last && stepIndex === served.last.index) {
@@ -340,8 +357,46 @@ export function envService(
             : await served.env.restore(found.checkpoint);
         served.next = 0;
         delete served.last;
+        delete served.chat;
         await remember(envId, served, restored);
         return wireReset(restored);
+      }),
+    ChatReset: ({ envId, seed, options: resetOptions, chat }, call) =>
+      withEnv(envId, call.principal.project, async (served) => {
+        const { format, ...chatOptions } = chat ?? {};
+        const env = ChatEnv.create(served.env, { ...chatOptions, ...(format ? { parser: format } : {}) });
+        const reset = await env.reset({
+          ...(seed === undefined ? {} : { seed }),
+          ...(resetOptions?.episodeId ? { options: { episodeId: resetOptions.episodeId } } : {}),
+        });
+        served.next = 0;
+        delete served.last;
+        served.chat = { env, next: 0 };
+        return { messages: reset.observation.map(plain), info: plain(reset.info) };
+      }),
+    ChatStep: ({ envId, turn, answer, tokens }, call) =>
+      withEnv(envId, call.principal.project, async (served) => {
+        const chat = served.chat;
+        if (!chat)
+          throw new SandgymError(
+            'failed_precondition',
+            `Env ${envId} has no chat episode: call ChatReset first`,
+          );
+        if (chat.last && turn === chat.last.turn) {
+          if (!sameValue(chat.last.answer, answer))
+            throw new SandgymError('divergence', `Turn ${turn} of env ${envId} already ran another answer`);
+          return wireChatStep({ ...chat.last.result, info: { ...chat.last.result.info, replayed: true } });
+        }
+        if (turn !== chat.next)
+          throw new SandgymError(
+            'invalid_argument',
+            `Turn ${turn} of env ${envId} is out of order: the next turn is ${chat.next}`,
+          );
+        // whatever it holds: what cannot be read is the model's observation (see ChatEnv.step)
+        const result = await chat.env.step(answer, tokens === undefined ? {} : { tokens });
+        chat.last = { turn, answer, result };
+        chat.next = turn + 1;
+        return wireChatStep(result);
       }),
     // queued like any call: a step in flight ends (and is recorded) before its env goes
     Close: ({ envId }, call) =>
@@ -436,6 +491,11 @@ function wireStep(result: StepResult<unknown, StepInfo>) {
     info: plain(result.info),
     outcome: plain(result.outcome),
   };
+}
+
+function wireChatStep(result: StepResult<ChatMessage[], StepInfo>) {
+  const { observation, ...rest } = wireStep(result);
+  return { ...rest, messages: (observation as unknown as ChatMessage[]).map(plain) };
 }
 
 /** A value as plain JSON data: what a client in another language can read. */

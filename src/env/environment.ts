@@ -40,8 +40,11 @@ export interface StepInfo {
   /** When the step started on the platform, and how long it took there, in ms. */
   startedAt?: string;
   durationMs?: number;
-  /** Set by {@link withStepLimit} on the step that hit the limit. */
-  truncatedBy?: 'step_limit';
+  /**
+   * Set on the step that hit a limit: {@link withStepLimit}'s steps, or a chat env's turns or
+   * tokens.
+   */
+  truncatedBy?: 'step_limit' | 'turn_limit' | 'token_limit';
   /** Set by a VectorEnv that started the next episode in this step. */
   autoreset?: boolean;
   /** With `autoreset` in `same_step` mode: the ended episode's last observation and info. */

@@ -8,7 +8,7 @@ export type {
   RestoredInfo,
   SandboxEnvOptions,
 } from './sandbox-env.ts';
-export { sandboxActionSchema, stepActionOf } from '../platform/index.ts';
+export { stepActionOf } from '../platform/index.ts';
 export type { InvalidAction, SandboxAction, SandboxObservation, StepAction } from '../platform/index.ts';
 export { withStepLimit } from './wrappers.ts';
 export { VectorEnv } from './vector-env.ts';
@@ -76,3 +76,17 @@ export { envService } from './env-service.ts';
 export type { EnvServiceOptions } from './env-service.ts';
 export { networkReportOf, networkReportText } from './network-report.ts';
 export type { NetworkReport } from './network-report.ts';
+export { ChatEnv } from './chat/chat-env.ts';
+export type {
+  ChatCallRecord,
+  ChatEnvOptions,
+  ChatMessage,
+  ChatResetInfo,
+  ChatStepInfo,
+  ChatStepOptions,
+} from './chat/chat-env.ts';
+export { CHAT_TOOLS, CHAT_TOOL_NAMES, actionOfToolCall } from './chat/tools.ts';
+export type { ChatTool } from './chat/tools.ts';
+export { MAX_ANSWER_CHARS, MAX_CALLS_PER_ANSWER } from './chat/parse-calls.ts';
+export type { AssistantMessage, ToolCallFormat, ToolCallParser } from './chat/parse-calls.ts';
+export { observationText } from './chat/observation-text.ts';

@@ -64,6 +64,14 @@ const GRADING_OVERHEAD_MS = 2 * 60_000;
 /** Errors of grading that are the platform's, not the verifier's: an infrastructure outcome. */
 const INFRA_CODES = ['node_lost', 'admission_rejected', 'platform_error'] as const;
 
+/** The outcome of an episode whose grading threw `error`: the platform's failure, or the verifier's. */
+export function gradingFailure(error: unknown): StepOutcome {
+  const message = messageOf(error);
+  return isSandgymError(error, ...INFRA_CODES)
+    ? { kind: 'infra_failure', reason: error.code as FailureReason, message }
+    : { kind: 'verifier_error', message };
+}
+
 /**
  * What probes of clean sandboxes found, per layer stack: environments are immutable, so one probe
  * serves every episode of every task on them in this process.
@@ -741,15 +749,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
         },
       };
     } catch (error) {
-      const message = messageOf(error);
-      const infra = isSandgymError(error, ...INFRA_CODES) ? (error.code as FailureReason) : undefined;
-      return {
-        ...result,
-        reward: 0,
-        outcome: infra
-          ? { kind: 'infra_failure', reason: infra, message }
-          : { kind: 'verifier_error', message },
-      };
+      return { ...result, reward: 0, outcome: gradingFailure(error) };
     }
   }
 

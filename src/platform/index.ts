@@ -15,6 +15,7 @@ export {
   ENVS,
   NODE,
   WireClient,
+  chatOptions,
   envSpecSchema,
   networkGrantOf,
   quotaOf,
@@ -23,6 +24,7 @@ export {
 } from './wire/index.ts';
 export type {
   CallContext,
+  ChatOptions,
   DrainProgress,
   EnvSpec,
   Handlers,

@@ -1,5 +1,11 @@
-import { messageOf, parseAt, secretRedactor, urlSecrets } from '../common/index.ts';
-import { sandboxActionSchema, type SandboxAction, type TaskObservation } from '../env/index.ts';
+import { messageOf, secretRedactor, urlSecrets } from '../common/index.ts';
+import {
+  CHAT_TOOLS,
+  CHAT_TOOL_NAMES,
+  actionOfToolCall,
+  type SandboxAction,
+  type TaskObservation,
+} from '../env/index.ts';
 import type { Agent, AgentDecision } from './agent-types.ts';
 import type { TokenUsage } from './episode-report.ts';
 import { askModel, type Completion, type ModelRequest } from './model-endpoint.ts';
@@ -23,44 +29,8 @@ export interface OpenAiAgentOptions {
   requestTimeoutMs?: number;
 }
 
-/** The env's actions as chat-completions tools. */
-const TOOLS = [
-  tool(
-    'exec',
-    'Run a shell command in the sandbox; returns its output and exit code.',
-    {
-      command: { type: 'string', description: 'A shell line, run with /bin/sh -c' },
-      cwd: { type: 'string', description: 'Absolute working directory' },
-      timeout_ms: { type: 'integer', description: 'Time limit in milliseconds' },
-    },
-    ['command'],
-  ),
-  tool(
-    'write_file',
-    'Write a text file (parent folders are created).',
-    {
-      path: { type: 'string', description: 'Absolute path' },
-      content: { type: 'string' },
-    },
-    ['path', 'content'],
-  ),
-  tool('read_file', 'Read a text file.', { path: { type: 'string', description: 'Absolute path' } }, [
-    'path',
-  ]),
-  tool('list_dir', 'List a folder.', { path: { type: 'string', description: 'Absolute path' } }, ['path']),
-  tool('submit', 'Finish: the task is done (or cannot be done). Grading follows.', {}, []),
-];
-
-function tool(name: string, description: string, properties: Record<string, unknown>, required: string[]) {
-  return {
-    type: 'function' as const,
-    function: {
-      name,
-      description,
-      parameters: { type: 'object', properties, required, additionalProperties: false },
-    },
-  };
-}
+/** The env's actions as chat-completions tools: the chat env's, so both act alike. */
+const TOOLS = CHAT_TOOLS;
 
 const DEFAULT_SYSTEM_PROMPT =
   'You are an agent working in a Linux sandbox to complete a task. Act only through the tools, one call at a time, and call submit when the task is done.';
@@ -73,7 +43,7 @@ type ChatMessage =
   | { role: 'tool'; tool_call_id: string; content: string };
 
 /** The names of the tools the model is given. */
-const TOOL_NAMES = new Set(TOOLS.map((t) => t.function.name));
+const TOOL_NAMES = CHAT_TOOL_NAMES;
 
 /**
  * A tool call as the conversation keeps it and sends back: its arguments a JSON object, or why
@@ -137,14 +107,7 @@ function wellFormed(value: unknown): boolean {
 /** The action a tool call asks for, or why it cannot be one (told to the model). */
 function actionOf(call: ReadCall): SandboxAction | { error: string } {
   if (!call.args) return { error: call.problem ?? 'unusable call' };
-  const { timeout_ms: timeoutMs, ...rest } = call.args;
-  const name = call.echoed.function.name;
-  try {
-    const asked = { type: name, ...rest, ...(timeoutMs === undefined ? {} : { timeoutMs }) };
-    return parseAt(sandboxActionSchema, asked, `${name} call`);
-  } catch (error) {
-    return { error: messageOf(error) };
-  }
+  return actionOfToolCall(call.echoed.function.name, call.args);
 }
 
 /** The longest tool-call id kept; a longer one is replaced. */

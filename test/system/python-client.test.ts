@@ -107,7 +107,7 @@ describe('the Python client', () => {
   it("runs the README's samples as written, against the node", async () => {
     const readme = await readFile(join(PYTHON_DIR, 'README.md'), 'utf8');
     const samples = [...readme.matchAll(/```python\n([\s\S]*?)```/g)].map((m) => m[1]!);
-    expect(samples.length).toBe(3);
+    expect(samples.length).toBe(4);
     for (const sample of samples) {
       // the samples name the README's node address; the test's node is elsewhere
       const code = sample.replaceAll('grpc://127.0.0.1:7100', `grpc://${node.address}`);

@@ -36,6 +36,8 @@ export function envRouting(
     Step: (request, call) => route(request.envId).call('Step', request, as(call)),
     Checkpoint: (request, call) => route(request.envId).call('Checkpoint', request, as(call)),
     Restore: (request, call) => route(request.envId).call('Restore', request, as(call)),
+    ChatReset: (request, call) => route(request.envId).call('ChatReset', request, as(call)),
+    ChatStep: (request, call) => route(request.envId).call('ChatStep', request, as(call)),
     Close: (request, call) => route(request.envId).call('Close', request, as(call)),
   });
 }

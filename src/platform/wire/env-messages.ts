@@ -71,3 +71,40 @@ export const envRestoreRequest = z.strictObject({
   envId: envIdField,
   checkpointId: ids.envCheckpoint(),
 });
+
+/**
+ * How a chat env talks to a model (see ChatEnv): what it is told first, its budgets, and the
+ * text format its tool calls come in when its answers are text.
+ */
+export const chatOptions = z.strictObject({
+  /** The system message; default: a short one on acting through the tools. */
+  systemPrompt: notAnId(z.string().max(256 * 1024)).optional(),
+  /** The first user message of an env with no instruction of its own (a sandbox env). */
+  instruction: notAnId(z.string().max(1024 * 1024)).optional(),
+  /** Turns (answers stepped) before the episode is truncated. */
+  maxTurns: z.number().int().positive().max(1_000_000).optional(),
+  /** Tokens (as the caller counts them per step) before the episode is truncated. */
+  maxTokens: z.number().int().positive().max(1_000_000_000).optional(),
+  /** `auto`: whichever of `hermes` (`<tool_call>` JSON) or `llama3` (bare JSON) a text answer holds. */
+  format: z.enum(['auto', 'hermes', 'llama3']).optional(),
+});
+export type ChatOptions = z.output<typeof chatOptions>;
+
+/** A chat episode: as `Reset`, and how the chat env talks to the model. */
+export const chatResetRequest = envResetRequest.extend({ chat: chatOptions.optional() });
+const chatMessages = z.array(z.record(z.string(), z.unknown()));
+export const chatResetReply = z.object({ messages: chatMessages, info });
+export const chatStepRequest = z.strictObject({
+  envId: envIdField,
+  /** The turn's index in its episode: a retried index answers with that turn's result again. */
+  turn: count,
+  /**
+   * The model's answer, as it gave it: its text, or a chat-completions message (`content`,
+   * `tool_calls`). Whatever it holds is read by the chat env, which tells the model what it
+   * could not read.
+   */
+  answer: notAnId(z.union([z.string(), z.record(z.string(), z.unknown())])),
+  /** This turn's tokens, as the caller counted them, for the token budget. */
+  tokens: count.optional(),
+});
+export const chatStepReply = envStepReply.omit({ observation: true }).extend({ messages: chatMessages });

@@ -204,5 +204,16 @@ export const ENVS = {
       summary: 'go on from a checkpoint in a new sandbox',
     }),
     Close: unary({ request: e.envRef, response: m.empty, summary: 'destroy the env and its sandbox' }),
+    ChatReset: unary({
+      request: e.chatResetRequest,
+      response: e.chatResetReply,
+      summary: 'start a chat episode: the opening messages and the tools',
+    }),
+    ChatStep: unary({
+      request: e.chatStepRequest,
+      response: e.chatStepReply,
+      maxRequestBytes: MAX_FILE_MESSAGE,
+      summary: "one turn: the model's answer in, its tool calls run in order, tool messages out",
+    }),
   },
 } satisfies ServiceDef;
