@@ -38,11 +38,13 @@ const USAGE = `usage: sandgym COMMAND [ARGS]   (sandgym --version: this package'
   layer gc [--min-age-minutes N] [--json] unused mounts, node copies and unreferenced layers (default age 60)
   env ls [--json] | env show NAME:VERSION environments: layer stacks plus config
   eval TASK... [--agent oracle|nop|openai:MODEL|MODULE.js] [--base-url URL] [--concurrency N] [--max-steps N]
+       [--temperature T] [--max-tokens N] [--system-prompt TEXT] [--token-ids]
        [--json OUT] [--report OUT.html] [--atif DIR] [--run NAME [--lease 30s]] [--decision-timeout 30m]
        [--fallback-base ENV] [--registry-auth FILE] [--insecure-registry HOST] [--task-env VAR]
                                           run Harbor, Terminal-Bench or SWE-bench tasks, grade each in a
                                           fresh sandbox; openai:MODEL drives an OpenAI-compatible endpoint
                                           at --base-url (key in $SANDGYM_LLM_API_KEY or $OPENAI_API_KEY);
+                                          --token-ids asks it for token ids and logprobs (vLLM);
                                           --atif writes one ATIF trajectory per episode; --run puts the
                                           sandboxes in a training run, whose lease it renews: killed, they
                                           hibernate, and a rerun with the same --run resumes them
