@@ -10,6 +10,7 @@ import { certsCommand } from './commands/certs.ts';
 import { evalCommand } from './commands/eval.ts';
 import { envCommand, layerCommand } from './commands/layers.ts';
 import { mcpCommand } from './commands/mcp.ts';
+import { proxyCommand } from './commands/proxy.ts';
 import { gcCommand, killCommand, psCommand } from './commands/ps.ts';
 import { runCommand } from './commands/run.ts';
 import { setupCommand } from './commands/setup.ts';
@@ -52,6 +53,11 @@ const USAGE = `usage: sandgym COMMAND [ARGS]   (sandgym --version: this package'
                                           a sandbox's actions (exec, write_file, read_file, list_dir) as
                                           MCP tools over stdio, as USER (default the environment's USER);
                                           a sandbox it made goes when the client does
+  proxy --upstream URL --out DIR [--listen 127.0.0.1:PORT] [--timeout 10m]
+                                          an OpenAI-compatible recording proxy for agents with their own
+                                          loop: each chat completion (streamed or not) passes through and
+                                          is appended to DIR/turns.jsonl with its token ids and logprobs;
+                                          loopback only; upstream key in $SANDGYM_LLM_API_KEY
   check TASK... [--json] [--fallback-base ENV] [--task-env VAR]
                                           the agentic env checker: oracle passes, nop fails, no leaks,
                                           deterministic reset, replay matches, clean close
@@ -108,6 +114,7 @@ const COMMANDS: Record<string, (args: string[]) => Promise<number>> = {
   controller: controllerCommand,
   certs: certsCommand,
   mcp: mcpCommand,
+  proxy: proxyCommand,
 };
 
 async function main(argv: string[]): Promise<number> {

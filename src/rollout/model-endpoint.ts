@@ -5,7 +5,7 @@ import { AgentError } from './agent-types.ts';
 import { choiceTokensShape, promptTokensShape, usageSchema } from './model-turn.ts';
 
 /** The largest answer read from a model endpoint: far above a real completion, far below memory trouble. */
-const MAX_ANSWER_BYTES = 16 * 1024 * 1024;
+export const MAX_ANSWER_BYTES = 16 * 1024 * 1024;
 /** How much of an error's body is read, and how much of it a message shows. */
 const MAX_ERROR_BODY_BYTES = 64 * 1024;
 const ERROR_EXCERPT_CHARS = 300;
@@ -20,7 +20,7 @@ const MAX_ATTEMPTS = 3;
 const CONFIGURATION_STATUSES = new Set([401, 403, 404, 407]);
 
 /** What a chat-completions endpoint answers, as far as the agent reads it. */
-const completionSchema = z.object({
+export const completionSchema = z.object({
   choices: z
     .array(
       z.object({
@@ -66,7 +66,7 @@ export interface ModelRequest {
 }
 
 /** Up to `maxBytes` of a response's body; `overflowed` when there was more (the rest is not read). */
-async function readUpTo(
+export async function readUpTo(
   response: Response,
   maxBytes: number,
 ): Promise<{ bytes: Buffer; overflowed: boolean }> {
@@ -100,7 +100,7 @@ async function errorExcerpt(response: Response, redactor: Redactor): Promise<str
 }
 
 /** A thrown value's message with its cause's (fetch says "fetch failed" and puts the reason below). */
-function describe(error: unknown): string {
+export function describe(error: unknown): string {
   const cause = error instanceof Error && error.cause instanceof Error ? `: ${error.cause.message}` : '';
   return `${messageOf(error)}${cause}`;
 }

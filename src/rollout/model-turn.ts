@@ -90,6 +90,8 @@ export const modelTurnSchema = z.object({
   durationMs: z.number().min(0),
   request: z.record(z.string(), z.unknown()),
   messagesKept: z.number().int().min(0).optional(),
+  /** The upstream's HTTP status (`sandgym proxy`'s records). */
+  status: z.number().int().optional(),
   /** The answer's JSON, as the server sent it (a stream: its chunks, assembled). */
   response: z.unknown().optional(),
   /** Set instead of `response` when that was larger than a record keeps. */

@@ -63,6 +63,66 @@ export function completionOf(request: ChatRequest, answer: FakeAnswer): Record<s
   };
 }
 
+/**
+ * The same answer as vLLM streams it: content a few characters a chunk, each chunk with its
+ * token ids and logprobs, the call's name then its arguments in two pieces, then usage (when
+ * asked `stream_options.include_usage`) and `[DONE]`.
+ */
+export function streamOf(request: ChatRequest, answer: FakeAnswer): string {
+  const whole = completionOf(request, answer) as {
+    choices: { token_ids: number[]; logprobs: { content: unknown[] } }[];
+    usage: unknown;
+    prompt_token_ids: number[];
+  };
+  const [choice] = whole.choices;
+  let at = 0;
+  const tokens = (text: string) => {
+    const slice = { token_ids: choice!.token_ids.slice(at, at + [...text].length) };
+    const logprobs = { content: choice!.logprobs.content.slice(at, at + [...text].length) };
+    at += [...text].length;
+    return { ...slice, logprobs };
+  };
+  const chunk = (delta: unknown, text: string, extra: Record<string, unknown> = {}) =>
+    `data: ${JSON.stringify({ id: 'chatcmpl-fake', object: 'chat.completion.chunk', model: request.model, ...extra, choices: [{ index: 0, delta, ...tokens(text) }] })}\n\n`;
+  const events = [
+    chunk({ role: 'assistant', content: '' }, '', { prompt_token_ids: whole.prompt_token_ids }),
+  ];
+  const content = answer.content ?? '';
+  for (let i = 0; i < content.length; i += 5)
+    events.push(chunk({ content: content.slice(i, i + 5) }, content.slice(i, i + 5)));
+  (answer.calls ?? []).forEach((call, index) => {
+    const half = Math.floor(call.arguments.length / 2);
+    events.push(
+      chunk(
+        {
+          tool_calls: [
+            { index, id: call.id, type: 'function', function: { name: call.name, arguments: '' } },
+          ],
+        },
+        call.name,
+      ),
+    );
+    events.push(
+      chunk(
+        { tool_calls: [{ index, function: { arguments: call.arguments.slice(0, half) } }] },
+        call.arguments.slice(0, half),
+      ),
+    );
+    events.push(
+      chunk(
+        { tool_calls: [{ index, function: { arguments: call.arguments.slice(half) } }] },
+        call.arguments.slice(half),
+      ),
+    );
+  });
+  events.push(
+    `data: ${JSON.stringify({ choices: [{ index: 0, delta: {}, finish_reason: answer.calls?.length ? 'tool_calls' : 'stop' }] })}\n\n`,
+  );
+  const options = request['stream_options'] as { include_usage?: boolean } | undefined;
+  if (options?.include_usage) events.push(`data: ${JSON.stringify({ choices: [], usage: whole.usage })}\n\n`);
+  return `${events.join('')}data: [DONE]\n\n`;
+}
+
 /** Answers a request, or takes over its response (a hostile endpoint). */
 export type FakeModel = (request: ChatRequest, response: ServerResponse) => FakeAnswer | undefined;
 
@@ -79,6 +139,11 @@ export async function startFakeModel(
       requests.push(request);
       const answer = model(request, res);
       if (!answer) return;
+      if (request.stream) {
+        res.setHeader('content-type', 'text/event-stream');
+        res.end(streamOf(request, answer));
+        return;
+      }
       res.setHeader('content-type', 'application/json');
       res.end(JSON.stringify(completionOf(request, answer)));
     });
