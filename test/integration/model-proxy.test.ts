@@ -143,6 +143,36 @@ describe('sandgym proxy', () => {
     expect(second?.usage).toBeUndefined();
   });
 
+  it('relays a stream of junk chunks unchanged, and records what was wrong with it', async () => {
+    const junk = [
+      'data: {not json\n\n',
+      `data: ${JSON.stringify({ choices: 'all of them' })}\n\n`,
+      `data: ${JSON.stringify({ choices: [{ index: 1e9, delta: { content: 'x' } }] })}\n\n`,
+      `data: ${JSON.stringify({ choices: [{ index: 0, delta: { content: 'kept', tool_calls: [{ index: -1 }] } }] })}\n\n`,
+      `data: ${JSON.stringify({ choices: [{ index: 0, delta: {}, token_ids: ['a'] }] })}\n\n`,
+    ].join('');
+    await using fake = await startFakeModel((_request, response) => {
+      response.writeHead(200, { 'content-type': 'text/event-stream' });
+      response.end(junk);
+      return undefined;
+    });
+    await using proxy = await ModelProxy.start({ upstream: fake.baseUrl, outDir: out });
+    const response = await fetch(`${proxy.url}/chat/completions`, {
+      method: 'POST',
+      body: JSON.stringify({ model: 'm', messages: [{ role: 'user', content: 'hi' }], stream: true }),
+    });
+    expect(await response.text()).toBe(junk);
+    await proxy.close();
+    const [turn] = await records(out);
+    expect(turn?.error).toMatch(/chunk 1 is not JSON/);
+    expect(turn?.error).toMatch(/choices is not a list/);
+    expect(turn?.error).toMatch(/names choice 1000000000/);
+    expect(turn?.error).toMatch(/names tool call -1/);
+    expect(turn?.error).toMatch(/without \[DONE\]/);
+    expect(turn?.error).toMatch(/token_ids/);
+    expect(turn?.completionTokenIds).toBeUndefined();
+  });
+
   it('refuses requests that are not chat completions, naming what is wrong', async () => {
     await using fake = await startFakeModel(() => ANSWER);
     await using proxy = await ModelProxy.start({ upstream: fake.baseUrl, outDir: out });

@@ -170,6 +170,30 @@ describe('token-level trajectories of the model agent', () => {
     }
   });
 
+  it('gives a call whose id the model reused an id of its own, so results stay matched', async () => {
+    const { report, atifDir } = await episode('tokentraj-dup-ids', (request) => {
+      const answered = request.messages.filter((m) => m.role === 'assistant').length;
+      if (answered > 0) return { calls: [{ id: 'dup', name: 'submit', arguments: '{}' }] };
+      return {
+        calls: [
+          { id: 'dup', name: 'exec', arguments: WRITE },
+          { id: 'dup', name: 'read_file', arguments: '{"path":"/app/hello.txt"}' },
+        ],
+      };
+    });
+    try {
+      expect(report.trajectory!.map((s) => s.callId)).toEqual(['dup', 'call_1', 'dup']);
+      const { trajectory } = await readAtif(atifDir);
+      expect(trajectory.steps[2]?.observation?.results.map((r) => r.source_call_id)).toEqual([
+        'dup',
+        'call_1',
+      ]);
+      expect(trajectory.steps[2]?.observation?.results[1]?.content).toMatch(/hello sandgym/);
+    } finally {
+      await rm(atifDir, { recursive: true, force: true });
+    }
+  });
+
   it('fails the episode, naming the field, when the server sends token ids that are not ids', async () => {
     const { report, atifDir } = await episode('tokentraj-bad-ids', (request, response) => {
       const body = {
