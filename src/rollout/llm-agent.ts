@@ -26,8 +26,9 @@ export interface OpenAiAgentOptions {
    */
   tokenIds?: boolean;
   /**
-   * Run every tool call of an answer, in order (the default); false runs the first and tells
-   * the model the others did not run.
+   * Run every tool call of an answer, in order (the default, unless the task says otherwise:
+   * see Task.parallelToolCalls); false runs the first and tells the model the others did not
+   * run, and asks with `parallel_tool_calls: false`.
    */
   parallelToolCalls?: boolean;
   /**
@@ -285,13 +286,16 @@ export function openAiAgent(options: OpenAiAgentOptions): () => Agent {
     ...(options.maxTokens === undefined ? {} : { max_tokens: options.maxTokens }),
     ...(options.tokenIds ? { logprobs: true, return_token_ids: true, return_tokens_as_token_ids: true } : {}),
   };
-  const isParallel = options.parallelToolCalls ?? true;
   /** One answer, and the record of the turn (its error and feedback filled in by the caller). */
-  const ask = async (conversation: Conversation): Promise<ModelAnswer & { turn: ModelTurn }> => {
+  const ask = async (
+    conversation: Conversation,
+    isParallel: boolean,
+  ): Promise<ModelAnswer & { turn: ModelTurn }> => {
     const messages = conversation.messages.slice();
+    const asked = { ...settings, ...(isParallel ? {} : { parallel_tool_calls: false }) };
     const request: ModelRequest = {
       url,
-      body: { ...settings, messages },
+      body: { ...asked, messages },
       timeoutMs: options.requestTimeoutMs ?? 120_000,
       redactor,
       ...(options.apiKey ? { apiKey: options.apiKey } : {}),
@@ -305,7 +309,7 @@ export function openAiAgent(options: OpenAiAgentOptions): () => Agent {
     const turn: ModelTurn = {
       startedAt: startedAt.toISOString(),
       durationMs: Date.now() - startedAt.getTime(),
-      request: { ...settings, tools: TOOLS.map((t) => t.function.name), messages: messages.slice(kept) },
+      request: { ...asked, tools: TOOLS.map((t) => t.function.name), messages: messages.slice(kept) },
       ...(kept ? { messagesKept: kept } : {}),
       ...keptResponse(answer.raw),
       ...(completion.usage
@@ -338,8 +342,10 @@ export function openAiAgent(options: OpenAiAgentOptions): () => Agent {
       flushResults(conversation);
       const turns: ModelTurn[] = [];
       const usage: TokenUsage = { ...ZERO };
+      // the task may say its calls run one at a time; so may whoever runs the agent
+      const isParallel = options.parallelToolCalls !== false && context.task.parallelToolCalls !== false;
       for (let nudge = 0; nudge <= MAX_NUDGES; nudge++) {
-        const { completion, turn } = await ask(conversation);
+        const { completion, turn } = await ask(conversation, isParallel);
         turns.push(turn);
         usage.promptTokens += turn.usage?.promptTokens ?? 0;
         usage.completionTokens += turn.usage?.completionTokens ?? 0;

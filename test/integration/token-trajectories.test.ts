@@ -1,4 +1,4 @@
-import { mkdtemp, readFile, readdir, rm } from 'node:fs/promises';
+import { cp, mkdtemp, readFile, readdir, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { describe, expect, it } from 'vitest';
@@ -39,10 +39,11 @@ async function episode(
   name: string,
   model: FakeModel,
   options: Partial<Parameters<typeof openAiAgent>[0]> = {},
+  task = TASK,
 ): Promise<{ report: EpisodeReport; requests: ChatRequest[]; atifDir: string }> {
   await using fake = await startFakeModel(model);
   await using env = await createTestPlatform(name);
-  const tasks = await loadTasks([TASK]);
+  const tasks = await loadTasks([task]);
   const agent = openAiAgent({ model: 'fake', baseUrl: fake.baseUrl, tokenIds: true, ...options });
   const [report] = await evaluate(env.platform, tasks, agent, { concurrency: 1 });
   const atifDir = await mkdtemp(join(tmpdir(), 'sandgym-atif-'));
@@ -78,6 +79,7 @@ describe('token-level trajectories of the model agent', () => {
     try {
       expect(report.outcome).toEqual({ kind: 'ok' });
       expect(report.reward).toBe(1);
+      expect(requests[0]).not.toHaveProperty('parallel_tool_calls');
       expect(requests[0]).toMatchObject({
         temperature: 0.5,
         max_tokens: 321,
@@ -154,6 +156,26 @@ describe('token-level trajectories of the model agent', () => {
     expect(report.trajectory!.map((s) => s.callId)).toEqual(['m-a', 'm-done']);
     const told = requests[3]!.messages.find((m) => m.tool_call_id === 'm-b');
     expect(told?.content).toBe('Not run: one tool call per turn.');
+    expect(requests[0]).toMatchObject({ parallel_tool_calls: false });
+  });
+
+  it('runs one call per answer when the task says so', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'sandgym-serial-task-'));
+    try {
+      const task = join(dir, 'hello-file');
+      await cp(TASK, task, { recursive: true });
+      const toml = await readFile(join(task, 'task.toml'), 'utf8');
+      await writeFile(
+        join(task, 'task.toml'),
+        toml.replace('[agent]\n', '[agent]\nparallel_tool_calls = false\n'),
+      );
+      const { report, requests, atifDir } = await episode('tokentraj-serial-task', scripted, {}, task);
+      await rm(atifDir, { recursive: true, force: true });
+      expect(requests[0]).toMatchObject({ parallel_tool_calls: false });
+      expect(report.trajectory!.map((s) => s.callId)).toEqual(['m-a', 'm-done']);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
   });
 
   it('never records a submit the model did not make', async () => {
