@@ -258,11 +258,17 @@ const MAX_NUDGES = 3;
 const MAX_CONVERSATIONS = 4096;
 const NUDGE = 'Act through a tool call; call submit when the task is done.';
 
-/** How many leading messages `now` shares with `before`, by identity (a cut message is a new object). */
-function sharedPrefix(before: readonly ChatMessage[] | undefined, now: readonly ChatMessage[]): number {
-  let kept = 0;
-  while (before && kept < before.length && kept < now.length && before[kept] === now[kept]) kept++;
-  return kept;
+/**
+ * `now` as a turn records it: each message the previous request had at the same index (the same
+ * object: a message cut to keep the conversation bounded is a new one) is `null`. So a turn
+ * records only what changed, and an episode's records grow with its conversation, not with its
+ * square, even once old outputs are being cut every turn.
+ */
+function changedMessages(
+  before: readonly ChatMessage[] | undefined,
+  now: readonly ChatMessage[],
+): (ChatMessage | null)[] {
+  return now.map((message, index) => (before?.[index] === message ? null : message));
 }
 
 /**
@@ -302,15 +308,14 @@ export function openAiAgent(options: OpenAiAgentOptions): () => Agent {
     };
     const startedAt = new Date();
     const answer = await askModel(request);
-    const kept = sharedPrefix(conversation.lastRequest, messages);
+    const recorded = changedMessages(conversation.lastRequest, messages);
     conversation.lastRequest = messages;
     const { completion } = answer;
     const choice = completion.choices[0]!;
     const turn: ModelTurn = {
       startedAt: startedAt.toISOString(),
       durationMs: Date.now() - startedAt.getTime(),
-      request: { ...asked, tools: TOOLS.map((t) => t.function.name), messages: messages.slice(kept) },
-      ...(kept ? { messagesKept: kept } : {}),
+      request: { ...asked, tools: TOOLS.map((t) => t.function.name), messages: recorded },
       ...keptResponse(answer.raw),
       ...(completion.usage
         ? {

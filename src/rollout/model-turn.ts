@@ -80,16 +80,14 @@ const tokenUsageSchema = z.strictObject({ promptTokens: tokenCount, completionTo
 
 /**
  * One call of a chat-completions endpoint, as the model agent and `sandgym proxy` record it: the
- * request as sent, the raw answer, its usage, token ids and logprobs. The model agent keeps
- * per-turn records delta-encoded (`request.messages` holds only the messages after the first
- * `messagesKept` of the previous turn's request), so an episode's records grow with its
- * conversation, not with its square.
+ * request as sent, the raw answer, its usage, token ids and logprobs. In the model agent's
+ * records, a `null` in `request.messages` is the previous turn's message at that index, so an
+ * episode's records grow with its conversation, not with its square.
  */
 export const modelTurnSchema = z.object({
   startedAt: z.string().max(64),
   durationMs: z.number().min(0),
   request: z.record(z.string(), z.unknown()),
-  messagesKept: z.number().int().min(0).optional(),
   /** The upstream's HTTP status (`sandgym proxy`'s records). */
   status: z.number().int().optional(),
   /** The answer's JSON, as the server sent it (a stream: its chunks, assembled). */

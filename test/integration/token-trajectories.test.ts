@@ -65,7 +65,7 @@ async function readAtif(dir: string) {
       ? (await readFile(join(dir, turns), 'utf8'))
           .trim()
           .split('\n')
-          .map((line) => JSON.parse(line) as { request: { messages: unknown[] }; messagesKept?: number })
+          .map((line) => JSON.parse(line) as { request: { messages: unknown[] } })
       : [],
   };
 }
@@ -139,7 +139,9 @@ describe('token-level trajectories of the model agent', () => {
       expect(turns).toHaveLength(requests.length);
       let previous: unknown[] = [];
       turns.forEach((turn, index) => {
-        const messages = [...previous.slice(0, turn.messagesKept ?? 0), ...turn.request.messages];
+        const messages = turn.request.messages.map((message, at) => message ?? previous[at]);
+        // only what changed is recorded
+        if (index > 0) expect(turn.request.messages.filter(Boolean).length).toBeLessThan(messages.length);
         expect(messages).toEqual(requests[index]!.messages);
         previous = messages;
       });
@@ -211,6 +213,36 @@ describe('token-level trajectories of the model agent', () => {
         'call_1',
       ]);
       expect(trajectory.steps[2]?.observation?.results[1]?.content).toMatch(/hello sandgym/);
+    } finally {
+      await rm(atifDir, { recursive: true, force: true });
+    }
+  });
+
+  it('records a conversation past its cap in size linear in the turns, not in their square', async () => {
+    // each turn: 400 KB of words and 512 KB of output kept, so the 8 MiB cap is passed by turn 10
+    // and old outputs are cut every turn after; a record of every request whole would be ~100 MB
+    const turns = 24;
+    const noisy = "head -c 2000000 /dev/zero | tr '\\0' a";
+    const { report, atifDir } = await episode(
+      'tokentraj-chatty',
+      (request) => {
+        const answered = request.messages.filter((m) => m.role === 'assistant').length;
+        const call =
+          answered < turns
+            ? { id: `n${answered}`, name: 'exec', arguments: JSON.stringify({ command: noisy }) }
+            : { id: 'done', name: 'submit', arguments: '{}' };
+        return { content: 'w'.repeat(400 * 1024), calls: [call] };
+      },
+      { tokenIds: false },
+    );
+    try {
+      const recorded = report.trajectory!.flatMap((step) => step.turns ?? []);
+      expect(recorded).toHaveLength(turns + 1);
+      const requestChars = recorded.reduce((sum, turn) => sum + JSON.stringify(turn.request).length, 0);
+      expect(requestChars).toBeLessThan(turns * 2 * 1024 * 1024);
+      // and the last request was cut: the records are of a conversation past its cap
+      const last = recorded.at(-1)!.request['messages'] as unknown[];
+      expect(JSON.stringify(last)).toContain('dropped to keep the conversation bounded');
     } finally {
       await rm(atifDir, { recursive: true, force: true });
     }

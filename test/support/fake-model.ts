@@ -37,7 +37,7 @@ export function completionOf(request: ChatRequest, answer: FakeAnswer): Record<s
     object: 'chat.completion',
     created: 0,
     model: request.model,
-    prompt_token_ids: promptIds,
+    ...(request['logprobs'] ? { prompt_token_ids: promptIds } : {}),
     choices: [
       {
         index: 0,
@@ -55,8 +55,13 @@ export function completionOf(request: ChatRequest, answer: FakeAnswer): Record<s
             : {}),
         },
         finish_reason: answer.calls?.length ? 'tool_calls' : 'stop',
-        token_ids: ids,
-        logprobs: { content: ids.map((id, i) => ({ token: `token_id:${id}`, logprob: -i / 100 })) },
+        // as vLLM: only when asked
+        ...(request['logprobs']
+          ? {
+              token_ids: ids,
+              logprobs: { content: ids.map((id, i) => ({ token: `token_id:${id}`, logprob: -i / 100 })) },
+            }
+          : {}),
       },
     ],
     usage: { prompt_tokens: promptIds.length, completion_tokens: ids.length, total_tokens: 0 },
