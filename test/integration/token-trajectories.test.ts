@@ -1,6 +1,8 @@
 import { cp, mkdtemp, readFile, readdir, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
 import { loadTasks } from '../../src/env/index.ts';
 import {
@@ -55,9 +57,17 @@ async function episode(
   return { report: report!, requests: fake.requests, atifDir };
 }
 
+/** Harbor's own ATIF model (pydantic, in .venv) takes the file, or this throws its complaint. */
+async function harborValidates(path: string): Promise<void> {
+  const check =
+    'import sys\nfrom harbor.models.trajectories import Trajectory\nTrajectory.model_validate_json(open(sys.argv[1]).read())';
+  await promisify(execFile)(resolve('.venv/bin/python'), ['-c', check, path]);
+}
+
 async function readAtif(dir: string) {
   const files = await readdir(dir);
   const json = files.find((f) => f.endsWith('.json'))!;
+  await harborValidates(join(dir, json));
   const turns = files.find((f) => f.endsWith('.turns.jsonl'));
   return {
     trajectory: atifTrajectorySchema.parse(JSON.parse(await readFile(join(dir, json), 'utf8'))),
