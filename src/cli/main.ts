@@ -10,6 +10,7 @@ import { certsCommand } from './commands/certs.ts';
 import { evalCommand } from './commands/eval.ts';
 import { envCommand, layerCommand } from './commands/layers.ts';
 import { mcpCommand } from './commands/mcp.ts';
+import { proxyCommand } from './commands/proxy.ts';
 import { gcCommand, killCommand, psCommand } from './commands/ps.ts';
 import { runCommand } from './commands/run.ts';
 import { setupCommand } from './commands/setup.ts';
@@ -38,11 +39,13 @@ const USAGE = `usage: sandgym COMMAND [ARGS]   (sandgym --version: this package'
   layer gc [--min-age-minutes N] [--json] unused mounts, node copies and unreferenced layers (default age 60)
   env ls [--json] | env show NAME:VERSION environments: layer stacks plus config
   eval TASK... [--agent oracle|nop|openai:MODEL|MODULE.js] [--base-url URL] [--concurrency N] [--max-steps N]
+       [--temperature T] [--max-tokens N] [--system-prompt TEXT] [--token-ids]
        [--json OUT] [--report OUT.html] [--atif DIR] [--run NAME [--lease 30s]] [--decision-timeout 30m]
        [--fallback-base ENV] [--registry-auth FILE] [--insecure-registry HOST] [--task-env VAR]
                                           run Harbor, Terminal-Bench or SWE-bench tasks, grade each in a
                                           fresh sandbox; openai:MODEL drives an OpenAI-compatible endpoint
                                           at --base-url (key in $SANDGYM_LLM_API_KEY or $OPENAI_API_KEY);
+                                          --token-ids asks it for token ids and logprobs (vLLM);
                                           --atif writes one ATIF trajectory per episode; --run puts the
                                           sandboxes in a training run, whose lease it renews: killed, they
                                           hibernate, and a rerun with the same --run resumes them
@@ -50,6 +53,11 @@ const USAGE = `usage: sandgym COMMAND [ARGS]   (sandgym --version: this package'
                                           a sandbox's actions (exec, write_file, read_file, list_dir) as
                                           MCP tools over stdio, as USER (default the environment's USER);
                                           a sandbox it made goes when the client does
+  proxy --upstream URL --out DIR [--listen 127.0.0.1:PORT] [--timeout 10m]
+                                          an OpenAI-compatible recording proxy for agents with their own
+                                          loop: each chat completion (streamed or not) passes through and
+                                          is appended to DIR/turns.jsonl with its token ids and logprobs;
+                                          loopback only; upstream key in $SANDGYM_LLM_API_KEY
   check TASK... [--json] [--fallback-base ENV] [--task-env VAR]
                                           the agentic env checker: oracle passes, nop fails, no leaks,
                                           deterministic reset, replay matches, clean close
@@ -106,6 +114,7 @@ const COMMANDS: Record<string, (args: string[]) => Promise<number>> = {
   controller: controllerCommand,
   certs: certsCommand,
   mcp: mcpCommand,
+  proxy: proxyCommand,
 };
 
 async function main(argv: string[]): Promise<number> {

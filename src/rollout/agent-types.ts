@@ -8,6 +8,7 @@ import {
 } from '../common/index.ts';
 import type { SandboxAction, Task, TaskObservation } from '../env/index.ts';
 import type { TokenUsage } from './episode-report.ts';
+import { MAX_CALL_ID_CHARS, modelTurnSchema, type ModelTurn } from './model-turn.ts';
 
 /** What a policy sees besides the observation. */
 export interface AgentContext {
@@ -22,6 +23,16 @@ export interface AgentDecision {
   action: SandboxAction;
   usage?: TokenUsage;
   message?: string;
+  /**
+   * The model turns this decision took, in order, unusable answers included (a model agent's;
+   * empty when it runs the next call of an earlier answer).
+   */
+  turns?: ModelTurn[];
+  /**
+   * The model's tool call this action runs, by the model's own id. A decision with `turns` and
+   * no `callId` is the agent's own, not a call the model made (it gave up after unusable answers).
+   */
+  callId?: string;
 }
 
 /** A policy: given what it sees, the next action (or a decision that carries one). */
@@ -59,6 +70,9 @@ const MAX_TOKENS_PER_DECISION = 100_000_000;
 /** The longest message a decision keeps; the rest is cut. */
 const MAX_MESSAGE_CHARS = 64 * 1024;
 
+/** The most model turns one decision may report (the model agent takes at most 4). */
+const MAX_TURNS_PER_DECISION = 64;
+
 const tokens = z.number().int().min(0).max(MAX_TOKENS_PER_DECISION);
 const decisionSchema = z.object({
   action: z.unknown(),
@@ -67,6 +81,8 @@ const decisionSchema = z.object({
     .string()
     .transform((text) => (text.length > MAX_MESSAGE_CHARS ? `${text.slice(0, MAX_MESSAGE_CHARS)}…` : text))
     .optional(),
+  turns: z.array(modelTurnSchema).max(MAX_TURNS_PER_DECISION).optional(),
+  callId: z.string().max(MAX_CALL_ID_CHARS).optional(),
 });
 
 /**
@@ -85,10 +101,12 @@ export function decisionOf(answer: unknown): AgentDecision {
     throw new AgentError(`The agent's decision cannot be read: ${messageOf(error)}`, { cause: error });
   }
   if (!parsed.success) throw new AgentError(`The agent's decision is not sane: ${issuesText(parsed.error)}`);
-  const { action, usage, message } = parsed.data;
+  const { action, usage, message, turns, callId } = parsed.data;
   return {
     action: action as SandboxAction,
     ...(usage ? { usage } : {}),
     ...(message === undefined ? {} : { message }),
+    ...(turns ? { turns } : {}),
+    ...(callId === undefined ? {} : { callId }),
   };
 }

@@ -1,3 +1,4 @@
+import type { ModelTurn } from './model-turn.ts';
 import type { EpisodeTimings, StepAction, StepAudit, StepOutcome, TaskObservation } from '../env/index.ts';
 
 /** One task's evaluation. */
@@ -81,6 +82,10 @@ export interface StepEvent {
   usage?: TokenUsage;
   /** What the agent said besides its action (an LLM's message), if anything. */
   agentMessage?: string;
+  /** The model turns the agent took to choose this action (see AgentDecision). */
+  turns?: ModelTurn[];
+  /** The model's tool call this step ran, by the model's id (see AgentDecision). */
+  callId?: string;
 }
 
 /** A sandbox state change, as `lifecycle$` emits it. */

@@ -231,6 +231,8 @@ async function playEpisode(
         agentMs,
         ...(decision.usage ? { usage: decision.usage } : {}),
         ...(decision.message ? { agentMessage: decision.message } : {}),
+        ...(decision.turns ? { turns: decision.turns } : {}),
+        ...(decision.callId === undefined ? {} : { callId: decision.callId }),
       });
       trajectory.push(event);
       options.onStep?.(event);

@@ -32,3 +32,6 @@ export type {
   TrainingEvent,
 } from './training.ts';
 export { observationText } from './observation-text.ts';
+export { ModelProxy } from './model-proxy.ts';
+export type { ModelProxyOptions } from './model-proxy.ts';
+export type { ModelTurn } from './model-turn.ts';

@@ -8,7 +8,8 @@ import {
 } from '../env/index.ts';
 import type { Agent, AgentDecision } from './agent-types.ts';
 import type { TokenUsage } from './episode-report.ts';
-import { askModel, type Completion, type ModelRequest } from './model-endpoint.ts';
+import { askModel, type Completion, type ModelAnswer, type ModelRequest } from './model-endpoint.ts';
+import { MAX_CALL_ID_CHARS, keptResponse, turnTokensOf, type ModelTurn } from './model-turn.ts';
 import { observationText } from './observation-text.ts';
 
 /** Options for {@link openAiAgent}. */
@@ -22,6 +23,20 @@ export interface OpenAiAgentOptions {
   /** What the model is told before the task. */
   systemPrompt?: string;
   temperature?: number;
+  /** The most tokens one answer may take (`max_tokens`); the server's default when absent. */
+  maxTokens?: number;
+  /**
+   * Ask the server for token ids and logprobs (`logprobs`, and vLLM's `return_token_ids` and
+   * `return_tokens_as_token_ids`), kept per turn and in ATIF. Off by default: the OpenAI API
+   * refuses the vLLM fields.
+   */
+  tokenIds?: boolean;
+  /**
+   * Run every tool call of an answer, in order (the default, unless the task says otherwise:
+   * see Task.parallelToolCalls); false runs the first and tells the model the others did not
+   * run, and asks with `parallel_tool_calls: false`.
+   */
+  parallelToolCalls?: boolean;
   /**
    * For each answer, whole: a model that takes longer (a long generation) fails its episode,
    * scored 0. Default 120 s.
@@ -33,7 +48,7 @@ export interface OpenAiAgentOptions {
 const TOOLS = CHAT_TOOLS;
 
 const DEFAULT_SYSTEM_PROMPT =
-  'You are an agent working in a Linux sandbox to complete a task. Act only through the tools, one call at a time, and call submit when the task is done.';
+  'You are an agent working in a Linux sandbox to complete a task. Act only through the tools (the calls of one answer run in order) and call submit when the task is done.';
 
 type ToolCall = NonNullable<Completion['choices'][number]['message']['tool_calls']>[number];
 
@@ -57,8 +72,13 @@ interface ReadCall {
   problem?: string;
 }
 
-function readCall(call: ToolCall, index: number): ReadCall {
-  const id = call.id.length > 0 && call.id.length <= MAX_CALL_ID_CHARS ? call.id : `call_${index}`;
+function readCall(call: ToolCall, index: number, calls: readonly ToolCall[]): ReadCall {
+  // the model's own id, unless it is unusable: empty, too long, or one an earlier call has
+  const usable =
+    call.id.length > 0 &&
+    call.id.length <= MAX_CALL_ID_CHARS &&
+    !calls.slice(0, index).some((other) => other.id === call.id);
+  const id = usable ? call.id : `call_${index}`;
   const name = TOOL_NAMES.has(call.function.name) ? call.function.name : 'submit';
   const bad = (problem: string): ReadCall => ({
     echoed: { id, type: 'function', function: { name, arguments: '{}' } },
@@ -110,8 +130,6 @@ function actionOf(call: ReadCall): SandboxAction | { error: string } {
   return actionOfToolCall(call.echoed.function.name, call.args);
 }
 
-/** The longest tool-call id kept; a longer one is replaced. */
-const MAX_CALL_ID_CHARS = 256;
 /** The most of one message (an output, a model's words, a call's arguments) the conversation keeps. */
 const MAX_MESSAGE_CHARS = 512 * 1024;
 /**
@@ -177,10 +195,23 @@ function append(conversation: Conversation, message: ChatMessage): void {
   }
 }
 
+/** A call of the model's answer and what became of it: run as an env step, or told why not. */
+interface CallSlot {
+  id: string;
+  action?: SandboxAction;
+  /** What the model is told for it: a refusal, or (once its step ran) the observation. */
+  content?: string;
+}
+
 interface Conversation {
   messages: ChatMessage[];
   /** What the messages hold, in characters (see sizeOf). */
   chars: number;
+  /** The messages of the last request, to record the next one's as what changed. */
+  lastRequest?: ChatMessage[];
+  /** The calls of the latest answer, in order, until every one has its tool message. */
+  slots: CallSlot[];
+  /** The call whose step's observation comes next. */
   pending?: string;
 }
 
@@ -188,114 +219,191 @@ interface Conversation {
 const MAX_NUDGES = 3;
 /** Conversations kept at once (one per running episode). */
 const MAX_CONVERSATIONS = 4096;
+const NUDGE = 'Act through a tool call; call submit when the task is done.';
+
+/**
+ * `now` as a turn records it: each message the previous request had at the same index (the same
+ * object: a message cut to keep the conversation bounded is a new one) is `null`. So a turn
+ * records only what changed, and an episode's records grow with its conversation, not with its
+ * square, even once old outputs are being cut every turn.
+ */
+function changedMessages(
+  before: readonly ChatMessage[] | undefined,
+  now: readonly ChatMessage[],
+): (ChatMessage | null)[] {
+  return now.map((message, index) => (before?.[index] === message ? null : message));
+}
 
 /**
  * An agent that drives any OpenAI-compatible chat-completions endpoint (vLLM, SGLang, llama.cpp,
- * the OpenAI API) with tool calling: the env's actions are its tools, each observation goes back
- * as the tool's result, and the tokens each decision cost are recorded with the step. Each answer
- * is read bounded, checked and stripped of the API key (see askModel); an unusable one is the
- * agent's failure (an AgentError), scored 0.
+ * the OpenAI API) with tool calling: the env's actions are its tools, every call of an answer
+ * runs as an env step in order, and each observation goes back as its call's result. Each
+ * decision carries the model turns it took (see ModelTurn: the request, the raw answer, usage,
+ * token ids and logprobs), unusable answers included. Each answer is read bounded, checked and
+ * stripped of the API key (see askModel); an unusable one is the agent's failure (an
+ * AgentError), scored 0.
  */
 export function openAiAgent(options: OpenAiAgentOptions): () => Agent {
   const url = `${options.baseUrl.replace(/\/+$/, '')}/chat/completions`;
   // the key, and whatever credentials the URL itself carries
   const redactor = secretRedactor([options.apiKey, ...urlSecrets(options.baseUrl)]);
-  const ask = (messages: ChatMessage[]): Promise<Completion> => {
+  const settings = {
+    model: options.model,
+    tools: TOOLS,
+    tool_choice: 'auto',
+    ...(options.temperature === undefined ? {} : { temperature: options.temperature }),
+    ...(options.maxTokens === undefined ? {} : { max_tokens: options.maxTokens }),
+    ...(options.tokenIds ? { logprobs: true, return_token_ids: true, return_tokens_as_token_ids: true } : {}),
+  };
+  /** One answer, and the record of the turn (its error and feedback filled in by the caller). */
+  const ask = async (
+    conversation: Conversation,
+    isParallel: boolean,
+  ): Promise<ModelAnswer & { turn: ModelTurn }> => {
+    const messages = conversation.messages.slice();
+    const asked = { ...settings, ...(isParallel ? {} : { parallel_tool_calls: false }) };
     const request: ModelRequest = {
       url,
-      body: {
-        model: options.model,
-        messages,
-        tools: TOOLS,
-        tool_choice: 'auto',
-        ...(options.temperature === undefined ? {} : { temperature: options.temperature }),
-      },
+      body: { ...asked, messages },
       timeoutMs: options.requestTimeoutMs ?? 120_000,
       redactor,
       ...(options.apiKey ? { apiKey: options.apiKey } : {}),
     };
-    return askModel(request);
+    const startedAt = new Date();
+    const answer = await askModel(request);
+    const recorded = changedMessages(conversation.lastRequest, messages);
+    conversation.lastRequest = messages;
+    const { completion } = answer;
+    const choice = completion.choices[0]!;
+    const turn: ModelTurn = {
+      startedAt: startedAt.toISOString(),
+      durationMs: Date.now() - startedAt.getTime(),
+      request: { ...asked, tools: TOOLS.map((t) => t.function.name), messages: recorded },
+      ...keptResponse(answer.raw),
+      ...(completion.usage
+        ? {
+            usage: {
+              promptTokens: completion.usage.prompt_tokens,
+              completionTokens: completion.usage.completion_tokens,
+            },
+          }
+        : {}),
+      ...turnTokensOf(completion.prompt_token_ids, choice),
+    };
+    return { ...answer, turn };
   };
   return () => {
     const conversations = new Map<string, Conversation>();
     const agent: Agent = async (observation, context): Promise<AgentDecision> => {
       let conversation = conversations.get(context.episodeId);
       if (!conversation) {
-        conversation = { messages: [], chars: 0 };
+        conversation = { messages: [], chars: 0, slots: [] };
         append(conversation, { role: 'system', content: options.systemPrompt ?? DEFAULT_SYSTEM_PROMPT });
         conversations.set(context.episodeId, conversation);
         if (conversations.size > MAX_CONVERSATIONS)
           conversations.delete(conversations.keys().next().value ?? '');
       }
       answerPending(conversation, observation);
-      const usage: TokenUsage = { promptTokens: 0, completionTokens: 0 };
+      // the next call of the latest answer, if any is left: no new turn
+      const next = conversation.slots.find((slot) => slot.action && slot.content === undefined);
+      if (next?.action) return runCall(conversation, next, context.episodeId, [], { ...ZERO });
+      flushResults(conversation);
+      const turns: ModelTurn[] = [];
+      const usage: TokenUsage = { ...ZERO };
+      // the task may say its calls run one at a time; so may whoever runs the agent
+      const isParallel = options.parallelToolCalls !== false && context.task.parallelToolCalls !== false;
       for (let nudge = 0; nudge <= MAX_NUDGES; nudge++) {
-        const completion = await ask(conversation.messages);
-        usage.promptTokens += completion.usage?.prompt_tokens ?? 0;
-        usage.completionTokens += completion.usage?.completion_tokens ?? 0;
+        const { completion, turn } = await ask(conversation, isParallel);
+        turns.push(turn);
+        usage.promptTokens += turn.usage?.promptTokens ?? 0;
+        usage.completionTokens += turn.usage?.completionTokens ?? 0;
         const message = completion.choices[0]!.message;
-        const calls = (message.tool_calls ?? []).map(readCall);
+        const given = message.tool_calls ?? [];
+        const calls = given.map((call, index) => readCall(call, index, given));
         append(conversation, {
           role: 'assistant',
           content: message.content ?? null,
           ...(calls.length ? { tool_calls: calls.map((c) => c.echoed) } : {}),
         });
-        const [first, ...others] = calls;
-        // one action per step: every other call of the answer is told it did not run
-        for (const other of others)
-          append(conversation, {
-            role: 'tool',
-            tool_call_id: other.echoed.id,
-            content: 'Not run: one tool call per turn.',
-          });
-        if (!first) {
-          append(conversation, {
-            role: 'user',
-            content: 'Act through a tool call; call submit when the task is done.',
-          });
-          continue;
-        }
-        const action = actionOf(first);
-        if ('error' in action) {
-          append(conversation, {
-            role: 'tool',
-            tool_call_id: first.echoed.id,
-            content: `Invalid call: ${action.error}`,
-          });
-          continue;
-        }
-        conversation.pending = first.echoed.id;
-        if (action.type === 'submit') conversations.delete(context.episodeId);
-        return {
-          action,
-          usage,
-          ...(message.content ? { message: message.content } : {}),
-        };
+        if (calls.length)
+          turn.toolCalls = given.map((call, index) => ({ ...call.function, id: calls[index]!.echoed.id }));
+        conversation.slots = slotsOf(calls, isParallel);
+        const feedback: NonNullable<ModelTurn['feedback']> = conversation.slots.flatMap((slot) =>
+          slot.content === undefined ? [] : [{ callId: slot.id, content: slot.content }],
+        );
+        if (!calls.length) feedback.push({ content: NUDGE });
+        if (feedback.length) turn.feedback = feedback;
+        const first = conversation.slots.find((slot) => slot.action);
+        if (first) return runCall(conversation, first, context.episodeId, turns, usage, message.content);
+        turn.error = calls.length ? 'no call of the answer could run' : 'the answer made no tool call';
+        flushResults(conversation);
+        if (!calls.length) append(conversation, { role: 'user', content: NUDGE });
       }
       conversations.delete(context.episodeId);
+      // the episode is graded as it stands: the agent's doing, not a call of the model's
       return {
         action: { type: 'submit' },
         usage,
+        turns,
         message: `no usable tool call after ${MAX_NUDGES + 1} answers`,
       };
     };
+    /** The decision to run `slot`'s call, carrying the turns that led to it. */
+    function runCall(
+      conversation: Conversation,
+      slot: CallSlot,
+      episodeId: string,
+      turns: ModelTurn[],
+      usage: TokenUsage,
+      message?: string | null,
+    ): AgentDecision {
+      conversation.pending = slot.id;
+      if (slot.action!.type === 'submit') conversations.delete(episodeId);
+      return { action: slot.action!, usage, turns, callId: slot.id, ...(message ? { message } : {}) };
+    }
     // the rollout removes the key from whatever the episode produced, the sandbox's output too
     return Object.assign(agent, { redactor });
   };
 }
 
-/** Puts what the env answered where the model expects it: the task as the user's, a result as the tool's. */
+const ZERO: TokenUsage = { promptTokens: 0, completionTokens: 0 };
+
+/**
+ * What becomes of each call of an answer: an action to run in order, or the reason it does not
+ * run. Calls after a submit never run (the episode ends there), nor, when the answer's calls run
+ * one at a time, any after the first.
+ */
+function slotsOf(calls: ReadCall[], isParallel: boolean): CallSlot[] {
+  let closed: string | undefined;
+  return calls.map((call) => {
+    const id = call.echoed.id;
+    if (closed) return { id, content: `Not run: ${closed}.` };
+    const action = actionOf(call);
+    if ('error' in action) return { id, content: `Invalid call: ${action.error}` };
+    if (action.type === 'submit') closed = 'it came after submit';
+    else if (!isParallel) closed = 'one tool call per turn';
+    return { id, action };
+  });
+}
+
+/** Sends the tool message of every call of the latest answer, in call order, once all have one. */
+function flushResults(conversation: Conversation): void {
+  for (const slot of conversation.slots)
+    append(conversation, {
+      role: 'tool',
+      tool_call_id: slot.id,
+      content: slot.content ?? 'Not run.',
+    });
+  conversation.slots = [];
+}
+
+/** Puts what the env answered where the model expects it: the task as the user's, a result as its call's. */
 function answerPending(conversation: Conversation, observation: TaskObservation): void {
   if (observation.type === 'task') {
     append(conversation, { role: 'user', content: observation.instruction });
     return;
   }
-  if (conversation.pending) {
-    append(conversation, {
-      role: 'tool',
-      tool_call_id: conversation.pending,
-      content: observationText(observation),
-    });
-    delete conversation.pending;
-  }
+  const slot = conversation.slots.find((s) => s.id === conversation.pending);
+  if (slot) slot.content = observationText(observation);
+  delete conversation.pending;
 }

@@ -2,15 +2,14 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { z } from 'zod';
 import { SandgymError, issuesText, messageOf, type Redactor } from '../common/index.ts';
 import { AgentError } from './agent-types.ts';
+import { choiceTokensShape, promptTokensShape, usageSchema } from './model-turn.ts';
 
 /** The largest answer read from a model endpoint: far above a real completion, far below memory trouble. */
-const MAX_ANSWER_BYTES = 16 * 1024 * 1024;
+export const MAX_ANSWER_BYTES = 16 * 1024 * 1024;
 /** How much of an error's body is read, and how much of it a message shows. */
 const MAX_ERROR_BODY_BYTES = 64 * 1024;
 const ERROR_EXCERPT_CHARS = 300;
-/** The most tokens one answer may report: above any model's context, far below absurd. */
-const MAX_TOKENS_PER_ANSWER = 10_000_000;
-/** Tool calls one answer may make (the agent runs one per turn and answers the others). */
+/** Tool calls one answer may make. */
 const MAX_TOOL_CALLS = 64;
 const MAX_ATTEMPTS = 3;
 
@@ -20,10 +19,8 @@ const MAX_ATTEMPTS = 3;
  */
 const CONFIGURATION_STATUSES = new Set([401, 403, 404, 407]);
 
-const tokens = z.number().int().min(0).max(MAX_TOKENS_PER_ANSWER);
-
 /** What a chat-completions endpoint answers, as far as the agent reads it. */
-const completionSchema = z.object({
+export const completionSchema = z.object({
   choices: z
     .array(
       z.object({
@@ -41,12 +38,20 @@ const completionSchema = z.object({
             .nullable()
             .optional(),
         }),
+        ...choiceTokensShape,
       }),
     )
     .min(1, 'the answer has no choices'),
-  usage: z.object({ prompt_tokens: tokens, completion_tokens: tokens }).optional(),
+  usage: usageSchema.optional(),
+  ...promptTokensShape,
 });
 export type Completion = z.infer<typeof completionSchema>;
+
+/** A checked completion and the raw JSON it was read from (both redacted). */
+export interface ModelAnswer {
+  completion: Completion;
+  raw: unknown;
+}
 
 /** One request to a chat-completions endpoint. */
 export interface ModelRequest {
@@ -61,7 +66,7 @@ export interface ModelRequest {
 }
 
 /** Up to `maxBytes` of a response's body; `overflowed` when there was more (the rest is not read). */
-async function readUpTo(
+export async function readUpTo(
   response: Response,
   maxBytes: number,
 ): Promise<{ bytes: Buffer; overflowed: boolean }> {
@@ -95,13 +100,13 @@ async function errorExcerpt(response: Response, redactor: Redactor): Promise<str
 }
 
 /** A thrown value's message with its cause's (fetch says "fetch failed" and puts the reason below). */
-function describe(error: unknown): string {
+export function describe(error: unknown): string {
   const cause = error instanceof Error && error.cause instanceof Error ? `: ${error.cause.message}` : '';
   return `${messageOf(error)}${cause}`;
 }
 
 /** The answer of a 2xx response: read within the caps, then checked; any fault is the agent's. */
-async function readCompletion(response: Response, request: ModelRequest): Promise<Completion> {
+async function readCompletion(response: Response, request: ModelRequest): Promise<ModelAnswer> {
   const { redactor } = request;
   const { bytes, overflowed } = await readUpTo(response, MAX_ANSWER_BYTES);
   if (overflowed)
@@ -117,7 +122,7 @@ async function readCompletion(response: Response, request: ModelRequest): Promis
     throw new AgentError(
       `The model's answer is not a usable chat completion: ${redactor.text(issuesText(parsed.error))}`,
     );
-  return redactor.value(parsed.data);
+  return { completion: redactor.value(parsed.data), raw: redactor.value(body) };
 }
 
 /**
@@ -133,7 +138,7 @@ async function readCompletion(response: Response, request: ModelRequest): Promis
  * - this eval's set-up (`failed_precondition`, reported as infrastructure): 401, 403, 404, 407.
  * Messages quote error bodies only redacted, so an endpoint that echoes the key leaks nothing.
  */
-export async function askModel(request: ModelRequest): Promise<Completion> {
+export async function askModel(request: ModelRequest): Promise<ModelAnswer> {
   const { url, redactor } = request;
   const where = redactor.text(url);
   let lastError = '';

@@ -115,7 +115,10 @@ describe('an agent on an OpenAI-compatible endpoint', () => {
     const atif = join(test.dataDir, 'atif');
     // not spawnSync: the model answers from this process, whose event loop must keep running
     const run = await runCli(
-      [CLI, 'eval', TASK, '--agent', 'openai:fake-model', '--base-url', baseUrl, '--atif', atif],
+      [
+        ...[CLI, 'eval', TASK, '--agent', 'openai:fake-model', '--base-url', baseUrl, '--atif', atif],
+        ...['--temperature', '0.25', '--max-tokens', '77', '--system-prompt', 'Be brief.'],
+      ],
       {
         ...process.env,
         SANDGYM_DATA_DIR: test.dataDir,
@@ -123,17 +126,27 @@ describe('an agent on an OpenAI-compatible endpoint', () => {
     );
     expect(run.status, run.stderr).toBe(0);
     expect(run.stderr).toMatch(/1 ATIF trajectories written/);
-    const [file] = await readdir(atif);
+    // the model settings reach every request, and the system prompt is the trajectory's first step
+    expect(requests.at(-1)).toMatchObject({ temperature: 0.25, max_tokens: 77 });
+    expect(requests.at(-1)?.messages[0]).toMatchObject({ role: 'system', content: 'Be brief.' });
+    const file = (await readdir(atif)).find((name) => name.endsWith('.json'));
     const trajectory = atifTrajectorySchema.parse(JSON.parse(await readFile(join(atif, file!), 'utf8')));
     expect(trajectory.agent).toMatchObject({ name: 'openai:fake-model', model_name: 'fake-model' });
-    expect(trajectory.steps.map((s) => s.source)).toEqual(['user', 'agent', 'agent']);
-    expect(trajectory.steps[1]?.tool_calls?.[0]).toMatchObject({
+    // the refused call's answer is a step of its own, with the model's call id
+    expect(trajectory.steps.map((s) => s.source)).toEqual(['system', 'user', 'agent', 'agent', 'agent']);
+    expect(trajectory.steps[0]?.message).toBe('Be brief.');
+    expect(trajectory.steps[2]?.tool_calls?.[0]).toMatchObject({
+      tool_call_id: 'c0',
+      arguments: { cwd: 'relative' },
+    });
+    expect(trajectory.steps[3]?.tool_calls?.[0]).toMatchObject({
+      tool_call_id: 'c1',
       function_name: 'exec',
       arguments: { command: "printf 'hello sandgym\\n' > /app/hello.txt" },
     });
-    expect(trajectory.steps[1]?.observation?.results[0]?.content).toBe('[exit code 0]');
-    expect(trajectory.steps[1]?.metrics?.prompt_tokens).toBeGreaterThan(0);
-    expect(trajectory.final_metrics).toMatchObject({ total_completion_tokens: 27, total_steps: 3 });
+    expect(trajectory.steps[3]?.observation?.results[0]?.content).toBe('[exit code 0]');
+    expect(trajectory.steps[3]?.metrics?.prompt_tokens).toBeGreaterThan(0);
+    expect(trajectory.final_metrics).toMatchObject({ total_completion_tokens: 27, total_steps: 5 });
     expect(trajectory.extra).toMatchObject({ task: 'hello-file', reward: 1, outcome: { kind: 'ok' } });
   });
 
@@ -141,5 +154,19 @@ describe('an agent on an OpenAI-compatible endpoint', () => {
     const missing = spawnSync('node', [CLI, 'eval', TASK, '--agent', 'openai:m'], { encoding: 'utf8' });
     expect(missing.status).toBe(2);
     expect(missing.stderr).toMatch(/needs --base-url/);
+  });
+
+  it('refuses model settings out of range, or for an agent without a model', () => {
+    const eval_ = (...args: string[]) =>
+      spawnSync('node', [CLI, 'eval', TASK, ...args], { encoding: 'utf8' });
+    const model = ['--agent', 'openai:m', '--base-url', baseUrl];
+    expect(eval_(...model, '--temperature', '3').stderr).toMatch(
+      /--temperature must be a number from 0 to 2/,
+    );
+    expect(eval_(...model, '--temperature', 'NaN').status).toBe(2);
+    expect(eval_(...model, '--max-tokens', '0').stderr).toMatch(/--max-tokens must be a positive integer/);
+    const oracle = eval_('--agent', 'oracle', '--temperature', '0.5');
+    expect(oracle.status).toBe(2);
+    expect(oracle.stderr).toMatch(/--temperature is for --agent openai:MODEL/);
   });
 });

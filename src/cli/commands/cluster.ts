@@ -61,7 +61,7 @@ function defaultNodeId(): string {
 }
 
 /** Serves until SIGINT or SIGTERM, then shuts down cleanly. */
-function serveUntilSignalled(close: () => Promise<void>): Promise<number> {
+export function serveUntilSignalled(close: () => Promise<void>): Promise<number> {
   return new Promise((resolve) => {
     const stop = (): void => {
       process.off('SIGINT', stop);

@@ -12,6 +12,7 @@ import {
   modelOfAgent,
   writeAtif,
   type EvalProgress,
+  type ModelEndpoint,
   type StepEvent,
 } from '../../rollout/index.ts';
 import {
@@ -53,6 +54,32 @@ function progressLine(p: EvalProgress): string {
   return `sandgym eval: ${p.done}/${p.total} done, ${p.running} running, ${p.failed} failed${eta}`;
 }
 
+/** How an `openai:MODEL` agent asks its model. */
+const MODEL_OPTIONS = {
+  temperature: { type: 'string' },
+  'max-tokens': { type: 'string' },
+  'system-prompt': { type: 'string' },
+  'token-ids': { type: 'boolean' },
+} as const;
+
+/** The model settings the command line gives; only an `openai:MODEL` agent takes them. */
+function modelSettings(parsed: ReturnType<typeof parseCommandArgs>, agentName: string): ModelEndpoint {
+  const given = Object.keys(MODEL_OPTIONS).filter((name) => parsed.values[name] !== undefined);
+  if (given.length && modelOfAgent(agentName) === undefined)
+    throw new UsageError(`sandgym eval: --${given[0]} is for --agent openai:MODEL, not ${agentName}`);
+  const temperature = text(parsed, 'temperature');
+  if (temperature !== undefined && !(Number(temperature) >= 0 && Number(temperature) <= 2))
+    throw new UsageError(`--temperature must be a number from 0 to 2, got "${temperature}"`);
+  const maxTokens = positiveInt('max-tokens', text(parsed, 'max-tokens'));
+  const systemPrompt = text(parsed, 'system-prompt');
+  return {
+    ...(temperature === undefined ? {} : { temperature: Number(temperature) }),
+    ...(maxTokens === undefined ? {} : { maxTokens }),
+    ...(systemPrompt === undefined ? {} : { systemPrompt }),
+    ...(parsed.values['token-ids'] ? { tokenIds: true } : {}),
+  };
+}
+
 /** How long an eval's run lease lasts unless `--lease` says otherwise. */
 const DEFAULT_RUN_LEASE_MS = 30_000;
 
@@ -68,6 +95,7 @@ export async function evalCommand(args: string[]): Promise<number> {
     report: { type: 'string' },
     'max-steps': { type: 'string' },
     'base-url': { type: 'string' },
+    ...MODEL_OPTIONS,
     atif: { type: 'string' },
     run: { type: 'string' },
     lease: { type: 'string' },
@@ -84,6 +112,7 @@ export async function evalCommand(args: string[]): Promise<number> {
   const { makeAgent, identity } = await resolveAgent(agentName, {
     ...(baseUrl ? { baseUrl } : {}),
     ...(apiKey ? { apiKey } : {}),
+    ...modelSettings(parsed, agentName),
   });
   // the key goes nowhere this eval writes or prints, in any encoding
   const redactor = secretRedactor([apiKey, ...urlSecrets(baseUrl)]);

@@ -206,6 +206,9 @@ export const harborTaskTomlSchema = z.object({
       // Harbor sets no limit when absent; sandgym's episodes always have one
       timeout_sec: taskNumber.timeoutSeconds().default(600),
       user: taskUser,
+      // sandgym's own (Harbor ignores keys it does not know): false has a model agent run one
+      // tool call per answer and tell the model the others did not run
+      parallel_tool_calls: z.boolean().optional(),
       ...phaseNetwork,
     })
     .superRefine(checkPhaseNetwork)

@@ -94,6 +94,9 @@ export async function loadHarborTask(path: string, options: HostEnvOptions = {})
     env: envOf(toml.environment.env, 'environment'),
     verifierEnv: envOf(toml.verifier.env, 'verifier'),
     ...(toml.agent.user ? { agentUser: toml.agent.user } : {}),
+    ...(toml.agent.parallel_tool_calls === undefined
+      ? {}
+      : { parallelToolCalls: toml.agent.parallel_tool_calls }),
     ...(toml.verifier.user ? { verifierUser: toml.verifier.user } : {}),
     agentTimeoutMs: toml.agent.timeout_sec * 1000,
     verifierTimeoutMs: toml.verifier.timeout_sec * 1000,

@@ -196,6 +196,11 @@ export interface Task {
   setupScript?: string;
   /** Run before the agent starts, in its sandbox; a failing one fails the task's start. */
   healthcheck?: TaskHealthcheck;
+  /**
+   * Whether a model agent runs every tool call of an answer (the default) or only the first
+   * (false: Harbor `[agent] parallel_tool_calls`, sandgym's own key).
+   */
+  parallelToolCalls?: boolean;
   /** MCP servers the agent may use (handed to agents that speak MCP). */
   mcpServers?: TaskMcpServer[];
   /** Where grading runs; default `fresh`. */
