@@ -9,7 +9,7 @@ import {
 import type { Agent, AgentDecision } from './agent-types.ts';
 import type { TokenUsage } from './episode-report.ts';
 import { askModel, type Completion, type ModelAnswer, type ModelRequest } from './model-endpoint.ts';
-import { MAX_CALL_ID_CHARS, keptResponse, turnTokensOf, type ModelTurn } from './model-turn.ts';
+import { MAX_CALL_ID_CHARS, keptResponse, usageAndTokensOf, type ModelTurn } from './model-turn.ts';
 import { observationText } from './observation-text.ts';
 
 /** Options for {@link openAiAgent}. */
@@ -274,21 +274,12 @@ export function openAiAgent(options: OpenAiAgentOptions): () => Agent {
     const recorded = changedMessages(conversation.lastRequest, messages);
     conversation.lastRequest = messages;
     const { completion } = answer;
-    const choice = completion.choices[0]!;
     const turn: ModelTurn = {
       startedAt: startedAt.toISOString(),
       durationMs: Date.now() - startedAt.getTime(),
       request: { ...asked, tools: TOOLS.map((t) => t.function.name), messages: recorded },
       ...keptResponse(answer.raw),
-      ...(completion.usage
-        ? {
-            usage: {
-              promptTokens: completion.usage.prompt_tokens,
-              completionTokens: completion.usage.completion_tokens,
-            },
-          }
-        : {}),
-      ...turnTokensOf(completion.prompt_token_ids, choice),
+      ...usageAndTokensOf(completion),
     };
     return { ...answer, turn };
   };

@@ -6,7 +6,7 @@ import { z } from 'zod';
 import { SandgymError, issuesText, messageOf, secretRedactor, type Redactor } from '../common/index.ts';
 import { CompletionStream } from './completion-stream.ts';
 import { MAX_ANSWER_BYTES, completionSchema, describe, readUpTo } from './model-endpoint.ts';
-import { keptResponse, turnTokensOf, type ModelTurn } from './model-turn.ts';
+import { keptResponse, usageAndTokensOf, type ModelTurn } from './model-turn.ts';
 
 /** The largest request a client may send through (a long conversation is megabytes, not more). */
 const MAX_REQUEST_BYTES = 32 * 1024 * 1024;
@@ -254,15 +254,7 @@ export class ModelProxy {
     const calls = choice.message.tool_calls ?? [];
     return {
       ...kept,
-      ...(completion.usage
-        ? {
-            usage: {
-              promptTokens: completion.usage.prompt_tokens,
-              completionTokens: completion.usage.completion_tokens,
-            },
-          }
-        : {}),
-      ...turnTokensOf(completion.prompt_token_ids, choice),
+      ...usageAndTokensOf(completion),
       ...(calls.length ? { toolCalls: calls.map((call) => ({ ...call.function, id: call.id })) } : {}),
     };
   }

@@ -59,10 +59,27 @@ export interface TurnTokens {
 }
 
 /**
+ * What a turn records of a checked completion: its usage, and its tokens (see {@link turnTokensOf}).
+ */
+export function usageAndTokensOf(completion: {
+  usage?: z.infer<typeof usageSchema> | undefined;
+  prompt_token_ids?: number[] | null | undefined;
+  choices: ChoiceTokens[];
+}): { usage?: { promptTokens: number; completionTokens: number } } & TurnTokens {
+  const { usage } = completion;
+  return {
+    ...(usage
+      ? { usage: { promptTokens: usage.prompt_tokens, completionTokens: usage.completion_tokens } }
+      : {}),
+    ...turnTokensOf(completion.prompt_token_ids, completion.choices[0]!),
+  };
+}
+
+/**
  * The token ids and logprobs an answer carries, from whichever shape the server used: the
  * completion's ids from `token_ids`, else from `token_id:N` tokens when every token is one.
  */
-export function turnTokensOf(promptTokenIds: number[] | null | undefined, choice: ChoiceTokens): TurnTokens {
+function turnTokensOf(promptTokenIds: number[] | null | undefined, choice: ChoiceTokens): TurnTokens {
   const content = choice.logprobs?.content ?? undefined;
   const fromText = content?.map((entry) => TOKEN_ID_TEXT.exec(entry.token)?.[1]);
   const completionTokenIds =

@@ -383,6 +383,8 @@ describe('ids under hostile tenants', () => {
           Checkpoint: (id) => ({ envId: id }),
           Restore: (id) => ({ envId: id, checkpointId: NEVER.envCheckpoint }),
           Close: (id) => ({ envId: id }),
+          ChatReset: (id) => ({ envId: id }),
+          ChatStep: (id) => ({ envId: id, turn: 0, answer: 'read it' }),
         };
         const taking = Object.entries(ENVS.methods)
           .filter(([, method]) => 'envId' in (method.request as z.ZodObject).shape)

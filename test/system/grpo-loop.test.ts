@@ -1,4 +1,5 @@
-import { spawnSync } from 'node:child_process';
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
 import { randomBytes } from 'node:crypto';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -7,7 +8,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../src/common/index.ts';
 import { TaskEnv, loadTasks } from '../../src/env/index.ts';
 import { Controller } from '../../src/platform/index.ts';
-import { PYTHON } from '../../benchmarks/python-client.ts';
+/** The project's virtual environment's interpreter, as the trainers' adapters are tested with. */
+const PYTHON = resolve('.venv/bin/python');
 import { NODE_TOKEN, startLoneNode, type LoneNode } from '../support/cluster.ts';
 import { createTestPlatform } from '../support/platform.ts';
 
@@ -40,7 +42,8 @@ describe('a GRPO-shaped loop from Python', () => {
     await using built = await createTestPlatform('grpo-loop-build');
     const [task] = await loadTasks([join(TASK_ROOT, 'hello-file')]);
     await TaskEnv.create(built.platform, task!).prepare();
-    lone = await startLoneNode(`g${tag}`, 246, 7840, ['--warm-pool', '0', '--task-root', TASK_ROOT]);
+    // not a tag starting with g: a node reaps host links named sgg…, its group networks' prefix
+    lone = await startLoneNode(`o${tag}`, 246, 7840, ['--warm-pool', '0', '--task-root', TASK_ROOT]);
     controller = await Controller.start({
       listen: '127.0.0.1:0',
       nodes: [lone.node.address],
@@ -60,7 +63,9 @@ describe('a GRPO-shaped loop from Python', () => {
 
   /** Runs the example and reads back what it wrote. */
   async function runLoop(url: string, token: string, dir: string, groups: number): Promise<Sample[]> {
-    const run = spawnSync(
+    // not spawnSync: the controller answers from this process, and the node's logs come through
+    // pipes this process must keep reading
+    const child = spawn(
       PYTHON,
       [
         EXAMPLE,
@@ -75,9 +80,13 @@ describe('a GRPO-shaped loop from Python', () => {
         '--out',
         dir,
       ],
-      { env: { ...process.env, PYTHONPATH: resolve('python') }, encoding: 'utf8', timeout: 600_000 },
+      { env: { ...process.env, PYTHONPATH: resolve('python') }, stdio: ['ignore', 'pipe', 'pipe'] },
     );
-    expect(run.status, `${run.stdout}\n${run.stderr}`).toBe(0);
+    let output = '';
+    child.stdout.on('data', (chunk: Buffer) => (output += chunk.toString()));
+    child.stderr.on('data', (chunk: Buffer) => (output += chunk.toString()));
+    const [code] = (await once(child, 'exit')) as [number | null];
+    expect(code, output).toBe(0);
     const text = await readFile(join(dir, 'samples.jsonl'), 'utf8');
     return text
       .trim()
@@ -96,9 +105,8 @@ describe('a GRPO-shaped loop from Python', () => {
         const [first] = sample.turns;
         expect(first!.token_ids.length).toBeGreaterThan(0);
         expect(first!.logprobs).toHaveLength(first!.token_ids.length);
-        // a tool message per call it made; an answer that could not be read is told so as the user
-        const roles = first!.text.includes('{not json') ? ['user'] : ['tool'];
-        expect(first!.observations.map((m) => m.role)).toEqual(roles);
+        // one message back for the one call it made, or for the call it could not make
+        expect(first!.observations).toHaveLength(1);
       }
       // the stand-in policy's seeds give each group right and wrong answers: advantages of both signs
       const rewards = new Set(mine.map((s) => s.reward));
