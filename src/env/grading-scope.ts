@@ -146,11 +146,10 @@ export function gradingScope(
   const venvConfigs = pathDirs.map((dir) =>
     posix.join(posix.dirname(dir), 'pyvenv.cfg').replace(/^\.\//, ''),
   );
-  // the links' hops outside the protected folders (`/etc/alternatives/awk`), each alone: a folder
-  // they pass through is the agent's to change otherwise
-  const hops = (facts?.linkHops ?? [])
-    .map(relative)
-    .filter((hop) => hop !== '' && !underAny(hop, [...PROTECTED, ...pathDirs]));
+  const hops = linkHopsToProtect((facts?.linkHops ?? []).filter(outsideWork).map(relative), [
+    ...PROTECTED,
+    ...pathDirs,
+  ]);
   const excludePaths = [
     ...new Set([...PROTECTED, ...pathDirs, ...venvConfigs, ...hops, ...extraExcluded.map(relative)]),
   ];
@@ -175,6 +174,18 @@ export function gradingScope(
     ],
     hiddenPaths: HIDDEN,
   };
+}
+
+/**
+ * The links' hops outside the protected folders, as paths to protect: the folder a hop is in when
+ * it is two or more levels deep (`etc/alternatives`, `opt/conda/bin`: an image's tool folders,
+ * however many links they hold), the hop alone in a top-level folder (`etc/tool`), which is the
+ * agent's to change otherwise. A scope goes over the wire in lists of at most 256 paths, so an
+ * image's hundreds of alternatives must not each take one.
+ */
+function linkHopsToProtect(hops: readonly string[], protectedPaths: readonly string[]): string[] {
+  const kept = hops.filter((hop) => hop !== '' && !underAny(hop, protectedPaths));
+  return [...new Set(kept.map((hop) => (hop.split('/').length > 2 ? posix.dirname(hop) : hop)))];
 }
 
 function underAny(path: string, folders: readonly string[]): boolean {

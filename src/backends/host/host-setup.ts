@@ -56,7 +56,7 @@ const REQUIRED_PROGRAMS: Record<string, string> = {
 /**
  * What only the test suite needs: a real OCI registry on loopback for image pulls, Debian's
  * Python with the gRPC and msgpack modules the Python client imports (its tests and benchmark)
- * and with venv support (the golden tests' harnesses), and the cluster's engines: an etcd cluster and a Prometheus the tests start on loopback.
+ * and with venv support (the golden tests' harnesses) and setuptools (the package's offline install), and the cluster's engines: an etcd cluster and a Prometheus the tests start on loopback.
  */
 export const TEST_PROGRAMS: Record<string, string> = {
   'docker-registry': 'docker-registry',
@@ -67,6 +67,8 @@ export const TEST_PROGRAMS: Record<string, string> = {
   // Debian 12's venv support, for the golden tests' venv of published harnesses where the
   // machine has no newer Python (scripts/harness-venv.sh)
   '/usr/lib/python3.11/ensurepip/__init__.py': 'python3-venv',
+  // the build backend of `pip install ./python` offline (test/system/python-client.test.ts)
+  '/usr/lib/python3/dist-packages/setuptools/__init__.py': 'python3-setuptools',
 };
 
 /** What only the benchmarks need: baselines (crun's peers Docker and Podman too), the shaped network store of `layers`, and etcd. */
