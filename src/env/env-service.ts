@@ -71,6 +71,26 @@ interface ServedChat {
   last?: { turn: number; answer: unknown; result: StepResult<ChatMessage[]> };
 }
 
+/** A served env as made (or rebuilt) for its project, its next step `next`. */
+function servedEnv(
+  made: Pick<Served, 'project'> & Served['made'],
+  env: AnyEnv,
+  client: HostPlatform,
+  next: number,
+): Served {
+  const { project, spec, limits } = made;
+  return {
+    project,
+    kind: spec.kind,
+    made: { spec, limits },
+    env,
+    client,
+    lastUsed: Date.now(),
+    next,
+    queue: Promise.resolve(),
+  };
+}
+
 interface Saved {
   project: string;
   kind: EnvSpec['kind'];
@@ -186,16 +206,7 @@ export function envService(
         });
       }
     }
-    return {
-      project,
-      kind: spec.kind,
-      made: { spec, limits },
-      env,
-      client,
-      lastUsed: Date.now(),
-      next,
-      queue: Promise.resolve(),
-    };
+    return servedEnv(record, env, client, next);
   };
 
   /** Records where an env's episode is, for a successor; a node without a state dir keeps nothing. */
@@ -267,16 +278,7 @@ export function envService(
         throw error;
       });
       const envId = nodeScopedId('env', options.nodeId);
-      const served: Served = {
-        project,
-        kind: spec.kind,
-        made: { spec, limits },
-        env,
-        client,
-        lastUsed: Date.now(),
-        next: 0,
-        queue: Promise.resolve(),
-      };
+      const served = servedEnv({ project, spec, limits }, env, client, 0);
       envs.set(envId, served);
       await remember(envId, served).catch(async (error: unknown) => {
         await closeEnv(envId);
