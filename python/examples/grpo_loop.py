@@ -1,7 +1,8 @@
 """A GRPO-shaped loop against a sandgym node or controller, training nothing.
 
 What a trainer does each iteration, with its model replaced by a seeded stand-in: for each group,
-GROUP_SIZE chat envs of one task start the same episode at once; the "policy" answers each turn
+one chat env of the task starts the episode and is forked into GROUP_SIZE envs that go on from
+that state (set up once, each in its own sandbox); the "policy" answers each turn
 with text holding Hermes-style tool calls (as an open model does), token ids and logprobs that
 the stand-in makes up; the node runs the calls, grades the episode and returns rewards; the loop
 computes group-relative advantages and writes each sample, token-level, to a JSONL file a
@@ -23,7 +24,7 @@ import random
 import statistics
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 from sandgym import Platform
 from sandgym.chat import ChatEnv
@@ -56,14 +57,14 @@ class StandInPolicy:
         return {"text": text, "token_ids": token_ids, "logprobs": logprobs}
 
 
-def rollout(platform: Platform, task: str, episode_id: str, seed: int, max_turns: int) -> Dict[str, Any]:
-    """One episode of the group: the stand-in answers until the env ends the episode."""
+def rollout(env: ChatEnv, prompt: List[dict], episode_id: str, seed: int) -> Dict[str, Any]:
+    """One episode of the group, in a fork of the group's episode: the stand-in answers until the
+    env ends the episode (or its turn budget does)."""
     policy = StandInPolicy(seed)
     turns: List[Dict[str, Any]] = []
-    with ChatEnv(platform, {"kind": "task", "path": task}, max_turns=max_turns) as env:
-        messages, info = env.reset(options={"episode_id": episode_id})
-        prompt = list(messages)
-        reward, terminated, truncated = 0.0, False, False
+    with env:
+        messages = list(prompt)
+        reward, terminated, truncated, info = 0.0, False, False, {}
         while not (terminated or truncated):
             answer = policy.answer(messages, len(turns))
             shown, reward, terminated, truncated, info = env.step(answer["text"], tokens=len(answer["token_ids"]))
@@ -71,6 +72,7 @@ def rollout(platform: Platform, task: str, episode_id: str, seed: int, max_turns
             messages = messages + [{"role": "assistant", "content": answer["text"]}] + shown
     return {
         "episode_id": episode_id,
+        "forked_from": env.forked_from["checkpointId"] if env.forked_from else None,
         "prompt": prompt,
         "turns": turns,
         "reward": float(reward),
@@ -78,6 +80,15 @@ def rollout(platform: Platform, task: str, episode_id: str, seed: int, max_turns
         "truncated": truncated,
         "outcome": info.get("outcome"),
     }
+
+
+def group_of_forks(platform: Platform, task: str, name: str, size: int, max_turns: int) -> Tuple[List[dict], List[ChatEnv]]:
+    """The group's episode started once (environment, services, staging), then forked: `size`
+    envs going on from its first state, each in its own sandbox. The first env goes; its forks
+    stay until their rollouts end."""
+    with ChatEnv(platform, {"kind": "task", "path": task}, max_turns=max_turns) as first:
+        prompt, _ = first.reset(options={"episode_id": name})
+        return prompt, first.fork(size, episode_ids=[f"{name}-{i}" for i in range(size)])
 
 
 def main(argv: List[str]) -> int:
@@ -95,10 +106,12 @@ def main(argv: List[str]) -> int:
     summary = []
     with Platform.connect(args.url, args.token) as platform, open(path, "w", encoding="utf-8") as out:
         for group in range(args.groups):
+            name = f"grpo-{os.getpid()}-g{group}"
+            prompt, forks = group_of_forks(platform, args.task, name, args.group_size, args.max_turns)
             with ThreadPoolExecutor(max_workers=args.group_size) as pool:
                 samples = list(
                     pool.map(
-                        lambda i: rollout(platform, args.task, f"grpo-{os.getpid()}-g{group}-{i}", 1000 * group + i, args.max_turns),
+                        lambda i: rollout(forks[i], prompt, f"{name}-{i}", 1000 * group + i),
                         range(args.group_size),
                     )
                 )

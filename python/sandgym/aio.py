@@ -12,8 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple, Union
 
+from ._chat_turns import (
+    Answer,
+    ChatStepResult,
+    ChatTurns,
+    Parser,
+    chat_restore_request,
+    checkpoint_request,
+    fork_episode_ids,
+)
 from ._plans import Plan
 from ._plans import fork_plan
 from ._shapes import StepResult, autoreset_result, checkpoint_id, reset_request, step_result, wire_action
@@ -22,7 +31,7 @@ from .errors import SandgymError
 from .platform import Command, DirEntry, ExecResult, SandboxInfo, _defined, dir_entries, exec_request, exec_result, write_request
 from .wire import AsyncWire
 
-__all__ = ["Platform", "Sandbox", "SandgymEnv", "VectorEnv"]
+__all__ = ["ChatEnv", "Platform", "Sandbox", "SandgymEnv", "VectorEnv"]
 
 
 async def _run_plan(plan: Plan, wire: AsyncWire) -> Any:
@@ -257,6 +266,109 @@ class VectorEnv:
             raise errors[0]
 
     async def __aenter__(self) -> "VectorEnv":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class ChatEnv:
+    """As `sandgym.chat.ChatEnv`, for asyncio: a trainer's thousands of chat episodes from one
+    event loop. Calls of one env run one at a time, in the order they were made."""
+
+    def __init__(
+        self,
+        platform: Platform,
+        spec: Mapping[str, Any],
+        *,
+        system_prompt: Optional[str] = None,
+        instruction: Optional[str] = None,
+        max_turns: Optional[int] = None,
+        max_tokens: Optional[int] = None,
+        format: Optional[str] = None,
+        parser: Optional[Parser] = None,
+        count_tokens: Optional[Callable[[str], int]] = None,
+    ) -> None:
+        self._platform = platform
+        self._wire = platform._wire
+        self.spec = dict(spec)
+        self.env_id: Optional[str] = None
+        # the checkpoint a fork went on from (`fork` sets it)
+        self.forked_from: Optional[dict] = None
+        self._turns = ChatTurns(
+            system_prompt=system_prompt,
+            instruction=instruction,
+            max_turns=max_turns,
+            max_tokens=max_tokens,
+            format=format,
+            parser=parser,
+            count_tokens=count_tokens,
+        )
+        self._order = asyncio.Lock()
+
+    @property
+    def tools(self) -> List[dict]:
+        return self._turns.tools
+
+    async def _ensure(self, beside: Optional[str] = None) -> str:
+        if self.env_id is None:
+            request: dict = {"spec": self.spec, **({"beside": beside} if beside else {})}
+            self.env_id = (await self._wire.call("Envs", "Make", request))["envId"]
+        return self.env_id
+
+    async def reset(self, seed: Optional[int] = None, options: Optional[Mapping[str, Any]] = None) -> Tuple[List[dict], dict]:
+        async with self._order:
+            request = self._turns.reset_request(await self._ensure(), seed, options)
+            return self._turns.opened(await self._wire.call("Envs", "ChatReset", request))
+
+    async def step(self, answer: Answer, tokens: Optional[int] = None) -> ChatStepResult:
+        async with self._order:
+            request, parse_error = self._turns.step_request(self.env_id, answer, tokens)
+            deadline = time.monotonic() + _RECONNECT_S
+            while True:
+                try:
+                    reply = await self._wire.call("Envs", "ChatStep", request)
+                    return self._turns.stepped(reply, parse_error)
+                except SandgymError as error:
+                    # as in the sync env: the same turn answers with what it did
+                    if error.code != "node_lost" or time.monotonic() > deadline:
+                        raise
+                    await self._wire.wait_ready(max(0.1, deadline - time.monotonic()))
+
+    async def checkpoint(self, depth: Optional[str] = None) -> dict:
+        async with self._order:
+            return await self._wire.call("Envs", "Checkpoint", checkpoint_request(self.env_id, depth))
+
+    async def restore(self, checkpoint: Any, episode_id: Optional[str] = None) -> Tuple[List[dict], dict]:
+        async with self._order:
+            request = chat_restore_request(await self._ensure(), checkpoint, episode_id)
+            return self._turns.opened(await self._wire.call("Envs", "ChatRestore", request))
+
+    async def fork(self, count: int, episode_ids: Optional[List[str]] = None) -> List["ChatEnv"]:
+        """As `sandgym.chat.ChatEnv.fork`; the forks are made at once."""
+        names = fork_episode_ids(count, episode_ids)
+        saved = await self.checkpoint(depth="disk")
+        forks = [ChatEnv(self._platform, self.spec, **self._turns.given) for _ in names]
+
+        async def start(env: ChatEnv, name: Optional[str]) -> None:
+            await env._ensure(beside=self.env_id)
+            await env.restore(saved, name)
+            env.forked_from = saved
+
+        outcomes = await asyncio.gather(*(start(e, n) for e, n in zip(forks, names)), return_exceptions=True)
+        failures = [o for o in outcomes if isinstance(o, BaseException)]
+        if failures:
+            await asyncio.gather(*(env.close() for env in forks), return_exceptions=True)
+            raise failures[0]
+        return forks
+
+    async def close(self) -> None:
+        """Destroys the env and its sandbox. Idempotent."""
+        if self.env_id is not None:
+            env_id, self.env_id = self.env_id, None
+            await self._wire.call("Envs", "Close", {"envId": env_id})
+
+    async def __aenter__(self) -> "ChatEnv":
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -1,17 +1,24 @@
 """A node's env at the level of chat messages, for trainers that generate with their own engine
-(the Envs service's ChatReset and ChatStep, docs/wire.md "Chat episodes")."""
+(the Envs service's ChatReset, ChatStep and ChatRestore, docs/wire.md "Chat episodes")."""
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterable, List, Mapping, Optional, Tuple, Union
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, List, Mapping, Optional, Tuple
 
-from ._shapes import reset_request
+from ._chat_turns import (
+    Answer,
+    ChatStepResult,
+    ChatTurns,
+    Parser,
+    chat_restore_request,
+    checkpoint_request,
+    fork_episode_ids,
+)
 from .errors import SandgymError
 
-Answer = Union[str, Mapping[str, Any]]
-Parser = Callable[[str], Iterable[Mapping[str, Any]]]
-ChatStepResult = Tuple[List[dict], float, bool, bool, dict]
+__all__ = ["Answer", "ChatEnv", "ChatStepResult", "Parser"]
 
 # how long a turn waits for a node that went away to come back before giving up
 _RECONNECT_S = 30.0
@@ -33,6 +40,9 @@ class ChatEnv:
     instead (what it raises, the model is told it gave no call). `max_turns` and `max_tokens`
     truncate the episode; tokens are what `step(..., tokens=N)` gives, or what `count_tokens`
     counts of each answer and of the messages it answered.
+
+    `fork(n)` saves the episode where it is and gives n new envs that go on from there, each its
+    own sandbox on the same node: a GRPO group's rollouts of one task, set up once.
     """
 
     def __init__(
@@ -48,76 +58,79 @@ class ChatEnv:
         parser: Optional[Parser] = None,
         count_tokens: Optional[Callable[[str], int]] = None,
     ) -> None:
+        self._platform = platform
         self._wire = platform._wire
         self.spec = dict(spec)
         self.env_id: Optional[str] = None
-        self.tools: List[dict] = []
-        self._parser = parser
-        self._count_tokens = count_tokens
-        self._turn = 0
-        self._shown: List[dict] = []
-        options = {
-            "systemPrompt": system_prompt,
-            "instruction": instruction,
-            "maxTurns": max_turns,
-            "maxTokens": max_tokens,
-            "format": format,
-        }
-        self._chat = {key: value for key, value in options.items() if value is not None}
+        # the checkpoint a fork went on from (`fork` sets it)
+        self.forked_from: Optional[dict] = None
+        self._turns = ChatTurns(
+            system_prompt=system_prompt,
+            instruction=instruction,
+            max_turns=max_turns,
+            max_tokens=max_tokens,
+            format=format,
+            parser=parser,
+            count_tokens=count_tokens,
+        )
+
+    @property
+    def tools(self) -> List[dict]:
+        """The tools the model is given, in chat-completions form (after a reset)."""
+        return self._turns.tools
+
+    def _ensure(self, beside: Optional[str] = None) -> str:
+        if self.env_id is None:
+            request: dict = {"spec": self.spec, **({"beside": beside} if beside else {})}
+            self.env_id = self._wire.call("Envs", "Make", request)["envId"]
+        return self.env_id
 
     def reset(self, seed: Optional[int] = None, options: Optional[Mapping[str, Any]] = None) -> Tuple[List[dict], dict]:
         """Starts an episode: (messages, info). `options` may name it: {"episode_id": "..."}."""
-        if self.env_id is None:
-            self.env_id = self._wire.call("Envs", "Make", {"spec": self.spec})["envId"]
-        request = dict(reset_request(self.env_id, seed, options), chat=self._chat)
-        reply = self._wire.call("Envs", "ChatReset", request)
-        self._turn = 0
-        self._shown = reply["messages"]
-        self.tools = reply["info"].get("tools", [])
-        return reply["messages"], reply["info"]
+        request = self._turns.reset_request(self._ensure(), seed, options)
+        return self._turns.opened(self._wire.call("Envs", "ChatReset", request))
 
     def step(self, answer: Answer, tokens: Optional[int] = None) -> ChatStepResult:
         """One turn: (messages, reward, terminated, truncated, info). `info["outcome"]` is the
         platform's verdict on the turn: an `infra_failure` is not the model's doing."""
-        if self.env_id is None:
-            raise SandgymError("failed_precondition", "Call reset() before step()")
-        text = answer if isinstance(answer, str) else (answer.get("content") or "")
-        parse_error: Optional[str] = None
-        if self._parser is not None and isinstance(answer, str):
-            answer, parse_error = self._parsed(self._parser, answer)
-        if tokens is None and self._count_tokens is not None:
-            shown = [m.get("content") or "" for m in self._shown if m.get("role") != "system"]
-            tokens = sum(int(self._count_tokens(t)) for t in [text, *shown])
-        request: dict = {"envId": self.env_id, "turn": self._turn, "answer": answer}
-        if tokens is not None:
-            request["tokens"] = int(tokens)
-        reply = self._call_surviving_restarts(request)
-        self._turn += 1
-        self._shown = reply["messages"]
-        info = dict(reply["info"])
-        info["outcome"] = reply["outcome"]
-        if parse_error is not None:
-            info["parse_error"] = parse_error
-        return reply["messages"], float(reply["reward"]), reply["terminated"], reply["truncated"], info
+        request, parse_error = self._turns.step_request(self.env_id, answer, tokens)
+        return self._turns.stepped(self._call_surviving_restarts(request), parse_error)
 
-    def _parsed(self, parser: Parser, text: str) -> Tuple[dict, Optional[str]]:
-        """The answer as a message whose calls the caller's parser read, and what it raised."""
-        try:
-            calls = list(parser(text))
-        except Exception as error:  # the parser's failure is the model's observation
-            return {"role": "assistant", "content": "", "tool_calls": []}, f"{type(error).__name__}: {error}"
-        tool_calls = []
-        for index, call in enumerate(calls):
-            arguments = call.get("arguments", {}) if isinstance(call, dict) else {}
-            tool_calls.append(
-                {
-                    "id": f"call_{self._turn}_{index}",
-                    "type": "function",
-                    "function": {"name": str(call.get("name", "")) if isinstance(call, dict) else "", "arguments": arguments},
-                }
-            )
-        # the text was read here: the node reads only the calls
-        return {"role": "assistant", "content": "", "tool_calls": tool_calls}, None
+    def checkpoint(self, depth: Optional[str] = None) -> dict:
+        """Saves the episode where it is, on the node: a map whose `checkpointId` `restore` takes.
+        `depth="disk"` (files) restores into any env of the project, as `fork` does."""
+        return self._wire.call("Envs", "Checkpoint", checkpoint_request(self.env_id, depth))
+
+    def restore(self, checkpoint: Any, episode_id: Optional[str] = None) -> Tuple[List[dict], dict]:
+        """Goes on with the chat episode a checkpoint saved, in this env, as a new branch:
+        (messages, info), the opening messages again; the next turn is `info["turns"]`."""
+        request = chat_restore_request(self._ensure(), checkpoint, episode_id)
+        return self._turns.opened(self._wire.call("Envs", "ChatRestore", request))
+
+    def fork(self, count: int, episode_ids: Optional[List[str]] = None) -> List["ChatEnv"]:
+        """`count` new envs going on from where this episode is (a disk checkpoint of it), made at
+        once beside this env, on its node. If one cannot be made, none is kept."""
+        names = fork_episode_ids(count, episode_ids)
+        saved = self.checkpoint(depth="disk")
+        forks = [ChatEnv(self._platform, self.spec, **self._turns.given) for _ in names]
+
+        def start(pair: Tuple["ChatEnv", Optional[str]]) -> None:
+            env, name = pair
+            env._ensure(beside=self.env_id)
+            env.restore(saved, name)
+            env.forked_from = saved
+
+        with ThreadPoolExecutor(max_workers=min(count, 16)) as pool:
+            outcomes = [pool.submit(start, pair) for pair in zip(forks, names)]
+            failures = [o.exception() for o in outcomes if o.exception() is not None]
+        if failures:
+            for env in forks:
+                try:
+                    env.close()
+                except SandgymError:
+                    pass  # the first failure is the one to see
+            raise failures[0]  # type: ignore[misc]
+        return forks
 
     def _call_surviving_restarts(self, request: dict) -> dict:
         deadline = time.monotonic() + _RECONNECT_S

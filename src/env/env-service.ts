@@ -9,6 +9,7 @@ import {
   register,
   sameValue,
   stepActionOf,
+  type ChatOptions,
   type EnvSpec,
   type Handlers,
   type SandboxAction,
@@ -18,7 +19,7 @@ import {
   type ServedService,
 } from '../platform/index.ts';
 import type { ResetInfo, StepInfo, StepResult } from './environment.ts';
-import { ChatEnv, type ChatMessage } from './chat/chat-env.ts';
+import { ChatEnv, type ChatMessage, type ChatProgress } from './chat/chat-env.ts';
 import { SandboxEnv, type CheckpointRef } from './sandbox-env.ts';
 import { TaskEnv, type TaskCheckpoint } from './task-env.ts';
 import { loadTasks } from './tasks/load-tasks.ts';
@@ -65,6 +66,8 @@ interface Served {
 
 interface ServedChat {
   env: ChatEnv;
+  /** As ChatReset gave them: what a checkpoint of the episode keeps, for its forks. */
+  options: ChatOptions;
   /** The index the next turn must have. */
   next: number;
   /** The last turn, its answer and result, for a retry whose answer was lost. */
@@ -95,6 +98,8 @@ interface Saved {
   project: string;
   kind: EnvSpec['kind'];
   checkpoint: CheckpointRef | TaskCheckpoint;
+  /** Set when it was made in a chat episode: how that episode talked, and how far it got. */
+  chat?: { options: ChatOptions; progress: ChatProgress };
 }
 
 /** Checkpoints kept per project; past it, the project's oldest go (never another project's). */
@@ -253,7 +258,25 @@ export function envService(
     return TaskEnv.create(client, task);
   };
 
+  /**
+   * Takes a served env back to a checkpoint of its project: a new episode, its step index 0. A
+   * memory checkpoint restores only in the sandbox that made it (the env says so).
+   */
+  const restoreServed = async (served: Served, found: Saved, episodeId?: string) => {
+    if (found.kind !== served.kind)
+      throw new SandgymError('not_found', `No checkpoint of a ${served.kind} env on node ${options.nodeId}`);
+    const branch = episodeId ? { episodeId } : {};
+    const restored =
+      served.env instanceof TaskEnv
+        ? await served.env.restore(found.checkpoint as TaskCheckpoint, branch)
+        : await served.env.restore(found.checkpoint, branch);
+    served.next = 0;
+    delete served.last;
+    return restored;
+  };
+
   const handlers: Handlers<typeof ENVS> = {
+    // `beside` is for placement (a controller's); the resolver has checked it is the caller's env here
     Make: async ({ spec }, call) => {
       const project = call.principal.project;
       await loaded;
@@ -335,11 +358,17 @@ export function envService(
         },
         stepIndex,
       ),
-    Checkpoint: ({ envId }, call) =>
+    Checkpoint: ({ envId, depth: asked }, call) =>
       withEnv(envId, call.principal.project, async (served) => {
-        const checkpoint = await served.env.checkpoint();
+        const checkpoint = await served.env.checkpoint(asked ? { depth: asked } : {});
         const checkpointId = `ckpt-${randomBytes(8).toString('hex')}`;
-        saved.set(checkpointId, { project: served.project, kind: served.kind, checkpoint });
+        const chat = served.chat && { options: served.chat.options, progress: served.chat.env.progress };
+        saved.set(checkpointId, {
+          project: served.project,
+          kind: served.kind,
+          checkpoint,
+          ...(chat ? { chat } : {}),
+        });
         const mine = [...saved].filter(([, entry]) => entry.project === served.project);
         if (mine.length > MAX_CHECKPOINTS_PER_PROJECT) saved.delete(mine[0]![0]);
         const { environment, episodeId, stepIndex, depth } = checkpoint;
@@ -347,33 +376,36 @@ export function envService(
       }),
     Restore: ({ envId, checkpointId }, call) =>
       withEnv(envId, call.principal.project, async (served) => {
-        const found = checkpointOf(checkpointId, served.project);
-        if (found.kind !== served.kind)
-          throw new SandgymError(
-            'not_found',
-            `No checkpoint ${checkpointId} of a ${served.kind} env on node ${options.nodeId}`,
-          );
-        const restored =
-          served.env instanceof TaskEnv
-            ? await served.env.restore(found.checkpoint as TaskCheckpoint)
-            : await served.env.restore(found.checkpoint);
-        served.next = 0;
-        delete served.last;
+        const restored = await restoreServed(served, checkpointOf(checkpointId, served.project));
         delete served.chat;
         await remember(envId, served, restored);
         return wireReset(restored);
       }),
+    ChatRestore: ({ envId, checkpointId, options: restoreOptions }, call) =>
+      withEnv(envId, call.principal.project, async (served) => {
+        const found = checkpointOf(checkpointId, served.project);
+        if (!found.chat)
+          throw new SandgymError(
+            'failed_precondition',
+            `Checkpoint ${checkpointId} was not made in a chat episode: Restore it, or ChatReset`,
+          );
+        const restored = await restoreServed(served, found, restoreOptions?.episodeId);
+        const env = chatEnvOf(served.env, found.chat.options);
+        served.chat = { env, options: found.chat.options, next: found.chat.progress.turns };
+        await remember(envId, served, restored);
+        const resumed = env.resume(restored, found.chat.progress);
+        return { messages: resumed.observation.map(plain), info: plain(resumed.info) };
+      }),
     ChatReset: ({ envId, seed, options: resetOptions, chat }, call) =>
       withEnv(envId, call.principal.project, async (served) => {
-        const { format, ...chatOptions } = chat ?? {};
-        const env = ChatEnv.create(served.env, { ...chatOptions, ...(format ? { parser: format } : {}) });
+        const env = chatEnvOf(served.env, chat ?? {});
         const reset = await env.reset({
           ...(seed === undefined ? {} : { seed }),
           ...(resetOptions?.episodeId ? { options: { episodeId: resetOptions.episodeId } } : {}),
         });
         served.next = 0;
         delete served.last;
-        served.chat = { env, next: 0 };
+        served.chat = { env, options: chat ?? {}, next: 0 };
         return { messages: reset.observation.map(plain), info: plain(reset.info) };
       }),
     ChatStep: ({ envId, turn, answer, tokens }, call) =>
@@ -493,6 +525,12 @@ function wireStep(result: StepResult<unknown, StepInfo>) {
     info: plain(result.info),
     outcome: plain(result.outcome),
   };
+}
+
+/** A chat env over a served env, as a client's wire options ask for it. */
+function chatEnvOf(env: AnyEnv, chat: ChatOptions): ChatEnv {
+  const { format, ...rest } = chat;
+  return ChatEnv.create(env, { ...rest, ...(format ? { parser: format } : {}) });
 }
 
 function wireChatStep(result: StepResult<ChatMessage[], StepInfo>) {

@@ -81,6 +81,7 @@ export type {
   ChatCallRecord,
   ChatEnvOptions,
   ChatMessage,
+  ChatProgress,
   ChatResetInfo,
   ChatStepInfo,
   ChatStepOptions,

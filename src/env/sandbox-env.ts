@@ -300,11 +300,15 @@ export class SandboxEnv implements Environment<SandboxAction, SandboxObservation
    * must still be this env's); a disk checkpoint in a new sandbox. Either way the episode goes on
    * from there as a new branch.
    */
-  async restore(ref: CheckpointRef): Promise<ResetResult<SandboxObservation, RestoredInfo>> {
+  async restore(
+    ref: CheckpointRef,
+    options: { episodeId?: string } = {},
+  ): Promise<ResetResult<SandboxObservation, RestoredInfo>> {
     if (ref.depth === 'memory') return this.restoreInPlace(ref);
     const request = { ...(this.options.sandbox ?? {}), environment: ref.environment };
     const restored = SandboxEnv.create(this.platform, { ...this.options, sandbox: request });
-    const reset = await restored.reset({ options: { episodeId: `${ref.episodeId}@${ref.environment}` } });
+    const episodeId = options.episodeId ?? `${ref.episodeId}@${ref.environment}`;
+    const reset = await restored.reset({ options: { episodeId } });
     await this.releaseSandbox();
     this.sandbox = restored.sandbox;
     this.owned = true;

@@ -688,7 +688,10 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
    * Goes back to a checkpoint, the episode going on from there as a new branch: a memory one in
    * place, in the agent's sandbox that made it; a disk one in a new sandbox.
    */
-  async restore(checkpoint: TaskCheckpoint): Promise<ResetResult<TaskObservation, TaskResetInfo>> {
+  async restore(
+    checkpoint: TaskCheckpoint,
+    options: { episodeId?: string } = {},
+  ): Promise<ResetResult<TaskObservation, TaskResetInfo>> {
     if (checkpoint.depth === 'memory') {
       if (!this.inner)
         throw new SandgymError('failed_precondition', 'Nothing to restore into: call reset() first');
@@ -703,7 +706,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     const restored = await this.start(
       checkpoint.environment,
       checkpoint.budgetLeftMs,
-      { options: { episodeId: `${checkpoint.episodeId}@${checkpoint.environment}` } },
+      { options: { episodeId: options.episodeId ?? `${checkpoint.episodeId}@${checkpoint.environment}` } },
       true,
     );
     this.base = checkpoint.environment;

@@ -132,6 +132,27 @@ describe('the chat env', () => {
     });
   });
 
+  it('goes on with an episode in another env from a disk checkpoint, its turns counting on', async () => {
+    const first = TaskEnv.create(env.platform, task);
+    await using chat = ChatEnv.create(first, { maxTurns: 2 });
+    await chat.reset();
+    const draft =
+      '<tool_call>{"name": "exec", "arguments": {"command": "echo draft > /app/hello.txt"}}</tool_call>';
+    await chat.step(draft);
+    const saved = await first.checkpoint({ depth: 'disk' });
+    const forkTask = TaskEnv.create(env.platform, task);
+    await using fork = ChatEnv.create(forkTask, { maxTurns: 2 });
+    const resumed = fork.resume(await forkTask.restore(saved, { episodeId: 'chat-fork-1' }), chat.progress);
+    expect(resumed.observation[1]).toEqual({ role: 'user', content: task.instruction });
+    expect([resumed.info.turns, resumed.info.episodeId]).toEqual([1, 'chat-fork-1']);
+    const read = await fork.step(
+      '<tool_call>{"name": "read_file", "arguments": {"path": "/app/hello.txt"}}</tool_call>',
+    );
+    expect(read.observation[0]!.content).toBe('draft\n');
+    // the fork's second turn is the episode's second: the budget of 2 truncates it, graded 0
+    expect([read.truncated, read.info.truncatedBy, read.reward]).toEqual([true, 'turn_limit', 0]);
+  });
+
   it('refuses options it cannot honour, naming them', () => {
     const inner = SandboxEnv.create(env.platform);
     expect(() => ChatEnv.create(inner, { maxTurns: 0 })).toThrow(/ChatEnv options: maxTurns/);

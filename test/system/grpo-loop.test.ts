@@ -20,6 +20,8 @@ const GROUP_SIZE = 8;
 
 interface Sample {
   group: number;
+  episode_id: string;
+  forked_from: string | null;
   reward: number;
   advantage: number;
   outcome: { kind: string };
@@ -27,8 +29,8 @@ interface Sample {
 }
 
 /**
- * The runnable GRPO-shaped example (python/examples/grpo_loop.py): groups of 8 chat envs of one
- * task, stepped from Python with Hermes-style tool calls, graded on the node, written out with
+ * The runnable GRPO-shaped example (python/examples/grpo_loop.py): groups of 8 forks of one
+ * task's chat episode, stepped from Python with Hermes-style tool calls, graded on the node, written out with
  * token ids, logprobs and group-relative advantages; against a node and through a controller.
  */
 describe('a GRPO-shaped loop from Python', () => {
@@ -96,6 +98,8 @@ describe('a GRPO-shaped loop from Python', () => {
 
   function expectGroups(samples: Sample[], groups: number): void {
     expect(samples).toHaveLength(groups * GROUP_SIZE);
+    // each group forked its own episode
+    expect(new Set(samples.map((s) => s.forked_from)).size).toBe(groups);
     for (let group = 0; group < groups; group++) {
       const mine = samples.filter((s) => s.group === group);
       expect(mine).toHaveLength(GROUP_SIZE);
@@ -108,6 +112,11 @@ describe('a GRPO-shaped loop from Python', () => {
         // one message back for the one call it made, or for the call it could not make
         expect(first!.observations).toHaveLength(1);
       }
+      // the group's 8 went on from one checkpoint of its episode, each a branch of its own
+      const origins = new Set(mine.map((s) => s.forked_from));
+      expect(origins.size).toBe(1);
+      expect([...origins][0]).toMatch(/^ckpt-/);
+      expect(new Set(mine.map((s) => s.episode_id)).size).toBe(GROUP_SIZE);
       // the stand-in policy's seeds give each group right and wrong answers: advantages of both signs
       const rewards = new Set(mine.map((s) => s.reward));
       expect(rewards).toEqual(new Set([0, 1]));

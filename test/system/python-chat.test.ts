@@ -44,6 +44,6 @@ describe('the Python chat env and its trainer adapters', () => {
       },
     );
     expect(run.status, `${run.stdout}\n${run.stderr}`).toBe(0);
-    expect(run.stderr).toMatch(/Ran 5 tests/);
+    expect(run.stderr).toMatch(/Ran 8 tests/);
   });
 });

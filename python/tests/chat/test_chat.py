@@ -9,7 +9,7 @@ import json
 import os
 import unittest
 
-from sandgym import Platform, SandgymError
+from sandgym import Platform, SandgymEnv, SandgymError
 from sandgym.chat import ChatEnv
 
 URL = os.environ["SANDGYM_URL"]
@@ -102,6 +102,79 @@ class ChatEnvTest(unittest.TestCase):
             # the honest twin: the episode goes on
             messages, *_ = env.step(hermes("exec", command="echo fine"))
             self.assertEqual(messages[0]["content"], "fine\n[exit code 0]")
+
+    def test_forks_go_on_from_where_the_episode_was(self):
+        lead = ChatEnv(self.platform, TASK, max_turns=3)
+        forks = []
+        try:
+            lead.reset(options={"episode_id": "py-fork-lead"})
+            lead.step(hermes("write_file", path="/app/hello.txt", content="draft\n"))
+            forks = lead.fork(3, episode_ids=["py-fork-0", "py-fork-1", "py-fork-2"])
+            self.assertEqual(len({f.env_id for f in forks} | {lead.env_id}), 4)
+            # each fork is its own sandbox with the lead's files, and the turn budget spent so far
+            right, wrong, reader = forks
+            messages, reward, terminated, _, info = right.step(WRITE + hermes("submit"))
+            self.assertEqual((reward, terminated, info["episodeId"], info["turns"]), (1.0, True, "py-fork-0", 2))
+            _, reward, terminated, _, info = wrong.step(hermes("submit"))
+            self.assertEqual((reward, terminated, info["grade"]["reward"]), (0.0, True, 0))
+            messages, *_ = reader.step(hermes("read_file", path="/app/hello.txt"))
+            self.assertEqual(messages[0]["content"], "draft\n")
+            _, reward, _, truncated, info = reader.step("thinking")
+            self.assertEqual((truncated, info["truncatedBy"], info["turns"]), (True, "turn_limit", 3))
+            # the lead goes on untouched by its forks
+            messages, *_ = lead.step(hermes("read_file", path="/app/hello.txt"))
+            self.assertEqual(messages[0]["content"], "draft\n")
+        finally:
+            for env in [lead, *forks]:
+                env.close()
+
+    def test_what_a_fork_cannot_take(self):
+        with SandgymEnv(self.platform, BUSYBOX) as gym, ChatEnv(self.platform, BUSYBOX) as plain, ChatEnv(self.platform, BUSYBOX) as other:
+            gym.reset()
+            plain.reset()
+            other.reset()
+            # a checkpoint made outside a chat episode is no chat episode to go on with
+            outside = self.platform._wire.call("Envs", "Checkpoint", {"envId": gym.env_id, "depth": "disk"})
+            with self.assertRaises(SandgymError) as refused:
+                other.restore(outside)
+            self.assertEqual(refused.exception.code, "failed_precondition")
+            # the honest twin: one made in a chat episode restores into another env
+            other.step(hermes("exec", command="echo kept > /tmp/mark"))
+            saved = other.checkpoint(depth="disk")
+            _, info = plain.restore(saved, "py-fork-twin")
+            self.assertEqual((info["turns"], info["episodeId"]), (1, "py-fork-twin"))
+            messages, *_ = plain.step(hermes("exec", command="cat /tmp/mark"))
+            self.assertEqual(messages[0]["content"], "kept\n[exit code 0]")
+            with self.assertRaises(SandgymError) as bad:
+                plain.checkpoint(depth="swap")
+            self.assertEqual(bad.exception.code, "invalid_argument")
+            # an env to be made beside is the caller's own, as any id it names
+            with self.assertRaises(SandgymError) as elsewhere:
+                self.platform._wire.call("Envs", "Make", {"spec": BUSYBOX, "beside": "env-elsewhere-0a1b2c3d4e5f"})
+            self.assertEqual(elsewhere.exception.code, "not_found")
+
+    def test_the_asyncio_chat_env_and_its_forks(self):
+        import asyncio
+
+        from sandgym import aio
+
+        async def group():
+            platform = await aio.Platform.connect(URL, TOKEN)
+            try:
+                async with aio.ChatEnv(platform, TASK, max_turns=4) as lead:
+                    messages, info = await lead.reset()
+                    self.assertEqual((info["turns"], len(lead.tools)), (0, 5))
+                    forks = await lead.fork(2)
+                    try:
+                        answers = [WRITE + hermes("submit"), hermes("submit")]
+                        results = await asyncio.gather(*(f.step(a) for f, a in zip(forks, answers)))
+                        self.assertEqual([r[1] for r in results], [1.0, 0.0])
+                    finally:
+                        await asyncio.gather(*(f.close() for f in forks))
+            finally:
+                await platform.close()
+
+        asyncio.run(group())
 
 
 class SkyRLAdapterTest(unittest.TestCase):

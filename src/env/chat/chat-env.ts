@@ -53,8 +53,17 @@ export interface ChatCallRecord {
   problem?: string;
 }
 
-/** What a chat reset says besides the messages: the env's reset info and the tools. */
-export type ChatResetInfo = ResetInfo & { tools: readonly ChatTool[] };
+/** Turns taken, and tokens counted, in a chat episode so far. */
+export interface ChatProgress {
+  turns: number;
+  tokens: number;
+}
+
+/**
+ * What a chat reset says besides the messages: the env's reset info, the tools, and the turns
+ * and tokens already spent (0, but for a resumed episode).
+ */
+export type ChatResetInfo = ResetInfo & ChatProgress & { tools: readonly ChatTool[] };
 
 /** What a turn says besides its messages. `stepIndex` is the turn's index. */
 export interface ChatStepInfo extends StepInfo {
@@ -132,10 +141,33 @@ export class ChatEnv implements Environment<
 
   /** Starts an episode of the inner env; its observation is the system and user messages. */
   async reset(options: ResetOptions = {}): Promise<ResetResult<ChatMessage[], ChatResetInfo>> {
-    const { observation, info } = await this.inner.reset(options);
+    return this.begin(await this.inner.reset(options), { turns: 0, tokens: 0 });
+  }
+
+  /** Where the episode is: what {@link ChatEnv.resume} needs to go on from a checkpoint of it. */
+  get progress(): ChatProgress {
+    return { turns: this.turns, tokens: this.tokens };
+  }
+
+  /**
+   * Goes on with a chat episode from `restored`, what the inner env's restore of a checkpoint
+   * made during one returned, with the turns and tokens spent by then: the budgets count on, and
+   * the opening messages are the episode's. Forks of a group's episode start this way.
+   */
+  resume(
+    restored: ResetResult<TaskObservation, ResetInfo>,
+    progress: ChatProgress,
+  ): ResetResult<ChatMessage[], ChatResetInfo> {
+    return this.begin(restored, progress);
+  }
+
+  private begin(
+    { observation, info }: ResetResult<TaskObservation, ResetInfo>,
+    progress: ChatProgress,
+  ): ResetResult<ChatMessage[], ChatResetInfo> {
     this.episodeId = info.episodeId;
-    this.turns = 0;
-    this.tokens = 0;
+    this.turns = progress.turns;
+    this.tokens = progress.tokens;
     this.hasEnded = false;
     const instruction =
       observation.type === 'task'
@@ -147,7 +179,7 @@ export class ChatEnv implements Environment<
         { role: 'system', content: this.options.systemPrompt ?? DEFAULT_SYSTEM_PROMPT },
         { role: 'user', content: instruction },
       ],
-      info: { ...info, tools: CHAT_TOOLS },
+      info: { ...info, tools: CHAT_TOOLS, ...progress },
     };
   }
 

@@ -1,4 +1,11 @@
-import { ID_KINDS, SandgymError, isSandgymError, nodeOfSandboxId, type Logger } from '../../common/index.ts';
+import {
+  ID_KINDS,
+  SandgymError,
+  isSandgymError,
+  nodeOfEnvId,
+  nodeOfSandboxId,
+  type Logger,
+} from '../../common/index.ts';
 import { checkNetworkGrant, grantedRules, type NetworkGrant } from '../../backends/index.ts';
 import { FairQueue } from './fair-queue.ts';
 import { NodeWatcher } from './node-watcher.ts';
@@ -184,11 +191,15 @@ export class Controller {
         controller.service(),
         runService(controller.watcher, controller.etcd?.runs),
         // a Make is placed as a create, and counts against the quota as one (see NodeStatus.projects)
-        envRouting(controller.watcher, (spec, call) =>
-          controller.place(spec.kind === 'sandbox' ? (spec.sandbox ?? {}) : {}, call, (nodeId, metadata) =>
-            controller.watcher
-              .envClientOf(nodeId, 'node')
-              .call('Make', { spec }, { signal: call.signal, metadata }),
+        envRouting(controller.watcher, (request, call) =>
+          controller.place(
+            request.spec.kind === 'sandbox' ? (request.spec.sandbox ?? {}) : {},
+            call,
+            (nodeId, metadata) =>
+              controller.watcher
+                .envClientOf(nodeId, 'node')
+                .call('Make', request, { signal: call.signal, metadata }),
+            request.beside === undefined ? undefined : nodeOfEnvId(request.beside),
           ),
         ),
       ],
@@ -409,7 +420,13 @@ export class Controller {
     request: unknown,
     call: CallContext,
     send: (nodeId: string, metadata: Record<string, string>) => Promise<T>,
+    onlyNode?: string,
   ): Promise<T> {
+    // an env made beside another goes to that env's node or nowhere (its checkpoints are there)
+    const loads = () =>
+      onlyNode === undefined
+        ? this.watcher.loads()
+        : this.watcher.loads().filter((load) => load.nodeId === onlyNode);
     const { project } = call.principal;
     const resolved = sandboxRequestSchema.parse(request);
     grantedRules(resolved.network, this.networkOf(project), `project ${project}`);
@@ -420,12 +437,15 @@ export class Controller {
     let waited = false;
     for (;;) {
       if (call.signal.aborted) throw new SandgymError('cancelled', 'The create was cancelled');
-      const node = this.placer.choose(this.watcher.loads(), demand, vetoed);
+      const node = this.placer.choose(loads(), demand, vetoed);
       if (!node) {
+        if (onlyNode !== undefined && loads().length === 0)
+          throw new SandgymError(
+            'node_lost',
+            `Node ${onlyNode}, where the env to make this one beside is, is not serving`,
+          );
         if (
-          !this.watcher
-            .loads()
-            .some((n) => n.backends.includes(demand.backend) && n.memoryCapacityMib >= demand.memoryMib)
+          !loads().some((n) => n.backends.includes(demand.backend) && n.memoryCapacityMib >= demand.memoryMib)
         ) {
           throw new SandgymError(
             'admission_rejected',
@@ -435,7 +455,7 @@ export class Controller {
         this.options.logger.debug(
           {
             project,
-            loads: this.watcher.loads().map((n) => [n.nodeId, n.healthy, n.sandboxes, this.placer.load(n)]),
+            loads: loads().map((n) => [n.nodeId, n.healthy, n.sandboxes, this.placer.load(n)]),
           },
           'create waits for room',
         );

@@ -23,7 +23,7 @@ interface EnvHandle {
  */
 export function envRouting(
   watcher: NodeWatcher,
-  make: (spec: EnvSpec, call: CallContext) => Promise<EnvHandle>,
+  make: (request: { spec: EnvSpec; beside?: string | undefined }, call: CallContext) => Promise<EnvHandle>,
 ) {
   const route = (envId: string) => watcher.envClientOf(nodeOfEnvId(envId), `env ${envId}`);
   const as = (call: CallContext): WireCallOptions => ({
@@ -31,13 +31,14 @@ export function envRouting(
     metadata: { [PROJECT_KEY]: call.principal.project },
   });
   return register(ENVS, {
-    Make: ({ spec }, call) => make(spec, call),
+    Make: (request, call) => make(request, call),
     Reset: (request, call) => route(request.envId).call('Reset', request, as(call)),
     Step: (request, call) => route(request.envId).call('Step', request, as(call)),
     Checkpoint: (request, call) => route(request.envId).call('Checkpoint', request, as(call)),
     Restore: (request, call) => route(request.envId).call('Restore', request, as(call)),
     ChatReset: (request, call) => route(request.envId).call('ChatReset', request, as(call)),
     ChatStep: (request, call) => route(request.envId).call('ChatStep', request, as(call)),
+    ChatRestore: (request, call) => route(request.envId).call('ChatRestore', request, as(call)),
     Close: (request, call) => route(request.envId).call('Close', request, as(call)),
   });
 }

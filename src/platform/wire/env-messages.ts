@@ -30,7 +30,14 @@ export const envSpec = z.discriminatedUnion('kind', [
 ]);
 export type EnvSpec = z.output<typeof envSpec>;
 
-export const makeEnvRequest = z.strictObject({ spec: envSpec });
+export const makeEnvRequest = z.strictObject({
+  spec: envSpec,
+  /**
+   * An env of the caller's to be made beside, on its node: where that env's checkpoints are, so
+   * this one can restore them (a group's forks). A controller places it there or waits for room.
+   */
+  beside: envIdField.optional(),
+});
 export const envHandle = z.object({ envId: z.string(), kind: z.enum(['sandbox', 'task']) });
 export const envRef = z.strictObject({ envId: envIdField });
 export const envResetRequest = z.strictObject({
@@ -71,6 +78,11 @@ export const envRestoreRequest = z.strictObject({
   envId: envIdField,
   checkpointId: ids.envCheckpoint(),
 });
+/**
+ * Which depth to save at: `disk` (files; restores into any env of the project, so forks) or
+ * `memory` (processes and memory too; restores in place). Default: the deepest the sandbox has.
+ */
+export const envCheckpointRequest = envRef.extend({ depth: z.enum(['disk', 'memory']).optional() });
 
 /**
  * How a chat env talks to a model (see ChatEnv): what it is told first, its budgets, and the
@@ -94,6 +106,13 @@ export type ChatOptions = z.output<typeof chatOptions>;
 export const chatResetRequest = envResetRequest.extend({ chat: chatOptions.optional() });
 const chatMessages = z.array(z.record(z.string(), z.unknown()));
 export const chatResetReply = z.object({ messages: chatMessages, info });
+/**
+ * A chat episode again from a checkpoint made in one, in this env (another, for a fork): its
+ * opening messages, its options and budgets spent so far; `episodeId` names the branch.
+ */
+export const chatRestoreRequest = envRestoreRequest.extend({
+  options: z.strictObject({ episodeId: ids.episode('env').optional() }).optional(),
+});
 export const chatStepRequest = z.strictObject({
   envId: envIdField,
   /** The turn's index in its episode: a retried index answers with that turn's result again. */

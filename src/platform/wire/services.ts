@@ -194,7 +194,7 @@ export const ENVS = {
       summary: 'one step, exactly once; a task env grades on submit',
     }),
     Checkpoint: unary({
-      request: e.envRef,
+      request: e.envCheckpointRequest,
       response: e.envCheckpointReply,
       summary: "save the episode's state as an environment",
     }),
@@ -214,6 +214,11 @@ export const ENVS = {
       response: e.chatStepReply,
       maxRequestBytes: MAX_FILE_MESSAGE,
       summary: "one turn: the model's answer in, its tool calls run in order, tool messages out",
+    }),
+    ChatRestore: unary({
+      request: e.chatRestoreRequest,
+      response: e.chatResetReply,
+      summary: 'a chat episode again from its checkpoint, in this env: how groups fork one episode',
     }),
   },
 } satisfies ServiceDef;
