@@ -62,6 +62,8 @@ interface Served {
   queue: Promise<unknown>;
   /** The chat episode, once ChatReset started one: its turns go through ChatStep only. */
   chat?: ServedChat;
+  /** Where the episode is, as recorded for a successor (see remember). */
+  episode?: ServedEnvRecord['episode'];
 }
 
 interface ServedChat {
@@ -72,6 +74,8 @@ interface ServedChat {
   next: number;
   /** The last turn, its answer and result, for a retry whose answer was lost. */
   last?: { turn: number; answer: unknown; result: StepResult<ChatMessage[]> };
+  /** The inner env's step index the next turn starts at. */
+  stepsBefore: number;
 }
 
 /** A served env as made (or rebuilt) for its project, its next step `next`. */
@@ -189,8 +193,10 @@ export function envService(
     return pending;
   };
 
-  const rebuild = async (record: ServedEnvRecord, stepIndex: number | undefined): Promise<Served> => {
+  const rebuild = async (record: ServedEnvRecord, asked: number | undefined): Promise<Served> => {
     const { project, spec, limits, episode } = record;
+    // a chat turn the crash cut reruns from its first step, whose logged steps the log answers
+    const stepIndex = asked ?? record.chat?.stepsBefore;
     const client = clientFor(project, limits);
     let env = await make(spec, client);
     let next = 0;
@@ -211,18 +217,44 @@ export function envService(
         });
       }
     }
-    return servedEnv(record, env, client, next);
+    const served = servedEnv(record, env, client, next);
+    if (episode && sandbox) served.episode = episode;
+    if (episode && sandbox && record.chat) {
+      const { options: chat, turns, tokens, ended, stepsBefore, last } = record.chat;
+      const chatEnv = chatEnvOf(env, chat);
+      chatEnv.continueEpisode(episode.episodeId, { turns, tokens }, ended);
+      served.chat = {
+        env: chatEnv,
+        options: chat,
+        next: turns,
+        stepsBefore,
+        // the node's own record, validated as it was read: the result is as this node returned it
+        ...(last ? { last: { ...last, result: last.result as unknown as StepResult<ChatMessage[]> } } : {}),
+      };
+    }
+    return served;
   };
 
-  /** Records where an env's episode is, for a successor; a node without a state dir keeps nothing. */
+  /**
+   * Records where an env's episode is (a new one when `reset` is given) and its chat episode's
+   * progress, for a successor; a node without a state dir keeps nothing.
+   */
   const remember = async (envId: string, served: Served, reset?: { info: ResetInfo }): Promise<void> => {
+    if (reset)
+      served.episode = {
+        sandboxId: reset.info.sandboxId,
+        episodeId: reset.info.episodeId,
+        ...(served.env instanceof TaskEnv ? { deadlineAt: Date.now() + served.env.budgetLeftMs } : {}),
+      };
     if (!records) return;
-    const episode = reset && {
-      sandboxId: reset.info.sandboxId,
-      episodeId: reset.info.episodeId,
-      ...(served.env instanceof TaskEnv ? { deadlineAt: Date.now() + served.env.budgetLeftMs } : {}),
-    };
-    await records.write({ envId, project: served.project, ...served.made, ...(episode ? { episode } : {}) });
+    const { episode, chat } = served;
+    await records.write({
+      envId,
+      project: served.project,
+      ...served.made,
+      ...(episode ? { episode } : {}),
+      ...(chat ? { chat: chatRecord(chat) } : {}),
+    });
   };
   /** The caller's env checkpoint; another project's is as missing as one never made. */
   const checkpointOf = (checkpointId: string, project: string): Saved => {
@@ -391,9 +423,14 @@ export function envService(
           );
         const restored = await restoreServed(served, found, restoreOptions?.episodeId);
         const env = chatEnvOf(served.env, found.chat.options);
-        served.chat = { env, options: found.chat.options, next: found.chat.progress.turns };
-        await remember(envId, served, restored);
         const resumed = env.resume(restored, found.chat.progress);
+        served.chat = {
+          env,
+          options: found.chat.options,
+          next: found.chat.progress.turns,
+          stepsBefore: served.env.nextStepIndex,
+        };
+        await remember(envId, served, restored);
         return { messages: resumed.observation.map(plain), info: plain(resumed.info) };
       }),
     ChatReset: ({ envId, seed, options: resetOptions, chat }, call) =>
@@ -405,7 +442,8 @@ export function envService(
         });
         served.next = 0;
         delete served.last;
-        served.chat = { env, options: chat ?? {}, next: 0 };
+        served.chat = { env, options: chat ?? {}, next: 0, stepsBefore: served.env.nextStepIndex };
+        await remember(envId, served, reset);
         return { messages: reset.observation.map(plain), info: plain(reset.info) };
       }),
     ChatStep: ({ envId, turn, answer, tokens }, call) =>
@@ -430,6 +468,8 @@ export function envService(
         const result = await chat.env.step(answer, tokens === undefined ? {} : { tokens });
         chat.last = { turn, answer, result };
         chat.next = turn + 1;
+        chat.stepsBefore = served.env.nextStepIndex;
+        await remember(envId, served);
         return wireChatStep(result);
       }),
     // queued like any call: a step in flight ends (and is recorded) before its env goes
@@ -524,6 +564,17 @@ function wireStep(result: StepResult<unknown, StepInfo>) {
     truncated: result.truncated,
     info: plain(result.info),
     outcome: plain(result.outcome),
+  };
+}
+
+/** What a successor needs of a chat episode (see ServedEnvRecord's `chat`). */
+function chatRecord(chat: ServedChat): NonNullable<ServedEnvRecord['chat']> {
+  return {
+    options: chat.options,
+    ...chat.env.progress,
+    ended: chat.env.ended,
+    stepsBefore: chat.stepsBefore,
+    ...(chat.last ? { last: { ...chat.last, result: plain(chat.last.result) } } : {}),
   };
 }
 

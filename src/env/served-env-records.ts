@@ -1,7 +1,8 @@
-import { mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import { mkdir, readdir, readFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
-import { envSpecSchema } from '../platform/index.ts';
+import { writeFileAtomic } from '../common/index.ts';
+import { chatOptions, envSpecSchema } from '../platform/index.ts';
 
 const ENV_ID = /^env-[a-z0-9]{1,32}-[a-z0-9]{12}$/;
 
@@ -27,6 +28,28 @@ const servedEnvRecord = z.strictObject({
       deadlineAt: z.number().optional(),
     })
     .optional(),
+  /**
+   * The chat episode the env is in, as of its last turn: its options, the turns and tokens spent,
+   * whether it ended, the step index its next turn starts at (a turn the crash cut reruns from
+   * there, its logged steps answered from the log), and the last turn's answer and result, for a
+   * retry whose answer the crash lost.
+   */
+  chat: z
+    .strictObject({
+      options: chatOptions,
+      turns: z.number().int().nonnegative(),
+      tokens: z.number().int().nonnegative(),
+      ended: z.boolean(),
+      stepsBefore: z.number().int().nonnegative(),
+      last: z
+        .strictObject({
+          turn: z.number().int().nonnegative(),
+          answer: z.unknown(),
+          result: z.record(z.string(), z.unknown()),
+        })
+        .optional(),
+    })
+    .optional(),
 });
 export type ServedEnvRecord = z.output<typeof servedEnvRecord>;
 
@@ -50,9 +73,7 @@ export class ServedEnvRecords {
   async write(record: ServedEnvRecord): Promise<void> {
     const checked = servedEnvRecord.parse(record);
     await mkdir(this.dir, { recursive: true });
-    const path = join(this.dir, `${checked.envId}.json`);
-    await writeFile(`${path}.tmp`, JSON.stringify(checked));
-    await rename(`${path}.tmp`, path);
+    await writeFileAtomic(join(this.dir, `${checked.envId}.json`), JSON.stringify(checked));
   }
 
   async remove(envId: string): Promise<void> {

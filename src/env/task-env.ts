@@ -374,6 +374,11 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     return Math.max(0, this.deadline - Date.now());
   }
 
+  /** The index the agent's next step will have (0 before a reset). */
+  get nextStepIndex(): number {
+    return this.inner?.nextStepIndex ?? 0;
+  }
+
   get clock(): PhaseClock {
     return this.phases;
   }

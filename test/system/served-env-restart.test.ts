@@ -124,6 +124,44 @@ describe('a served env across node restarts', () => {
     }
   });
 
+  it('goes on with a chat episode after a crash, each of its calls run once', async () => {
+    const { envId } = await envs.call('Make', { spec: BUSYBOX });
+    const call = (word: string) =>
+      `<tool_call>{"name": "exec", "arguments": {"command": "echo ${word} >> /root/log"}}</tool_call>`;
+    try {
+      const reset = await envs.call('ChatReset', { envId, chat: { maxTurns: 5 } });
+      const sandboxId = reset.info['sandboxId'] as string;
+      const first = await envs.call('ChatStep', { envId, turn: 0, answer: call('one') });
+      await kill(node);
+      await node.restart({ SANDGYM_FAULT_POINTS: 'step.after-record' });
+      await untilBack(sandboxId);
+      // the turn whose answer was lost before the crash answers with its record
+      const again = await envs.call('ChatStep', { envId, turn: 0, answer: call('one') });
+      expect(again.messages).toEqual(first.messages);
+      expect(again.info).toMatchObject({ replayed: true, turns: 1 });
+      // the node dies inside the next turn, its first call recorded and its second never run
+      const died = once(node.child, 'exit');
+      const turn = `${call('two')}${call('three')}`;
+      await expectCode(envs.call('ChatStep', { envId, turn: 1, answer: turn }), 'node_lost');
+      await died;
+      await node.restart();
+      await untilBack(sandboxId);
+      // rebuilt, the turn holds to what its first call was, and the retry runs only the rest
+      await expectCode(envs.call('ChatStep', { envId, turn: 1, answer: call('four') }), 'divergence');
+      const retried = await envs.call('ChatStep', { envId, turn: 1, answer: turn });
+      expect(retried.info).toMatchObject({ turns: 2 });
+      const read = await envs.call('ChatStep', {
+        envId,
+        turn: 2,
+        answer: '<tool_call>{"name": "read_file", "arguments": {"path": "/root/log"}}</tool_call>',
+      });
+      expect(read.messages[0]).toMatchObject({ content: 'one\ntwo\nthree\n' });
+      expect(read.info).toMatchObject({ turns: 3, replayed: false });
+    } finally {
+      await envs.call('Close', { envId });
+    }
+  });
+
   it('grades a task env after a crash, on what the agent did before it', async () => {
     const { envId } = await envs.call('Make', { spec: { kind: 'task', path: 'hello-file' } });
     try {

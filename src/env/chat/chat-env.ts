@@ -161,14 +161,27 @@ export class ChatEnv implements Environment<
     return this.begin(restored, progress);
   }
 
+  /** Whether the episode ended (terminated, or truncated by the env or a budget). */
+  get ended(): boolean {
+    return this.hasEnded;
+  }
+
+  /**
+   * Takes over an episode whose inner env was rebuilt over its sandbox (a node's successor does
+   * this after a crash): it goes on at turn `progress.turns`, ended if it had.
+   */
+  continueEpisode(episodeId: string, progress: ChatProgress, ended: boolean): void {
+    this.episodeId = episodeId;
+    this.turns = progress.turns;
+    this.tokens = progress.tokens;
+    this.hasEnded = ended;
+  }
+
   private begin(
     { observation, info }: ResetResult<TaskObservation, ResetInfo>,
     progress: ChatProgress,
   ): ResetResult<ChatMessage[], ChatResetInfo> {
-    this.episodeId = info.episodeId;
-    this.turns = progress.turns;
-    this.tokens = progress.tokens;
-    this.hasEnded = false;
+    this.continueEpisode(info.episodeId, progress, false);
     const instruction =
       observation.type === 'task'
         ? observation.instruction
@@ -198,7 +211,11 @@ export class ChatEnv implements Environment<
       typeof message === 'string' || message.success
         ? readAnswer(typeof message === 'string' ? message : message.data, this.parser)
         : { calls: [], problem: `the answer is no assistant message: ${issuesText(message.error)}` };
-    const turnResult = await this.runCalls(read.calls, turn, options);
+    // a turn that throws (a retry whose calls diverge from the log) did not happen: its index stays
+    const turnResult = await this.runCalls(read.calls, turn, options).catch((error: unknown) => {
+      this.turns = turn;
+      throw error;
+    });
     if (read.problem) turnResult.messages.push({ role: 'user', content: `Nothing ran: ${read.problem}.` });
     else if (read.calls.length === 0) turnResult.messages.push({ role: 'user', content: NO_CALL });
     this.tokens += options.tokens ?? this.counted(answer, turnResult.messages);
