@@ -2,9 +2,16 @@ import { randomBytes } from 'node:crypto';
 import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { SandgymError, isSandgymError, nodeOfSandboxId, silentLogger } from '../../src/common/index.ts';
+import {
+  SandgymError,
+  isSandgymError,
+  nodeOfEnvId,
+  nodeOfSandboxId,
+  silentLogger,
+} from '../../src/common/index.ts';
 import { SandboxEnv } from '../../src/env/index.ts';
 import { Controller, Platform, type RemotePlatform } from '../../src/platform/index.ts';
+import { ENVS, WireClient } from '../../src/platform/wire/index.ts';
 import {
   NODE_TOKEN,
   createNamespace,
@@ -207,6 +214,47 @@ describe('a cluster of three node agents in their own network namespaces, behind
       for (const sandbox of [...members, ...group.sandboxes, ...orphans]) {
         expect(logs, `trajectory log left on ${node.nodeId}`).not.toContain(`${sandbox.id}.log`);
       }
+    }
+  });
+
+  it("makes a chat episode's forks on its node, where its checkpoint is, through either replica", async () => {
+    const spec = {
+      kind: 'sandbox' as const,
+      sandbox: { environment: 'busybox:latest', resources: { memoryMib: 64 } },
+    };
+    // the first replica died in the first test; the last two serve
+    const clients = controllers
+      .slice(-2)
+      .map((c) => new WireClient(`127.0.0.1:${c.port}`, ENVS, { token: TOKEN }));
+    const made: { client: WireClient<typeof ENVS>; envId: string }[] = [];
+    try {
+      const lead = await retrying(() => clients[0]!.call('Make', { spec }));
+      made.push({ client: clients[0]!, envId: lead.envId });
+      await clients[0]!.call('ChatReset', { envId: lead.envId });
+      const write =
+        '<tool_call>{"name": "exec", "arguments": {"command": "echo branch > /root/at"}}</tool_call>';
+      await clients[0]!.call('ChatStep', { envId: lead.envId, turn: 0, answer: write });
+      const { checkpointId } = await clients[0]!.call('Checkpoint', { envId: lead.envId, depth: 'disk' });
+      for (const [i, client] of [clients[0]!, clients[1]!, clients[1]!].entries()) {
+        const fork = await retrying(() => client.call('Make', { spec, beside: lead.envId }));
+        made.push({ client, envId: fork.envId });
+        expect(nodeOfEnvId(fork.envId)).toBe(nodeOfEnvId(lead.envId));
+        const restored = await client.call('ChatRestore', {
+          envId: fork.envId,
+          checkpointId,
+          options: { episodeId: `fork-${i}` },
+        });
+        expect(restored.info).toMatchObject({ turns: 1, episodeId: `fork-${i}` });
+        const read = await client.call('ChatStep', {
+          envId: fork.envId,
+          turn: 1,
+          answer: '<tool_call>{"name": "read_file", "arguments": {"path": "/root/at"}}</tool_call>',
+        });
+        expect(read.messages[0]).toMatchObject({ content: 'branch\n' });
+      }
+    } finally {
+      for (const { client, envId } of made) await client.call('Close', { envId }).catch(() => undefined);
+      for (const client of clients) client.close();
     }
   });
 });
