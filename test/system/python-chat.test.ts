@@ -11,7 +11,10 @@ const TASK_ROOT = resolve('examples/tasks');
 /** The project's virtual environment: the trainers' packages the adapters are tested against. */
 const VENV_PYTHON = resolve('.venv/bin/python');
 
-/** The Python chat env (sandgym.chat) and its SkyRL-gym adapter against a real node agent. */
+/**
+ * The Python chat env (sandgym.chat) and its adapters (SkyRL-gym, verifiers) against a real node
+ * agent; the verifiers rollouts' model is a scripted server on loopback.
+ */
 describe('the Python chat env and its trainer adapters', () => {
   const tag = randomBytes(2).toString('hex');
   let lone: LoneNode | undefined;
@@ -28,7 +31,7 @@ describe('the Python chat env and its trainer adapters', () => {
     await lone?.remove();
   });
 
-  it('passes its tests: text and message answers, budgets, parsers, hostile answers, SkyRL-gym', () => {
+  it('passes its tests: text and message answers, budgets, parsers, hostile answers, SkyRL-gym, verifiers', () => {
     const run = spawnSync(
       VENV_PYTHON,
       ['-m', 'unittest', 'discover', '-s', join(PYTHON_DIR, 'tests', 'chat'), '-v'],
@@ -44,6 +47,6 @@ describe('the Python chat env and its trainer adapters', () => {
       },
     );
     expect(run.status, `${run.stdout}\n${run.stderr}`).toBe(0);
-    expect(run.stderr).toMatch(/Ran 8 tests/);
+    expect(run.stderr).toMatch(/Ran 13 tests/);
   });
 });

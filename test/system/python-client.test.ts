@@ -1,15 +1,18 @@
-import { spawnSync } from 'node:child_process';
+import { execFile, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { cp, mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
+import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TaskEnv, loadTasks } from '../../src/env/index.ts';
 import { NODE_TOKEN, startLoneNode, type LoneNode, type NodeProcess } from '../support/cluster.ts';
 import { createTestPlatform } from '../support/platform.ts';
+import { startFakeModel } from '../support/fake-model.ts';
 import { PYTHON } from '../../benchmarks/python-client.ts';
 
 const PYTHON_DIR = resolve('python');
+const execFileAsync = promisify(execFile);
 const TASK_ROOT = resolve('examples/tasks');
 
 /** The Python client (python/) against a real node agent: its own unittest suite and its example. */
@@ -31,18 +34,27 @@ describe('the Python client', () => {
     await lone?.remove();
   });
 
+  function options(pythonPath: string | null) {
+    const env = {
+      ...process.env,
+      // null: the installed package only, nothing of the checkout on the path
+      ...(pythonPath === null ? {} : { PYTHONPATH: pythonPath }),
+      SANDGYM_URL: `grpc://${node.address}`,
+      SANDGYM_TOKEN: NODE_TOKEN,
+    };
+    return { env, encoding: 'utf8' as const, timeout: 300_000 };
+  }
+
   function python(args: string[], interpreter = PYTHON, pythonPath: string | null = PYTHON_DIR) {
-    return spawnSync(interpreter, args, {
-      env: {
-        ...process.env,
-        // null: the installed package only, nothing of the checkout on the path
-        ...(pythonPath === null ? {} : { PYTHONPATH: pythonPath }),
-        SANDGYM_URL: `grpc://${node.address}`,
-        SANDGYM_TOKEN: NODE_TOKEN,
-      },
-      encoding: 'utf8',
-      timeout: 300_000,
-    });
+    return spawnSync(interpreter, args, options(pythonPath));
+  }
+
+  /** As `python`, leaving this process's event loop free to serve what the script calls. */
+  async function pythonServed(args: string[], interpreter: string) {
+    return execFileAsync(interpreter, args, options(PYTHON_DIR)).then(
+      ({ stdout, stderr }) => ({ status: 0, stdout, stderr }),
+      (error: { code?: number; stdout: string; stderr: string }) => ({ ...error, status: error.code ?? -1 }),
+    );
   }
 
   it('passes its own tests against the node: sandboxes, envs, task grading, vector envs, errors', () => {
@@ -107,13 +119,28 @@ describe('the Python client', () => {
   it("runs the README's samples as written, against the node", async () => {
     const readme = await readFile(join(PYTHON_DIR, 'README.md'), 'utf8');
     const samples = [...readme.matchAll(/```python\n([\s\S]*?)```/g)].map((m) => m[1]!);
-    expect(samples.length).toBe(4);
+    expect(samples.length).toBe(5);
+    // the verifiers sample's model: one that solves hello-file with chat-completions calls
+    await using model = await startFakeModel(() => ({
+      calls: [
+        {
+          id: 'w',
+          name: 'write_file',
+          arguments: JSON.stringify({ path: '/app/hello.txt', content: 'hello sandgym\n' }),
+        },
+        { id: 's', name: 'submit', arguments: '{}' },
+      ],
+    }));
     for (const sample of samples) {
-      // the samples name the README's node address; the test's node is elsewhere
-      const code = sample.replaceAll('grpc://127.0.0.1:7100', `grpc://${node.address}`);
-      const interpreter = sample.includes('gymnasium') ? resolve('.venv', 'bin', 'python') : PYTHON;
-      const run = python(['-c', code], interpreter);
+      // the samples name the README's node and model addresses; the test's are elsewhere
+      const code = sample
+        .replaceAll('grpc://127.0.0.1:7100', `grpc://${node.address}`)
+        .replaceAll('http://127.0.0.1:8000/v1', model.baseUrl);
+      // the trainers' packages are in the project's .venv
+      const interpreter = /gymnasium|verifiers/.test(sample) ? resolve('.venv', 'bin', 'python') : PYTHON;
+      const run = await pythonServed(['-c', code], interpreter);
       expect(run.status, `${code}\n${run.stderr}`).toBe(0);
+      if (sample.includes('verifiers')) expect(run.stdout).toBe('hello-file [1.0]\n');
     }
   });
 
