@@ -1,6 +1,6 @@
 import { spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { cp, mkdtemp, readFile, rm } from 'node:fs/promises';
+import { cp, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -101,19 +101,6 @@ describe('the Python client', () => {
       expect(rollout.stdout).toMatch(/returns: \[1\.0, 1\.0\] after 2 steps/);
     } finally {
       await rm(dir, { recursive: true, force: true });
-    }
-  });
-
-  it("runs the README's samples as written, against the node", async () => {
-    const readme = await readFile(join(PYTHON_DIR, 'README.md'), 'utf8');
-    const samples = [...readme.matchAll(/```python\n([\s\S]*?)```/g)].map((m) => m[1]!);
-    expect(samples.length).toBe(4);
-    for (const sample of samples) {
-      // the samples name the README's node address; the test's node is elsewhere
-      const code = sample.replaceAll('grpc://127.0.0.1:7100', `grpc://${node.address}`);
-      const interpreter = sample.includes('gymnasium') ? resolve('.venv', 'bin', 'python') : PYTHON;
-      const run = python(['-c', code], interpreter);
-      expect(run.status, `${code}\n${run.stderr}`).toBe(0);
     }
   });
 
