@@ -8,12 +8,19 @@
  * ```ts
  * import { connect, SandboxEnv } from 'sandgym/client';
  *
- * await using platform = await connect('grpc://controller:7443', { token: process.env.SANDGYM_TOKEN! });
- * await using sandbox = await platform.createSandbox({ environment: 'debian:bookworm' });
- * console.log((await sandbox.exec(['uname', '-a'])).stdout);
+ * const platform = await connect('grpc://controller:7443', { token: process.env.SANDGYM_TOKEN! });
+ * try {
+ *   const sandbox = await platform.createSandbox({ environment: 'debian:bookworm' });
+ *   console.log((await sandbox.exec(['uname', '-a'])).stdout);
+ * } finally {
+ *   await platform.close(); // Node 24 and later: `await using platform = ...` instead
+ * }
  * ```
  */
 import { Platform, type ConnectOptions, type RemotePlatform } from './platform/index.ts';
+
+export { readTlsFiles } from './platform/index.ts';
+export type { TlsFiles, TlsPaths } from './platform/index.ts';
 
 /**
  * A client of the sandgym at `url` (`grpc://host:port`, or `grpc://ip:port,ip:port` for

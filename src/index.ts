@@ -7,10 +7,16 @@
  * ```ts
  * import { Platform, SandboxEnv } from 'sandgym';
  *
- * await using platform = await Platform.local();
- * await using sandbox = await platform.createSandbox({ environment: 'debian:bookworm' });
- * const result = await sandbox.exec(['python3', '-c', 'print(6*7)']);
+ * const platform = await Platform.local();
+ * try {
+ *   const sandbox = await platform.createSandbox({ environment: 'debian:bookworm' });
+ *   console.log((await sandbox.exec(['python3', '-c', 'print(6*7)'])).stdout);
+ * } finally {
+ *   await platform.close(); // Node 24 and later: `await using platform = ...` instead
+ * }
  * ```
+ *
+ * The package is ESM-only (README.md, "From TypeScript"): it has no CommonJS entry.
  */
 export { SANDGYM_ERROR_CODES, SandgymError, isSandgymError } from './common/index.ts';
 export type { FailureReason, SandgymErrorCode } from './common/index.ts';
@@ -36,7 +42,7 @@ export type {
   WriteFileOptions,
 } from './backends/index.ts';
 export { BACKEND_NAMES } from './backends/index.ts';
-export { Platform, defaultDataDir } from './platform/index.ts';
+export { Platform, defaultDataDir, readTlsFiles } from './platform/index.ts';
 export type {
   ConnectOptions,
   Environment as EnvironmentImage,
@@ -53,9 +59,12 @@ export type {
   SandboxGroup,
   SandboxLayer,
   SandboxRequest,
+  TlsFiles,
+  TlsPaths,
   TrainingPhase,
 } from './platform/index.ts';
 export {
+  ChatEnv,
   DEFAULT_REWARD_RANGE,
   GradingAnomaly,
   SandboxEnv,
@@ -73,6 +82,12 @@ export {
   testLogVerifier,
 } from './env/index.ts';
 export type {
+  AssistantMessage,
+  ChatEnvOptions,
+  ChatMessage,
+  ChatResetInfo,
+  ChatStepInfo,
+  ChatStepOptions,
   Environment,
   Grade,
   ResetInfo,
