@@ -1,5 +1,6 @@
 import { execFile } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
+import { once } from 'node:events';
 import { mkdir, rm, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { promisify } from 'node:util';
@@ -23,6 +24,7 @@ const TOKENS = {
   beta: 'beta-fork-token-3e5a7c9b2d4f6081',
   carol: 'carol-fork-token-9a1c3e5b7d2f4860',
   dave: 'dave-fork-token-5b7d9f1a3c2e4068',
+  erin: 'erin-fork-token-1d3f5a7c9e2b4068',
 };
 /**
  * Each project may hold 3 sandboxes (an env counts as one). Each attack through the controller
@@ -33,6 +35,7 @@ const GRANTS = {
   [TOKENS.beta]: { project: 'beta', maxSandboxes: 3 },
   [TOKENS.carol]: { project: 'carol', maxSandboxes: 3 },
   [TOKENS.dave]: { project: 'dave', maxSandboxes: 3 },
+  [TOKENS.erin]: { project: 'erin', maxSandboxes: 3 },
 };
 const VENV_PYTHON = resolve('.venv/bin/python');
 
@@ -86,6 +89,17 @@ const TASKS: Record<string, { dockerfile: string; agentTimeoutSec: number; instr
     agentTimeoutSec: 120,
     instruction: 'Create /app/hello.txt holding the line `hello fork`.',
   },
+  // as fork-plain, each environment its own: a node that probed one has not probed the others
+  ...Object.fromEntries(
+    [1, 2].map((n) => [
+      `fork-cold-${n}`,
+      {
+        dockerfile: `FROM busybox:latest\nRUN mkdir -p /app && echo ${n} > /app/n\nWORKDIR /app\n`,
+        agentTimeoutSec: 120,
+        instruction: 'Create /app/hello.txt holding the line `hello fork`.',
+      },
+    ]),
+  ),
 };
 const TEST_SH =
   '#!/bin/sh\nif [ "$(cat /app/hello.txt 2>/dev/null)" = "hello fork" ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n';
@@ -107,6 +121,48 @@ async function writeTask(root: string, name: string): Promise<void> {
     `[verifier]\ntimeout_sec = 30\n\n[agent]\ntimeout_sec = ${task.agentTimeoutSec}\n\n[environment]\nmemory_mb = 256\n`,
   );
 }
+
+/**
+ * A tenant's asyncio loop: a lead chat env forked 2 ways (sandgym.aio), the fork cancelled
+ * (`asyncio.wait_for` around a rollout, a trainer stopping) once both forks' ChatRestore calls
+ * are on the wire, or, with CANCEL unset, left to finish; then the lead, and any fork it gave,
+ * closed. Prints how the fork ended.
+ */
+const PYTHON_CANCELLED_FORK = `
+import asyncio, os
+from sandgym.aio import ChatEnv, Platform
+
+async def main():
+    platform = await Platform.connect(os.environ["SANDGYM_URL"], os.environ["SANDGYM_TOKEN"])
+    lead = ChatEnv(platform, {"kind": "sandbox", "sandbox": {"environment": "busybox:latest"}}, instruction="fork me")
+    await lead.reset()
+    wire, real, restoring = platform._wire, platform._wire.call, []
+    both_sent = asyncio.Event()
+
+    async def watched(service, method, request, *args, **kwargs):
+        if method == "ChatRestore":
+            restoring.append(request["envId"])
+            if len(restoring) == 2:
+                both_sent.set()
+        return await real(service, method, request, *args, **kwargs)
+
+    wire.call = watched
+    fork = asyncio.create_task(lead.fork(2))
+    forks = []
+    if os.environ.get("CANCEL"):
+        await both_sent.wait()
+        fork.cancel()
+    try:
+        forks = await fork
+        print("forked")
+    except asyncio.CancelledError:
+        print("cancelled")
+    wire.call = real
+    for env in [lead, *forks]:
+        await env.close()
+
+asyncio.run(main())
+`;
 
 /** A model's answer that runs `command` in the sandbox. */
 const exec = (command: string) =>
@@ -369,6 +425,38 @@ describe('forks of chat episodes under hostile tenants', () => {
       expect((await status.call('Status', {})).projects['dave'] ?? 0).toBe(0);
     }));
 
+  /** How the asyncio fork ended, and what the node holds of erin's after it. */
+  async function asyncFork(cancel: boolean): Promise<[string, number]> {
+    const { stdout } = await promisify(execFile)(VENV_PYTHON, ['-c', PYTHON_CANCELLED_FORK], {
+      env: {
+        ...process.env,
+        PYTHONPATH: resolve('python'),
+        SANDGYM_URL: cluster.url,
+        SANDGYM_TOKEN: TOKENS.erin,
+        ...(cancel ? { CANCEL: '1' } : {}),
+      },
+      timeout: 300_000,
+    });
+    const status = new WireClient(`127.0.0.1:${cluster.node.port}`, NODE, { token: IN_PROCESS_NODE_TOKEN });
+    clients.push(status);
+    return [stdout.trim(), (await status.call('Status', {})).projects['erin'] ?? 0];
+  }
+
+  it('honest twin: an asyncio fork that finishes leaves nothing once its envs are closed', async () => {
+    expect(await asyncFork(false)).toEqual(['forked', 0]);
+  });
+
+  it.fails(
+    'OPEN BREAK: an asyncio fork cancelled midway leaves its envs on the node, held against the quota',
+    () =>
+      attack('tenant', 'leak envs through a cancelled asyncio fork', async () => {
+        const [ended, held] = await asyncFork(true);
+        expect(ended).toBe('cancelled');
+        // the forks' envs were made: nothing closes them but the idle reaper, 30 minutes on
+        expect(held).toBe(0);
+      }),
+  );
+
   it('holds: a memory checkpoint of a chat episode restores into no other env', () =>
     attack('tenant', 'fork a memory checkpoint into another env', () =>
       withEnvs(node('solo'), async (make) => {
@@ -541,9 +629,13 @@ describe('a fork into an unprobed task env, on a node process', () => {
     return made !== undefined;
   }
 
-  /** Forks `from`'s chat checkpoint into a new env of task `into`, never reset; closes both after. */
-  async function forkInto(from: string, into: string): Promise<void> {
+  /**
+   * Forks `from`'s chat checkpoint into a new env of task `into`, never reset; closes both after.
+   * Says whether the node lived through it.
+   */
+  async function forkInto(from: string, into: string): Promise<boolean> {
     const made: string[] = [];
+    let lived = true;
     try {
       const lead = (await envs.call('Make', { spec: { kind: 'task', path: from } })).envId;
       made.push(lead);
@@ -554,29 +646,34 @@ describe('a fork into an unprobed task env, on a node process', () => {
       // whatever it answers: what matters is whether the node lives through it
       await envs.call('ChatRestore', { envId: fork, checkpointId }).catch(() => undefined);
     } finally {
-      // a node that died comes back on its data dir, adopting its sandboxes, so they can go
-      if (lone!.node.child.exitCode !== null || lone!.node.child.signalCode !== null)
+      lived = await answers();
+      if (!lived) {
+        // a node that died comes back on its data dir, adopting its sandboxes, so they can go
+        const child = lone!.node.child;
+        if (child.exitCode === null && child.signalCode === null) await once(child, 'exit');
         await lone!.node.restart();
+      }
       for (const envId of made) await envs.call('Close', { envId }).catch(() => undefined);
     }
+    return lived;
   }
 
   it('honest twin: a fork within one task, its environment probed by the lead, leaves the node up', async () => {
-    await forkInto('fork-gift', 'fork-gift');
-    expect(await answers()).toBe(true);
+    expect(await forkInto('fork-gift', 'fork-gift')).toBe(true);
   });
 
   // the probe of a clean sandbox of the task returns its promise from inside `await using`: the
-  // sandbox is closed before the probe's commands run, they fail, and the rejection goes unhandled
+  // sandbox is closed while the probe's commands run, they fail, and the rejection goes unhandled
+  // while the close is awaited (most times: a probe that wins the race ends before the close, so
+  // the attack goes on to a task the node has not probed yet)
   it.fails(
     'OPEN BREAK: a fork into a task env whose environment the node never probed crashes the node',
     () =>
       attack('tenant', 'crash a node with a fork into an unprobed task env', async () => {
-        let alive = true;
-        await forkInto('fork-gift', 'fork-plain').finally(() => {
-          alive = lone!.node.child.exitCode === null && lone!.node.child.signalCode === null;
-        });
-        expect(alive).toBe(true);
+        let lived = true;
+        for (const cold of ['fork-plain', 'fork-cold-1', 'fork-cold-2'])
+          if (!(lived = await forkInto('fork-gift', cold))) break;
+        expect(lived).toBe(true);
       }),
   );
 });
