@@ -12,6 +12,8 @@ export default tseslint.config(
       'no-console': 'error',
       '@typescript-eslint/consistent-type-imports': 'error',
       '@typescript-eslint/no-floating-promises': 'error',
+      // a promise returned from a try or a `using` block escapes its catch and its disposal
+      '@typescript-eslint/return-await': ['error', 'error-handling-correctness-only'],
       '@typescript-eslint/no-unused-vars': ['error', { argsIgnorePattern: '^_' }],
     },
   },

@@ -313,8 +313,19 @@ class ChatEnv:
     async def _ensure(self, beside: Optional[str] = None) -> str:
         if self.env_id is None:
             request: dict = {"spec": self.spec, **({"beside": beside} if beside else {})}
-            self.env_id = (await self._wire.call("Envs", "Make", request))["envId"]
+            making = asyncio.ensure_future(self._wire.call("Envs", "Make", request))
+            try:
+                self.env_id = (await asyncio.shield(making))["envId"]
+            except asyncio.CancelledError:
+                # cancelled while the node makes it: the env it made is closed once it is known
+                making.add_done_callback(self._close_orphan)
+                raise
         return self.env_id
+
+    def _close_orphan(self, making: "asyncio.Future[Any]") -> None:
+        if not making.cancelled() and making.exception() is None:
+            orphan = asyncio.ensure_future(self._wire.call("Envs", "Close", {"envId": making.result()["envId"]}))
+            orphan.add_done_callback(lambda done: done.cancelled() or done.exception())
 
     async def reset(self, seed: Optional[int] = None, options: Optional[Mapping[str, Any]] = None) -> Tuple[List[dict], dict]:
         async with self._order:
@@ -355,10 +366,15 @@ class ChatEnv:
             await env.restore(saved, name)
             env.forked_from = saved
 
-        outcomes = await asyncio.gather(*(start(e, n) for e, n in zip(forks, names)), return_exceptions=True)
+        try:
+            outcomes = await asyncio.gather(*(start(e, n) for e, n in zip(forks, names)), return_exceptions=True)
+        except BaseException:
+            # cancelled midway: the forks made so far are closed all the same, and the cancel goes on
+            await asyncio.shield(_close_all(forks))
+            raise
         failures = [o for o in outcomes if isinstance(o, BaseException)]
         if failures:
-            await asyncio.gather(*(env.close() for env in forks), return_exceptions=True)
+            await _close_all(forks)
             raise failures[0]
         return forks
 
@@ -373,3 +389,8 @@ class ChatEnv:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+async def _close_all(envs: Sequence[ChatEnv]) -> None:
+    """Closes every env given, whatever happens to some of them."""
+    await asyncio.gather(*(env.close() for env in envs), return_exceptions=True)

@@ -103,7 +103,7 @@ interface Saved {
   kind: EnvSpec['kind'];
   checkpoint: CheckpointRef | TaskCheckpoint;
   /** Set when it was made in a chat episode: how that episode talked, and how far it got. */
-  chat?: { options: ChatOptions; progress: ChatProgress };
+  chat?: { options: ChatOptions; progress: ChatProgress; ended: boolean };
 }
 
 /** Checkpoints kept per project; past it, the project's oldest go (never another project's). */
@@ -394,7 +394,11 @@ export function envService(
       withEnv(envId, call.principal.project, async (served) => {
         const checkpoint = await served.env.checkpoint(asked ? { depth: asked } : {});
         const checkpointId = `ckpt-${randomBytes(8).toString('hex')}`;
-        const chat = served.chat && { options: served.chat.options, progress: served.chat.env.progress };
+        const chat = served.chat && {
+          options: served.chat.options,
+          progress: served.chat.env.progress,
+          ended: served.chat.env.ended,
+        };
         saved.set(checkpointId, {
           project: served.project,
           kind: served.kind,
@@ -420,6 +424,12 @@ export function envService(
           throw new SandgymError(
             'failed_precondition',
             `Checkpoint ${checkpointId} was not made in a chat episode: Restore it, or ChatReset`,
+          );
+        // its budgets were spent or it was graded: a fork of it would be turns it never had
+        if (found.chat.ended)
+          throw new SandgymError(
+            'failed_precondition',
+            `Checkpoint ${checkpointId} was made after its chat episode ended: checkpoint before the last turn, or ChatReset`,
           );
         const restored = await restoreServed(served, found, restoreOptions?.episodeId);
         const env = chatEnvOf(served.env, found.chat.options);

@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { SandgymError, isSandgymError, messageOf, type FailureReason } from '../common/index.ts';
 import {
   hostPlatformOf,
@@ -171,6 +172,17 @@ function taskEnvironmentName(task: Task): string {
   return `${taskStorageStem('task', task)}:latest`;
 }
 
+/**
+ * A checkpoint's environment version: readable from the episode id, and unique by construction
+ * to the sandbox it saved (two branches named alike, or whose long names share a beginning, must
+ * not share checkpoints); a valid version whatever the id holds (a fork's `ep@ckpt:1`).
+ */
+function checkpointVersion(sandboxId: string, episodeId: string, count: number): string {
+  const readable = episodeId.replace(/[^A-Za-z0-9._-]/g, '-').slice(0, 40);
+  const digest = createHash('sha256').update(`${sandboxId}\n${episodeId}`).digest('hex').slice(0, 12);
+  return `e${readable}-${digest}-${count}`;
+}
+
 /** What the agent is shown at reset: the instruction, and where it is. */
 export type TaskObservation = SandboxObservation | { type: 'task'; instruction: string; sandboxId: string };
 
@@ -184,6 +196,8 @@ export type TaskCheckpoint = (DiskCheckpointRef | MemoryCheckpointRef) & {
   tampered: string[];
   /** What was left of the agent's time budget. */
   budgetLeftMs: number;
+  /** The task whose episode it saved: it restores into an env of that task only. */
+  task: string;
 };
 
 /** The result of grading one episode. */
@@ -521,7 +535,8 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
           env: this.task.env,
           ...this.inRun(),
         });
-        return probeInterpreters(clean);
+        // awaited here: the probe must end before `clean` is disposed of
+        return await probeInterpreters(clean);
       },
     );
   }
@@ -663,7 +678,8 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     const budgetLeftMs = this.budgetLeftMs;
     if (options.depth !== 'disk') {
       const memory = await this.inner.checkpointMemory();
-      if (memory) return { ...memory, tampered: [...this.earlierTampering], budgetLeftMs };
+      if (memory)
+        return { ...memory, tampered: [...this.earlierTampering], budgetLeftMs, task: this.task.id };
       if (options.depth === 'memory')
         throw new SandgymError(
           'unsupported',
@@ -671,7 +687,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
         );
     }
     const name = taskStorageStem('ckpt', this.task);
-    const version = `${this.inner.episode}-${++this.checkpoints}`.slice(0, 64);
+    const version = checkpointVersion(agent.id, this.inner.episode, ++this.checkpoints);
     // the agent's own stack (the task's layers, or an earlier checkpoint's) plus its filtered diff
     const { present } = await this.platform.packDiff(agent, {
       ...this.diffOptions(),
@@ -685,6 +701,7 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
       stepIndex: this.inner.nextStepIndex,
       tampered: [...new Set([...this.earlierTampering, ...tampered])],
       budgetLeftMs,
+      task: this.task.id,
       depth: 'disk',
     };
   }
@@ -697,6 +714,12 @@ export class TaskEnv implements Environment<SandboxAction, TaskObservation, Task
     checkpoint: TaskCheckpoint,
     options: { episodeId?: string } = {},
   ): Promise<ResetResult<TaskObservation, TaskResetInfo>> {
+    // another task's files graded by this task's tests would score work never done for it
+    if (checkpoint.task !== this.task.id)
+      throw new SandgymError(
+        'failed_precondition',
+        `The checkpoint is of task ${checkpoint.task}, not of this env's task ${this.task.id}: restore it into an env of that task`,
+      );
     if (checkpoint.depth === 'memory') {
       if (!this.inner)
         throw new SandgymError('failed_precondition', 'Nothing to restore into: call reset() first');

@@ -253,7 +253,7 @@ describe('forks of chat episodes under hostile tenants', () => {
     };
   }
 
-  it.fails('OPEN BREAK: a fork of a chat episode its turn limit ended goes on past max_turns', () =>
+  it('CLOSED: a fork of a chat episode its turn limit ended goes on past max_turns', () =>
     attack('tenant', 'fork a chat episode after max_turns ended it', () =>
       withEnvs(node('solo'), async (make) => {
         const envs = node('solo');
@@ -273,8 +273,7 @@ describe('forks of chat episodes under hostile tenants', () => {
         // and again from the fork, chained: as many turns as the tenant forks
         expect(past).toBeUndefined();
       }),
-    ),
-  );
+    ));
 
   it('honest twin: a fork made before the turn limit counts its turns on, and ends at the limit', () =>
     withEnvs(node('solo'), async (make) => {
@@ -300,7 +299,7 @@ describe('forks of chat episodes under hostile tenants', () => {
       );
     }));
 
-  it.fails("OPEN BREAK: a task's checkpoint forked into another task's env is graded as that task", () =>
+  it("CLOSED: a task's checkpoint forked into another task's env is graded as that task", () =>
     attack('tenant', "fork one task's checkpoint into another task's env", () =>
       withEnvs(node('solo'), async (make) => {
         const envs = node('solo');
@@ -332,8 +331,7 @@ describe('forks of chat episodes under hostile tenants', () => {
         expect(submitted.terminated).toBe(true);
         expect({ reward: submitted.reward, budgetKept }).toEqual({ reward: 0, budgetKept: true });
       }),
-    ),
-  );
+    ));
 
   it("honest twin: the plain task's own fork starts from its own files, and earns nothing undone", () =>
     withEnvs(node('solo'), async (make) => {
@@ -388,20 +386,17 @@ describe('forks of chat episodes under hostile tenants', () => {
     return reward;
   }
 
-  it.fails(
-    "OPEN BREAK: branches whose names share 64 characters share their checkpoints: one's fork gets the other's work",
-    () =>
-      attack(
-        'tenant',
-        'fork a checkpoint overwritten by a sibling branch of the same name prefix',
-        async () => {
-          // a trainer's long names (run, step, group, sample): a task checkpoint is stored as
-          // environment version `${episodeId}-${n}` cut at 64 characters, so these two are one
-          const prefix = 'grpo-run-2026-12-07-step-000123-group-0042-of-0064-sample'.padEnd(64, '-');
-          expect(await firstBranchEarns([`${prefix}0`, `${prefix}1`])).toBe(0);
-        },
-      ),
-  );
+  it("CLOSED: branches whose names share 64 characters share their checkpoints: one's fork gets the other's work", () =>
+    attack(
+      'tenant',
+      'fork a checkpoint overwritten by a sibling branch of the same name prefix',
+      async () => {
+        // a trainer's long names (run, step, group, sample): a task checkpoint is stored as
+        // environment version `${episodeId}-${n}` cut at 64 characters, so these two are one
+        const prefix = 'grpo-run-2026-12-07-step-000123-group-0042-of-0064-sample'.padEnd(64, '-');
+        expect(await firstBranchEarns([`${prefix}0`, `${prefix}1`])).toBe(0);
+      },
+    ));
 
   it('honest twin: branches with short names keep their own checkpoints', async () => {
     expect(await firstBranchEarns(['sample-0', 'sample-1'])).toBe(0);
@@ -446,16 +441,13 @@ describe('forks of chat episodes under hostile tenants', () => {
     expect(await asyncFork(false)).toEqual(['forked', 0]);
   });
 
-  it.fails(
-    'OPEN BREAK: an asyncio fork cancelled midway leaves its envs on the node, held against the quota',
-    () =>
-      attack('tenant', 'leak envs through a cancelled asyncio fork', async () => {
-        const [ended, held] = await asyncFork(true);
-        expect(ended).toBe('cancelled');
-        // the forks' envs were made: nothing closes them but the idle reaper, 30 minutes on
-        expect(held).toBe(0);
-      }),
-  );
+  it('CLOSED: an asyncio fork cancelled midway leaves its envs on the node, held against the quota', () =>
+    attack('tenant', 'leak envs through a cancelled asyncio fork', async () => {
+      const [ended, held] = await asyncFork(true);
+      expect(ended).toBe('cancelled');
+      // the forks' envs were made: nothing closes them but the idle reaper, 30 minutes on
+      expect(held).toBe(0);
+    }));
 
   it('holds: a memory checkpoint of a chat episode restores into no other env', () =>
     attack('tenant', 'fork a memory checkpoint into another env', () =>
@@ -666,14 +658,11 @@ describe('a fork into an unprobed task env, on a node process', () => {
   // sandbox is closed while the probe's commands run, they fail, and the rejection goes unhandled
   // while the close is awaited (most times: a probe that wins the race ends before the close, so
   // the attack goes on to a task the node has not probed yet)
-  it.fails(
-    'OPEN BREAK: a fork into a task env whose environment the node never probed crashes the node',
-    () =>
-      attack('tenant', 'crash a node with a fork into an unprobed task env', async () => {
-        let lived = true;
-        for (const cold of ['fork-plain', 'fork-cold-1', 'fork-cold-2'])
-          if (!(lived = await forkInto('fork-gift', cold))) break;
-        expect(lived).toBe(true);
-      }),
-  );
+  it('CLOSED: a fork into a task env whose environment the node never probed crashes the node', () =>
+    attack('tenant', 'crash a node with a fork into an unprobed task env', async () => {
+      let lived = true;
+      for (const cold of ['fork-plain', 'fork-cold-1', 'fork-cold-2'])
+        if (!(lived = await forkInto('fork-gift', cold))) break;
+      expect(lived).toBe(true);
+    }));
 });
