@@ -4,7 +4,9 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import { silentLogger } from '../../src/common/index.ts';
+import { silentLogger, type Logger } from '../../src/common/index.ts';
+import { Controller } from '../../src/platform/index.ts';
+import { waitUntil } from '../../benchmarks/loopback.ts';
 import {
   WireClient,
   WireServer,
@@ -126,5 +128,34 @@ describe('a TLS mismatch', () => {
     // warnings are emitted on the next tick
     await new Promise((done) => setImmediate(done));
     expect(warnings.map((warning) => `${warning.name}: ${warning.message}`)).toEqual([]);
+  });
+
+  it('between a controller and its node is logged by the controller, naming the cause', async () => {
+    const node = await serve(await serverTls());
+    const errors: string[] = [];
+    const logger: Logger = {
+      debug: () => undefined,
+      info: () => undefined,
+      warn: () => undefined,
+      error: (fields, message) => errors.push(`${message ?? ''} ${JSON.stringify(fields)}`),
+      child: () => logger,
+    };
+    // a controller without TLS, to a node with it
+    const controller = await Controller.start({
+      listen: '127.0.0.1:0',
+      nodes: [node],
+      nodeToken: TOKEN,
+      grants: {},
+      logger,
+      pollMs: 100,
+    });
+    try {
+      await waitUntil(() => Promise.resolve(errors.length > 0), 'the controller logging the mismatch');
+      expect(errors).toEqual([
+        expect.stringMatching(/refuses this controller.*speaks TLS and this client dials in plaintext/),
+      ]);
+    } finally {
+      await controller.close();
+    }
   });
 });
