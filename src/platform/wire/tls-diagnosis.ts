@@ -6,8 +6,8 @@ import { dialOptions, targetHost, type TlsFiles } from './tls.ts';
 const PROBE_MS = 3_000;
 
 /** Where to point the fix, for clients and for servers that dial (a controller dials nodes). */
-const CLIENT_TLS =
-  'SANDGYM_TLS_CA, SANDGYM_TLS_CERT and SANDGYM_TLS_KEY (a controller: --tls-ca, --tls-cert, --tls-key)';
+const CLIENT_VARIABLES = 'SANDGYM_TLS_CA, SANDGYM_TLS_CERT and SANDGYM_TLS_KEY';
+const CLIENT_TLS = `${CLIENT_VARIABLES} (a controller: --tls-ca, --tls-cert, --tls-key)`;
 
 /** The first frame an HTTP/2 client sends: its preface and empty settings. */
 const H2_PREFACE = Buffer.concat([
@@ -55,6 +55,11 @@ type Probe =
  * connection of its own, as gRPC would dial.
  */
 export async function tlsMismatch(target: string, tls: TlsFiles | undefined): Promise<string | undefined> {
+  // a probe that cannot even start diagnoses nothing: the caller's own error stands
+  return diagnose(target, tls).catch(() => undefined);
+}
+
+async function diagnose(target: string, tls: TlsFiles | undefined): Promise<string | undefined> {
   const address = firstAddress(target);
   if (!address) return undefined;
   if (!tls) {
@@ -83,7 +88,7 @@ export async function tlsMismatch(target: string, tls: TlsFiles | undefined): Pr
   }
   if (CLIENT_REFUSED.has(probe.code) || CERT_REQUIRED.has(probe.code)) return refusedCertificate();
   if (!probe.handshook && (await speaksPlainHttp2(address))) {
-    return `it speaks plaintext and this client dials with TLS: start the server with --tls-ca, --tls-cert and --tls-key, or unset ${CLIENT_TLS.split(' (')[0]}`;
+    return `it speaks plaintext and this client dials with TLS: start the server with --tls-ca, --tls-cert and --tls-key, or unset ${CLIENT_VARIABLES}`;
   }
   return undefined;
 }
