@@ -386,7 +386,12 @@ export interface GcReport {
 export interface SandboxRecord {
   id: string;
   backend: BackendName;
-  state: 'running' | 'paused' | 'orphaned';
+  /**
+   * `paused`: frozen, its memory still in the node's; `hibernated`: its memory written out (to a
+   * memory image or to swap), as a hibernation report and a phase report say; `orphaned`: its
+   * owner is gone.
+   */
+  state: 'running' | 'paused' | 'hibernated' | 'orphaned';
   ownerPid: number;
   createdAt: string;
   labels: Record<string, string>;

@@ -73,6 +73,7 @@ const USAGE = `usage: sandgym COMMAND [ARGS]   (sandgym --version: this package'
        [--control-plane IP[/N][:PORT],:PORT,...]  (controllers etc.: no sandbox rule ever reaches them)
        [--task-root DIR]    (tasks the Envs service may serve, by path under DIR)
        [--trajectory-retention 7d]  (how long an ended sandbox's step log stays for audit)
+       [--idle-ttl 24h]     (sandboxes outside a run idle this long are reclaimed; 0: never)
        [--max-in-flight-mib 256] [--max-in-flight-total-mib N]  (request bodies held per project, all)
        [--max-store-mib 16384]  (what each project may hold in the layer store)
        [--etcd URL,... [--advertise HOST:PORT] [--lease-ttl 10s]]  (join through etcd)

@@ -35,6 +35,7 @@ export type {
 export { checkEtcdEndpoints } from './etcd/etcd-connection.ts';
 export type { EtcdOptions } from './etcd/etcd-connection.ts';
 export { Controller } from './controller/controller.ts';
+export { readGrantsFile, reloadGrantsOnHangup } from './controller/grants-file.ts';
 export type { ControllerOptions, ProjectGrant } from './controller/controller.ts';
 export { Placer } from './controller/placement.ts';
 export type { Demand, NodeLoad } from './controller/placement.ts';

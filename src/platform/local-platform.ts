@@ -22,6 +22,7 @@ import {
   type BackendName,
   type BackendSandbox,
   type FilterReport,
+  type SandboxLifetime,
   callOptionsOf,
 } from '../backends/index.ts';
 import { BackendRegistry } from './backend-registry.ts';
@@ -156,6 +157,14 @@ export interface LocalPlatformOptions {
    * $SANDGYM_FALLBACK_BASE; without a fallback, such a FROM fails the build.
    */
   images?: ImageSources;
+  /**
+   * The idle TTL of sandboxes outside a run that set none (`lifetime.idleTtlMs`): after this long
+   * without a request the node reclaims them, as if they had asked for it. A crashed client that
+   * held no run leaves its sandboxes behind, and nothing else ends them. A run's sandboxes are
+   * its lease's. @default none: the embedded platform's sandboxes end with their process
+   * (`sandgym node` sets 24 hours, `--idle-ttl`)
+   */
+  defaultIdleTtlMs?: number;
 }
 
 /** A private network a group of sandboxes shares (see {@link LocalPlatform.createGroupNetwork}). */
@@ -233,6 +242,7 @@ export class LocalPlatform implements HostPlatform {
     private readonly images: ImageSources = {},
     /** Each project's store quota (see LocalPlatformOptions.maxStoreBytes). */
     private readonly maxStoreBytes?: number,
+    private readonly defaultIdleTtlMs?: number,
   ) {
     this.lifetimes = setInterval(() => void this.reclaimExpired(), LIFETIME_SWEEP_MS);
     this.lifetimes.unref();
@@ -450,6 +460,14 @@ export class LocalPlatform implements HostPlatform {
     return this.launch(stack, resolved, { stored: false });
   }
 
+  /** A sandbox's lifetime: what it asked for, and the default idle TTL outside a run. */
+  private lifetimeOf(resolved: ResolvedSandboxRequest): { lifetime?: SandboxLifetime } {
+    const asked = resolved.lifetime ? definedFields(resolved.lifetime) : {};
+    const idleTtlMs = asked.idleTtlMs ?? (resolved.run === undefined ? this.defaultIdleTtlMs : undefined);
+    const lifetime: SandboxLifetime = { ...asked, ...(idleTtlMs ? { idleTtlMs } : {}) };
+    return Object.keys(lifetime).length > 0 ? { lifetime } : {};
+  }
+
   private async launch(
     environment: Environment,
     resolved: ResolvedSandboxRequest,
@@ -473,7 +491,7 @@ export class LocalPlatform implements HostPlatform {
         qos: resolved.qos,
         labels,
         network: resolved.network,
-        ...(resolved.lifetime ? { lifetime: definedFields(resolved.lifetime) } : {}),
+        ...this.lifetimeOf(resolved),
         // a run's sandboxes hibernate when it is preempted
         ...(resolved.run ? { memorySnapshots: true } : {}),
       },
@@ -900,6 +918,7 @@ export const Platform = {
       options.freshLayerHoldMs,
       options.images ?? imageSourcesFromEnv(),
       options.maxStoreBytes,
+      options.defaultIdleTtlMs,
     );
     return late.platform;
   },

@@ -14,6 +14,7 @@ import {
   type TlsFiles,
 } from '../../src/platform/index.ts';
 import { expectCode } from '../support/errors.ts';
+import { NODE, WireClient } from '../../src/platform/wire/index.ts';
 import { startTestNode } from '../support/in-process-cluster.ts';
 import { TEST_DATA_ROOT } from '../support/platform.ts';
 import { waitUntil } from '../../benchmarks/loopback.ts';
@@ -119,9 +120,11 @@ describe('cluster operations', () => {
       expect((await sandbox.exec(['echo', 'over tls'])).stdout).toBe('over tls\n');
 
       // plaintext, TLS without a client certificate, and a certificate of another CA: all refused
-      await expect(connect(replica, 'token-a')).rejects.toThrow(/not reachable/);
+      await expect(connect(replica, 'token-a')).rejects.toThrow(
+        /speaks TLS and this client dials in plaintext/,
+      );
       await expect(connect(replica, 'token-a', await readTlsFiles({ ca: ours.ca }))).rejects.toThrow(
-        /not reachable/,
+        /requires a client certificate/,
       );
       await expect(
         connect(
@@ -129,14 +132,14 @@ describe('cluster operations', () => {
           'token-a',
           await readTlsFiles({ ca: theirs.ca, cert: theirs.client, key: theirs.clientKey }),
         ),
-      ).rejects.toThrow(/not reachable/);
+      ).rejects.toThrow(/not signed by the CA this client trusts/);
       await expect(
         connect(
           replica,
           'token-a',
           await readTlsFiles({ ca: ours.ca, cert: theirs.client, key: theirs.clientKey }),
         ),
-      ).rejects.toThrow(/not reachable/);
+      ).rejects.toThrow(/refused this client's certificate/);
 
       // the Python client, with the same files from the environment, and refused without them
       const script = [
@@ -168,7 +171,7 @@ describe('cluster operations', () => {
       // the node refuses a plaintext caller even with the node token
       await expect(
         Platform.connect(`grpc://127.0.0.1:${tlsNode.port}`, { token: NODE_TOKEN, connectTimeoutMs: 2_000 }),
-      ).rejects.toThrow(/not reachable/);
+      ).rejects.toThrow(/speaks TLS and this client dials in plaintext/);
       // and a controller that speaks plaintext to it cannot place there
       const plain = await controller([tlsNode], { queueTimeoutMs: 1_000 });
       await expectCode(
@@ -267,6 +270,24 @@ describe('cluster operations', () => {
     const badEtcd = sandgym('node', '--listen', '127.0.0.1:0', '--etcd', '127.0.0.1:2379');
     expect(badEtcd.status).toBe(2);
     expect(badEtcd.stderr).toMatch(/etcd endpoints must be URLs like http:\/\/10\.0\.0\.5:2379/);
+  });
+
+  it('refuses a create at once, naming the drain, while every node that could hold it drains', async () => {
+    const only = await node('drainall');
+    const replica = await controller([only], { queueTimeoutMs: 60_000 });
+    const client = await connect(replica, 'token-a');
+    const operator = new WireClient(`127.0.0.1:${only.port}`, NODE, { token: NODE_TOKEN });
+    cleanup.push(() => Promise.resolve(operator.close()));
+    for await (const progress of operator.stream('Drain', { hibernateIdle: false })) void progress;
+    // placed before the controller saw the drain, it is refused by the node and waits for a poll;
+    // after it, it is refused at once: either way it ends in the drain's error, not the queue's
+    await expectCode(client.createSandbox(SMALL), 'admission_rejected', /draining \(drainall\).*undrain/);
+    await operator.call('Undrain', {});
+    await waitUntil(async () => {
+      const made = await client.createSandbox(SMALL).catch(() => undefined);
+      await made?.close();
+      return made !== undefined;
+    }, 'a create after the undrain');
   });
 
   it('drains a node: no new placements, and done once its sandboxes ended or hibernated', async () => {

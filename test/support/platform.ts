@@ -50,6 +50,8 @@ export interface TestPlatformOptions {
   trajectoryCapBytes?: number;
   /** The project its sandboxes, environments and layers belong to (default `default`). */
   project?: string;
+  /** The idle TTL of sandboxes outside a run (see LocalPlatformOptions.defaultIdleTtlMs). */
+  defaultIdleTtlMs?: number;
   /** How long fresh layers are out of layer gc's reach (see LocalPlatformOptions). */
   freshLayerHoldMs?: number;
   /** How long an ended sandbox's trajectory log is kept (see LocalPlatformOptions). */
@@ -78,6 +80,7 @@ export async function createTestPlatform(
     ...(options.project ? { project: options.project } : {}),
     ...(options.freshLayerHoldMs === undefined ? {} : { freshLayerHoldMs: options.freshLayerHoldMs }),
     ...(options.trajectoryRetentionMs ? { trajectoryRetentionMs: options.trajectoryRetentionMs } : {}),
+    ...(options.defaultIdleTtlMs ? { defaultIdleTtlMs: options.defaultIdleTtlMs } : {}),
   });
   return {
     platform,

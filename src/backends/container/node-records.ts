@@ -9,7 +9,21 @@ import { isAlive } from '../host/processes.ts';
 import { runProgram } from '../host/run-program.ts';
 import type { ContainerLauncher } from './launch.ts';
 import { removeContainerResidue } from './residue.ts';
-import { readContainerState } from './sandbox-record.ts';
+import { readContainerState, type ContainerState } from './sandbox-record.ts';
+
+/**
+ * A container's state as any process sees it, named as its owner's hibernate report names it:
+ * hibernated once its memory is written out, to a memory image (its processes are gone) or to
+ * swap (frozen, and swap holds some of it); paused while frozen with its memory all resident.
+ */
+async function containerStateOf(
+  state: ContainerState,
+  cgroup: SandboxCgroup,
+): Promise<'running' | 'paused' | 'hibernated'> {
+  if (state.memoryImage) return 'hibernated';
+  if (!(await cgroup.isFrozen())) return 'running';
+  return (await cgroup.swappedBytes()) > 0 ? 'hibernated' : 'paused';
+}
 
 /**
  * The node's container records, whichever process wrote them: each slot's folder says whose
@@ -43,7 +57,7 @@ export class ContainerRecords {
       const state = await readContainerState(join(dir, slot));
       if (!state || state.pooled) continue;
       const cgroup = SandboxCgroup.existing(this.launcher.options.layout, this.launcher.options.scope, slot);
-      records.push(await listedRecord(state, 'container', () => cgroup.isFrozen()));
+      records.push(await listedRecord(state, 'container', () => containerStateOf(state, cgroup)));
     }
     return records;
   }

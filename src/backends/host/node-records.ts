@@ -49,17 +49,17 @@ export async function readNodeRecord<S extends z.ZodType<NodeRecord>>(
   }
 }
 
-/** How `sandgym ps` shows a recorded sandbox: orphaned once its owner is gone. */
+/** How `sandgym ps` shows a recorded sandbox: orphaned once its owner is gone, else as `stateOf` finds it. */
 export async function listedRecord(
   record: NodeRecord,
   backend: BackendName,
-  isPaused: () => Promise<boolean>,
+  stateOf: () => Promise<'running' | 'paused' | 'hibernated'>,
 ): Promise<SandboxRecord> {
   const alive = await isAlive(record.owner);
   return {
     id: record.id,
     backend,
-    state: !alive ? 'orphaned' : (await isPaused()) ? 'paused' : 'running',
+    state: alive ? await stateOf() : 'orphaned',
     ownerPid: record.owner.pid,
     createdAt: record.createdAt,
     labels: record.labels,

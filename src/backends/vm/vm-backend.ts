@@ -407,8 +407,11 @@ export class VmBackend implements Backend {
     for (const id of await readdir(this.vmsDir).catch(() => [] as string[])) {
       const state = await this.readState(id);
       if (!state) continue;
-      const paused = () => Promise.resolve(this.sandboxes.get(id)?.state === 'paused');
-      records.push(await listedRecord(state, this.name, paused));
+      // this process's VMs as their handles know them; another process's, running as far as it can tell
+      const current = this.sandboxes.get(id)?.state;
+      const listed = () =>
+        Promise.resolve(current === 'paused' || current === 'hibernated' ? current : ('running' as const));
+      records.push(await listedRecord(state, this.name, listed));
     }
     return records;
   }

@@ -1,8 +1,5 @@
 import { join } from 'node:path';
-import { readFile } from 'node:fs/promises';
 import { hostname } from 'node:os';
-import { z } from 'zod';
-import { parseAt } from '../../common/index.ts';
 import { defaultRuleBook, readNetworkRules } from '../../backends/index.ts';
 import { envService } from '../../env/index.ts';
 import {
@@ -10,6 +7,8 @@ import {
   NodeAgent,
   Platform,
   defaultDataDir,
+  readGrantsFile,
+  reloadGrantsOnHangup,
   type LocalPlatformOptions,
   type PlatformClient,
 } from '../../platform/index.ts';
@@ -91,6 +90,7 @@ export const NODE_OPTIONS = {
   listen: { type: 'string' },
   'data-dir': { type: 'string' },
   'trajectory-retention': { type: 'string' },
+  'idle-ttl': { type: 'string' },
   store: { type: 'string' },
   'node-id': { type: 'string' },
   'node-token-file': { type: 'string' },
@@ -107,6 +107,12 @@ export const NODE_OPTIONS = {
   'max-in-flight-total-mib': { type: 'string' },
   'max-store-mib': { type: 'string' },
 } as const;
+
+/**
+ * How long a node keeps a sandbox outside a run without a request by default: a day, long past
+ * any episode, short of a crashed client's sandboxes holding the node for good.
+ */
+const DEFAULT_NODE_IDLE_TTL = '24h';
 
 /** What each project may hold in the layer store by default on a node: its diffs, checkpoints, builds. */
 const DEFAULT_NODE_STORE_MIB = 16 * 1024;
@@ -154,6 +160,9 @@ export async function nodeCommand(args: string[]): Promise<number> {
   const controlPlane = (text(parsed, 'control-plane') ?? '').split(',').filter(Boolean);
   const storeDir = text(parsed, 'store');
   const trajectoryRetentionMs = durationMs('trajectory-retention', text(parsed, 'trajectory-retention'));
+  const idleTtl = text(parsed, 'idle-ttl') ?? DEFAULT_NODE_IDLE_TTL;
+  // 0 turns it off: sandboxes outside runs then stay until they are destroyed
+  const defaultIdleTtlMs = idleTtl.trim() === '0' ? undefined : durationMs('idle-ttl', idleTtl);
   const storeMib = positiveInt('max-store-mib', text(parsed, 'max-store-mib')) ?? DEFAULT_NODE_STORE_MIB;
   const dataDir = text(parsed, 'data-dir') ?? defaultDataDir();
   const platform = await Platform.local({
@@ -164,6 +173,7 @@ export async function nodeCommand(args: string[]): Promise<number> {
     warmPool,
     maxStoreBytes: storeMib * MIB,
     ...(trajectoryRetentionMs ? { trajectoryRetentionMs } : {}),
+    ...(defaultIdleTtlMs ? { defaultIdleTtlMs } : {}),
     ...(storeDir ? { storeDir } : {}),
     ...(controlPlane.length ? { controlPlane } : {}),
     networkRules: text(parsed, 'net-rules')
@@ -213,22 +223,6 @@ export async function nodeCommand(args: string[]): Promise<number> {
   return serveUntilSignalled(() => node.close());
 }
 
-const grantsFileSchema = z.strictObject({
-  tokens: z.record(
-    z.string().min(16, 'tokens are at least 16 characters'),
-    z.strictObject({
-      project: z.string().regex(/^[a-z0-9][a-z0-9_-]{0,63}$/, 'project names are a-z, 0-9, _ and -'),
-      maxSandboxes: z.number().int().positive(),
-      // rule-book names, and host:/cidr: sets the project may name hosts, ranges and ports inside
-      network: z.array(z.string()).default([]),
-      /** Bytes of request bodies the project's calls may hold at once on each controller. */
-      maxInFlightBytes: z.number().int().positive().optional(),
-      /** Bytes the project may hold in the layer store; the nodes' own quota without. */
-      maxStoreBytes: z.number().int().positive().optional(),
-    }),
-  ),
-});
-
 /** The options of `sandgym controller`. */
 export const CONTROLLER_OPTIONS = {
   ...LOG_OPTIONS,
@@ -262,18 +256,10 @@ export async function controllerCommand(args: string[]): Promise<number> {
       'sandgym controller: give --grants FILE, JSON like {"tokens": {"<token>": {"project": "p", "maxSandboxes": 100, "network": ["mirror:debian", "dns"]}}}',
     );
   }
-  const raw = await readFile(grantsFile, 'utf8').catch((error: unknown) => {
-    throw new UsageError(`sandgym controller: cannot read --grants ${grantsFile}: ${String(error)}`);
-  });
-  let json: unknown;
-  try {
-    json = JSON.parse(raw);
-  } catch (error) {
-    throw new UsageError(`sandgym controller: ${grantsFile} is not JSON: ${String(error)}`);
-  }
-  const grants = parseAt(grantsFileSchema, json, `grants file ${grantsFile}`).tokens;
+  const grants = await readGrantsFile(grantsFile);
   const pollMs = positiveInt('poll-ms', text(parsed, 'poll-ms'));
   const queueTimeoutMs = positiveInt('queue-timeout-ms', text(parsed, 'queue-timeout-ms'));
+  const logger = serverLogger(parsed, 'controller');
   const controller = await Controller.start({
     listen,
     ...(etcd ? { etcd } : { nodes }),
@@ -282,10 +268,15 @@ export async function controllerCommand(args: string[]): Promise<number> {
     ...(scrapeToken ? { metricsToken: scrapeToken } : {}),
     nodeToken: await nodeToken('controller', text(parsed, 'node-token-file')),
     grants,
-    logger: serverLogger(parsed, 'controller'),
+    logger,
     ...(pollMs ? { pollMs } : {}),
     ...(queueTimeoutMs ? { queueTimeoutMs } : {}),
   });
+  // `kill -HUP` reads the grants file again: new tokens, quotas and rules without a restart
+  const stopReloading = reloadGrantsOnHangup(grantsFile, (next) => controller.replaceGrants(next), logger);
   console.log(JSON.stringify({ role: 'controller', port: controller.port }));
-  return serveUntilSignalled(() => controller.close());
+  return serveUntilSignalled(() => {
+    stopReloading();
+    return controller.close();
+  });
 }

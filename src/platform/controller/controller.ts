@@ -24,6 +24,7 @@ import {
   WireServer,
   register,
   tokenAuthenticator,
+  type Authenticate,
   type CallContext,
   type IdResolvers,
   type SandboxInfo,
@@ -112,6 +113,9 @@ export class Controller {
   readonly metrics: ControllerMetrics;
   private metricsServer: MetricsServer | undefined;
   private etcd: { client: EtcdClient; membership: { close(): Promise<void> }; runs: RunLedger } | undefined;
+  /** The grants in force: those it started with, until {@link replaceGrants}. */
+  private grants: Record<string, ProjectGrant>;
+  private authenticate: Authenticate;
 
   private constructor(
     private readonly options: ControllerOptions,
@@ -119,6 +123,8 @@ export class Controller {
     private server: WireServer | undefined,
   ) {
     this.placer = new Placer(options.sampleK ?? 2);
+    this.grants = options.grants;
+    this.authenticate = tokenAuthenticator(projectsOf(options.grants));
     this.metrics = new ControllerMetrics({
       queueDepths: () => this.queue.depths(),
       nodes: () => {
@@ -182,9 +188,6 @@ export class Controller {
       await controller.close();
       throw error;
     }
-    const projects = Object.fromEntries(
-      Object.entries(options.grants).map(([token, grant]) => [token, grant.project]),
-    );
     controller.server = await WireServer.listen(
       options.listen,
       [
@@ -204,7 +207,8 @@ export class Controller {
         ),
       ],
       {
-        authenticate: tokenAuthenticator(projects),
+        // the grants in force at each call, so a reload takes effect at once
+        authenticate: (metadata, path) => controller.authenticate(metadata, path),
         resolvers: RESOLVED_BY_NODES,
         // only granted projects get in, so the grants bound the sum of these
         budget: new RequestBudget({
@@ -351,8 +355,21 @@ export class Controller {
     return first;
   }
 
+  /**
+   * Puts new grants in force (a reloaded grants file): calls from now on are authenticated,
+   * held to quotas and network rules by them. Sandboxes keep running whatever the new grants
+   * say; a project over its new quota makes no more until it is under. Grants that do not hold
+   * together are refused and the old ones stay.
+   */
+  replaceGrants(grants: Record<string, ProjectGrant>): void {
+    checkGrants(grants);
+    const authenticate = tokenAuthenticator(projectsOf(grants));
+    this.grants = grants;
+    this.authenticate = authenticate;
+  }
+
   private grantOf(project: string): ProjectGrant | undefined {
-    return Object.values(this.options.grants).find((g) => g.project === project);
+    return Object.values(this.grants).find((g) => g.project === project);
   }
 
   /** The network rules a project's grant lets its sandboxes name. */
@@ -444,12 +461,21 @@ export class Controller {
             'node_lost',
             `Node ${onlyNode}, where the env to make this one beside is, is not serving`,
           );
-        if (
-          !loads().some((n) => n.backends.includes(demand.backend) && n.memoryCapacityMib >= demand.memoryMib)
-        ) {
+        const able = loads().filter(
+          (n) => n.backends.includes(demand.backend) && n.memoryCapacityMib >= demand.memoryMib,
+        );
+        if (able.length === 0) {
           throw new SandgymError(
             'admission_rejected',
             `No node can ever hold a ${demand.backend} sandbox of ${demand.memoryMib} MiB; ask for less memory or another backend`,
+          );
+        }
+        // a drain ends when its operator says, not when sandboxes end: waiting would be silent
+        if (able.every((n) => n.draining)) {
+          throw new SandgymError(
+            'admission_rejected',
+            `Every node that can hold a ${demand.backend} sandbox is draining (${able.map((n) => n.nodeId).join(', ')}): try again once one is undrained (sandgym node undrain --node HOST:PORT) or a node joins`,
+            { retryable: true },
           );
         }
         this.options.logger.debug(
@@ -534,10 +560,16 @@ function checkGrants(grants: Record<string, ProjectGrant>): void {
   }
 }
 
+/** Each token's project, as the authenticator takes them. */
+function projectsOf(grants: Record<string, ProjectGrant>): Record<string, string> {
+  return Object.fromEntries(Object.entries(grants).map(([token, grant]) => [token, grant.project]));
+}
+
 /** Why a create was refused, as the metrics label it; undefined for failures that are not refusals. */
 function refusalOf(error: unknown): string | undefined {
   if (isSandgymError(error, 'resource_exhausted'))
     return /quota/.test(error.message) ? 'quota' : 'queue_timeout';
-  if (isSandgymError(error, 'admission_rejected')) return 'never_fits';
+  if (isSandgymError(error, 'admission_rejected'))
+    return /draining/.test(error.message) ? 'draining' : 'never_fits';
   return undefined;
 }

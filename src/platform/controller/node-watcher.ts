@@ -1,6 +1,15 @@
-import { SandgymError, type Logger } from '../../common/index.ts';
+import { SandgymError, isSandgymError, type Logger } from '../../common/index.ts';
 import type { NodeLoad } from './placement.ts';
-import { ENVS, NODE, RUNS, SANDBOXES, WireClient, type NodeStatus, type TlsFiles } from '../wire/index.ts';
+import {
+  ENVS,
+  NODE,
+  RUNS,
+  SANDBOXES,
+  WireClient,
+  tlsMismatch,
+  type NodeStatus,
+  type TlsFiles,
+} from '../wire/index.ts';
 
 interface Watched {
   address: string;
@@ -8,6 +17,8 @@ interface Watched {
   registeredAs: string | undefined;
   status: NodeStatus | undefined;
   reachable: boolean;
+  /** Whether its failure to answer was looked into since it last answered (see tlsMismatch). */
+  diagnosed: boolean;
   node: WireClient<typeof NODE>;
   sandboxes: WireClient<typeof SANDBOXES>;
   runs: WireClient<typeof RUNS>;
@@ -48,6 +59,7 @@ export class NodeWatcher {
       registeredAs,
       status: undefined,
       reachable: false,
+      diagnosed: false,
       node: new WireClient(address, NODE, options),
       sandboxes: new WireClient(address, SANDBOXES, options),
       runs: new WireClient(address, RUNS, options),
@@ -123,12 +135,28 @@ export class NodeWatcher {
         this.logger.info({ address: watched.address, node: status.nodeId }, 'node is up');
       watched.status = status;
       watched.reachable = true;
+      watched.diagnosed = false;
       for (const listener of this.listeners) listener(status.nodeId, polledAt);
     } catch (error) {
       if (watched.reachable)
         this.logger.warn({ address: watched.address, err: error }, 'node stopped answering');
       watched.reachable = false;
+      if (isSandgymError(error, 'node_lost')) this.diagnose(watched);
     }
+  }
+
+  /**
+   * Logs why a node refuses this controller's connections when their TLS does not match (the
+   * node has TLS and the controller none, say): no poll would ever reach it, and otherwise the
+   * only sign would be creates that find no node.
+   */
+  private diagnose(watched: Watched): void {
+    if (watched.diagnosed) return;
+    watched.diagnosed = true;
+    void tlsMismatch(watched.address, this.connection.tls).then((cause) => {
+      if (cause && this.watched.includes(watched))
+        this.logger.error({ address: watched.address, cause }, 'node refuses this controller: TLS mismatch');
+    });
   }
 
   /** Every node seen so far, with its last load; unreachable ones are unhealthy. */

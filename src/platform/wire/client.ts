@@ -1,5 +1,11 @@
 import { setTimeout as sleep } from 'node:timers/promises';
-import { Client, Metadata, type CallOptions as GrpcCallOptions, type ServiceError } from '@grpc/grpc-js';
+import {
+  Client,
+  Metadata,
+  connectivityState,
+  type CallOptions as GrpcCallOptions,
+  type ServiceError,
+} from '@grpc/grpc-js';
 import { SandgymError, type SandgymErrorCode } from '../../common/index.ts';
 import type { CallOptions } from '../../backends/index.ts';
 import { decodeMessage, encodeMessage } from './decode.ts';
@@ -8,6 +14,7 @@ import { methodPath, type MethodDef, type ResponseOf, type ServiceDef } from './
 import { SendWindow } from './send-window.ts';
 import { fromStatus, wasUnread } from './status.ts';
 import { channelCredentials, type TlsFiles } from './tls.ts';
+import { tlsMismatch } from './tls-diagnosis.ts';
 
 /** Options for {@link WireClient}. */
 export interface WireClientOptions {
@@ -171,23 +178,59 @@ export class WireClient<S extends ServiceDef> {
     }
   }
 
-  /** Resolves once connected, or fails with `unreachable` after `timeoutMs`. */
-  waitForReady(timeoutMs: number): Promise<void> {
-    return new Promise((resolve, reject) =>
-      this.client.waitForReady(Date.now() + timeoutMs, (error) =>
-        error
-          ? reject(
-              new SandgymError(
-                this.options.unreachable ?? 'platform_error',
-                `${this.address} is not reachable: ${error.message}`,
-                {
-                  retryable: true,
-                },
-              ),
-            )
-          : resolve(),
-      ),
-    );
+  /**
+   * Resolves once connected, or fails with `unreachable` after `timeoutMs`. A TLS mismatch (see
+   * tlsMismatch) fails at the first failed connection instead, naming its cause, for no wait
+   * would cure it.
+   */
+  async waitForReady(timeoutMs: number): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    const watch = new AbortController();
+    try {
+      await Promise.race([
+        new Promise<void>((resolve, reject) =>
+          this.client.waitForReady(deadline, (error) =>
+            error
+              ? reject(
+                  new SandgymError(
+                    this.options.unreachable ?? 'platform_error',
+                    `${this.address} is not reachable: ${error.message}`,
+                    { retryable: true },
+                  ),
+                )
+              : resolve(),
+          ),
+        ),
+        this.failOnTlsMismatch(deadline, watch.signal),
+      ]);
+    } finally {
+      watch.abort();
+    }
+  }
+
+  /** Rejects once a failed connection turns out to be a TLS mismatch; never resolves. */
+  private async failOnTlsMismatch(deadline: number, signal: AbortSignal): Promise<never> {
+    const channel = this.client.getChannel();
+    const never = new Promise<never>(() => undefined);
+    let probed = false;
+    for (;;) {
+      const state = channel.getConnectivityState(false);
+      if (state === connectivityState.READY || state === connectivityState.SHUTDOWN) return never;
+      if (state === connectivityState.TRANSIENT_FAILURE && !probed) {
+        // once: what is not a mismatch now is a fault that reconnecting may cure
+        probed = true;
+        const cause = await tlsMismatch(this.address, this.options.tls);
+        if (cause && !signal.aborted) {
+          throw new SandgymError('failed_precondition', `${this.address} refuses this connection: ${cause}`);
+        }
+      }
+      if (signal.aborted) return never;
+      // the next change of state, or the deadline: the other side of the race says what it means
+      const changed = await new Promise<boolean>((resolve) =>
+        channel.watchConnectivityState(state, deadline, (error) => resolve(!error)),
+      );
+      if (!changed || signal.aborted) return never;
+    }
   }
 
   close(): void {

@@ -17,6 +17,7 @@ export {
   STORE_QUOTA_KEY,
 } from './auth.ts';
 export { readTlsFiles } from './tls.ts';
+export { tlsMismatch } from './tls-diagnosis.ts';
 export { RequestBudget, DEFAULT_IN_FLIGHT_BYTES } from './request-budget.ts';
 export type { TlsFiles, TlsPaths } from './tls.ts';
 export { ENVS, SANDBOXES, NODE, RUNS } from './services.ts';

@@ -249,7 +249,7 @@ export const sandboxRecords = z.object({
     z.object({
       id: z.string(),
       backend: z.enum(BACKEND_NAMES),
-      state: z.enum(['running', 'paused', 'orphaned']),
+      state: z.enum(['running', 'paused', 'hibernated', 'orphaned']),
       ownerPid: z.number().int(),
       createdAt: z.string(),
       labels: z.record(z.string(), z.string()),

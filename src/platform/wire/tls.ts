@@ -1,5 +1,13 @@
 import { readFile } from 'node:fs/promises';
-import { ServerCredentials, credentials, type ChannelCredentials } from '@grpc/grpc-js';
+import { isIP, type Socket } from 'node:net';
+import { connect, createSecureContext, type SecureContext } from 'node:tls';
+import {
+  CallCredentials,
+  ChannelCredentials,
+  ServerCredentials,
+  credentials,
+  type experimental,
+} from '@grpc/grpc-js';
 import { SandgymError } from '../../common/index.ts';
 
 /** PEM material for TLS: the CA that signs every peer, and this process's certificate and key. */
@@ -62,5 +70,69 @@ export function serverCredentials(tls: TlsFiles | undefined): ServerCredentials 
 /** Client credentials: the server must prove itself with a certificate the CA signed. */
 export function channelCredentials(tls: TlsFiles | undefined): ChannelCredentials {
   if (!tls) return credentials.createInsecure();
-  return credentials.createSsl(tls.ca, tls.key ?? null, tls.cert ?? null);
+  return new TlsDialCredentials(tls);
+}
+
+/**
+ * The options of a TLS dial to `host`: SNI only for a DNS name. grpc-js sends any host as the
+ * server name, and an IP address there is against RFC 6066: Node then prints a DEP0123 warning
+ * into stderr, which the servers keep for JSON-lines logs. The certificate is checked against
+ * `host` either way (an IP address against its IP entries).
+ */
+export function dialOptions(host: string): { host: string; servername?: string; ALPNProtocols: string[] } {
+  return { host, ...(isIP(host) ? {} : { servername: host }), ALPNProtocols: ['h2'] };
+}
+
+/** The host of a gRPC target (`dns:name:port`, `name:port`, `[::1]:port`), when it names one. */
+export function targetHost(target: string): string | undefined {
+  const match = /^(?:dns:(?:\/\/[^/]*\/)?)?(\[[^\]]+\]|[^:,/]+):\d+$/.exec(target);
+  return match?.[1]?.replace(/^\[|\]$/g, '');
+}
+
+/**
+ * grpc-js's TLS credentials, but dialled as {@link dialOptions} says. A target of several IP
+ * addresses (`ipv4:a:p,b:p`) names no one host: each connection checks the certificate against
+ * the address it reached.
+ */
+class TlsDialCredentials extends ChannelCredentials {
+  private readonly context: SecureContext;
+
+  constructor(tls: TlsFiles) {
+    super();
+    this.context = createSecureContext({
+      ca: tls.ca,
+      ...(tls.cert && tls.key ? { cert: tls.cert, key: tls.key } : {}),
+    });
+  }
+
+  _isSecure(): boolean {
+    return true;
+  }
+
+  _equals(other: ChannelCredentials): boolean {
+    return other === this;
+  }
+
+  _createSecureConnector(
+    target: experimental.GrpcUri,
+    _options: unknown,
+    callCredentials?: CallCredentials,
+  ): experimental.SecureConnector {
+    const named = targetHost(target.path);
+    const perCall = callCredentials ?? CallCredentials.createEmpty();
+    return {
+      connect: (socket: Socket) =>
+        new Promise((resolve, reject) => {
+          const host = named ?? socket.remoteAddress ?? '';
+          const secure = connect({ socket, secureContext: this.context, ...dialOptions(host) }, () =>
+            resolve({ socket: secure, secure: true }),
+          );
+          // kept after the handshake too: grpc-js watches the session, an unheard error would crash
+          secure.on('error', reject);
+        }),
+      waitForReady: () => Promise.resolve(),
+      getCallCredentials: () => perCall,
+      destroy: () => undefined,
+    };
+  }
 }
