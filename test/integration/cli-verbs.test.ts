@@ -185,6 +185,24 @@ describe('sandgym create, exec, env rm and mcp --sandbox on this host', () => {
     expect(again.stderr).toMatch(/Unknown environment "cliverbs:1"/);
   });
 
+  it('leaves an orphan that gc reaps when its holder is killed hard', async () => {
+    const { id, ownerPid } = create('--env', 'busybox:latest');
+    try {
+      process.kill(ownerPid, 'SIGKILL');
+      for (let i = 0; alive(ownerPid) && i < 100; i++) await sleep(100);
+      expect(ps().find((record) => record.id === id)?.state).toBe('orphaned');
+      const exec = sandgym(['exec', id, '--', 'true']);
+      expect(exec.status).toBe(3);
+      expect(exec.stderr).toMatch(/owner \(process \d+\) is gone: "sandgym gc" reaps it/);
+      // the lookup removed the dead holder's record
+      expect(existsSync(join(test.dataDir, 'holders', `${ownerPid}.json`))).toBe(false);
+      expect(sandgym(['gc']).status).toBe(0);
+      expect(ps().map((record) => record.id)).not.toContain(id);
+    } finally {
+      await killAndWait(id);
+    }
+  });
+
   it('reclaims a created sandbox left unused past its idle TTL, and its holder with it', async () => {
     const { id, ownerPid } = create('--env', 'busybox:latest', '--idle-ttl', '1s');
     try {
