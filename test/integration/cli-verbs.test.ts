@@ -114,6 +114,9 @@ describe('sandgym create, exec, env rm and mcp --sandbox on this host', () => {
       // an argv, no shell added: the ; reaches echo as text
       expect(sandgym(['exec', id, '--', 'echo', 'a;', 'b']).stdout).toBe('a; b\n');
       expect(sandgym(['exec', '--stdin', id, '--', 'wc', '-c'], 'twelve bytes').stdout.trim()).toBe('12');
+      // another process packs what it wrote
+      const packed = sandgym(['layer', 'build', '--from-sandbox', id, '--name', 'cliverbs-packed:1']);
+      expect(packed.status, packed.stderr).toBe(0);
     } finally {
       await killAndWait(id);
     }
