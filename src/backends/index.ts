@@ -63,7 +63,7 @@ export { BENCHMARK_PROGRAMS, TEST_PROGRAMS, installPrograms, prepareHost } from 
 export type { HostReport } from './host/host-setup.ts';
 export { agentBinaryPath, defaultDataDir, hostProgram, packageRoot } from './host/paths.ts';
 export { prepareDataFolder } from './host/data-folder.ts';
-export { isAlive, processIdentity } from './host/processes.ts';
+export { isAlive, processIdentity, startDetachedNode } from './host/processes.ts';
 export type { ProcessIdentity } from './host/processes.ts';
 export { detectCgroupLayout } from './host/cgroups.ts';
 export { sha256OfFile } from './host/layer-verify.ts';

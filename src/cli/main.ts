@@ -5,6 +5,8 @@
 import { auditCommand } from './commands/audit.ts';
 import { benchCommand } from './commands/bench.ts';
 import { checkCommand } from './commands/check.ts';
+import { createCommand } from './commands/create.ts';
+import { execCommand } from './commands/exec.ts';
 import { controllerCommand, nodeCommand } from './commands/cluster.ts';
 import { certsCommand } from './commands/certs.ts';
 import { evalCommand } from './commands/eval.ts';
@@ -24,6 +26,12 @@ const USAGE = `usage: sandgym COMMAND [ARGS]   (sandgym --version: this package'
                                           and memory checkpoints: CRIU 4.1 (built once), else a swap file
   run [--backend B] [--env E] [--json] [--timeout-ms N] [--memory-mib N] [--load-mode ondemand|eager|tar] -- CMD ...
                                           one sandbox, one command: output, exit code, teardown
+  create [--env E] [--memory-mib N] [--idle-ttl 1h] [--deadline D] [--json [OUT]]
+                                          a sandbox that stays, like docker run -d: its id on stdout; it
+                                          ends with kill, or once unused for its idle TTL, or at the deadline
+  exec [--timeout-ms N] [--cwd DIR] [--user USER] [--stdin] ID -- CMD ...
+                                          CMD (an argv, no shell) in a sandbox create made, its output as it
+                                          comes; exits with CMD's exit code; --stdin passes this one's stdin
   layer build (--from-dir D | --from-tar T | --from-oci A) [--name NAME:VERSION] [--base ENV]
                                           a folder, tar(.gz) or OCI image (docker save / OCI layout)
                                           as an EROFS layer, and optionally an environment
@@ -38,6 +46,7 @@ const USAGE = `usage: sandgym COMMAND [ARGS]   (sandgym --version: this package'
   layer ls [--json]                       stored layers
   layer gc [--min-age-minutes N] [--json] unused mounts, node copies and unreferenced layers (default age 60)
   env ls [--json] | env show NAME:VERSION environments: layer stacks plus config
+  env rm NAME:VERSION                     forget an environment no live sandbox uses (layer gc takes its layers)
   eval TASK... [--agent oracle|nop|openai:MODEL|MODULE.js] [--base-url URL] [--concurrency N] [--max-steps N]
        [--temperature T] [--max-tokens N] [--system-prompt TEXT] [--token-ids]
        [--json OUT] [--report OUT.html] [--atif DIR] [--run NAME [--lease 30s]] [--decision-timeout 30m]
@@ -52,7 +61,8 @@ const USAGE = `usage: sandgym COMMAND [ARGS]   (sandgym --version: this package'
   mcp [--environment ENV | --sandbox ID] [--user USER]
                                           a sandbox's actions (exec, write_file, read_file, list_dir) as
                                           MCP tools over stdio, as USER (default the environment's USER);
-                                          a sandbox it made goes when the client does
+                                          a sandbox it made goes when the client does; --sandbox takes one
+                                          that create made
   proxy --upstream URL --out DIR [--listen 127.0.0.1:PORT] [--timeout 10m]
                                           an OpenAI-compatible recording proxy for agents with their own
                                           loop: each chat completion (streamed or not) passes through and
@@ -94,7 +104,7 @@ const USAGE = `usage: sandgym COMMAND [ARGS]   (sandgym --version: this package'
   certs --out DIR [--hosts localhost,127.0.0.1,...] [--days 365]
                                           a development CA and certificates, made with openssl
 
-run, ps, kill, gc, audit, eval and check work on the cluster at $SANDGYM_PLATFORM (grpc://HOST:PORT, with $SANDGYM_TOKEN,
+run, create, exec, mcp, ps, kill, gc, audit, eval and check work on the cluster at $SANDGYM_PLATFORM (grpc://HOST:PORT, with $SANDGYM_TOKEN,
 and $SANDGYM_TLS_CA, $SANDGYM_TLS_CERT, $SANDGYM_TLS_KEY for TLS) when it is set, else on this host.
 
 Exit codes: 0 success, 1 the command failed, 2 bad usage or input, 3 infrastructure failure.`;
@@ -102,6 +112,8 @@ Exit codes: 0 success, 1 the command failed, 2 bad usage or input, 3 infrastruct
 const COMMANDS: Record<string, (args: string[]) => Promise<number>> = {
   setup: setupCommand,
   run: runCommand,
+  create: createCommand,
+  exec: execCommand,
   ps: psCommand,
   kill: killCommand,
   gc: gcCommand,

@@ -120,6 +120,14 @@ export class RemotePlatform implements PlatformClient {
     return sandbox;
   }
 
+  /**
+   * Leaves a sandbox this client created to outlive it: close() no longer destroys it, and its
+   * lifetime (idle TTL, deadline) or a kill ends it. What `sandgym create` does on a cluster.
+   */
+  keep(sandbox: Sandbox): void {
+    this.mine.delete(sandbox.id);
+  }
+
   async attachSandbox(sandboxId: string, options: CallOptions = {}): Promise<Sandbox> {
     const info = await this.client.call('Describe', { sandboxId }, callOptionsOf(options));
     return new RemoteSandbox(this.client, info, () => undefined);

@@ -10,6 +10,7 @@ import {
   readGrantsFile,
   reloadGrantsOnHangup,
   type LocalPlatformOptions,
+  type RemotePlatform,
   type PlatformClient,
 } from '../../platform/index.ts';
 import {
@@ -40,8 +41,13 @@ const PLATFORM_VARIABLE = 'SANDGYM_PLATFORM';
  * else the embedded one on this host.
  */
 export async function openPlatform(local: LocalPlatformOptions = {}): Promise<PlatformClient> {
+  return (await openCluster()) ?? Platform.local(local);
+}
+
+/** The cluster client of $SANDGYM_PLATFORM, or undefined when it is not set (this host's platform). */
+export async function openCluster(): Promise<RemotePlatform | undefined> {
   const url = process.env[PLATFORM_VARIABLE];
-  if (!url) return Platform.local(local);
+  if (!url) return undefined;
   const token = process.env['SANDGYM_TOKEN'];
   if (!token)
     throw new UsageError(`${PLATFORM_VARIABLE} is set: also set SANDGYM_TOKEN to your project's token`);

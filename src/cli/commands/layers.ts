@@ -24,6 +24,7 @@ import {
   type ParsedCommandArgs,
 } from '../args.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
+import { envRemove } from './env-rm.ts';
 
 /** The whole store: what `layer ls` shows the node's admin. */
 async function openWholeStore(): Promise<LayerStore> {
@@ -229,6 +230,7 @@ async function dockerfileBuild(file: string, parsed: ParsedCommandArgs): Promise
 /** `sandgym env ls|show`. */
 export async function envCommand(args: string[]): Promise<number> {
   const [sub, ...rest] = args;
+  if (sub === 'rm') return envRemove(await openStore(), rest);
   const parsed = parseCommandArgs(`env ${sub ?? ''}`.trim(), rest, { json: { type: 'boolean' } });
   const store = await openStore();
   if (sub === 'ls') {
@@ -254,5 +256,5 @@ export async function envCommand(args: string[]): Promise<number> {
     }
     return EXIT.ok;
   }
-  throw new UsageError('sandgym env: use "env ls" or "env show NAME:VERSION"');
+  throw new UsageError('sandgym env: use "env ls", "env show NAME:VERSION" or "env rm NAME:VERSION"');
 }

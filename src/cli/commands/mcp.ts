@@ -3,12 +3,13 @@ import { StdioServerTransport } from '@modelcontextprotocol/sdk/server/stdio.js'
 import { z } from 'zod';
 import { messageOf } from '../../common/index.ts';
 import { SandboxEnv, type SandboxAction } from '../../env/index.ts';
-import { DEFAULT_ENVIRONMENT } from '../../platform/index.ts';
+import { DEFAULT_ENVIRONMENT, type PlatformClient, type Sandbox } from '../../platform/index.ts';
 import { observationText } from '../../rollout/index.ts';
 import { parseCommandArgs, text } from '../args.ts';
 import { EXIT } from '../exit-codes.ts';
 import { SANDGYM_VERSION } from '../version.ts';
 import { openPlatform } from './cluster.ts';
+import { reachSandbox } from './reach-sandbox.ts';
 
 const absolutePath = z.string().describe('An absolute path in the sandbox');
 
@@ -25,16 +26,18 @@ export async function mcpCommand(args: string[]): Promise<number> {
     sandbox: { type: 'string' },
     user: { type: 'string' },
   });
-  await using platform = await openPlatform();
   const attachTo = text(parsed, 'sandbox');
+  // a sandbox to attach to is reached where it lives (on this host, through its holder)
+  await using session: { platform: PlatformClient; sandbox?: Sandbox } & AsyncDisposable = attachTo
+    ? await reachSandbox(attachTo)
+    : await openPlatform().then((platform) => ({ platform, [Symbol.asyncDispose]: () => platform.close() }));
   const user = text(parsed, 'user');
   const as = user === undefined ? {} : { user };
   let env: SandboxEnv;
-  if (attachTo) {
-    const sandbox = await platform.attachSandbox(attachTo);
-    env = await SandboxEnv.attach(platform, sandbox, `mcp-${Date.now().toString(36)}`, as);
+  if (session.sandbox) {
+    env = await SandboxEnv.attach(session.platform, session.sandbox, `mcp-${Date.now().toString(36)}`, as);
   } else {
-    env = SandboxEnv.create(platform, {
+    env = SandboxEnv.create(session.platform, {
       sandbox: { environment: text(parsed, 'environment') ?? DEFAULT_ENVIRONMENT },
       ...as,
     });

@@ -1,4 +1,5 @@
-import { openPlatform } from './cluster.ts';
+import { killLocalSandbox } from '../held-sandboxes.ts';
+import { openCluster, openPlatform } from './cluster.ts';
 import { parseCommandArgs } from '../args.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
 
@@ -34,7 +35,12 @@ export async function killCommand(args: string[]): Promise<number> {
   const { positionals } = parseCommandArgs('kill', args, {});
   if (positionals.length === 0)
     throw new UsageError('sandgym kill: give the id of a sandbox (see sandgym ps)');
-  await using platform = await openPlatform();
+  const cluster = await openCluster();
+  if (!cluster) {
+    for (const id of positionals) await killLocalSandbox(id);
+    return EXIT.ok;
+  }
+  await using platform = cluster;
   for (const id of positionals) await platform.killSandbox(id);
   return EXIT.ok;
 }
