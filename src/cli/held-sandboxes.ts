@@ -146,7 +146,7 @@ export async function reachHeldSandbox(id: string): Promise<ReachedSandbox> {
 export async function killLocalSandbox(id: string): Promise<void> {
   await using local = await Platform.local();
   const { holder } = await holderOf(local, id);
-  if (!holder) return local.killSandbox(id);
+  if (!holder) return await local.killSandbox(id);
   await using platform = await connectHolder(holder);
   await platform.killSandbox(id);
 }
