@@ -155,7 +155,10 @@ describe('the sandgym command line', () => {
     const cases: [string[], RegExp][] = [
       [['run', '--'], /command is empty/],
       [['run', '--env', 'nosuch:1', '--', 'true'], /Unknown environment "nosuch:1"/],
-      [['run', '--memory-mib', '4', '--', 'true'], /memoryMib must be at least 16/],
+      [
+        ['run', '--memory-mib', '4', '--', 'true'],
+        /--memory-mib must be a whole number from 16 to \d+, got 4/,
+      ],
       [
         ['run', '--timeout-ms', 'soon', '--', 'true'],
         /--timeout-ms must be a whole number from 1 to \d+, got soon/,
