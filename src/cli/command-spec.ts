@@ -66,7 +66,7 @@ export const JSON_OPTION = {
     type: 'string',
     value: 'OUT',
     optionalValue: true,
-    description: 'one JSON document instead of text: in file OUT, or on stdout without OUT or with -',
+    description: 'one JSON document instead of text, on stdout; with OUT (other than -) in that file',
   },
 } as const satisfies OptionTable;
 
@@ -196,8 +196,8 @@ function optionSignature(name: string, option: OptionSpec): string {
   return option.optionalValue ? `--${name} [${value}]` : `--${name} ${value}`;
 }
 
-/** The notes after an option's description: its range, default, and whether it repeats. */
-function optionNotes(option: OptionSpec): string {
+/** An option's description with its range, default, and whether it repeats, in one parenthesis. */
+function describedOption(option: OptionSpec): string {
   const notes = [
     option.type === 'integer' || option.type === 'number'
       ? `${option.type === 'integer' ? 'a whole number' : 'a number'} from ${option.range[0]} to ${option.range[1]}`
@@ -205,7 +205,11 @@ function optionNotes(option: OptionSpec): string {
     option.default === undefined || option.default === false ? '' : `default ${String(option.default)}`,
     option.multiple ? 'repeatable' : '',
   ].filter(Boolean);
-  return notes.length ? ` (${notes.join('; ')})` : '';
+  if (!notes.length) return option.description;
+  // a description that ends in a parenthesis of its own takes the notes into it
+  return option.description.endsWith(')')
+    ? `${option.description.slice(0, -1)}; ${notes.join('; ')})`
+    : `${option.description} (${notes.join('; ')})`;
 }
 
 /** The width help text is wrapped to: a terminal's, less a margin. */
@@ -251,7 +255,7 @@ function usageLine(spec: CommandSpec): string {
 export function commandHelp(spec: CommandSpec): string {
   const rows = Object.entries(spec.options).map(([name, option]): [string, string] => [
     optionSignature(name, option),
-    `${option.description}${optionNotes(option)}`,
+    describedOption(option),
   ]);
   rows.push(['-h, --help', 'this help']);
   return [

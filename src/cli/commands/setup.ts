@@ -32,7 +32,7 @@ export const SETUP_COMMAND = {
     'swap-mib': {
       type: 'integer',
       range: [16, 1_048_576],
-      description: `make a swap file this big (by default ${DEFAULT_SWAP_MIB} MiB, only without CRIU or swap)`,
+      description: `make a swap file this big; without it, ${DEFAULT_SWAP_MIB} MiB when there is no CRIU and no swap`,
     },
     'swap-file': {
       type: 'string',
