@@ -1,47 +1,25 @@
-import { parseArgs, type ParseArgsConfig } from 'node:util';
+import { open, rm, stat } from 'node:fs/promises';
+import { totalmem } from 'node:os';
+import { basename, dirname, join, resolve } from 'node:path';
 import { imageSourcesFromEnv, type ImageSources } from '../platform/index.ts';
-import { LOG_LEVELS, createLogger, type LogLevel, type Logger } from '../common/index.ts';
+import { LOG_LEVELS, createLogger, writeFileAtomic, type LogLevel, type Logger } from '../common/index.ts';
+import type { OptionTable, ParsedCommandArgs } from './command-spec.ts';
 import { UsageError } from './exit-codes.ts';
 
-type Options = NonNullable<ParseArgsConfig['options']>;
+export type { ParsedCommandArgs } from './command-spec.ts';
 
-/** Parsed options and positionals of one subcommand. */
-export interface ParsedCommandArgs {
-  values: Record<string, string | boolean | string[] | undefined>;
-  positionals: string[];
+/** This host's memory: no sandbox or node here can use more. */
+export const HOST_MEMORY_MIB = Math.floor(totalmem() / 2 ** 20);
+
+/** A number option's value (checked against its range when parsed), or undefined when absent. */
+export function numberOf(parsed: ParsedCommandArgs, name: string): number | undefined {
+  const value = parsed.values[name];
+  return typeof value === 'number' ? value : undefined;
 }
 
-/** Parses a subcommand's arguments strictly; anything unknown is a usage error naming it. */
-export function parseCommandArgs(command: string, args: string[], options: Options): ParsedCommandArgs {
-  try {
-    const parsed = parseArgs({ args, options, strict: true, allowPositionals: true });
-    return { values: parsed.values as ParsedCommandArgs['values'], positionals: parsed.positionals };
-  } catch (error) {
-    throw new UsageError(`sandgym ${command}: ${(error as Error).message}`);
-  }
-}
-
-/** Splits arguments at the first "--": options before it, a command after it. */
-export function splitAtDoubleDash(args: string[]): { before: string[]; after: string[] } {
-  const at = args.indexOf('--');
-  return at < 0 ? { before: args, after: [] } : { before: args.slice(0, at), after: args.slice(at + 1) };
-}
-
-/** Reads a positive integer option, or undefined when absent. */
-export function positiveInt(name: string, value: string | undefined): number | undefined {
-  if (value === undefined) return undefined;
-  const n = Number(value);
-  if (!Number.isInteger(n) || n <= 0)
-    throw new UsageError(`--${name} must be a positive integer, got "${value}"`);
-  return n;
-}
-
-export function nonNegativeInt(name: string, value: string | undefined): number | undefined {
-  if (value === undefined) return undefined;
-  const n = Number(value);
-  if (!Number.isInteger(n) || n < 0)
-    throw new UsageError(`--${name} must be a whole number (0 or more), got "${value}"`);
-  return n;
+/** Whether a flag was given. */
+export function flag(parsed: ParsedCommandArgs, name: string): boolean {
+  return parsed.values[name] === true;
 }
 
 /** A string option's value, or undefined when absent. */
@@ -58,10 +36,23 @@ export function texts(parsed: ParsedCommandArgs, name: string): string[] {
 
 /** Options of the commands that build task environments: where FROM images come from. */
 export const IMAGE_SOURCE_OPTIONS = {
-  'fallback-base': { type: 'string' },
-  'registry-auth': { type: 'string' },
-  'insecure-registry': { type: 'string', multiple: true },
-} as const satisfies Options;
+  'fallback-base': {
+    type: 'string',
+    value: 'ENV',
+    description: 'build on ENV a FROM image that is neither in the store nor pulled',
+  },
+  'registry-auth': {
+    type: 'string',
+    value: 'FILE',
+    description: 'registry credentials (docker config.json)',
+  },
+  'insecure-registry': {
+    type: 'string',
+    value: 'HOST',
+    multiple: true,
+    description: 'a registry spoken to over plain HTTP',
+  },
+} as const satisfies OptionTable;
 
 /**
  * The platform's image sources: the environment's ($SANDGYM_FALLBACK_BASE and the like), with
@@ -77,8 +68,13 @@ export function imageSources(parsed: ParsedCommandArgs): ImageSources {
 
 /** How task files are read: `--task-env VAR` lets `${VAR}` templates read the host's VAR. */
 export const TASK_LOAD_OPTIONS = {
-  'task-env': { type: 'string', multiple: true },
-} as const satisfies Options;
+  'task-env': {
+    type: 'string',
+    value: 'VAR',
+    multiple: true,
+    description: "a host variable that tasks' ${VAR} templates may read",
+  },
+} as const satisfies OptionTable;
 
 /** The host variables tasks may read, as `--task-env` names them ($SANDGYM_TASK_ENV adds more). */
 export function taskLoadOptions(parsed: ParsedCommandArgs): { taskEnv: string[] } {
@@ -87,8 +83,12 @@ export function taskLoadOptions(parsed: ParsedCommandArgs): { taskEnv: string[] 
 
 /** The options of the long-running servers' logs (node agent, controller). */
 export const LOG_OPTIONS = {
-  'log-level': { type: 'string' },
-} as const;
+  'log-level': {
+    type: 'string',
+    value: 'LEVEL',
+    description: `${LOG_LEVELS.join(', ')}; JSON lines on stderr (else $SANDGYM_LOG_LEVEL, else info)`,
+  },
+} as const satisfies OptionTable;
 
 /**
  * The logger of a server command: pino JSON lines on stderr (coloured human lines when stderr
@@ -112,4 +112,61 @@ export function durationMs(name: string, value: string | undefined): number | un
   if (!(ms > 0) || !Number.isFinite(ms))
     throw new UsageError(`--${name} must be a duration such as 30m, 12h or 7d, got "${value}"`);
   return Math.round(ms);
+}
+
+/**
+ * A listen address, `HOST:PORT`, `[IPV6]:PORT` or `:PORT` (every address), checked here so a
+ * typo is a usage error naming the flag rather than a failed bind; port 0 picks a free one.
+ */
+export function listenAddress(name: string, value: string): { host: string; port: number } {
+  const match = /^(?:\[([0-9A-Fa-f:.]+)\]|([A-Za-z0-9.-]*)):(\d{1,5})$/.exec(value);
+  const port = Number(match?.[3]);
+  if (!match || port > 65_535)
+    throw new UsageError(
+      `--${name} takes HOST:PORT, [IPV6]:PORT or :PORT (0 picks a free port), got "${value}"`,
+    );
+  return { host: match[1] ?? match[2] ?? '', port };
+}
+
+/** Where `--json [OUT]` sends its document. */
+export interface JsonOutput {
+  write(document: unknown): Promise<void>;
+}
+
+/**
+ * A file the command will write when it is done, checked now, before the work: a probe file is
+ * made and removed beside it (where the atomic write puts its temp file), so a missing folder,
+ * a read-only mount or a kernel filesystem fails at once, naming the flag.
+ */
+export async function checkWritableFile(name: string, path: string): Promise<void> {
+  const target = resolve(path);
+  const probe = join(dirname(target), `.${basename(target)}.${process.pid}.probe`);
+  if ((await stat(target).catch(() => undefined))?.isDirectory())
+    throw new UsageError(`--${name} ${path} cannot be written: it is a folder`);
+  try {
+    await (await open(probe, 'wx')).close();
+    await rm(probe, { force: true });
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code;
+    const why = code === 'ENOENT' ? 'its folder does not exist' : `its folder cannot be written (${code})`;
+    throw new UsageError(`--${name} ${path} cannot be written: ${why}`);
+  }
+}
+
+/**
+ * The command's `--json [OUT]` (JSON_OPTION): undefined without it; stdout (one line) without OUT
+ * or with `-`; else the file OUT, written atomically and indented, checked writable now.
+ */
+export async function jsonOutput(parsed: ParsedCommandArgs): Promise<JsonOutput | undefined> {
+  const out = text(parsed, 'json');
+  if (out === undefined) return undefined;
+  if (out === '-' || out === '')
+    return {
+      write: (document) => {
+        console.log(JSON.stringify(document));
+        return Promise.resolve();
+      },
+    };
+  await checkWritableFile('json', out);
+  return { write: (document) => writeFileAtomic(out, `${JSON.stringify(document, null, 2)}\n`) };
 }

@@ -73,7 +73,7 @@ export { TrajectoryLog } from './trajectory-log.ts';
 export type { TrajectoryRecord } from './trajectory-log.ts';
 export { lookupStep, sameValue } from './exactly-once.ts';
 export type { StepKey, StepLog, StepLookup } from './exactly-once.ts';
-export { sandboxActionSchema } from './steps/actions.ts';
+export { MAX_COMMAND_TIMEOUT_MS, sandboxActionSchema } from './steps/actions.ts';
 export type { InvalidAction, SandboxAction, SandboxObservation, StepAction } from './steps/actions.ts';
 export { stepActionOf } from './steps/step-action.ts';
 export type { LimitHit, StepSignals } from './steps/step-signals.ts';

@@ -141,7 +141,7 @@ describe('the sandgym command line', () => {
     const text = sandgym('audit', id);
     expect(text.stdout).toMatch(/denied egress \d+; protected paths changed: \/bin\/ls/);
     expect(text.stdout).toContain('steps: 3');
-    expect(sandgym('audit', 'sg-local-aaaaaaaaaaaa').status).toBe(1);
+    expect(sandgym('audit', 'sg-local-aaaaaaaaaaaa').status).toBe(2);
   });
 
   it('streams output and exits 1 when the command fails', () => {
@@ -155,8 +155,14 @@ describe('the sandgym command line', () => {
     const cases: [string[], RegExp][] = [
       [['run', '--'], /command is empty/],
       [['run', '--env', 'nosuch:1', '--', 'true'], /Unknown environment "nosuch:1"/],
-      [['run', '--memory-mib', '4', '--', 'true'], /memoryMib must be at least 16/],
-      [['run', '--timeout-ms', 'soon', '--', 'true'], /--timeout-ms must be a positive integer/],
+      [
+        ['run', '--memory-mib', '4', '--', 'true'],
+        /--memory-mib must be a whole number from 16 to \d+, got 4/,
+      ],
+      [
+        ['run', '--timeout-ms', 'soon', '--', 'true'],
+        /--timeout-ms must be a whole number from 1 to \d+, got soon/,
+      ],
       [['run', '--frobnicate', '--', 'true'], /frobnicate/],
       [['frobnicate'], /unknown command "frobnicate"/],
       [['bench', 'nosuch'], /unknown benchmark "nosuch"/],

@@ -70,7 +70,7 @@ describe('cluster operations', () => {
   describe('mutual TLS on every hop', () => {
     const dir = join(TEST_DATA_ROOT, `certs-${process.pid}`);
     const certs = (set: string) => {
-      const run = spawnSync('node', [CLI, 'certs', '--out', join(dir, set)], { encoding: 'utf8' });
+      const run = spawnSync('node', [CLI, 'certs', '--out', join(dir, set), '--json'], { encoding: 'utf8' });
       expect(run.status, run.stderr).toBe(0);
       return JSON.parse(run.stdout) as Record<
         'ca' | 'caKey' | 'server' | 'serverKey' | 'client' | 'clientKey',

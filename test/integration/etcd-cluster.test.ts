@@ -197,9 +197,13 @@ describe('a cluster on a real three-member etcd', () => {
 
   it('speaks mutual TLS to an https etcd, and cannot join it without a certificate of its CA', async () => {
     const dir = join(TEST_DATA_ROOT, `etcd-tls-${process.pid}`);
-    const made = spawnSync('node', [resolve('dist/src/cli/main.js'), 'certs', '--out', join(dir, 'certs')], {
-      encoding: 'utf8',
-    });
+    const made = spawnSync(
+      'node',
+      [resolve('dist/src/cli/main.js'), 'certs', '--out', join(dir, 'certs'), '--json'],
+      {
+        encoding: 'utf8',
+      },
+    );
     expect(made.status, made.stderr).toBe(0);
     const files = JSON.parse(made.stdout) as Record<'ca' | 'server' | 'serverKey', string>;
     cleanup.push(() => rm(dir, { recursive: true, force: true }));

@@ -164,7 +164,9 @@ describe('an agent on an OpenAI-compatible endpoint', () => {
       /--temperature must be a number from 0 to 2/,
     );
     expect(eval_(...model, '--temperature', 'NaN').status).toBe(2);
-    expect(eval_(...model, '--max-tokens', '0').stderr).toMatch(/--max-tokens must be a positive integer/);
+    expect(eval_(...model, '--max-tokens', '0').stderr).toMatch(
+      /--max-tokens must be a whole number from 1 to 1048576, got 0/,
+    );
     const oracle = eval_('--agent', 'oracle', '--temperature', '0.5');
     expect(oracle.status).toBe(2);
     expect(oracle.stderr).toMatch(/--temperature is for --agent openai:MODEL/);

@@ -1,6 +1,7 @@
 import type { TrajectoryRecord } from '../../platform/index.ts';
 import { openPlatform } from './cluster.ts';
-import { parseCommandArgs } from '../args.ts';
+import { jsonOutput } from '../args.ts';
+import { JSON_OPTION, parseCommand, type CommandSpec } from '../command-spec.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
 
 /** The audit fields of a logged step (see StepSignals), read leniently: old logs lack them. */
@@ -67,24 +68,31 @@ function signalText(signals: LoggedSignals | undefined): string {
   return parts.length ? `  [${parts.join('; ')}]` : '';
 }
 
-/** `sandgym audit ID [--json]`: a sandbox's signals and its command history, from its trajectory log. */
+export const AUDIT_COMMAND = {
+  name: 'audit',
+  summary: "a sandbox's signals (denied egress, protected paths changed, limits hit) and command history",
+  operands: 'ID',
+  details: 'An id that names no sandbox, live or logged, is bad input: exit 2, as for kill.',
+  options: { ...JSON_OPTION },
+} as const satisfies CommandSpec;
+
+/** `sandgym audit ID [--json [OUT]]`: a sandbox's signals and its command history, from its trajectory log. */
 export async function auditCommand(args: string[]): Promise<number> {
-  const { values, positionals } = parseCommandArgs('audit', args, { json: { type: 'boolean' } });
-  const [id] = positionals;
-  if (!id || positionals.length > 1)
-    throw new UsageError('sandgym audit: give one sandbox id (see sandgym ps)');
+  const parsed = parseCommand(AUDIT_COMMAND, args);
+  const [id, ...extra] = parsed.positionals;
+  if (!id || extra.length) throw new UsageError('sandgym audit: give one sandbox id (see sandgym ps)');
+  const json = await jsonOutput(parsed);
   await using platform = await openPlatform();
   const record = (await platform.listSandboxes()).find((r) => r.id === id);
   const steps = (await (await platform.stepLog(id)).records()).map(auditedStep);
-  if (!record && steps.length === 0) {
-    console.error(
+  // an unknown id is the caller's mistake, as everywhere an id is looked up (kill, env show)
+  if (!record && steps.length === 0)
+    throw new UsageError(
       `sandgym audit: no sandbox "${id}" and no trajectory of it on this platform (see sandgym ps)`,
     );
-    return EXIT.failed;
-  }
   const summary = totals(steps);
-  if (values.json) {
-    console.log(JSON.stringify({ id, sandbox: record ?? null, signals: summary, steps }));
+  if (json) {
+    await json.write({ id, sandbox: record ?? null, signals: summary, steps });
     return EXIT.ok;
   }
   console.log(

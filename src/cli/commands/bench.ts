@@ -1,34 +1,32 @@
 import { BENCHMARKS, reapDeadBenchRuns, type BenchReport } from '../../../benchmarks/index.ts';
 import { BENCHMARK_PROGRAMS, installPrograms } from '../../backends/index.ts';
-import { writeFileAtomic } from '../../common/index.ts';
+import { jsonOutput } from '../args.ts';
+import { JSON_OPTION, parseCommand, type CommandSpec } from '../command-spec.ts';
 import { consoleLogger } from '../console-logger.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
 
+export const BENCH_COMMAND = {
+  name: 'bench',
+  summary: 'benchmarks beside their baselines',
+  operands: '[NAME ...]',
+  operandChoices: Object.keys(BENCHMARKS),
+  details: `Benchmarks: ${Object.keys(BENCHMARKS).join(', ')} (all without NAME).`,
+  options: { ...JSON_OPTION },
+} as const satisfies CommandSpec;
+
 /**
  * `sandgym bench [NAME ...] [--json [OUT]]`: runs benchmarks side by side with their baselines.
- * With --json, the reports are one JSON document: on stdout, or in OUT when a file name follows.
+ * With --json, the reports are one JSON document (one report, or `{reports}` for several).
  */
 export async function benchCommand(args: string[]): Promise<number> {
-  const names: string[] = [];
-  let json = false;
-  let out: string | undefined;
-  for (let i = 0; i < args.length; i++) {
-    const arg = args[i] ?? '';
-    if (arg === '--json') {
-      json = true;
-      const next = args[i + 1];
-      if (next !== undefined && !next.startsWith('-') && !(next in BENCHMARKS)) out = args[++i];
-    } else if (arg.startsWith('--json=')) {
-      json = true;
-      out = arg.slice('--json='.length);
-    } else if (arg in BENCHMARKS) {
-      names.push(arg);
-    } else {
-      throw new UsageError(
-        `sandgym bench: unknown benchmark "${arg}"; known: ${Object.keys(BENCHMARKS).join(', ')}`,
-      );
-    }
-  }
+  const parsed = parseCommand(BENCH_COMMAND, args);
+  const names = parsed.positionals;
+  const unknown = names.find((name) => !(name in BENCHMARKS));
+  if (unknown !== undefined)
+    throw new UsageError(
+      `sandgym bench: unknown benchmark "${unknown}"; known: ${Object.keys(BENCHMARKS).join(', ')}`,
+    );
+  const json = await jsonOutput(parsed);
   const selected = names.length ? names : Object.keys(BENCHMARKS);
   await installPrograms(BENCHMARK_PROGRAMS, consoleLogger());
   const progress = (message: string): void => console.error(`sandgym bench: ${message}`);
@@ -39,11 +37,7 @@ export async function benchCommand(args: string[]): Promise<number> {
     reports.push(report);
     if (!json) printReport(report);
   }
-  if (json) {
-    const document = JSON.stringify(reports.length === 1 ? reports[0] : { reports }, null, 2);
-    if (out) await writeFileAtomic(out, document);
-    else console.log(document);
-  }
+  await json?.write(reports.length === 1 ? reports[0] : { reports });
   return EXIT.ok;
 }
 

@@ -3,7 +3,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { writeFileAtomic } from '../../common/index.ts';
 import { runProgram } from '../../backends/index.ts';
-import { parseCommandArgs, positiveInt, text } from '../args.ts';
+import { jsonOutput, numberOf, text } from '../args.ts';
+import { JSON_OPTION, parseCommand, type CommandSpec } from '../command-spec.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
 
 /** What `sandgym certs` leaves in its folder. */
@@ -31,6 +32,24 @@ function altNames(hosts: string[]): string {
     .join(',');
 }
 
+export const CERTS_COMMAND = {
+  name: 'certs',
+  summary: 'a development CA and certificates for mutual TLS, made with openssl',
+  details:
+    'server.pem is for node agents and controllers; client.pem for clients. A CA already in DIR is kept.',
+  options: {
+    out: { type: 'string', value: 'DIR', description: 'the folder they go in' },
+    hosts: {
+      type: 'string',
+      value: 'HOST,...',
+      default: 'localhost,127.0.0.1',
+      description: 'the names and addresses servers are dialled by',
+    },
+    days: { type: 'integer', range: [1, 36_500], default: 365, description: 'how long they are valid' },
+    ...JSON_OPTION,
+  },
+} as const satisfies CommandSpec;
+
 /**
  * `sandgym certs --out DIR [--hosts localhost,127.0.0.1,...] [--days 365]`: a development CA and
  * certificates signed by it, made with openssl. `server.pem` is for node agents and controllers
@@ -39,15 +58,14 @@ function altNames(hosts: string[]): string {
  * CA in DIR is kept, so certificates made later are trusted by everything made before.
  */
 export async function certsCommand(args: string[]): Promise<number> {
-  const parsed = parseCommandArgs('certs', args, {
-    out: { type: 'string' },
-    hosts: { type: 'string' },
-    days: { type: 'string' },
-  });
+  const parsed = parseCommand(CERTS_COMMAND, args);
   const out = text(parsed, 'out');
   if (!out) throw new UsageError('sandgym certs: give --out DIR (the CA there is kept if it exists)');
-  const hosts = (text(parsed, 'hosts') ?? 'localhost,127.0.0.1').split(',').filter(Boolean);
-  const days = String(positiveInt('days', text(parsed, 'days')) ?? 365);
+  const hosts = (text(parsed, 'hosts') ?? '').split(',').filter(Boolean);
+  const days = String(numberOf(parsed, 'days'));
+  // the server certificate's names, checked before openssl makes anything
+  const subjectAltNames = altNames(hosts);
+  const json = await jsonOutput(parsed);
   await mkdir(out, { recursive: true, mode: 0o700 });
   const haveCa = await access(join(out, FILES.caKey)).then(
     () => true,
@@ -106,7 +124,7 @@ export async function certsCommand(args: string[]): Promise<number> {
       'basicConstraints=CA:FALSE',
       'keyUsage=critical,digitalSignature,keyEncipherment',
       'extendedKeyUsage=serverAuth,clientAuth',
-      `subjectAltName=${altNames(hosts)}`,
+      `subjectAltName=${subjectAltNames}`,
     ]);
     await issue(FILES.client, FILES.clientKey, '/CN=sandgym-client', [
       'basicConstraints=CA:FALSE',
@@ -131,8 +149,6 @@ export async function certsCommand(args: string[]): Promise<number> {
   console.error(
     `sandgym certs: ${haveCa ? 'kept the CA and made' : 'made a CA and'} certificates in ${out}; servers: --tls-ca ${join(out, FILES.ca)} --tls-cert ${join(out, FILES.server)} --tls-key ${join(out, FILES.serverKey)}; clients: SANDGYM_TLS_CA, SANDGYM_TLS_CERT=${join(out, FILES.client)}, SANDGYM_TLS_KEY=${join(out, FILES.clientKey)}`,
   );
-  console.log(
-    JSON.stringify(Object.fromEntries(Object.entries(FILES).map(([role, file]) => [role, join(out, file)]))),
-  );
+  await json?.write(Object.fromEntries(Object.entries(FILES).map(([role, file]) => [role, join(out, file)])));
   return EXIT.ok;
 }

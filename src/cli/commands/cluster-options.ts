@@ -1,17 +1,35 @@
 import { readFile } from 'node:fs/promises';
 import { checkEtcdEndpoints, readTlsFiles, type EtcdOptions, type TlsFiles } from '../../platform/index.ts';
 import { text, type ParsedCommandArgs } from '../args.ts';
+import type { OptionTable } from '../command-spec.ts';
 import { UsageError } from '../exit-codes.ts';
 
 /** Options every cluster server shares: TLS files, etcd, and where metrics are served. */
 export const CLUSTER_SERVER_OPTIONS = {
-  'tls-ca': { type: 'string' },
-  'tls-cert': { type: 'string' },
-  'tls-key': { type: 'string' },
-  etcd: { type: 'string' },
-  'metrics-listen': { type: 'string' },
-  'metrics-token-file': { type: 'string' },
-} as const;
+  'tls-ca': {
+    type: 'string',
+    value: 'FILE',
+    description: 'mutual TLS: the CA (with --tls-cert and --tls-key)',
+  },
+  'tls-cert': { type: 'string', value: 'FILE', description: "mutual TLS: this server's certificate" },
+  'tls-key': { type: 'string', value: 'FILE', description: "mutual TLS: this server's key" },
+  etcd: { type: 'string', value: 'URL,...', description: 'etcd endpoints to join through' },
+  'metrics-listen': {
+    type: 'string',
+    value: '[HOST:]PORT',
+    description: 'serve Prometheus metrics there (loopback unless HOST; off it, a token)',
+  },
+  'metrics-token-file': {
+    type: 'string',
+    value: 'FILE',
+    description: 'the token a metrics scrape must send',
+  },
+  'node-token-file': {
+    type: 'string',
+    value: 'FILE',
+    description: 'the node token, shared by nodes and controllers (else $SANDGYM_NODE_TOKEN)',
+  },
+} as const satisfies OptionTable;
 
 /** The TLS variables a cluster client reads, named after the server options. */
 const TLS_VARIABLES = { ca: 'SANDGYM_TLS_CA', cert: 'SANDGYM_TLS_CERT', key: 'SANDGYM_TLS_KEY' } as const;

@@ -14,14 +14,15 @@ import {
   type PlatformClient,
 } from '../../platform/index.ts';
 import {
+  HOST_MEMORY_MIB,
   LOG_OPTIONS,
   durationMs,
-  nonNegativeInt,
-  parseCommandArgs,
-  positiveInt,
+  listenAddress,
+  numberOf,
   serverLogger,
   text,
 } from '../args.ts';
+import { parseCommand, type CommandSpec } from '../command-spec.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
 import {
   CLUSTER_SERVER_OPTIONS,
@@ -31,7 +32,6 @@ import {
   nodeToken,
   serverTls,
 } from './cluster-options.ts';
-import { nodeDrainCommand } from './node-drain.ts';
 
 /** Where a cluster client points: `SANDGYM_PLATFORM=grpc://controller:7443` plus `SANDGYM_TOKEN`. */
 const PLATFORM_VARIABLE = 'SANDGYM_PLATFORM';
@@ -87,33 +87,6 @@ export function serveUntilSignalled(close: () => Promise<void>): Promise<number>
 /** Warm latency-class shells a node keeps by default: enough to absorb a small burst. */
 const DEFAULT_NODE_WARM_POOL = 8;
 
-/** The options of `sandgym node` (the Kubernetes manifests are checked against them). */
-export const NODE_OPTIONS = {
-  ...LOG_OPTIONS,
-  ...CLUSTER_SERVER_OPTIONS,
-  advertise: { type: 'string' },
-  'lease-ttl': { type: 'string' },
-  listen: { type: 'string' },
-  'data-dir': { type: 'string' },
-  'trajectory-retention': { type: 'string' },
-  'idle-ttl': { type: 'string' },
-  store: { type: 'string' },
-  'node-id': { type: 'string' },
-  'node-token-file': { type: 'string' },
-  'max-sandboxes': { type: 'string' },
-  'memory-mib': { type: 'string' },
-  overcommit: { type: 'string' },
-  'free-floor-mib': { type: 'string' },
-  'warm-pool': { type: 'string' },
-  'warm-pool-best-effort': { type: 'string' },
-  'net-rules': { type: 'string' },
-  'control-plane': { type: 'string' },
-  'task-root': { type: 'string' },
-  'max-in-flight-mib': { type: 'string' },
-  'max-in-flight-total-mib': { type: 'string' },
-  'max-store-mib': { type: 'string' },
-} as const;
-
 /**
  * How long a node keeps a sandbox outside a run without a request by default: a day, long past
  * any episode, short of a crashed client's sandboxes holding the node for good.
@@ -123,31 +96,129 @@ const DEFAULT_NODE_IDLE_TTL = '24h';
 /** What each project may hold in the layer store by default on a node: its diffs, checkpoints, builds. */
 const DEFAULT_NODE_STORE_MIB = 16 * 1024;
 
+/** `sandgym node` (the Kubernetes manifests are checked against its options). */
+export const NODE_COMMAND = {
+  name: 'node',
+  summary: 'a node agent (cluster mode); logs JSON lines on stderr',
+  details:
+    'The node token comes from --node-token-file or $SANDGYM_NODE_TOKEN. It prints one JSON line,\n' +
+    '{"role":"node","nodeId":...,"port":...}, on stdout once it listens (port 0 picks a free one).\n' +
+    'node drain and node undrain take nodes out of placement and back (sandgym node drain --help).',
+  options: {
+    listen: { type: 'string', value: 'HOST:PORT', description: 'where it listens' },
+    'data-dir': { type: 'string', value: 'DIR', description: 'its data folder (default $SANDGYM_DATA_DIR)' },
+    store: { type: 'string', value: 'DIR', description: 'its layer store (default $SANDGYM_STORE)' },
+    'node-id': {
+      type: 'string',
+      value: 'ID',
+      description: 'its id, in every sandbox id (default from the host name)',
+    },
+    'max-sandboxes': { type: 'integer', range: [1, 100_000], description: 'the most sandboxes at once' },
+    'memory-mib': {
+      type: 'integer',
+      range: [16, HOST_MEMORY_MIB],
+      description: "the memory sandboxes may commit; without it, this host's",
+    },
+    overcommit: {
+      type: 'number',
+      range: [1, 100],
+      description: 'how far commitments may exceed --memory-mib',
+    },
+    'free-floor-mib': {
+      type: 'integer',
+      range: [1, HOST_MEMORY_MIB],
+      description: 'the free memory below which it takes no more sandboxes',
+    },
+    'warm-pool': {
+      type: 'integer',
+      range: [0, 1024],
+      default: DEFAULT_NODE_WARM_POOL,
+      description: 'warm latency-class shells kept ready',
+    },
+    'warm-pool-best-effort': {
+      type: 'integer',
+      range: [0, 1024],
+      default: 0,
+      description: 'warm best-effort shells kept ready',
+    },
+    'net-rules': {
+      type: 'string',
+      value: 'FILE',
+      description: 'JSON {"mirror:debian": ["IP[/N][:PORT]", ...]} (or $SANDGYM_NET_RULES)',
+    },
+    'control-plane': {
+      type: 'string',
+      value: 'IP[/N][:PORT],...',
+      description: 'controllers etc.: no sandbox rule ever reaches them',
+    },
+    'task-root': {
+      type: 'string',
+      value: 'DIR',
+      description: 'tasks the Envs service may serve, by path under DIR',
+    },
+    'trajectory-retention': {
+      type: 'string',
+      value: 'DURATION',
+      description: "how long an ended sandbox's step log stays for audit, e.g. 7d",
+    },
+    'idle-ttl': {
+      type: 'string',
+      value: 'DURATION',
+      default: DEFAULT_NODE_IDLE_TTL,
+      description:
+        'how long a sandbox outside a run may go without a request before it is reclaimed; 0: never',
+    },
+    'max-in-flight-mib': {
+      type: 'integer',
+      range: [1, 65_536],
+      default: 256,
+      description: 'request bodies held at once per project',
+    },
+    'max-in-flight-total-mib': {
+      type: 'integer',
+      range: [1, 1_048_576],
+      description: 'request bodies held at once, all projects',
+    },
+    'max-store-mib': {
+      type: 'integer',
+      range: [1, 1 << 30],
+      default: DEFAULT_NODE_STORE_MIB,
+      description: 'what each project may hold in the layer store',
+    },
+    advertise: {
+      type: 'string',
+      value: 'HOST:PORT',
+      description: 'with --etcd: the address controllers dial',
+    },
+    'lease-ttl': {
+      type: 'string',
+      value: 'DURATION',
+      description: 'with --etcd: its membership lease, e.g. 10s',
+    },
+    ...CLUSTER_SERVER_OPTIONS,
+    ...LOG_OPTIONS,
+  },
+} as const satisfies CommandSpec;
+
 const MIB = 2 ** 20;
 
 /** `sandgym node --listen ADDR [--data-dir D] [--store S] ...`: a node agent. */
 export async function nodeCommand(args: string[]): Promise<number> {
-  if (args[0] === 'drain' || args[0] === 'undrain') return nodeDrainCommand(args[0], args.slice(1));
-  const parsed = parseCommandArgs('node', args, NODE_OPTIONS);
+  const parsed = parseCommand(NODE_COMMAND, args);
   const listen = text(parsed, 'listen');
   if (!listen) throw new UsageError('sandgym node: give --listen HOST:PORT (port 0 picks a free one)');
+  listenAddress('listen', listen);
   const token = await nodeToken('node', text(parsed, 'node-token-file'));
   const nodeId = text(parsed, 'node-id') ?? defaultNodeId();
-  const maxSandboxes = positiveInt('max-sandboxes', text(parsed, 'max-sandboxes'));
-  const memoryCapacityMib = positiveInt('memory-mib', text(parsed, 'memory-mib'));
-  const freeFloorMib = positiveInt('free-floor-mib', text(parsed, 'free-floor-mib'));
-  const inFlightMib = positiveInt('max-in-flight-mib', text(parsed, 'max-in-flight-mib'));
-  const inFlightTotalMib = positiveInt('max-in-flight-total-mib', text(parsed, 'max-in-flight-total-mib'));
-  const overcommitText = text(parsed, 'overcommit');
-  const overcommit = overcommitText === undefined ? undefined : Number(overcommitText);
-  if (overcommit !== undefined && !(overcommit >= 1 && overcommit <= 100)) {
-    throw new UsageError(
-      `sandgym node: --overcommit must be a number from 1 to 100, got "${overcommitText}"`,
-    );
-  }
+  const maxSandboxes = numberOf(parsed, 'max-sandboxes');
+  const memoryCapacityMib = numberOf(parsed, 'memory-mib');
+  const freeFloorMib = numberOf(parsed, 'free-floor-mib');
+  const inFlightMib = numberOf(parsed, 'max-in-flight-mib');
+  const inFlightTotalMib = numberOf(parsed, 'max-in-flight-total-mib');
+  const overcommit = numberOf(parsed, 'overcommit');
   const warmPool = {
-    latency: nonNegativeInt('warm-pool', text(parsed, 'warm-pool')) ?? DEFAULT_NODE_WARM_POOL,
-    best_effort: nonNegativeInt('warm-pool-best-effort', text(parsed, 'warm-pool-best-effort')) ?? 0,
+    latency: numberOf(parsed, 'warm-pool') ?? DEFAULT_NODE_WARM_POOL,
+    best_effort: numberOf(parsed, 'warm-pool-best-effort') ?? 0,
   };
   const logger = serverLogger(parsed, 'node');
   const tls = await serverTls('node', parsed);
@@ -169,7 +240,7 @@ export async function nodeCommand(args: string[]): Promise<number> {
   const idleTtl = text(parsed, 'idle-ttl') ?? DEFAULT_NODE_IDLE_TTL;
   // 0 turns it off: sandboxes outside runs then stay until they are destroyed
   const defaultIdleTtlMs = idleTtl.trim() === '0' ? undefined : durationMs('idle-ttl', idleTtl);
-  const storeMib = positiveInt('max-store-mib', text(parsed, 'max-store-mib')) ?? DEFAULT_NODE_STORE_MIB;
+  const storeMib = numberOf(parsed, 'max-store-mib') ?? DEFAULT_NODE_STORE_MIB;
   const dataDir = text(parsed, 'data-dir') ?? defaultDataDir();
   const platform = await Platform.local({
     dataDir,
@@ -229,25 +300,37 @@ export async function nodeCommand(args: string[]): Promise<number> {
   return serveUntilSignalled(() => node.close());
 }
 
-/** The options of `sandgym controller`. */
-export const CONTROLLER_OPTIONS = {
-  ...LOG_OPTIONS,
-  ...CLUSTER_SERVER_OPTIONS,
-  listen: { type: 'string' },
-  nodes: { type: 'string' },
-  grants: { type: 'string' },
-  'node-token-file': { type: 'string' },
-  'poll-ms': { type: 'string' },
-  'queue-timeout-ms': { type: 'string' },
-} as const;
+/** `sandgym controller` (the Kubernetes manifests are checked against its options). */
+export const CONTROLLER_COMMAND = {
+  name: 'controller',
+  summary: 'a controller replica (cluster mode): places sandboxes on nodes, within grants',
+  details:
+    'Give --nodes (one controller, a fixed set) or --etcd (membership and quotas in etcd). The grants\n' +
+    'file maps tokens to {project, maxSandboxes, network: [rules it may use], maxInFlightBytes?,\n' +
+    'maxStoreBytes?}. It prints {"role":"controller","port":...} on stdout once it listens.',
+  options: {
+    listen: { type: 'string', value: 'HOST:PORT', description: 'where it listens' },
+    nodes: { type: 'string', value: 'HOST:PORT,...', description: 'the nodes, without etcd' },
+    grants: { type: 'string', value: 'FILE', description: 'JSON: which token may do what' },
+    'poll-ms': { type: 'integer', range: [1, 3_600_000], description: "how often it polls nodes' status" },
+    'queue-timeout-ms': {
+      type: 'integer',
+      range: [1, 86_400_000],
+      description: 'how long a create waits for room before it is refused',
+    },
+    ...CLUSTER_SERVER_OPTIONS,
+    ...LOG_OPTIONS,
+  },
+} as const satisfies CommandSpec;
 
 /** `sandgym controller --listen ADDR (--nodes ADDR,... | --etcd URL,...) --grants FILE`: a controller replica. */
 export async function controllerCommand(args: string[]): Promise<number> {
-  const parsed = parseCommandArgs('controller', args, CONTROLLER_OPTIONS);
+  const parsed = parseCommand(CONTROLLER_COMMAND, args);
   const listen = text(parsed, 'listen');
   const nodes = (text(parsed, 'nodes') ?? '').split(',').filter(Boolean);
   const grantsFile = text(parsed, 'grants');
   if (!listen) throw new UsageError('sandgym controller: give --listen HOST:PORT');
+  listenAddress('listen', listen);
   const tls = await serverTls('controller', parsed);
   const etcd = etcdOption(parsed, tls);
   if ((nodes.length === 0) === !etcd) {
@@ -263,8 +346,8 @@ export async function controllerCommand(args: string[]): Promise<number> {
     );
   }
   const grants = await readGrantsFile(grantsFile);
-  const pollMs = positiveInt('poll-ms', text(parsed, 'poll-ms'));
-  const queueTimeoutMs = positiveInt('queue-timeout-ms', text(parsed, 'queue-timeout-ms'));
+  const pollMs = numberOf(parsed, 'poll-ms');
+  const queueTimeoutMs = numberOf(parsed, 'queue-timeout-ms');
   const logger = serverLogger(parsed, 'controller');
   const controller = await Controller.start({
     listen,

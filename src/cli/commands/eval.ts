@@ -18,13 +18,17 @@ import {
 import {
   IMAGE_SOURCE_OPTIONS,
   TASK_LOAD_OPTIONS,
+  checkWritableFile,
   taskLoadOptions,
   durationMs,
+  flag,
   imageSources,
-  parseCommandArgs,
-  positiveInt,
+  jsonOutput,
+  numberOf,
   text,
+  type ParsedCommandArgs,
 } from '../args.ts';
+import { JSON_OPTION, parseCommand, type CommandSpec } from '../command-spec.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
 import { SANDGYM_VERSION } from '../version.ts';
 
@@ -56,55 +60,94 @@ function progressLine(p: EvalProgress): string {
 
 /** How an `openai:MODEL` agent asks its model. */
 const MODEL_OPTIONS = {
-  temperature: { type: 'string' },
-  'max-tokens': { type: 'string' },
-  'system-prompt': { type: 'string' },
-  'token-ids': { type: 'boolean' },
+  temperature: { type: 'number', range: [0, 2], description: 'openai:MODEL: its sampling temperature' },
+  'max-tokens': {
+    type: 'integer',
+    range: [1, 1_048_576],
+    description: 'openai:MODEL: the most tokens of one answer',
+  },
+  'system-prompt': { type: 'string', value: 'TEXT', description: 'openai:MODEL: the system prompt' },
+  'token-ids': {
+    type: 'boolean',
+    description: 'openai:MODEL: ask for token ids and logprobs (vLLM)',
+  },
 } as const;
 
 /** The model settings the command line gives; only an `openai:MODEL` agent takes them. */
-function modelSettings(parsed: ReturnType<typeof parseCommandArgs>, agentName: string): ModelEndpoint {
+function modelSettings(parsed: ParsedCommandArgs, agentName: string): ModelEndpoint {
   const given = Object.keys(MODEL_OPTIONS).filter((name) => parsed.values[name] !== undefined);
   if (given.length && modelOfAgent(agentName) === undefined)
     throw new UsageError(`sandgym eval: --${given[0]} is for --agent openai:MODEL, not ${agentName}`);
-  const temperature = text(parsed, 'temperature');
-  if (temperature !== undefined && !(Number(temperature) >= 0 && Number(temperature) <= 2))
-    throw new UsageError(`--temperature must be a number from 0 to 2, got "${temperature}"`);
-  const maxTokens = positiveInt('max-tokens', text(parsed, 'max-tokens'));
+  const temperature = numberOf(parsed, 'temperature');
+  const maxTokens = numberOf(parsed, 'max-tokens');
   const systemPrompt = text(parsed, 'system-prompt');
   return {
-    ...(temperature === undefined ? {} : { temperature: Number(temperature) }),
+    ...(temperature === undefined ? {} : { temperature }),
     ...(maxTokens === undefined ? {} : { maxTokens }),
     ...(systemPrompt === undefined ? {} : { systemPrompt }),
-    ...(parsed.values['token-ids'] ? { tokenIds: true } : {}),
+    ...(flag(parsed, 'token-ids') ? { tokenIds: true } : {}),
   };
 }
 
 /** How long an eval's run lease lasts unless `--lease` says otherwise. */
 const DEFAULT_RUN_LEASE_MS = 30_000;
 
-/**
- * `sandgym eval TASK... [--agent oracle|nop|MODULE] [--concurrency N] [--run NAME [--lease 30s]]
- * [--json OUT] [--report OUT.html]`.
- */
-export async function evalCommand(args: string[]): Promise<number> {
-  const parsed = parseCommandArgs('eval', args, {
-    agent: { type: 'string', default: 'oracle' },
-    concurrency: { type: 'string' },
-    json: { type: 'string' },
-    report: { type: 'string' },
-    'max-steps': { type: 'string' },
-    'base-url': { type: 'string' },
+export const EVAL_COMMAND = {
+  name: 'eval',
+  summary: 'run Harbor, Terminal-Bench or SWE-bench tasks, each graded in a fresh sandbox',
+  operands: 'TASK...',
+  details:
+    'Exits 0 when every task is resolved (reward 1), 1 when one is not, 2 for a task that cannot\n' +
+    'run as written, 3 when an episode failed on infrastructure. openai:MODEL drives an\n' +
+    'OpenAI-compatible endpoint at --base-url (key in $SANDGYM_LLM_API_KEY or $OPENAI_API_KEY).\n' +
+    'With --run, killed sandboxes hibernate and a rerun with the same --run resumes them.',
+  options: {
+    agent: {
+      type: 'string',
+      value: 'AGENT',
+      default: 'oracle',
+      description: 'oracle, nop, openai:MODEL or MODULE.js',
+    },
+    'base-url': { type: 'string', value: 'URL', description: "openai:MODEL: the endpoint's API root" },
     ...MODEL_OPTIONS,
-    atif: { type: 'string' },
-    run: { type: 'string' },
-    lease: { type: 'string' },
-    'decision-timeout': { type: 'string' },
+    concurrency: {
+      type: 'integer',
+      range: [1, 1024],
+      default: 2,
+      description: 'episodes at once',
+    },
+    'max-steps': { type: 'integer', range: [1, 100_000], description: 'the most actions of one episode' },
+    ...JSON_OPTION,
+    report: { type: 'string', value: 'OUT.html', description: 'an HTML report of every episode' },
+    atif: { type: 'string', value: 'DIR', description: 'one ATIF trajectory per episode, in DIR' },
+    run: { type: 'string', value: 'NAME', description: 'put the sandboxes in training run NAME' },
+    lease: {
+      type: 'string',
+      value: 'DURATION',
+      description: "the run's lease, renewed while it runs (default 30s)",
+    },
+    'decision-timeout': {
+      type: 'string',
+      value: 'DURATION',
+      description: 'how long the agent may think about one step, e.g. 30m',
+    },
     ...IMAGE_SOURCE_OPTIONS,
     ...TASK_LOAD_OPTIONS,
-  });
+  },
+} as const satisfies CommandSpec;
+
+/**
+ * `sandgym eval TASK... [--agent oracle|nop|MODULE] [--concurrency N] [--run NAME [--lease 30s]]
+ * [--json [OUT]] [--report OUT.html]`.
+ */
+export async function evalCommand(args: string[]): Promise<number> {
+  const parsed = parseCommand(EVAL_COMMAND, args);
   if (parsed.positionals.length === 0)
     throw new UsageError('sandgym eval: give task folders, e.g. sandgym eval examples/tasks');
+  // what it writes at the end is checked now: an eval's hours are not lost to a typo in a path
+  const json = await jsonOutput(parsed);
+  const report = text(parsed, 'report');
+  if (report) await checkWritableFile('report', report);
   const agentName = text(parsed, 'agent') ?? 'oracle';
   const baseUrl = text(parsed, 'base-url');
   // a key from the environment, never the command line (which `ps` shows to every user)
@@ -118,8 +161,8 @@ export async function evalCommand(args: string[]): Promise<number> {
   const redactor = secretRedactor([apiKey, ...urlSecrets(baseUrl)]);
   const say = (line: string): boolean => process.stderr.write(redactor.text(line));
   const tasks = await loadTasks(parsed.positionals, taskLoadOptions(parsed));
-  const concurrency = positiveInt('concurrency', text(parsed, 'concurrency')) ?? 2;
-  const maxSteps = positiveInt('max-steps', text(parsed, 'max-steps'));
+  const concurrency = numberOf(parsed, 'concurrency') ?? 2;
+  const maxSteps = numberOf(parsed, 'max-steps');
   const journal = await EvalJournal.open(
     await EvalJournal.pathFor(join(defaultDataDir(), 'evals'), {
       tasks,
@@ -208,9 +251,7 @@ export async function evalCommand(args: string[]): Promise<number> {
     meanMetrics: meanMetrics(reports.map((r) => metricsOf(r.details))),
     episodes: reports,
   };
-  const out = text(parsed, 'json');
-  if (out) await writeFileAtomic(out, JSON.stringify(summary, null, 2));
-  const report = text(parsed, 'report');
+  await json?.write(summary);
   if (report) {
     await writeFileAtomic(
       report,

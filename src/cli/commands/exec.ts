@@ -1,8 +1,30 @@
 import { constants } from 'node:os';
 import type { ExecOptions } from '../../backends/index.ts';
-import { parseCommandArgs, positiveInt, splitAtDoubleDash, text } from '../args.ts';
+import { MAX_COMMAND_TIMEOUT_MS } from '../../platform/index.ts';
+import { flag, numberOf, text } from '../args.ts';
+import { parseCommand, type CommandSpec } from '../command-spec.ts';
 import { UsageError } from '../exit-codes.ts';
 import { reachSandbox } from './reach-sandbox.ts';
+
+export const EXEC_COMMAND = {
+  name: 'exec',
+  summary: 'a command in a sandbox create made, its output as it comes; exits with its exit code',
+  operands: 'ID -- CMD ...',
+  takesCommandLine: true,
+  details:
+    "CMD is an argv (no shell is added). The exit code is the command's (128 + the signal's number\n" +
+    'when a signal ended it); an unknown id is 2. The sandbox stays.',
+  options: {
+    'timeout-ms': {
+      type: 'integer',
+      range: [1, MAX_COMMAND_TIMEOUT_MS],
+      description: "the command's time limit",
+    },
+    cwd: { type: 'string', value: 'DIR', description: 'where it runs' },
+    user: { type: 'string', value: 'USER', description: 'who runs it (default root)' },
+    stdin: { type: 'boolean', description: "pass this command's stdin to it (read in full first)" },
+  },
+} as const satisfies CommandSpec;
 
 /**
  * `sandgym exec [--timeout-ms N] [--cwd DIR] [--user USER] [--stdin] ID -- CMD ...`: runs CMD (an
@@ -10,22 +32,16 @@ import { reachSandbox } from './reach-sandbox.ts';
  * exit code (128 + the signal's number when a signal ended it). The sandbox stays.
  */
 export async function execCommand(args: string[]): Promise<number> {
-  const { before, after } = splitAtDoubleDash(args);
-  const parsed = parseCommandArgs('exec', before, {
-    'timeout-ms': { type: 'string' },
-    cwd: { type: 'string' },
-    user: { type: 'string' },
-    stdin: { type: 'boolean' },
-  });
+  const parsed = parseCommand(EXEC_COMMAND, args);
   const [id, ...rest] = parsed.positionals;
-  const argv = after.length ? after : rest;
+  const argv = parsed.commandLine.length ? parsed.commandLine : rest;
   if (!id || argv.length === 0 || !argv[0]) {
     throw new UsageError('sandgym exec: give a sandbox id and a command, e.g. sandgym exec ID -- ls -l /');
   }
-  const timeoutMs = positiveInt('timeout-ms', text(parsed, 'timeout-ms'));
+  const timeoutMs = numberOf(parsed, 'timeout-ms');
   const cwd = text(parsed, 'cwd');
   const user = text(parsed, 'user');
-  const stdin = parsed.values['stdin'] ? await readAll(process.stdin) : undefined;
+  const stdin = flag(parsed, 'stdin') ? await readAll(process.stdin) : undefined;
   await using reached = await reachSandbox(id);
   // a signal to this command stops the command in the sandbox, not the sandbox
   const interrupt = new AbortController();

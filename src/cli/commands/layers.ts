@@ -17,14 +17,17 @@ import {
 } from '../../platform/index.ts';
 import {
   IMAGE_SOURCE_OPTIONS,
+  flag,
   imageSources,
-  parseCommandArgs,
+  jsonOutput,
+  numberOf,
   text,
   texts,
+  type JsonOutput,
   type ParsedCommandArgs,
 } from '../args.ts';
+import { JSON_OPTION, parseCommand, type CommandSpec } from '../command-spec.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
-import { envRemove } from './env-rm.ts';
 
 /** The whole store: what `layer ls` shows the node's admin. */
 async function openWholeStore(): Promise<LayerStore> {
@@ -32,7 +35,7 @@ async function openWholeStore(): Promise<LayerStore> {
 }
 
 /** The store as this command's project ($SANDGYM_PROJECT) sees it: what builds and `env` use. */
-async function openStore(): Promise<ProjectStore> {
+export async function openStore(): Promise<ProjectStore> {
   return (await openWholeStore()).forProject(defaultProject());
 }
 
@@ -40,30 +43,26 @@ function mib(bytes: number): string {
   return `${(bytes / 2 ** 20).toFixed(1)} MiB`;
 }
 
-/** `sandgym layer ls|build`. */
-export async function layerCommand(args: string[]): Promise<number> {
-  const [sub, ...rest] = args;
-  if (sub === 'ls') return layerList(rest);
-  if (sub === 'build') return layerBuild(rest);
-  if (sub === 'gc') return layerGc(rest);
-  if (sub === 'pull') return layerPull(rest);
-  throw new UsageError(
-    'sandgym layer: use "layer ls", "layer pull IMAGE", "layer gc [--min-age-minutes N] [--all-projects]" or "layer build (--from-dir D | --from-tar T | --from-oci A | --dockerfile F [--build-arg K=V] [--target STAGE] [--build-net RULE|none] [--fallback-base ENV] [--registry-auth FILE] [--insecure-registry HOST] | --from-sandbox ID) [--name NAME:VERSION] [--base ENV]"',
-  );
-}
+export const LAYER_PULL_COMMAND = {
+  name: 'layer pull',
+  summary: 'an image from its OCI registry into the store, by digest',
+  operands: 'IMAGE',
+  options: { ...JSON_OPTION, ...IMAGE_SOURCE_OPTIONS },
+} as const satisfies CommandSpec;
 
 /** `sandgym layer pull IMAGE`: an image from its registry into the store, one environment per digest. */
-async function layerPull(args: string[]): Promise<number> {
-  const parsed = parseCommandArgs('layer pull', args, { json: { type: 'boolean' }, ...IMAGE_SOURCE_OPTIONS });
+export async function layerPullCommand(args: string[]): Promise<number> {
+  const parsed = parseCommand(LAYER_PULL_COMMAND, args);
   const [image, ...extra] = parsed.positionals;
   if (!image || extra.length)
     throw new UsageError(
       'sandgym layer pull: give one image, e.g. sandgym layer pull 127.0.0.1:5000/team/tool:1',
     );
+  const json = await jsonOutput(parsed);
   const { registry } = imageSources(parsed);
   const pulled = await pullImage(await openStore(), parseImageReference(image), registry);
   const ref = `${pulled.environment.name}:${pulled.environment.version}`;
-  if (parsed.values['json']) console.log(JSON.stringify({ ...pulled, ref }));
+  if (json) await json.write({ ...pulled, ref });
   else {
     console.log(ref);
     console.error(
@@ -73,22 +72,31 @@ async function layerPull(args: string[]): Promise<number> {
   return EXIT.ok;
 }
 
-async function layerGc(args: string[]): Promise<number> {
-  const parsed = parseCommandArgs('layer gc', args, {
-    'min-age-minutes': { type: 'string' },
-    'all-projects': { type: 'boolean' },
-    json: { type: 'boolean' },
-  });
-  const minutes = text(parsed, 'min-age-minutes');
-  if (minutes !== undefined && !(Number(minutes) >= 0)) {
-    throw new UsageError(`sandgym layer gc: --min-age-minutes must be a number of minutes, got "${minutes}"`);
-  }
+export const LAYER_GC_COMMAND = {
+  name: 'layer gc',
+  summary: 'remove unused layer mounts, node copies and unreferenced layers',
+  options: {
+    'min-age-minutes': {
+      type: 'number',
+      range: [0, 525_600],
+      default: 60,
+      description: 'spare what was used more recently than this',
+    },
+    'all-projects': { type: 'boolean', description: "every project's layers, not just $SANDGYM_PROJECT's" },
+    ...JSON_OPTION,
+  },
+} as const satisfies CommandSpec;
+
+/** `sandgym layer gc`: what no sandbox and no environment uses any more. */
+export async function layerGcCommand(args: string[]): Promise<number> {
+  const parsed = parseCommand(LAYER_GC_COMMAND, args);
+  const json = await jsonOutput(parsed);
   await using platform = await Platform.local();
   const report = await platform.layerGc({
-    ...(minutes === undefined ? {} : { minAgeMs: Number(minutes) * 60_000 }),
-    allProjects: parsed.values['all-projects'] === true,
+    minAgeMs: (numberOf(parsed, 'min-age-minutes') ?? 0) * 60_000,
+    allProjects: flag(parsed, 'all-projects'),
   });
-  if (parsed.values['json']) console.log(JSON.stringify(report));
+  if (json) await json.write(report);
   else {
     console.error(
       `sandgym layer gc: ${report.unmounted.length} mounts, ${report.removedCopies.length} node copies, ` +
@@ -98,32 +106,62 @@ async function layerGc(args: string[]): Promise<number> {
   return EXIT.ok;
 }
 
-async function layerList(args: string[]): Promise<number> {
-  const parsed = parseCommandArgs('layer ls', args, { json: { type: 'boolean' } });
+export const LAYER_LS_COMMAND = {
+  name: 'layer ls',
+  summary: 'the layers in the store',
+  options: { ...JSON_OPTION },
+} as const satisfies CommandSpec;
+
+export async function layerListCommand(args: string[]): Promise<number> {
+  const parsed = parseCommand(LAYER_LS_COMMAND, args);
+  const json = await jsonOutput(parsed);
   const layers = await (await openWholeStore()).listLayers();
-  if (parsed.values['json']) console.log(JSON.stringify({ layers }));
+  if (json) await json.write({ layers });
   else
     for (const l of layers)
       console.log(`${l.digest}  ${mib(l.sizeBytes).padStart(10)}  ${l.createdAt}  ${l.createdFrom}`);
   return EXIT.ok;
 }
 
-async function layerBuild(args: string[]): Promise<number> {
-  const parsed = parseCommandArgs('layer build', args, {
-    'from-dir': { type: 'string' },
-    'from-tar': { type: 'string' },
-    'from-oci': { type: 'string' },
-    dockerfile: { type: 'string' },
-    'from-sandbox': { type: 'string' },
-    context: { type: 'string' },
-    name: { type: 'string' },
-    base: { type: 'string' },
-    'build-arg': { type: 'string', multiple: true },
-    'build-net': { type: 'string', multiple: true },
+export const LAYER_BUILD_COMMAND = {
+  name: 'layer build',
+  summary: 'a layer (and optionally an environment) from a folder, tar, OCI image, Dockerfile or sandbox',
+  details:
+    "Give exactly one source. --from-sandbox is pack_diff: a live sandbox's changes over its own stack.\n" +
+    'A Dockerfile is built by the Dockerfile reference, RUN in our own containers reaching the\n' +
+    "node's package mirrors, FROM from the store or pulled, each step cached.",
+  options: {
+    'from-dir': { type: 'string', value: 'DIR', description: 'source: a folder' },
+    'from-tar': { type: 'string', value: 'FILE', description: 'source: a tar or tar.gz' },
+    'from-oci': {
+      type: 'string',
+      value: 'ARCHIVE',
+      description: 'source: an OCI image (docker save or an OCI layout)',
+    },
+    dockerfile: { type: 'string', value: 'FILE', description: 'source: a Dockerfile (needs --name)' },
+    'from-sandbox': { type: 'string', value: 'ID', description: 'source: a live sandbox (needs --name)' },
+    name: { type: 'string', value: 'NAME:VERSION', description: 'the environment to make' },
+    base: { type: 'string', value: 'ENV', description: 'the environment the new layer goes on top of' },
+    context: {
+      type: 'string',
+      value: 'DIR',
+      description: "the Dockerfile's build context (default its folder)",
+    },
+    'build-arg': { type: 'string', value: 'K=V', multiple: true, description: 'a Dockerfile ARG' },
+    target: { type: 'string', value: 'STAGE', description: 'the Dockerfile stage to build' },
+    'build-net': {
+      type: 'string',
+      value: 'RULE',
+      multiple: true,
+      description: "a network rule RUN may use (none: offline; default the node's mirrors)",
+    },
     ...IMAGE_SOURCE_OPTIONS,
-    target: { type: 'string' },
-    json: { type: 'boolean' },
-  });
+    ...JSON_OPTION,
+  },
+} as const satisfies CommandSpec;
+
+export async function layerBuildCommand(args: string[]): Promise<number> {
+  const parsed = parseCommand(LAYER_BUILD_COMMAND, args);
   const sources = {
     dir: text(parsed, 'from-dir'),
     tar: text(parsed, 'from-tar'),
@@ -137,8 +175,9 @@ async function layerBuild(args: string[]): Promise<number> {
       'sandgym layer build: give exactly one source: --from-dir D, --from-tar T, --from-oci A, --dockerfile F or --from-sandbox ID',
     );
   }
-  if (sources.dockerfile) return dockerfileBuild(sources.dockerfile, parsed);
-  if (sources.sandbox) return sandboxBuild(sources.sandbox, parsed);
+  const json = await jsonOutput(parsed);
+  if (sources.dockerfile) return dockerfileBuild(sources.dockerfile, parsed, json);
+  if (sources.sandbox) return sandboxBuild(sources.sandbox, parsed, json);
   const [kind, source = ''] = given[0] as [keyof typeof sources, string];
   const name = text(parsed, 'name');
   const base = text(parsed, 'base');
@@ -165,15 +204,15 @@ async function layerBuild(args: string[]): Promise<number> {
         description: base ? `${base} + ${source}` : `built from ${source}`,
       })
     : undefined;
-  return printBuilt(parsed, { layer, environment });
+  return printBuilt(json, { layer, environment });
 }
 
 /** A build's result: JSON on stdout, or the layer digest on stdout and the environment on stderr. */
-function printBuilt(
-  parsed: ParsedCommandArgs,
+async function printBuilt(
+  json: JsonOutput | undefined,
   built: { layer: LayerManifest; environment?: Environment | undefined },
-): number {
-  if (parsed.values['json']) console.log(JSON.stringify(built));
+): Promise<number> {
+  if (json) await json.write(built);
   else {
     console.log(built.layer.digest);
     const e = built.environment;
@@ -183,17 +222,25 @@ function printBuilt(
 }
 
 /** pack_diff from the command line: a live sandbox's changes as a layer and an environment. */
-async function sandboxBuild(id: string, parsed: ParsedCommandArgs): Promise<number> {
+async function sandboxBuild(
+  id: string,
+  parsed: ParsedCommandArgs,
+  json: JsonOutput | undefined,
+): Promise<number> {
   const name = text(parsed, 'name');
   if (!name)
     throw new UsageError(
       'sandgym layer build --from-sandbox: give --name NAME:VERSION for the new environment',
     );
   await using platform = await Platform.local();
-  return printBuilt(parsed, await platform.packDiff(id, { name }));
+  return await printBuilt(json, await platform.packDiff(id, { name }));
 }
 
-async function dockerfileBuild(file: string, parsed: ParsedCommandArgs): Promise<number> {
+async function dockerfileBuild(
+  file: string,
+  parsed: ParsedCommandArgs,
+  json: JsonOutput | undefined,
+): Promise<number> {
   const name = text(parsed, 'name');
   if (!name)
     throw new UsageError(
@@ -222,39 +269,50 @@ async function dockerfileBuild(file: string, parsed: ParsedCommandArgs): Promise
       console.error(`sandgym: line ${step.line} ${step.outcome.padEnd(6)} ${step.instruction}`),
   });
   for (const note of result.notes) console.error(`sandgym: ${note}`);
-  if (parsed.values['json']) console.log(JSON.stringify(result));
+  if (json) await json.write(result);
   else console.error(`sandgym: environment ${name} (${result.environment.layers.length} layers)`);
   return EXIT.ok;
 }
 
-/** `sandgym env ls|show`. */
-export async function envCommand(args: string[]): Promise<number> {
-  const [sub, ...rest] = args;
-  if (sub === 'rm') return envRemove(await openStore(), rest);
-  const parsed = parseCommandArgs(`env ${sub ?? ''}`.trim(), rest, { json: { type: 'boolean' } });
+export const ENV_LS_COMMAND = {
+  name: 'env ls',
+  summary: 'environments: layer stacks plus config, as this project ($SANDGYM_PROJECT) sees them',
+  options: { ...JSON_OPTION },
+} as const satisfies CommandSpec;
+
+export async function envListCommand(args: string[]): Promise<number> {
+  const parsed = parseCommand(ENV_LS_COMMAND, args);
+  const json = await jsonOutput(parsed);
+  const environments = await (await openStore()).listEnvironments();
+  if (json) await json.write({ environments });
+  else
+    for (const e of environments)
+      console.log(`${`${e.name}:${e.version}`.padEnd(28)} ${e.layers.length} layer(s)  ${e.description}`);
+  return EXIT.ok;
+}
+
+export const ENV_SHOW_COMMAND = {
+  name: 'env show',
+  summary: 'one environment: its config and each of its layers',
+  operands: 'NAME:VERSION',
+  options: { ...JSON_OPTION },
+} as const satisfies CommandSpec;
+
+export async function envShowCommand(args: string[]): Promise<number> {
+  const parsed = parseCommand(ENV_SHOW_COMMAND, args);
+  const [ref, ...extra] = parsed.positionals;
+  if (!ref || extra.length)
+    throw new UsageError('sandgym env show: give one environment, e.g. sandgym env show debian:bookworm');
+  const json = await jsonOutput(parsed);
   const store = await openStore();
-  if (sub === 'ls') {
-    const environments = await store.listEnvironments();
-    if (parsed.values['json']) console.log(JSON.stringify({ environments }));
-    else
-      for (const e of environments)
-        console.log(`${`${e.name}:${e.version}`.padEnd(28)} ${e.layers.length} layer(s)  ${e.description}`);
-    return EXIT.ok;
+  const environment = await store.getEnvironment(ref);
+  const layers = await Promise.all(environment.layers.map((d) => store.getLayer(d)));
+  if (json) await json.write({ environment, layers });
+  else {
+    console.log(`${environment.name}:${environment.version}  ${environment.description}`);
+    console.log(`workdir ${environment.config.workdir}, user ${environment.config.user}`);
+    for (const [key, value] of Object.entries(environment.config.env)) console.log(`env ${key}=${value}`);
+    layers.forEach((l, i) => console.log(`layer ${i} ${l.digest} ${mib(l.sizeBytes)} ${l.createdFrom}`));
   }
-  if (sub === 'show') {
-    const ref = parsed.positionals[0];
-    if (!ref)
-      throw new UsageError('sandgym env show: give an environment, e.g. sandgym env show debian:bookworm');
-    const environment = await store.getEnvironment(ref);
-    const layers = await Promise.all(environment.layers.map((d) => store.getLayer(d)));
-    if (parsed.values['json']) console.log(JSON.stringify({ environment, layers }));
-    else {
-      console.log(`${environment.name}:${environment.version}  ${environment.description}`);
-      console.log(`workdir ${environment.config.workdir}, user ${environment.config.user}`);
-      for (const [key, value] of Object.entries(environment.config.env)) console.log(`env ${key}=${value}`);
-      layers.forEach((l, i) => console.log(`layer ${i} ${l.digest} ${mib(l.sizeBytes)} ${l.createdFrom}`));
-    }
-    return EXIT.ok;
-  }
-  throw new UsageError('sandgym env: use "env ls", "env show NAME:VERSION" or "env rm NAME:VERSION"');
+  return EXIT.ok;
 }

@@ -5,13 +5,30 @@ import { messageOf } from '../../common/index.ts';
 import { SandboxEnv, type SandboxAction } from '../../env/index.ts';
 import { DEFAULT_ENVIRONMENT, type PlatformClient, type Sandbox } from '../../platform/index.ts';
 import { observationText } from '../../rollout/index.ts';
-import { parseCommandArgs, text } from '../args.ts';
+import { text } from '../args.ts';
+import { parseCommand, type CommandSpec } from '../command-spec.ts';
 import { EXIT } from '../exit-codes.ts';
 import { SANDGYM_VERSION } from '../version.ts';
 import { openPlatform } from './cluster.ts';
 import { reachSandbox } from './reach-sandbox.ts';
 
 const absolutePath = z.string().describe('An absolute path in the sandbox');
+
+export const MCP_COMMAND = {
+  name: 'mcp',
+  summary: "a sandbox's actions (exec, write_file, read_file, list_dir) as MCP tools over stdio",
+  details: 'A sandbox it made goes when the client does; one it attached to (--sandbox) stays.',
+  options: {
+    environment: {
+      type: 'string',
+      value: 'ENV',
+      default: DEFAULT_ENVIRONMENT,
+      description: 'make a sandbox of ENV',
+    },
+    sandbox: { type: 'string', value: 'ID', description: 'attach to this sandbox instead' },
+    user: { type: 'string', value: 'USER', description: "act as USER (default the environment's USER)" },
+  },
+} as const satisfies CommandSpec;
 
 /**
  * `sandgym mcp [--environment ENV | --sandbox ID] [--user USER]`: one sandbox's actions as MCP
@@ -21,11 +38,7 @@ const absolutePath = z.string().describe('An absolute path in the sandbox');
  * (`--sandbox`) is left as it was found.
  */
 export async function mcpCommand(args: string[]): Promise<number> {
-  const parsed = parseCommandArgs('mcp', args, {
-    environment: { type: 'string' },
-    sandbox: { type: 'string' },
-    user: { type: 'string' },
-  });
+  const parsed = parseCommand(MCP_COMMAND, args);
   const attachTo = text(parsed, 'sandbox');
   // a sandbox to attach to is reached where it lives (on this host, through its holder)
   await using session: { platform: PlatformClient; sandbox?: Sandbox } & AsyncDisposable = attachTo

@@ -1,15 +1,23 @@
 import { killLocalSandbox } from '../held-sandboxes.ts';
 import { openCluster, openPlatform } from './cluster.ts';
-import { parseCommandArgs } from '../args.ts';
+import { jsonOutput } from '../args.ts';
+import { JSON_OPTION, parseCommand, type CommandSpec } from '../command-spec.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
 
-/** `sandgym ps [--json]`: the sandboxes on this node, from every process. */
+export const PS_COMMAND = {
+  name: 'ps',
+  summary: 'live sandboxes on this node (or the cluster at $SANDGYM_PLATFORM)',
+  options: { ...JSON_OPTION },
+} as const satisfies CommandSpec;
+
+/** `sandgym ps [--json [OUT]]`: the sandboxes on this node, from every process. */
 export async function psCommand(args: string[]): Promise<number> {
-  const { values } = parseCommandArgs('ps', args, { json: { type: 'boolean' } });
+  const parsed = parseCommand(PS_COMMAND, args);
+  const json = await jsonOutput(parsed);
   await using platform = await openPlatform();
   const records = await platform.listSandboxes();
-  if (values.json) {
-    console.log(JSON.stringify({ sandboxes: records }));
+  if (json) {
+    await json.write({ sandboxes: records });
     return EXIT.ok;
   }
   console.log(
@@ -30,9 +38,17 @@ export async function psCommand(args: string[]): Promise<number> {
   return EXIT.ok;
 }
 
-/** `sandgym kill ID`: destroys a sandbox, whichever process owns it. */
+export const KILL_COMMAND = {
+  name: 'kill',
+  summary: 'destroy sandboxes, whichever process owns them',
+  operands: 'ID ...',
+  details: 'An id that names no sandbox is bad input: exit 2.',
+  options: {},
+} as const satisfies CommandSpec;
+
+/** `sandgym kill ID ...`: destroys sandboxes, whichever process owns them. */
 export async function killCommand(args: string[]): Promise<number> {
-  const { positionals } = parseCommandArgs('kill', args, {});
+  const { positionals } = parseCommand(KILL_COMMAND, args);
   if (positionals.length === 0)
     throw new UsageError('sandgym kill: give the id of a sandbox (see sandgym ps)');
   const cluster = await openCluster();
@@ -45,12 +61,19 @@ export async function killCommand(args: string[]): Promise<number> {
   return EXIT.ok;
 }
 
+export const GC_COMMAND = {
+  name: 'gc',
+  summary: 'reap what crashed owners left behind: sandboxes, cgroups, runtime state, idle mounts',
+  options: { ...JSON_OPTION },
+} as const satisfies CommandSpec;
+
 /** `sandgym gc`: reaps what crashed owners left: sandboxes, cgroups, runtime state, idle layer mounts. */
 export async function gcCommand(args: string[]): Promise<number> {
-  const { values } = parseCommandArgs('gc', args, { json: { type: 'boolean' } });
+  const parsed = parseCommand(GC_COMMAND, args);
+  const json = await jsonOutput(parsed);
   await using platform = await openPlatform();
   const report = await platform.gc();
-  if (values.json) console.log(JSON.stringify(report));
+  if (json) await json.write(report);
   else {
     console.error(
       `sandgym gc: removed ${report.sandboxes.length} sandboxes, ${report.cgroups.length} cgroups, ${report.mounts.length} layer mounts`,

@@ -17,11 +17,38 @@ import {
 import { messageOf, type Logger } from '../../common/index.ts';
 import { consoleLogger } from '../console-logger.ts';
 import { LayerStore, defaultDataDir, defaultStoreDir, ensureBaseEnvironments } from '../../platform/index.ts';
-import { parseCommandArgs, positiveInt, text } from '../args.ts';
+import { flag, jsonOutput, numberOf, text } from '../args.ts';
+import { JSON_OPTION, parseCommand, type CommandSpec } from '../command-spec.ts';
 import { EXIT } from '../exit-codes.ts';
 
 /** The swap file made when CRIU cannot work: a quarter of memory, at most 4 GiB. */
 const DEFAULT_SWAP_MIB = Math.max(256, Math.min(4096, Math.floor(totalmem() / 4 / 2 ** 20)));
+
+export const SETUP_COMMAND = {
+  name: 'setup',
+  summary: 'prepare this host: Debian packages, kernel checks, base layers, CRIU or a swap file',
+  details: 'Idempotent; run as root. Without a usable CRIU (and no swap), a swap file is made.',
+  options: {
+    'swap-mib': {
+      type: 'integer',
+      range: [16, 1_048_576],
+      description: `make a swap file this big; without it, ${DEFAULT_SWAP_MIB} MiB when there is no CRIU and no swap`,
+    },
+    'swap-file': {
+      type: 'string',
+      value: 'PATH',
+      description: "the swap file's path (default DATA_DIR/swapfile)",
+    },
+    'for-tests': { type: 'boolean', description: 'also what the test suite runs beside sandgym' },
+    criu: {
+      type: 'boolean',
+      description: 'build CRIU where the host has none (the default; kept for old scripts)',
+    },
+    'no-criu': { type: 'boolean', description: 'no CRIU: hibernation pages memory out to swap' },
+    'no-swap': { type: 'boolean', description: 'make no swap file' },
+    ...JSON_OPTION,
+  },
+} as const satisfies CommandSpec;
 
 /**
  * `sandgym setup [--swap-mib N [--swap-file PATH]] [--no-criu] [--no-swap] [--for-tests]`:
@@ -31,31 +58,20 @@ const DEFAULT_SWAP_MIB = Math.max(256, Math.min(4096, Math.floor(totalmem() / 4 
  * also what the test suite runs beside sandgym. Idempotent.
  */
 export async function setupCommand(args: string[]): Promise<number> {
-  const parsed = parseCommandArgs('setup', args, {
-    json: { type: 'boolean' },
-    'swap-mib': { type: 'string' },
-    'swap-file': { type: 'string' },
-    'for-tests': { type: 'boolean' },
-    // the default now; still taken, so scripts written for the opt-in keep working
-    criu: { type: 'boolean' },
-    'no-criu': { type: 'boolean' },
-    'no-swap': { type: 'boolean' },
-  });
+  const parsed = parseCommand(SETUP_COMMAND, args);
+  const json = await jsonOutput(parsed);
   const logger = consoleLogger();
   const mirror = process.env['SANDGYM_DEBIAN_MIRROR'] ?? 'http://deb.debian.org/debian';
   const prepared = await prepareHost(logger);
   // containers' memory checkpoints by default (phases that free memory are the product): built
   // once from source where the host's CRIU cannot; a build that fails leaves swap to do it
-  const host = parsed.values['no-criu']
-    ? prepared
-    : { ...prepared, criu: await criuOrWhyNot(mirror, logger) };
-  if (parsed.values['for-tests']) await installPrograms(TEST_PROGRAMS, logger);
-  const { values } = parsed;
-  const askedSwapMib = positiveInt('swap-mib', text(parsed, 'swap-mib'));
+  const host = flag(parsed, 'no-criu') ? prepared : { ...prepared, criu: await criuOrWhyNot(mirror, logger) };
+  if (flag(parsed, 'for-tests')) await installPrograms(TEST_PROGRAMS, logger);
+  const askedSwapMib = numberOf(parsed, 'swap-mib');
   // without CRIU, a hibernated container can only give its memory up to swap: make some
   const swapMib =
     askedSwapMib ??
-    (!host.criu.usable && !values['no-swap'] && (await activeSwapAreas()).length === 0
+    (!host.criu.usable && !flag(parsed, 'no-swap') && (await activeSwapAreas()).length === 0
       ? DEFAULT_SWAP_MIB
       : undefined);
   // a swap file lets hibernated sandboxes give up their anonymous memory, not just page cache
@@ -84,7 +100,7 @@ export async function setupCommand(args: string[]): Promise<number> {
     guestKernel: guest.version,
     vmAccelerator: vmAccel,
   };
-  if (values.json) console.log(JSON.stringify(report));
+  if (json) await json.write(report);
   else {
     console.error(
       `sandgym setup: host ready (cgroups ${host.cgroups}${host.hybridCgroups ? ', hybrid' : ''}); ` +

@@ -219,7 +219,11 @@ export class Controller {
         logger,
         ...(options.tls ? { tls: options.tls } : {}),
       },
-    );
+    ).catch(async (error: unknown) => {
+      // a controller that cannot listen stops its node polls too, so its process can end
+      await controller.close();
+      throw error;
+    });
     logger.info(
       {
         port: controller.server.port,

@@ -10,7 +10,7 @@ const MAX_ACTION_BYTES = 32 * 1024 * 1024;
 /** What each string of an action costs beyond its bytes: its framing on the wire and in the agent. */
 const STRING_OVERHEAD_BYTES = 8;
 /** The longest a command may ask to run: a week. */
-const MAX_COMMAND_TIMEOUT_MS = 7 * 24 * 60 * 60 * 1000;
+export const MAX_COMMAND_TIMEOUT_MS = 7 * 24 * 60 * 60 * 1000;
 
 const absolutePath = textWithoutNul()
   .startsWith('/', 'paths are absolute')
