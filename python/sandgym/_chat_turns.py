@@ -4,7 +4,7 @@ two envs only make the calls, so they cannot drift apart."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from ._shapes import checkpoint_id, reset_request
 from .errors import SandgymError
@@ -14,6 +14,13 @@ Parser = Callable[[str], Iterable[Mapping[str, Any]]]
 ChatStepResult = Tuple[List[dict], float, bool, bool, dict]
 
 _DEPTHS = ("disk", "memory")
+_WIRE_NAMES = {
+    "system_prompt": "systemPrompt",
+    "instruction": "instruction",
+    "max_turns": "maxTurns",
+    "max_tokens": "maxTokens",
+    "format": "format",
+}
 
 
 class ChatTurns:
@@ -36,16 +43,8 @@ class ChatTurns:
         self.turn = 0
         self.shown: List[dict] = []
         self.tools: List[dict] = []
-        options = {
-            "systemPrompt": system_prompt,
-            "instruction": instruction,
-            "maxTurns": max_turns,
-            "maxTokens": max_tokens,
-            "format": format,
-        }
-        self.wire_options = {key: value for key, value in options.items() if value is not None}
         # what a fork is made with: the same options, so its turns read and count alike
-        self.given = dict(
+        self.given: Dict[str, Any] = dict(
             system_prompt=system_prompt,
             instruction=instruction,
             max_turns=max_turns,
@@ -54,6 +53,10 @@ class ChatTurns:
             parser=parser,
             count_tokens=count_tokens,
         )
+        # the ones the node reads, in the wire's spelling
+        self.wire_options = {
+            _WIRE_NAMES[key]: value for key, value in self.given.items() if key in _WIRE_NAMES and value is not None
+        }
 
     def reset_request(self, env_id: str, seed: Optional[int], options: Optional[Mapping[str, Any]]) -> dict:
         return dict(reset_request(env_id, seed, options), chat=self.wire_options)
