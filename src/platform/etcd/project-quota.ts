@@ -19,6 +19,12 @@ const guardKey = (project: string): string => `${QUOTA_PREFIX}${project}/guard`;
  * count never passes the quota. Freeing needs no guard: a delete only lowers the count.
  */
 export class ProjectQuotaLedger {
+  /**
+   * Claim transactions that found the guard moved and read again: how contended the project's
+   * guard key is (the cluster-scale benchmark reports them per create).
+   */
+  conflicts = 0;
+
   constructor(
     private readonly etcd: Etcd3,
     private readonly membership: NodeMembership,
@@ -69,6 +75,7 @@ export class ProjectQuotaLedger {
         for (const key of keys) this.membership.noteHeld(key, 'claimed');
         return keys;
       }
+      this.conflicts++;
     }
     throw new SandgymError(
       'resource_exhausted',
