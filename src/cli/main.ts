@@ -66,7 +66,8 @@ const USAGE = `usage: sandgym COMMAND [ARGS]   (sandgym --version: this package'
   gc [--json]                             reap what crashed owners left behind
   audit ID [--json]                       a sandbox's signals (denied egress, protected paths changed,
                                           limits hit, processes left running) and its command history
-  bench [NAME ...] [--json [OUT]]         benchmarks beside their baselines (create, exec)
+  bench [NAME ...] [--json [OUT]]         benchmarks beside their baselines (create, exec);
+                                          cluster-scale takes --nodes N --creates N --in-flight N,N ...
   node --listen ADDR [--data-dir D] [--store S] [--node-id ID] [--max-sandboxes N] [--memory-mib N]
        [--overcommit X] [--free-floor-mib N] [--warm-pool N] [--warm-pool-best-effort N]
        [--net-rules FILE]   (JSON: {"mirror:debian": ["IP[/N][:PORT]", ...]}; or $SANDGYM_NET_RULES)
