@@ -34,8 +34,8 @@ export interface SimulatorOptions {
   /** How long a create takes on the node after admission, as a container's start would. */
   createLatencyMs: number;
   /**
-   * Ignore the quota controllers pass, as a node does when the controller passes none: each
-   * sandbox's key is written without a claim or the guard key (what "quotas off" measures).
+   * Ignore the quota controllers pass: each sandbox's key under `held/` is written, and nothing
+   * else (no claim, block or guard key), so "quotas off" costs one etcd write per create.
    */
   quotasOff: boolean;
   /** Seconds of the nodes' etcd leases. */
@@ -50,6 +50,9 @@ interface SandboxRecord {
 
 /** What the memory figure of a simulated node says: enough that placement never runs short. */
 const MEMORY_CAPACITY_MIB = 1024 * 1024 * 1024;
+
+/** Where a live sandbox's key is, as ProjectQuotaLedger keeps it. */
+const heldKey = (project: string, id: string): string => `/sandgym/quota/${project}/held/${id}`;
 
 /** The disk a record says its sandbox has when the request names none. */
 const SIMULATED_DISK_MIB = 10 * 1024;
@@ -115,7 +118,13 @@ export class SimulatedNode {
         options.leaseTtlSeconds,
         options.logger,
       );
-      node = new SimulatedNode(nodeId, options, membership, new ProjectQuotaLedger(etcd, membership), server);
+      node = new SimulatedNode(
+        nodeId,
+        options,
+        membership,
+        new ProjectQuotaLedger(etcd, membership, nodeId),
+        server,
+      );
       return node;
     } catch (error) {
       await server.close();
@@ -189,7 +198,9 @@ export class SimulatedNode {
       };
       this.records.set(id, { project, info });
       const [claim] = claims;
-      await (claim ? this.quota.settle(project, claim, id) : this.quota.hold(project, id));
+      if (claim) await this.quota.settle(project, claim, id);
+      else if (this.options.quotasOff) await this.membership.hold(heldKey(project, id), id);
+      else await this.quota.hold(project, id);
       return info;
     } finally {
       this.pending--;
