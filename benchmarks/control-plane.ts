@@ -16,23 +16,13 @@ import {
   type TlsFiles,
 } from '../src/platform/index.ts';
 import { startEtcdCluster } from './etcd-cluster.ts';
+import { Stack } from './stack.ts';
 import { compared, hostInfo, quantile, type BenchOptions, type BenchReport } from './report.ts';
 
 const ROUNDS = 60;
 const WARMUP = 5;
 const EXECS = 200;
 const SMALL = { environment: 'busybox:latest', resources: { memoryMib: 32 } };
-
-/** Everything one run of the benchmark starts, closed in reverse. */
-class Stack {
-  private readonly closers: (() => Promise<unknown>)[] = [];
-  add(close: () => Promise<unknown>): void {
-    this.closers.push(close);
-  }
-  async close(): Promise<void> {
-    for (const close of this.closers.reverse()) await close().catch(() => undefined);
-  }
-}
 
 /**
  * control-plane: what etcd and mutual TLS cost on the paths a trainer uses, through a controller

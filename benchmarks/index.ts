@@ -14,6 +14,7 @@ import { benchHibernate } from './hibernate.ts';
 import { benchVm } from './vm.ts';
 import { benchTasks } from './tasks.ts';
 import { benchControlPlane } from './control-plane.ts';
+import { benchClusterScale, CLUSTER_SCALE_FLAGS } from './cluster-scale.ts';
 import { benchPeers } from './peers.ts';
 import { benchEpisode } from './episode.ts';
 import type { BenchOptions, BenchReport } from './report.ts';
@@ -28,6 +29,7 @@ export const BENCHMARKS: Record<string, (options: BenchOptions) => Promise<Bench
   'remote-step': benchRemoteStep,
   'step-load': benchStepLoad,
   'control-plane': benchControlPlane,
+  'cluster-scale': benchClusterScale,
   preempt: benchPreempt,
   qos: benchQos,
   burst: benchBurst,
@@ -39,6 +41,9 @@ export const BENCHMARKS: Record<string, (options: BenchOptions) => Promise<Bench
   episode: benchEpisode,
   peers: benchPeers,
 };
+
+/** The `--NAME VALUE` flags of the benchmarks that take some. */
+export const BENCH_FLAGS: Record<string, readonly string[]> = { 'cluster-scale': CLUSTER_SCALE_FLAGS };
 
 export { reapDeadBenchRuns } from './residue.ts';
 export type { BenchReport, BenchOptions, Metric } from './report.ts';

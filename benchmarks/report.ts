@@ -61,6 +61,8 @@ export function quantilesAgainst(
 export interface BenchOptions {
   /** Progress lines go here (stderr), so stdout stays one JSON document. */
   progress(message: string): void;
+  /** `--NAME VALUE` flags of a benchmark that takes some (see BENCH_FLAGS), by NAME. */
+  flags?: Record<string, string>;
 }
 
 /** Host memory in use, in KiB, as `free` counts it: neither free nor reclaimable cache. */

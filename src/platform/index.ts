@@ -21,6 +21,9 @@ export {
   quotaOf,
   readTlsFiles,
   register,
+  SANDBOXES,
+  WireServer,
+  tokenAuthenticator,
 } from './wire/index.ts';
 export type {
   CallContext,
@@ -28,11 +31,18 @@ export type {
   DrainProgress,
   EnvSpec,
   Handlers,
+  IdResolvers,
+  NodeStatus,
   Registration,
+  SandboxInfo,
   TlsFiles,
   TlsPaths,
 } from './wire/index.ts';
-export { checkEtcdEndpoints } from './etcd/etcd-connection.ts';
+export { checkEtcdEndpoints, connectEtcd } from './etcd/etcd-connection.ts';
+export type { EtcdClient } from './etcd/etcd-connection.ts';
+export { NodeMembership } from './etcd/node-membership.ts';
+export type { NodeRecord } from './etcd/node-membership.ts';
+export { ProjectQuotaLedger } from './etcd/project-quota.ts';
 export type { EtcdOptions } from './etcd/etcd-connection.ts';
 export { Controller } from './controller/controller.ts';
 export { readGrantsFile, reloadGrantsOnHangup } from './controller/grants-file.ts';
@@ -54,7 +64,7 @@ export type {
 export { LayerStore, ProjectStore, parseEnvironmentRef } from './store/layer-store.ts';
 export type { Environment, EnvironmentInput, LayerManifest } from './store/layer-store.ts';
 export { ensureBaseEnvironments, DEFAULT_ENVIRONMENT, standInFor } from './store/base-environments.ts';
-export { SANDBOX_LIMITS } from './sandbox-request.ts';
+export { SANDBOX_LIMITS, sandboxRequestSchema } from './sandbox-request.ts';
 export { checkHostName } from './runtime-files.ts';
 export type { SandboxRequest, ResolvedSandboxRequest } from './sandbox-request.ts';
 export { buildLayerFromTar } from './layer-build/from-archive.ts';

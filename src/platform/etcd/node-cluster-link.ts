@@ -39,7 +39,7 @@ export class NodeClusterLink {
     const etcd = await connectEtcd(options);
     try {
       const membership = await NodeMembership.join(etcd, record, options.leaseTtlSeconds ?? 10, logger);
-      const quota = new ProjectQuotaLedger(etcd, membership);
+      const quota = new ProjectQuotaLedger(etcd, membership, record.nodeId);
       for (const { id, project } of sandboxes) await quota.hold(project, id);
       const following = await followSharedRuns(etcd, runs, logger);
       logger.info({ endpoints: options.endpoints }, 'joined the cluster through etcd');
