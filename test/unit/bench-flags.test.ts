@@ -14,7 +14,7 @@ describe('benchmark flags', () => {
     await expect(benchCommand(['create', '--nodes', '160'])).rejects.toThrow(
       /--nodes is not a flag of create/,
     );
-    await expect(benchCommand(['cluster-scale', '--bogus', '1'])).rejects.toThrow(/--bogus is not a flag/);
-    await expect(benchCommand(['cluster-scale', '--nodes'])).rejects.toThrow(/--nodes needs a value/);
+    await expect(benchCommand(['cluster-scale', '--bogus', '1'])).rejects.toThrow(/unknown option --bogus/);
+    await expect(benchCommand(['cluster-scale', '--nodes'])).rejects.toThrow(/--nodes/);
   });
 });
