@@ -5,6 +5,8 @@ import { z } from 'zod';
 import { isAlive, startDetachedNode, type SandboxRecord } from '../backends/index.ts';
 import { SANDGYM_ERROR_CODES, SandgymError, parseAt, writeFileAtomic } from '../common/index.ts';
 import {
+  DEFAULT_PROJECT,
+  PROJECT_LABEL,
   Platform,
   defaultProject,
   type LocalPlatform,
@@ -160,12 +162,25 @@ function connectHolder(holder: HolderRecord): Promise<PlatformClient> {
 }
 
 /** Sandbox `id`'s node record (`not_found` without one) and its holder, if a live holder owns it. */
+/**
+ * The record of sandbox `id` of this host, if it is this project's ($SANDGYM_PROJECT): every
+ * command that takes a sandbox id here (kill, exec, mcp --sandbox, layer build --from-sandbox)
+ * resolves it through this, so another project's sandbox is as missing as one never made.
+ */
+export async function projectSandboxRecord(local: LocalPlatform, id: string): Promise<SandboxRecord> {
+  const record = (await local.listSandboxes()).find(
+    (candidate) =>
+      candidate.id === id && (candidate.labels[PROJECT_LABEL] ?? DEFAULT_PROJECT) === defaultProject(),
+  );
+  if (!record) throw new SandgymError('not_found', `No sandbox "${id}" on this node: see "sandgym ps"`);
+  return record;
+}
+
 async function holderOf(
   local: LocalPlatform,
   id: string,
 ): Promise<{ record: SandboxRecord; holder?: HolderRecord }> {
-  const record = (await local.listSandboxes()).find((candidate) => candidate.id === id);
-  if (!record) throw new SandgymError('not_found', `No sandbox "${id}" on this node: see "sandgym ps"`);
+  const record = await projectSandboxRecord(local, id);
   const holder = await liveHolder(local.dataDir, record.ownerPid);
   return holder?.sandbox === id ? { record, holder } : { record };
 }

@@ -9,6 +9,7 @@ export { RemotePlatform } from './remote-platform.ts';
 export type { ConnectOptions } from './remote-platform.ts';
 export { NodeAgent } from './node/node-agent.ts';
 export type { PhaseOptions, PhaseReport, Run, RunOptions, RunStatus, TrainingPhase } from './runs.ts';
+export { DEFAULT_PROJECT, PROJECT_LABEL } from './runs.ts';
 export type { NodeAgentOptions, ProjectLimits, ServedService } from './node/node-agent.ts';
 export type { NodeEtcdOptions } from './etcd/node-cluster-link.ts';
 export {

@@ -27,6 +27,7 @@ import {
   type ParsedCommandArgs,
 } from '../args.ts';
 import { JSON_OPTION, parseCommand, type CommandSpec } from '../command-spec.ts';
+import { projectSandboxRecord } from '../held-sandboxes.ts';
 import { EXIT, UsageError } from '../exit-codes.ts';
 
 /** The whole store: what `layer ls` shows the node's admin. */
@@ -233,6 +234,8 @@ async function sandboxBuild(
       'sandgym layer build --from-sandbox: give --name NAME:VERSION for the new environment',
     );
   await using platform = await Platform.local();
+  // this project's sandbox only: another's is as missing as one never made
+  await projectSandboxRecord(platform, id);
   return await printBuilt(json, await platform.packDiff(id, { name }));
 }
 
