@@ -130,95 +130,77 @@ describe('sandgym create holders under attack', () => {
     }
   }, 60_000);
 
-  it.fails(
-    "OPEN BREAK: another project kills a project's live `sandgym run` sandbox",
-    async () => {
-      const run = spawn('node', [CLI, 'run', '--env', ENV, '--', 'sleep', '30'], {
-        env: { ...process.env, SANDGYM_DATA_DIR: dataDir, SANDGYM_STORE: STORE_DIR, SANDGYM_PROJECT: VICTIM },
-        stdio: 'ignore',
-      });
-      const exited = new Promise<number | null>((done) => run.once('exit', done));
-      try {
-        let ids = liveIds();
-        while (ids.length === 0) {
-          await sleep(250);
-          ids = liveIds();
-        }
-        const [id] = ids;
-        // safe outcome: the other project's kill names nothing of its own (2) and the victim's command runs on
-        expect(sandgym(OTHER, 'kill', id ?? '').status).toBe(2);
-        expect(liveIds()).toContain(id);
-      } finally {
-        run.kill('SIGTERM');
-        await exited;
+  it("CLOSED: another project kills a project's live `sandgym run` sandbox", async () => {
+    const run = spawn('node', [CLI, 'run', '--env', ENV, '--', 'sleep', '30'], {
+      env: { ...process.env, SANDGYM_DATA_DIR: dataDir, SANDGYM_STORE: STORE_DIR, SANDGYM_PROJECT: VICTIM },
+      stdio: 'ignore',
+    });
+    const exited = new Promise<number | null>((done) => run.once('exit', done));
+    try {
+      let ids = liveIds();
+      while (ids.length === 0) {
+        await sleep(250);
+        ids = liveIds();
       }
-    },
-    90_000,
-  );
+      const [id] = ids;
+      // safe outcome: the other project's kill names nothing of its own (2) and the victim's command runs on
+      expect(sandgym(OTHER, 'kill', id ?? '').status).toBe(2);
+      expect(liveIds()).toContain(id);
+    } finally {
+      run.kill('SIGTERM');
+      await exited;
+    }
+  }, 90_000);
 
-  it.fails(
-    "OPEN BREAK: another project kills a project's orphaned held sandbox",
-    async () => {
-      await withCreated(async (id, holderPid) => {
-        process.kill(holderPid, 'SIGKILL');
-        while (liveIds().includes(id) && !sandgym(VICTIM, 'ps').stdout.includes('orphaned')) await sleep(250);
-        expect(sandgym(OTHER, 'kill', id).status).toBe(2);
-        expect(liveIds()).toContain(id);
-      });
-    },
-    60_000,
-  );
+  it("CLOSED: another project kills a project's orphaned held sandbox", async () => {
+    await withCreated(async (id, holderPid) => {
+      process.kill(holderPid, 'SIGKILL');
+      while (liveIds().includes(id) && !sandgym(VICTIM, 'ps').stdout.includes('orphaned')) await sleep(250);
+      expect(sandgym(OTHER, 'kill', id).status).toBe(2);
+      expect(liveIds()).toContain(id);
+    });
+  }, 60_000);
 
-  it.fails(
-    "OPEN BREAK: another project packs a held sandbox's files into an environment",
-    async () => {
-      await withCreated((id) => {
-        expect(sandgym(VICTIM, 'exec', id, '--', 'sh', '-c', 'echo SECRET > /root/secret').status).toBe(0);
-        const name = `redcli${process.pid}:1`;
-        try {
-          // safe outcome: the other project cannot see the sandbox at all, as exec and kill cannot
-          const build = sandgym(OTHER, 'layer', 'build', '--from-sandbox', id, '--name', name);
-          expect(build.status).toBe(2);
-        } finally {
-          sandgym(VICTIM, 'env', 'rm', name);
-          sandgym(OTHER, 'env', 'rm', name);
-        }
-      });
-    },
-    90_000,
-  );
+  it("CLOSED: another project packs a held sandbox's files into an environment", async () => {
+    await withCreated((id) => {
+      expect(sandgym(VICTIM, 'exec', id, '--', 'sh', '-c', 'echo SECRET > /root/secret').status).toBe(0);
+      const name = `redcli${process.pid}:1`;
+      try {
+        // safe outcome: the other project cannot see the sandbox at all, as exec and kill cannot
+        const build = sandgym(OTHER, 'layer', 'build', '--from-sandbox', id, '--name', name);
+        expect(build.status).toBe(2);
+      } finally {
+        sandgym(VICTIM, 'env', 'rm', name);
+        sandgym(OTHER, 'env', 'rm', name);
+      }
+    });
+  }, 90_000);
 
-  it.fails(
-    "OPEN BREAK: another project replaces a project's environment with a held sandbox's state",
-    async () => {
-      const name = `redcli${process.pid}y:1`;
-      await withCreated((id) => {
-        try {
-          // the victim keeps a clean environment made from its sandbox...
-          expect(sandgym(VICTIM, 'layer', 'build', '--from-sandbox', id, '--name', name).status).toBe(0);
-          // ...then the untrusted agent in that sandbox plants a file...
-          expect(sandgym(VICTIM, 'exec', id, '--', 'sh', '-c', 'echo BACKDOOR > /bin/planted').status).toBe(
-            0,
-          );
-          // ...and another project packs the sandbox again under the victim's name
-          sandgym(OTHER, 'layer', 'build', '--from-sandbox', id, '--name', name);
-          // safe outcome: the victim's environment is the one it made
-          expect(sandgym(VICTIM, 'run', '--env', name, '--', 'cat', '/bin/planted').stdout).toBe('');
-        } finally {
-          sandgym(VICTIM, 'env', 'rm', name);
-          sandgym(OTHER, 'env', 'rm', name);
-        }
-      });
-    },
-    120_000,
-  );
+  it("CLOSED: another project replaces a project's environment with a held sandbox's state", async () => {
+    const name = `redcli${process.pid}y:1`;
+    await withCreated((id) => {
+      try {
+        // the victim keeps a clean environment made from its sandbox...
+        expect(sandgym(VICTIM, 'layer', 'build', '--from-sandbox', id, '--name', name).status).toBe(0);
+        // ...then the untrusted agent in that sandbox plants a file...
+        expect(sandgym(VICTIM, 'exec', id, '--', 'sh', '-c', 'echo BACKDOOR > /bin/planted').status).toBe(0);
+        // ...and another project packs the sandbox again under the victim's name
+        sandgym(OTHER, 'layer', 'build', '--from-sandbox', id, '--name', name);
+        // safe outcome: the victim's environment is the one it made
+        expect(sandgym(VICTIM, 'run', '--env', name, '--', 'cat', '/bin/planted').stdout).toBe('');
+      } finally {
+        sandgym(VICTIM, 'env', 'rm', name);
+        sandgym(OTHER, 'env', 'rm', name);
+      }
+    });
+  }, 120_000);
 
-  it('the packed environment holds the secret, under the victim project (twin of the break)', async () => {
+  it("honest twin: a project packs its own held sandbox's files into an environment it runs", async () => {
     await withCreated((id) => {
       expect(sandgym(VICTIM, 'exec', id, '--', 'sh', '-c', 'echo SECRET > /root/secret').status).toBe(0);
       const name = `redcli${process.pid}x:1`;
       try {
-        expect(sandgym(OTHER, 'layer', 'build', '--from-sandbox', id, '--name', name).status).toBe(0);
+        expect(sandgym(VICTIM, 'layer', 'build', '--from-sandbox', id, '--name', name).status).toBe(0);
         expect(sandgym(VICTIM, 'run', '--env', name, '--', 'cat', '/root/secret').stdout).toBe('SECRET\n');
       } finally {
         sandgym(VICTIM, 'env', 'rm', name);

@@ -40,7 +40,7 @@ export async function psCommand(args: string[]): Promise<number> {
 
 export const KILL_COMMAND = {
   name: 'kill',
-  summary: 'destroy sandboxes, whichever process owns them',
+  summary: "destroy this project's sandboxes ($SANDGYM_PROJECT), whichever process owns them",
   operands: 'ID ...',
   details: 'An id that names no sandbox is bad input: exit 2.',
   options: {},
