@@ -385,6 +385,7 @@ describe('ids under hostile tenants', () => {
           Close: (id) => ({ envId: id }),
           ChatReset: (id) => ({ envId: id }),
           ChatStep: (id) => ({ envId: id, turn: 0, answer: 'read it' }),
+          ChatRestore: (id) => ({ envId: id, checkpointId: NEVER.envCheckpoint }),
         };
         const taking = Object.entries(ENVS.methods)
           .filter(([, method]) => 'envId' in (method.request as z.ZodObject).shape)
@@ -403,6 +404,19 @@ describe('ids under hostile tenants', () => {
           checkpointId,
           NEVER.envCheckpoint,
           'Envs.Restore checkpointId',
+        );
+        await expectNoSuch(
+          (id) => beta.call('ChatRestore', { envId: own.envId, checkpointId: id }),
+          checkpointId,
+          NEVER.envCheckpoint,
+          'Envs.ChatRestore checkpointId',
+        );
+        // a fork made beside another project's env: as if that env were never made
+        await expectNoSuch(
+          (id) => beta.call('Make', { spec, beside: id }),
+          envId,
+          NEVER.env,
+          'Envs.Make beside',
         );
         // honest twin: alpha's episode goes on, and its checkpoint restores
         const read = await alpha.call('Step', {

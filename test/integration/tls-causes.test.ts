@@ -35,7 +35,7 @@ type CertSet = Record<'ca' | 'caKey' | 'server' | 'serverKey' | 'client' | 'clie
 describe('a TLS mismatch', () => {
   const dir = mkdtempSync(join(tmpdir(), 'sandgym-tls-causes-'));
   const certs = (set: string): CertSet => {
-    const run = spawnSync('node', [CLI, 'certs', '--out', join(dir, set)], { encoding: 'utf8' });
+    const run = spawnSync('node', [CLI, 'certs', '--out', join(dir, set), '--json'], { encoding: 'utf8' });
     expect(run.status, run.stderr).toBe(0);
     return JSON.parse(run.stdout) as CertSet;
   };
