@@ -131,14 +131,25 @@ describe('sandgym create holders under attack', () => {
   }, 60_000);
 
   it("CLOSED: another project kills a project's live `sandgym run` sandbox", async () => {
-    const run = spawn('node', [CLI, 'run', '--env', ENV, '--', 'sleep', '30'], {
+    // the command outlives any slow start on a loaded machine; the test ends it itself
+    const run = spawn('node', [CLI, 'run', '--env', ENV, '--', 'sleep', '600'], {
       env: { ...process.env, SANDGYM_DATA_DIR: dataDir, SANDGYM_STORE: STORE_DIR, SANDGYM_PROJECT: VICTIM },
-      stdio: 'ignore',
+      stdio: ['ignore', 'ignore', 'pipe'],
     });
-    const exited = new Promise<number | null>((done) => run.once('exit', done));
+    let runErrors = '';
+    run.stderr.on('data', (chunk: Buffer) => (runErrors += chunk.toString()));
+    let runExit: number | null | undefined;
+    const exited = new Promise<void>((done) =>
+      run.once('exit', (code) => {
+        runExit = code;
+        done();
+      }),
+    );
     try {
       let ids = liveIds();
       while (ids.length === 0) {
+        // a run that failed to start would otherwise leave this loop polling until the timeout
+        if (runExit !== undefined) throw new Error(`sandgym run exited ${runExit} before its sandbox showed: ${runErrors}`);
         await sleep(250);
         ids = liveIds();
       }
@@ -146,11 +157,12 @@ describe('sandgym create holders under attack', () => {
       // safe outcome: the other project's kill names nothing of its own (2) and the victim's command runs on
       expect(sandgym(OTHER, 'kill', id ?? '').status).toBe(2);
       expect(liveIds()).toContain(id);
+      expect(runExit, runErrors).toBeUndefined();
     } finally {
       run.kill('SIGTERM');
       await exited;
     }
-  }, 90_000);
+  }, 180_000);
 
   it("CLOSED: another project kills a project's orphaned held sandbox", async () => {
     await withCreated(async (id, holderPid) => {
