@@ -3,7 +3,15 @@ import { chmod, lstat, mkdtemp, readFile, rename, rm, symlink, utimes, writeFile
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { KERNEL_CACHE, criuProgram, detectCriu, repairKernelCache } from '../../src/backends/host/criu.ts';
+import {
+  INSTALLED_CRIU,
+  KERNEL_CACHE_NAME,
+  SANDGYM_CRIU_RUN_DIR,
+  criuProgram,
+  detectCriu,
+  kernelCacheFolder,
+  repairKernelCache,
+} from '../../src/backends/host/criu.ts';
 
 const criu = await detectCriu();
 
@@ -14,9 +22,11 @@ async function abandonedSave(cache: string, now: number): Promise<void> {
   await utimes(`${cache}.tmp`, then, then);
 }
 
-/** Whether /run is a tmpfs, the only kind of folder CRIU keeps its kernel cache in. */
-const RUN_IS_TMPFS =
-  spawnSync('stat', ['-f', '-c', '%T', '/run'], { encoding: 'utf8' }).stdout.trim() === 'tmpfs';
+/** Where this host's CRIU keeps its kernel cache, and whether that is a tmpfs (the only kind it keeps it in). */
+const CACHE_FOLDER = criu.usable ? await kernelCacheFolder(criuProgram()) : '/run';
+const KERNEL_CACHE = join(CACHE_FOLDER, KERNEL_CACHE_NAME);
+const FOLDER_IS_TMPFS =
+  spawnSync('stat', ['-f', '-c', '%T', CACHE_FOLDER], { encoding: 'utf8' }).stdout.trim() === 'tmpfs';
 
 describe("CRIU's kernel cache", () => {
   it('clears an abandoned save, so the next run can keep its cache; a save in progress is left alone', async () => {
@@ -54,6 +64,24 @@ describe("CRIU's kernel cache", () => {
     }
   });
 
+  it.skipIf(!criu.usable || criuProgram() !== INSTALLED_CRIU)(
+    "setup's CRIU keeps its cache in a root-only tmpfs of its own, mounted again after a reboot took it",
+    async () => {
+      expect(CACHE_FOLDER).toBe(SANDGYM_CRIU_RUN_DIR);
+      // what a reboot leaves where /run is a disk: the folder, with no tmpfs on it
+      spawnSync('umount', [SANDGYM_CRIU_RUN_DIR]);
+      const detected = await detectCriu();
+      expect(detected).toMatchObject({ usable: true, kernelCacheKept: true });
+      const mounted = spawnSync('findmnt', ['-n', '-o', 'FSTYPE,OPTIONS', SANDGYM_CRIU_RUN_DIR], {
+        encoding: 'utf8',
+      });
+      expect(mounted.stdout).toMatch(/^tmpfs .*nosuid,nodev,noexec/);
+      expect(mounted.stdout.trim().split('\n')).toHaveLength(1);
+      expect((await lstat(SANDGYM_CRIU_RUN_DIR)).mode & 0o777).toBe(0o700);
+      expect((await lstat(KERNEL_CACHE)).isFile()).toBe(true);
+    },
+  );
+
   it.skipIf(!criu.usable)(
     'detection leaves a root-only cache that later CRIU runs load, even after an abandoned save',
     async () => {
@@ -66,9 +94,10 @@ describe("CRIU's kernel cache", () => {
       try {
         await abandonedSave(KERNEL_CACHE, Date.now());
         expect((await detectCriu()).usable).toBe(true);
-        // CRIU keeps its cache only on tmpfs ("Can't keep kdat cache on non-tempfs"); where /run
-        // is a disk, every run probes the kernel again and no cache is there to check
-        if (!RUN_IS_TMPFS) return;
+        // CRIU keeps its cache only on tmpfs ("Can't keep kdat cache on non-tempfs"): what
+        // detection says, and a CRIU built by setup always has one
+        expect((await detectCriu()).kernelCacheKept).toBe(FOLDER_IS_TMPFS);
+        if (!FOLDER_IS_TMPFS) return;
         const made = await lstat(KERNEL_CACHE);
         expect(made.isFile()).toBe(true);
         expect(made.uid).toBe(0);

@@ -3,7 +3,7 @@ import { availableParallelism } from 'node:os';
 import { chmod, copyFile, mkdir, mkdtemp, readdir, rename, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SandgymError, type Logger } from '../../common/index.ts';
-import { INSTALLED_CRIU, detectCriu, type CriuSupport } from './criu.ts';
+import { INSTALLED_CRIU, SANDGYM_CRIU_RUN_DIR, detectCriu, type CriuSupport } from './criu.ts';
 import { runProgram } from './run-program.ts';
 
 /**
@@ -32,16 +32,19 @@ const BUILD_PACKAGES = [
 ];
 
 /**
- * Makes CRIU 4.1 or newer usable on this host (`sandgym setup --criu`), once: unless a usable
- * one is there, it fetches the upstream tarball of Debian trixie's criu source package (checked
+ * Makes CRIU 4.1 or newer usable on this host (`sandgym setup`), once: unless a usable one that
+ * keeps its kernel cache is there, it fetches the upstream tarball of Debian trixie's criu source package (checked
  * against the SHA-256 of apt's signed index), builds the binary and installs it as
- * /usr/local/sbin/criu. apt's own configuration is left as it was: the trixie source is named
+ * /usr/local/sbin/criu, keeping its kernel cache in SANDGYM_CRIU_RUN_DIR. apt's own configuration is left as it was: the trixie source is named
  * on the command line only.
  */
 export async function ensureCriu(workDir: string, mirror: string, logger: Logger): Promise<CriuSupport> {
   const found = await detectCriu();
-  if (found.usable) return found;
-  logger.info({ reason: found.reason }, `building CRIU from Debian ${SOURCE_SUITE}'s source`);
+  if (found.usable && found.kernelCacheKept) return found;
+  const reason =
+    found.reason ??
+    'it cannot keep its kernel cache (its folder is not a tmpfs): every run would probe the kernel';
+  logger.info({ reason }, `building CRIU from Debian ${SOURCE_SUITE}'s source`);
   const env = { DEBIAN_FRONTEND: 'noninteractive' };
   await runProgram('apt-get', ['install', '-y', '-qq', '--no-install-recommends', ...BUILD_PACKAGES], {
     timeoutMs: 20 * 60_000,
@@ -84,10 +87,15 @@ export async function ensureCriu(workDir: string, mirror: string, logger: Logger
     if (!tree) throw new SandgymError('platform_error', `${tarball.name} holds no criu-* folder`);
     const source = join(build, tree.name);
     logger.info({ source }, 'compiling CRIU (about a minute)');
-    await runProgram('make', ['-s', `-j${availableParallelism()}`, 'criu'], {
-      cwd: source,
-      timeoutMs: 30 * 60_000,
-    });
+    // its kernel cache in a tmpfs of sandgym's own, whatever /run is on this host
+    await runProgram(
+      'make',
+      ['-s', `-j${availableParallelism()}`, 'criu', `RUNDIR=${SANDGYM_CRIU_RUN_DIR}`],
+      {
+        cwd: source,
+        timeoutMs: 30 * 60_000,
+      },
+    );
     // installed whole or not at all: a copy beside it, then a rename
     await mkdir(join(INSTALLED_CRIU, '..'), { recursive: true });
     const staged = `${INSTALLED_CRIU}.new`;
