@@ -149,7 +149,8 @@ describe('sandgym create holders under attack', () => {
       let ids = liveIds();
       while (ids.length === 0) {
         // a run that failed to start would otherwise leave this loop polling until the timeout
-        if (runExit !== undefined) throw new Error(`sandgym run exited ${runExit} before its sandbox showed: ${runErrors}`);
+        if (runExit !== undefined)
+          throw new Error(`sandgym run exited ${runExit} before its sandbox showed: ${runErrors}`);
         await sleep(250);
         ids = liveIds();
       }

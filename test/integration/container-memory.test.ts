@@ -1,4 +1,5 @@
 import { spawnSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { readFile, readdir, rm, stat } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { describe, expect, it } from 'vitest';
@@ -85,6 +86,41 @@ describe.skipIf(!criu.usable)('container memory snapshots (CRIU)', () => {
       expect((await sandbox.exec(['echo', 'again'])).stdout).toBe('again\n');
     } finally {
       await sandbox.close();
+    }
+  });
+
+  it('keep its own network namespace while hibernated, and let it go with the sandbox', async () => {
+    await using test = await createTestPlatform('container-memory-netns');
+    const sandbox = await test.platform.createSandbox({ environment: 'busybox:latest' });
+    const keptUnder = (): string[] =>
+      readFileSync('/proc/self/mountinfo', 'utf8')
+        .split('\n')
+        .filter((line) => line.includes(' - nsfs ') && line.includes(test.dataDir));
+    let closed = false;
+    try {
+      const namespace = async (): Promise<string> =>
+        (await sandbox.exec(['readlink', '/proc/self/ns/net'])).stdout;
+      const before = await namespace();
+      expect(await sandbox.hibernate()).toMatchObject({ state: 'hibernated' });
+      expect(keptUnder()).toHaveLength(1);
+      // the same namespace, not a copy CRIU rebuilt
+      expect(await namespace()).toBe(before);
+      expect(keptUnder()).toHaveLength(0);
+      // a fork never shares it: a copy's processes get a network of their own
+      {
+        await using group = await test.platform.fork(sandbox, 1, { depth: 'memory' });
+        const copy = await group.sandboxes[0]!.exec(['readlink', '/proc/self/ns/net']);
+        expect(copy.stdout, JSON.stringify(copy)).toMatch(/^net:\[\d+\]/);
+        expect(copy.stdout).not.toBe(before);
+      }
+      // hibernated again and destroyed so: nothing stays mounted
+      await sandbox.hibernate();
+      expect(keptUnder()).toHaveLength(1);
+      await sandbox.close();
+      closed = true;
+      expect(keptUnder()).toHaveLength(0);
+    } finally {
+      if (!closed) await sandbox.close();
     }
   });
 

@@ -14,7 +14,11 @@ function findLeaks(): string[] {
   for (const line of readFileSync('/proc/self/mountinfo', 'utf8').split('\n')) {
     const [left, right] = line.split(' - ');
     const fsType = right?.split(' ')[0];
-    if ((fsType === 'overlay' || fsType === 'erofs' || fsType === 'btrfs') && /sandgym/.test(line))
+    // nsfs: a hibernated container's kept network namespace
+    if (
+      (fsType === 'overlay' || fsType === 'erofs' || fsType === 'btrfs' || fsType === 'nsfs') &&
+      /sandgym/.test(line)
+    )
       leaks.push(`mount: ${left?.split(' ')[4]} (${fsType})`);
   }
   // latency sandboxes under sandgym, best-effort ones under their idle parent

@@ -9,6 +9,7 @@ import { mountOverlay as mountLayerOverlay } from '../host/overlay-mount.ts';
 import { runProgram } from '../host/run-program.ts';
 import type { AgentChannel } from '../internal/agent-channel.ts';
 import { folderBytes } from '../internal/folder-size.ts';
+import { keepNetwork, openKeptNetwork, releaseKeptNetwork } from './kept-network.ts';
 
 /**
  * A file the sandbox's agent holds that lives outside the sandbox's mount namespace: its log
@@ -21,7 +22,11 @@ const externalFileSchema = z.object({
   /** Its name in the sandbox's folder. */
   name: z.enum(['runtime.log', 'agent.requests', 'agent.responses']),
 });
-const imageRecordSchema = z.object({ externals: z.array(externalFileSchema) });
+const imageRecordSchema = z.object({
+  externals: z.array(externalFileSchema),
+  /** Whether its network namespace was kept out of the image, held beside it (see kept-network.ts). */
+  keptNetwork: z.boolean().optional(),
+});
 type ExternalFile = z.infer<typeof externalFileSchema>;
 
 /** A sandbox's processes and memory on disk (CRIU's image files), in a folder of its own. */
@@ -67,6 +72,9 @@ export async function dumpTree(
   // the sandbox's whole memory: root's alone, whatever the folders above allow
   await mkdir(imageDir, { recursive: true, mode: 0o700 });
   const externals = await externalFilesOf(initPid, sandboxDir);
+  // a hibernation keeps the namespace; a checkpoint's restores each need a network of their own
+  const keptNetwork = options.afterwards === 'gone';
+  const networkArgs = keptNetwork ? await keepNetwork(initPid, imageDir) : [];
   const args = [
     'dump',
     '--tree',
@@ -77,6 +85,7 @@ export async function dumpTree(
     'dump.log',
     ...SHARED,
     ...externals.flatMap((file) => ['--external', file.key]),
+    ...networkArgs,
     ...(options.afterwards === 'running' ? ['--leave-running'] : []),
     ...(options.afterwards === 'stopped' ? ['--leave-stopped'] : []),
   ];
@@ -84,12 +93,13 @@ export async function dumpTree(
     await runProgram(criuProgram(), args, { timeoutMs: CRIU_TIMEOUT_MS });
   } catch (error) {
     const log = await tailOf(join(imageDir, 'dump.log'));
+    await releaseKeptNetwork(imageDir);
     await rm(imageDir, { recursive: true, force: true });
     throw new SandgymError('platform_error', `CRIU could not checkpoint the sandbox: ${log}`, {
       cause: error,
     });
   }
-  await writeFile(join(imageDir, 'sandgym.json'), JSON.stringify({ externals }));
+  await writeFile(join(imageDir, 'sandgym.json'), JSON.stringify({ externals, keptNetwork }));
   return { dir: imageDir, sizeBytes: await folderBytes(imageDir) };
 }
 
@@ -124,6 +134,8 @@ export async function restoreTree(
   );
   let channel: AgentChannel | undefined;
   try {
+    const network = record.keptNetwork ? await openKeptNetwork(imageDir, 3 + fds.length) : undefined;
+    if (network) fds.push(network.fd);
     channel = openChannel();
     const args = [
       'restore',
@@ -137,6 +149,7 @@ export async function restoreTree(
       ...SHARED,
       // the child gets the descriptors in order from fd 3
       ...record.externals.flatMap((file, i) => ['--inherit-fd', `fd[${3 + i}]:${file.key}`]),
+      ...(network?.args ?? []),
       ...(cgroupRoot ? ['--cgroup-root', cgroupRoot] : []),
     ];
     const code = await new Promise<number | null>((resolve, reject) => {

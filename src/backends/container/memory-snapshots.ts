@@ -22,6 +22,7 @@ import {
   mountOverlay,
   restoreTree,
 } from './memory-image.ts';
+import { releaseKeptNetwork } from './kept-network.ts';
 import { killAll } from './residue.ts';
 import { readContainerState, type ContainerState } from './sandbox-record.ts';
 import type { WarmShell } from './warm-pool.ts';
@@ -83,7 +84,10 @@ export class ContainerMemorySnapshots {
         }),
       restore: (image) => logged('memory restore', () => this.start(shell, lowers, image.dir), image),
       hurry: (image) => this.criuRuns.hurry(image),
-      drop: (image) => rm(image.dir, { recursive: true, force: true }),
+      drop: async (image) => {
+        await releaseKeptNetwork(image.dir);
+        await rm(image.dir, { recursive: true, force: true });
+      },
       checkpoint: () =>
         logged('checkpoint', async () => {
           const id = `ckpt-${randomBytes(6).toString('hex')}`;
@@ -183,14 +187,15 @@ export class ContainerMemorySnapshots {
       await detachOverlay(rootfs);
       throw error;
     }
-    // the node's mount goes while the agent answers (the restored namespace holds its own), off
-    // the first request's path; a failure of either is thrown once both are done
-    const [answered, detached] = await Promise.allSettled([
+    // the node's mounts go while the agent answers (the restored processes hold their own root
+    // and network namespace), off the first request's path; a failure is thrown once all are done
+    const [answered, ...released] = await Promise.allSettled([
       this.connect(shell, dir, opened),
       detachOverlay(rootfs),
+      releaseKeptNetwork(imageDir),
     ]);
     if (answered.status === 'rejected') throw answered.reason;
-    if (detached.status === 'rejected') throw detached.reason;
+    for (const outcome of released) if (outcome.status === 'rejected') throw outcome.reason;
     return answered.value;
   }
 

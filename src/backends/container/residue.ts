@@ -5,6 +5,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { SandboxCgroup } from '../host/cgroups.ts';
 import { runProgram } from '../host/run-program.ts';
 import { signalProcess } from '../host/processes.ts';
+import { releaseKeptNetworksUnder } from './kept-network.ts';
 
 /** Where a container sandbox keeps its things on the node. */
 export interface ContainerPaths {
@@ -50,6 +51,8 @@ export async function removeContainerResidue(
   for (const name of await readdir(paths.dir).catch(() => [] as string[])) {
     if (SUBVOLUMES.test(name)) await step(() => paths.deleteSubvolume(join(paths.dir, name)));
   }
+  // a hibernated sandbox's network namespace, held by a mount in its folder
+  await step(() => releaseKeptNetworksUnder(paths.dir));
   await step(() => rm(paths.dir, { recursive: true, force: true, maxRetries: 3 }));
   if (errors.length === 1) throw errors[0];
   if (errors.length > 1) throw new AggregateError(errors, `Cannot fully remove sandbox ${id}`);
