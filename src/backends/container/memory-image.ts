@@ -71,36 +71,39 @@ export async function dumpTree(
 ): Promise<MemoryImage> {
   // the sandbox's whole memory: root's alone, whatever the folders above allow
   await mkdir(imageDir, { recursive: true, mode: 0o700 });
-  const externals = await externalFilesOf(initPid, sandboxDir);
-  // a hibernation keeps the namespace; a checkpoint's restores each need a network of their own
-  const keptNetwork = options.afterwards === 'gone';
-  const networkArgs = keptNetwork ? await keepNetwork(initPid, imageDir) : [];
-  const args = [
-    'dump',
-    '--tree',
-    String(initPid),
-    '--images-dir',
-    imageDir,
-    '--log-file',
-    'dump.log',
-    ...SHARED,
-    ...externals.flatMap((file) => ['--external', file.key]),
-    ...networkArgs,
-    ...(options.afterwards === 'running' ? ['--leave-running'] : []),
-    ...(options.afterwards === 'stopped' ? ['--leave-stopped'] : []),
-  ];
   try {
-    await runProgram(criuProgram(), args, { timeoutMs: CRIU_TIMEOUT_MS });
+    const externals = await externalFilesOf(initPid, sandboxDir);
+    // a hibernation keeps the namespace; a checkpoint's restores each need a network of their own
+    const keptNetwork = options.afterwards === 'gone';
+    const networkArgs = keptNetwork ? await keepNetwork(initPid, imageDir) : [];
+    const args = [
+      'dump',
+      '--tree',
+      String(initPid),
+      '--images-dir',
+      imageDir,
+      '--log-file',
+      'dump.log',
+      ...SHARED,
+      ...externals.flatMap((file) => ['--external', file.key]),
+      ...networkArgs,
+      ...(options.afterwards === 'running' ? ['--leave-running'] : []),
+      ...(options.afterwards === 'stopped' ? ['--leave-stopped'] : []),
+    ];
+    await runProgram(criuProgram(), args, { timeoutMs: CRIU_TIMEOUT_MS }).catch(async (error: unknown) => {
+      const log = await tailOf(join(imageDir, 'dump.log'));
+      throw new SandgymError('platform_error', `CRIU could not checkpoint the sandbox: ${log}`, {
+        cause: error,
+      });
+    });
+    await writeFile(join(imageDir, 'sandgym.json'), JSON.stringify({ externals, keptNetwork }));
+    return { dir: imageDir, sizeBytes: await folderBytes(imageDir) };
   } catch (error) {
-    const log = await tailOf(join(imageDir, 'dump.log'));
+    // nothing half made stays: neither the folder nor a namespace it holds
     await releaseKeptNetwork(imageDir);
     await rm(imageDir, { recursive: true, force: true });
-    throw new SandgymError('platform_error', `CRIU could not checkpoint the sandbox: ${log}`, {
-      cause: error,
-    });
+    throw error;
   }
-  await writeFile(join(imageDir, 'sandgym.json'), JSON.stringify({ externals, keptNetwork }));
-  return { dir: imageDir, sizeBytes: await folderBytes(imageDir) };
 }
 
 /**
