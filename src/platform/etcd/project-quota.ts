@@ -30,8 +30,12 @@ const SPARE_SHARE = 8;
 const RETURN_EVERY_MS = 250;
 /** 2 s: long enough that a block used now and then through a burst is not returned and grown again. */
 const IDLE_LOOKS = 8;
-/** A node short of slots while others hold blocks waits at most this long for them to return spare... */
-const WAIT_FOR_RETURN_MS = RETURN_EVERY_MS + 300;
+/**
+ * A node short of slots while others hold blocks waits at most this long for them to return
+ * spare: their next look, a read and a write, with room for a loaded etcd (0.55 s refused
+ * creates within the quota on a busy 2-core host)...
+ */
+const WAIT_FOR_RETURN_MS = 1000;
 /** ...reading the blocks again this often. */
 const WAIT_POLL_MS = 50;
 /**
