@@ -31,9 +31,9 @@ const RETURN_EVERY_MS = 250;
 /** 2 s: long enough that a block used now and then through a burst is not returned and grown again. */
 const IDLE_LOOKS = 8;
 /**
- * A node short of slots while others hold blocks waits at most this long for them to return
- * spare: their next look, a read and a write, with room for a loaded etcd (0.55 s refused
- * creates within the quota on a busy 2-core host)...
+ * A node short of slots while others hold blocks waits at most this long, in all, for them to
+ * return spare: their next look, a read and a write, with room for a loaded etcd (0.55 s
+ * refused creates within the quota on a busy 2-core host)...
  */
 const WAIT_FOR_RETURN_MS = 1000;
 /** ...reading the blocks again this often. */
@@ -194,18 +194,21 @@ export class ProjectQuotaLedger {
     const own = this.blockKey(project);
     const begun = performance.now();
     let inputs = await this.readGrowInputs(project);
-    let wanting = false;
+    // set when the quota first seems full: until then, and again after a conflict, it waits
+    let waitUntil: number | undefined;
     try {
       for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
         let taken = sizes(inputs.others);
         const need = block.used + count - block.size;
-        if (need > max - taken - block.size && !wanting && inputs.others.length > 0) {
-          // other nodes may sit on spare: ask for it, and read until they return it or time is up
-          wanting = true;
-          this.profile.waitsForSpare++;
-          await this.etcd.put(this.wantedKey(project)).value('').lease(lease).exec();
-          const until = performance.now() + WAIT_FOR_RETURN_MS;
-          while (need > max - taken - block.size && performance.now() < until) {
+        if (need > max - taken - block.size && inputs.others.length > 0) {
+          if (waitUntil === undefined) {
+            // other nodes may sit on spare: ask for it
+            waitUntil = performance.now() + WAIT_FOR_RETURN_MS;
+            this.profile.waitsForSpare++;
+            await this.etcd.put(this.wantedKey(project)).value('').lease(lease).exec();
+          }
+          // read until they return it or time is up
+          while (need > max - taken - block.size && performance.now() < waitUntil) {
             await sleep(WAIT_POLL_MS);
             inputs = await this.readGrowInputs(project);
             taken = sizes(inputs.others);
@@ -242,7 +245,7 @@ export class ProjectQuotaLedger {
         inputs = await this.readGrowInputs(project);
       }
     } finally {
-      if (wanting)
+      if (waitUntil !== undefined)
         await this.etcd
           .delete()
           .key(this.wantedKey(project))
