@@ -11,8 +11,6 @@ const QUOTA_PREFIX = `${ETCD_PREFIX}quota/`;
  * its lease; outside `quota/` so no project's name can reach it.
  */
 const WANTED_PREFIX = `${ETCD_PREFIX}quota-wanted/`;
-/** Most writes etcd takes in one transaction (its `--max-txn-ops` default). */
-const MAX_TXN_OPS = 128;
 /** Each grow retries when another node's grow for the same project committed between read and write. */
 const MAX_ATTEMPTS = 64;
 /** Most slots a node takes beyond what it needs now, for the creates that follow. */
@@ -128,7 +126,7 @@ interface GrowInputs {
  * projects) and returns the spare wanted, and the spare of blocks idle for {@link IDLE_LOOKS}
  * looks. A grow's inputs are one read, and a grow that lost the race backs off at random before
  * reading again. A dead node's blocks go with its lease. Each live sandbox is also a
- * key under `held/` on its node's lease, for counting.
+ * key under `held/` on one of its node's leases (see NodeMembership.holdAll), for counting.
  */
 export class ProjectQuotaLedger {
   /** Where this ledger's claims spent etcd's work and their time, for the benchmark to report. */
@@ -374,8 +372,7 @@ export class ProjectQuotaLedger {
   /**
    * Counts sandboxes that exist without a claim (adopted after a restart, made with a node
    * token): they take slots whether or not the quota has room, as they run already. Holds that
-   * arrive together share one write of the block, and their keys go in transactions of
-   * {@link MAX_TXN_OPS}.
+   * arrive together share one write of the block, and their keys go in transactions of many.
    */
   async hold(project: string, ...sandboxIds: string[]): Promise<void> {
     const block = this.blockOf(project);
@@ -391,25 +388,7 @@ export class ProjectQuotaLedger {
       await this.writeBlock(project, block, lease);
     });
     await block.flush;
-    if (sandboxIds.length === 1)
-      return this.membership.hold(heldPrefix(project) + sandboxIds[0], sandboxIds[0]!);
-    const lease = await this.membership.currentLease();
-    for (let first = 0; first < sandboxIds.length; first += MAX_TXN_OPS) {
-      const chunk = sandboxIds.slice(first, first + MAX_TXN_OPS);
-      await this.etcd
-        // a condition always true: etcd writes many keys at once only in a transaction
-        .if(guardKey(project), 'Create', '>', -1)
-        .then(
-          ...chunk.map((id) =>
-            this.etcd
-              .put(heldPrefix(project) + id)
-              .value(id)
-              .lease(lease),
-          ),
-        )
-        .commit();
-      for (const id of chunk) this.membership.noteHeld(heldPrefix(project) + id, id);
-    }
+    await this.membership.holdAll(sandboxIds.map((id) => [heldPrefix(project) + id, id]));
   }
 
   /**
