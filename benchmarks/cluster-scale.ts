@@ -98,6 +98,8 @@ interface Burst {
   controllerRssMib: number;
   liveReached: number;
   overAdmitted: number;
+  /** What the nodes' quota ledgers and creates did in the burst, summed (see QuotaProfile). */
+  profile: Record<string, number>;
 }
 
 /**
@@ -188,7 +190,7 @@ async function startCluster(
 
   const projects = [
     ...shape.projects.flatMap((count) => projectsOf(count, shape.creates, shape['quota-share'])),
-    heldProject(shape),
+    ...Object.values(heldProjects(shape)),
   ];
   const tokens = new Map(projects.map(({ name }) => [name, randomBytes(16).toString('hex')]));
   const grants = join(dir, 'grants.json');
@@ -237,18 +239,43 @@ async function startCluster(
   return { etcd, admin, simulators, controllers, clients };
 }
 
-/** The project the at-size comparison fills, with room for its records and the timed creates. */
-function heldProject(shape: Shape): { name: string; quota: number } {
-  return { name: 'held', quota: shape.hold + shape['hold-samples'] };
+/**
+ * The projects of the at-size comparison: one it fills with `hold` records, and one it leaves
+ * empty; both have the same room beyond that for the timed creates (`--quota-share` times them),
+ * so the two differ in live records only, not in how near their quota's edge they are.
+ */
+function heldProjects(shape: Shape): {
+  empty: { name: string; quota: number };
+  full: { name: string; quota: number };
+} {
+  const room = Math.ceil(shape['quota-share'] * shape['hold-samples']);
+  return { empty: { name: 'held0', quota: room }, full: { name: 'held', quota: shape.hold + room } };
 }
 
-const statsSchema = z.object({ live: z.number(), conflicts: z.number() });
+const statsSchema = z.object({
+  live: z.number(),
+  conflicts: z.number(),
+  /** The nodes' quota profiles and create timings (QuotaProfile, SimulatedNode.timing), summed. */
+  profile: z.record(z.string(), z.number()),
+});
+type Stats = z.infer<typeof statsSchema>;
 
-async function simulatorStats(cluster: Cluster): Promise<{ live: number; conflicts: number }> {
+async function simulatorStats(cluster: Cluster): Promise<Stats> {
   const all = await Promise.all(
     cluster.simulators.map(async (s) => statsSchema.parse(await s.request({ stats: true }))),
   );
-  return all.reduce((sum, one) => ({ live: sum.live + one.live, conflicts: sum.conflicts + one.conflicts }));
+  return all.reduce((sum, one) => ({
+    live: sum.live + one.live,
+    conflicts: sum.conflicts + one.conflicts,
+    profile: sumOf(sum.profile, one.profile, 1),
+  }));
+}
+
+/** `a + sign * b`, field by field. */
+function sumOf(a: Record<string, number>, b: Record<string, number>, sign: 1 | -1): Record<string, number> {
+  const total = { ...a };
+  for (const [key, value] of Object.entries(b)) total[key] = (total[key] ?? 0) + sign * value;
+  return total;
 }
 
 /** Raft proposals etcd committed so far: one per write transaction (a put, a delete, a txn). */
@@ -321,6 +348,7 @@ async function burst(
     controllerRssMib,
     liveReached,
     overAdmitted,
+    profile: sumOf(after.stats.profile, before.stats.profile, -1),
   };
 }
 
@@ -344,7 +372,20 @@ function burstMetrics(at: string, on: Burst, off: Burst): Record<string, Metric>
     [`${at}_controller_rss_mib`]: { value: Math.max(on.controllerRssMib, off.controllerRssMib), unit: 'MiB' },
     [`${at}_live_reached`]: { value: on.liveReached, unit: 'sandboxes' },
     [`${at}_over_admitted`]: { value: on.overAdmitted, unit: 'sandboxes' },
+    ...profileMetrics(at, on.profile),
   };
+}
+
+/** Per create on a node: where a quota claim's time and etcd writes went. */
+function profileMetrics(at: string, profile: Record<string, number>): Record<string, Metric> {
+  const creates = profile['creates'] ?? 0;
+  const per = (key: string): number => Math.round(((profile[key] ?? 0) / creates) * 1000) / 1000;
+  const metrics: Record<string, Metric> = {};
+  for (const key of ['claimMs', 'queuedMs', 'growMs', 'settleMs', 'createMs'])
+    metrics[`${at}_node_${key.replace(/Ms$/, '')}_ms_per_create`] = { value: per(key), unit: 'ms' };
+  for (const key of ['grows', 'conflicts', 'waitsForSpare', 'returnWrites', 'holdWrites'])
+    metrics[`${at}_node_${key}_per_create`] = { value: per(key), unit: 'per create' };
+  return metrics;
 }
 
 /** Creates one project makes with `hold` of its records live, against the same at 0 live. */
@@ -354,10 +395,12 @@ async function atSize(
   options: BenchOptions,
 ): Promise<Record<string, Metric>> {
   const samples = shape['hold-samples'];
-  const project = heldProject(shape);
+  const { empty, full: project } = heldProjects(shape);
   let refused = 0;
-  const timed = async (): Promise<number[]> => {
-    const clients = cluster.clients.get(project.name)!;
+  const profiles: Record<string, Metric> = {};
+  const timed = async (name: string, at: string): Promise<number[]> => {
+    const before = await simulatorStats(cluster);
+    const clients = cluster.clients.get(name)!;
     const made: Sandbox[] = [];
     const latencies: number[] = [];
     await atATime(samples, 16, async (i) => {
@@ -370,12 +413,16 @@ async function atSize(
         refused++;
       }
     });
+    Object.assign(
+      profiles,
+      profileMetrics(at, sumOf((await simulatorStats(cluster)).profile, before.profile, -1)),
+    );
     await atATime(made.length, 16, (i) => made[i]!.close());
     return latencies;
   };
   await Promise.all(cluster.simulators.map((s) => s.request({ quotasOff: false })));
   options.progress(`cluster-scale: ${samples} creates at 0 live`);
-  const empty = await timed();
+  const atZero = await timed(empty.name, 'at_0_live');
   options.progress(`cluster-scale: filling ${shape.hold} records`);
   const share = (p: number): number =>
     Math.floor(shape.hold / cluster.simulators.length) + (p < shape.hold % cluster.simulators.length ? 1 : 0);
@@ -383,10 +430,11 @@ async function atSize(
     cluster.simulators.map((s, p) => s.request({ preload: { project: project.name, count: share(p) } })),
   );
   options.progress(`cluster-scale: ${samples} creates at ${shape.hold} live`);
-  const full = await timed();
+  const full = await timed(project.name, `at_${shape.hold}_live`);
   return {
-    [`create_p50_ms_at_${shape.hold}_live_vs_0`]: compared(quantile(full, 0.5), quantile(empty, 0.5)),
-    [`create_p99_ms_at_${shape.hold}_live_vs_0`]: compared(quantile(full, 0.99), quantile(empty, 0.99)),
+    [`create_p50_ms_at_${shape.hold}_live_vs_0`]: compared(quantile(full, 0.5), quantile(atZero, 0.5)),
+    [`create_p99_ms_at_${shape.hold}_live_vs_0`]: compared(quantile(full, 0.99), quantile(atZero, 0.99)),
     at_size_refused_within_quota: { value: refused, unit: 'creates' },
+    ...profiles,
   };
 }

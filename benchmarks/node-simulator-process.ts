@@ -67,7 +67,8 @@ async function main(): Promise<void> {
       console.log(
         JSON.stringify({
           live: nodes.reduce((sum, node) => sum + node.live, 0),
-          conflicts: nodes.reduce((sum, node) => sum + node.quota.conflicts, 0),
+          conflicts: nodes.reduce((sum, node) => sum + node.quota.profile.conflicts, 0),
+          profile: summed(nodes.map((node) => ({ ...node.quota.profile, ...node.timing }))),
         }),
       );
     } else if ('quotasOff' in command) {
@@ -84,6 +85,14 @@ async function main(): Promise<void> {
     }
   }
   await close();
+}
+
+/** Each field summed over the nodes. */
+function summed(parts: Record<string, number>[]): Record<string, number> {
+  const total: Record<string, number> = {};
+  for (const part of parts)
+    for (const [key, value] of Object.entries(part)) total[key] = (total[key] ?? 0) + value;
+  return total;
 }
 
 main().catch((error: unknown) => {

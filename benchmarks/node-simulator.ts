@@ -70,7 +70,11 @@ const PRELOADED: SandboxInfo = {
 
 /** One simulated node: its records, its membership in etcd, its ledger and its wire server. */
 export class SimulatedNode {
+  /** Creates this node made, the milliseconds they took on it, and of those the held key's write. */
+  readonly timing = { creates: 0, createMs: 0, settleMs: 0 };
   private readonly records = new Map<string, SandboxRecord>();
+  /** Live records per project, kept as records come and go, so Status costs nothing per record. */
+  private readonly perProject = new Map<string, number>();
   private pending = 0;
   private closed = false;
 
@@ -142,8 +146,6 @@ export class SimulatedNode {
   }
 
   status(): NodeStatus {
-    const projects: Record<string, number> = {};
-    for (const { project } of this.records.values()) projects[project] = (projects[project] ?? 0) + 1;
     return {
       nodeId: this.nodeId,
       backends: ['container'],
@@ -153,7 +155,7 @@ export class SimulatedNode {
       capacity: this.options.capacity,
       memoryCommittedMib: 0,
       memoryCapacityMib: MEMORY_CAPACITY_MIB,
-      projects,
+      projects: Object.fromEntries(this.perProject),
     };
   }
 
@@ -181,6 +183,7 @@ export class SimulatedNode {
     }
     const resolved = sandboxRequestSchema.parse(request);
     this.pending++;
+    const begun = performance.now();
     try {
       const claims =
         quota === undefined || this.options.quotasOff ? [] : await this.quota.claim(project, 1, quota);
@@ -196,11 +199,15 @@ export class SimulatedNode {
         labels: resolved.labels,
         resources: { ...resolved.resources, diskMib: resolved.resources.diskMib ?? SIMULATED_DISK_MIB },
       };
-      this.records.set(id, { project, info });
+      this.add(id, { project, info });
       const [claim] = claims;
+      const settling = performance.now();
       if (claim) await this.quota.settle(project, claim, id);
       else if (this.options.quotasOff) await this.membership.hold(heldKey(project, id), id);
       else await this.quota.hold(project, id);
+      this.timing.creates++;
+      this.timing.settleMs += performance.now() - settling;
+      this.timing.createMs += performance.now() - begun;
       return info;
     } finally {
       this.pending--;
@@ -211,23 +218,23 @@ export class SimulatedNode {
    * Makes `count` records of `project` at once, outside the wire and without claims, each held in
    * etcd as an adopted sandbox is: how a benchmark fills the cluster to a size before timing.
    */
-  async preload(project: string, count: number, concurrency = 64): Promise<void> {
-    let next = 0;
-    await Promise.all(
-      Array.from({ length: concurrency }, async () => {
-        while (next < count) {
-          next++;
-          const id = newSandboxId(this.nodeId);
-          this.records.set(id, { project, info: { ...PRELOADED, id } });
-          await this.quota.hold(project, id);
-        }
-      }),
-    );
+  async preload(project: string, count: number): Promise<void> {
+    const ids = Array.from({ length: count }, () => newSandboxId(this.nodeId));
+    for (const id of ids) this.add(id, { project, info: { ...PRELOADED, id } });
+    await this.quota.hold(project, ...ids);
+  }
+
+  private add(id: string, record: SandboxRecord): void {
+    this.records.set(id, record);
+    this.perProject.set(record.project, (this.perProject.get(record.project) ?? 0) + 1);
   }
 
   async destroy(project: string, id: string): Promise<void> {
     this.recordOf(project, id);
     this.records.delete(id);
+    const left = (this.perProject.get(project) ?? 1) - 1;
+    if (left > 0) this.perProject.set(project, left);
+    else this.perProject.delete(project);
     // the Destroy call returns once etcd counts the room it made, as a node's does
     await this.quota.release(project, id);
   }

@@ -91,7 +91,7 @@ describe('the node simulator (benchmarks only)', () => {
     expect(await held()).toBe(5);
     expect(nodes.reduce((sum, node) => sum + node.live, 0)).toBe(5);
     expect(new Set(made.map((sandbox) => nodeOfSandboxId(sandbox.id))).size).toBeGreaterThan(0);
-    expect(nodes[0]!.quota.conflicts + nodes[1]!.quota.conflicts).toBeGreaterThanOrEqual(0);
+    expect(nodes[0]!.quota.profile.conflicts + nodes[1]!.quota.profile.conflicts).toBeGreaterThanOrEqual(0);
 
     // Destroy goes through the node's real wire and frees the quota in etcd
     await made[0]!.close();

@@ -40,7 +40,10 @@ export class NodeClusterLink {
     try {
       const membership = await NodeMembership.join(etcd, record, options.leaseTtlSeconds ?? 10, logger);
       const quota = new ProjectQuotaLedger(etcd, membership, record.nodeId);
-      for (const { id, project } of sandboxes) await quota.hold(project, id);
+      const byProject = new Map<string, string[]>();
+      for (const { id, project } of sandboxes)
+        byProject.set(project, [...(byProject.get(project) ?? []), id]);
+      for (const [project, ids] of byProject) await quota.hold(project, ...ids);
       const following = await followSharedRuns(etcd, runs, logger);
       logger.info({ endpoints: options.endpoints }, 'joined the cluster through etcd');
       return new NodeClusterLink(etcd, membership, quota, following);

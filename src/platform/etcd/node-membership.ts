@@ -5,6 +5,21 @@ import { BACKEND_NAMES } from '../../backends/index.ts';
 import { ETCD_PREFIX } from './etcd-connection.ts';
 
 const NODES_PREFIX = `${ETCD_PREFIX}nodes/`;
+/** Most writes etcd takes in one transaction (its `--max-txn-ops` default). */
+const MAX_TXN_OPS = 128;
+/**
+ * Most held keys one lease carries. etcd before its fix for etcd#15993 (3.4.23, say) applies a
+ * put on a lease in time linear in the keys already on it, so a node with thousands of
+ * sandboxes spreads their keys over leases of this many, all kept alive as its record's is.
+ */
+const KEYS_PER_LEASE = 1000;
+
+/** A lease held keys go on, and how many are on it (or reserved for a write in flight). */
+interface KeyLease {
+  lease: Lease;
+  id: string;
+  keys: number;
+}
 
 /** What a node agent publishes about itself while its lease lives. */
 const nodeRecordSchema = z.object({
@@ -23,13 +38,17 @@ export type NodeRecord = z.infer<typeof nodeRecordSchema>;
 /**
  * A node agent's membership: its record under a lease the agent keeps alive. When the agent dies
  * or loses etcd for longer than the lease, etcd deletes the record and every controller stops
- * placing on it. Keys the agent holds for its sandboxes (quota claims) hang off the same lease,
- * so they vanish with it, and are written again when the agent rejoins with a new lease.
+ * placing on it. Keys the agent holds for its sandboxes (quota claims) hang off leases of its
+ * own, {@link KEYS_PER_LEASE} to a lease, kept alive alongside, so they vanish with the node, and
+ * are written again when the agent rejoins with a new lease.
  */
 export class NodeMembership {
   private lease: Lease | undefined;
   private leaseId: string | undefined;
-  private readonly held = new Map<string, string>();
+  /** Each held key's value and the lease it is on (none while it waits for a rejoin). */
+  private readonly held = new Map<string, { value: string; lease: KeyLease | undefined }>();
+  private keyLeases: KeyLease[] = [];
+  private granting: Promise<void> | undefined;
   private closed = false;
 
   private constructor(
@@ -64,23 +83,75 @@ export class NodeMembership {
   }
 
   /** Writes a key that lives as long as this node's membership, and again after a rejoin. */
-  async hold(key: string, value: string): Promise<void> {
-    this.held.set(key, value);
-    await this.etcd
-      .put(key)
-      .value(value)
-      .lease(await this.currentLease())
-      .exec();
+  hold(key: string, value: string): Promise<void> {
+    return this.holdAll([[key, value]]);
   }
 
-  /** Notes a key a transaction already wrote on this node's lease, so a rejoin writes it again. */
-  noteHeld(key: string, value: string): void {
-    this.held.set(key, value);
+  /** Writes keys as {@link hold} does, {@link MAX_TXN_OPS} to a transaction. */
+  async holdAll(entries: [key: string, value: string][]): Promise<void> {
+    for (const [key, value] of entries) {
+      this.forget(key);
+      this.held.set(key, { value, lease: undefined });
+    }
+    // while rejoining there is no lease: the rejoin writes them
+    await this.currentLease();
+    for (let first = 0; first < entries.length; first += MAX_TXN_OPS)
+      await this.writeHeld(entries.slice(first, first + MAX_TXN_OPS));
   }
 
   async drop(key: string): Promise<void> {
-    this.held.delete(key);
+    this.forget(key);
     await this.etcd.delete().key(key).exec();
+  }
+
+  private forget(key: string): void {
+    const entry = this.held.get(key);
+    if (entry?.lease) entry.lease.keys--;
+    this.held.delete(key);
+  }
+
+  /** Writes held keys on a lease with room for them, in one transaction. */
+  private async writeHeld(entries: [key: string, value: string][]): Promise<void> {
+    const lease = await this.keyLease(entries.length);
+    for (const [key] of entries) {
+      const entry = this.held.get(key);
+      if (entry) entry.lease = lease;
+    }
+    await this.etcd
+      // a condition always true: etcd writes many keys at once only in a transaction
+      .if(NODES_PREFIX + this.record.nodeId, 'Create', '>', -1)
+      .then(...entries.map(([key, value]) => this.etcd.put(key).value(value).lease(lease.id)))
+      .commit();
+  }
+
+  /** A lease with room for `count` more keys, taken for them; granted when none has room. */
+  private async keyLease(count: number): Promise<KeyLease> {
+    for (;;) {
+      const open = this.keyLeases.find((lease) => lease.keys + count <= KEYS_PER_LEASE);
+      if (open) {
+        open.keys += count;
+        return open;
+      }
+      this.granting ??= this.grantKeyLease().finally(() => (this.granting = undefined));
+      await this.granting;
+    }
+  }
+
+  private async grantKeyLease(): Promise<void> {
+    const lease = this.etcd.lease(this.ttlSeconds, { autoKeepAlive: true });
+    const keyLease: KeyLease = { lease, id: await lease.grant(), keys: 0 };
+    lease.on('lost', (error) => {
+      if (this.closed || !this.keyLeases.includes(keyLease)) return;
+      this.keyLeases = this.keyLeases.filter((other) => other !== keyLease);
+      // rejoining: the rejoin writes every key again
+      if (!this.leaseId) return;
+      this.logger.warn({ err: error }, 'etcd lease of held keys lost: writing them again');
+      const orphans = [...this.held]
+        .filter(([, entry]) => entry.lease === keyLease)
+        .map(([key, entry]): [string, string] => [key, entry.value]);
+      void this.holdAll(orphans).catch((err: unknown) => this.logger.debug({ err }, 'held keys not written'));
+    });
+    this.keyLeases.push(keyLease);
   }
 
   /** Publishes a change to the record (draining, say). */
@@ -104,14 +175,21 @@ export class NodeMembership {
     });
     this.leaseId = await lease.grant();
     this.lease = lease;
-    const writes = [
-      this.etcd
-        .put(NODES_PREFIX + this.record.nodeId)
-        .value(JSON.stringify(this.record))
-        .lease(this.leaseId),
-      ...[...this.held].map(([key, value]) => this.etcd.put(key).value(value).lease(this.leaseId!)),
-    ];
-    await Promise.all(writes.map((write) => write.exec()));
+    await this.etcd
+      .put(NODES_PREFIX + this.record.nodeId)
+      .value(JSON.stringify(this.record))
+      .lease(this.leaseId)
+      .exec();
+    // every held key again, on fresh leases; then the old ones go, with nothing left on them
+    const stale = this.keyLeases;
+    this.keyLeases = [];
+    const entries = [...this.held].map(([key, entry]): [string, string] => {
+      entry.lease = undefined;
+      return [key, entry.value];
+    });
+    for (let first = 0; first < entries.length; first += MAX_TXN_OPS)
+      await this.writeHeld(entries.slice(first, first + MAX_TXN_OPS));
+    await Promise.all(stale.map((old) => old.lease.revoke().catch(() => undefined)));
   }
 
   /** Tries to join again, backing off, until it has or the membership is closed. */
@@ -131,9 +209,14 @@ export class NodeMembership {
   /** Leaves at once: the record and held keys go now, not when the lease would have lapsed. */
   async leave(): Promise<void> {
     this.closed = true;
-    const lease = this.lease;
+    const leases = [...(this.lease ? [this.lease] : []), ...this.keyLeases.map((keyLease) => keyLease.lease)];
     this.lease = undefined;
-    await lease?.revoke().catch((error: unknown) => this.logger.debug({ err: error }, 'lease revoke failed'));
+    this.keyLeases = [];
+    await Promise.all(
+      leases.map((lease) =>
+        lease.revoke().catch((error: unknown) => this.logger.debug({ err: error }, 'lease revoke failed')),
+      ),
+    );
   }
 }
 
