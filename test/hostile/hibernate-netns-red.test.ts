@@ -8,7 +8,12 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it } from 'vitest';
-import { detectCriu } from '../../src/backends/host/criu.ts';
+import {
+  INSTALLED_CRIU,
+  SANDGYM_CRIU_RUN_DIR,
+  criuProgram,
+  detectCriu,
+} from '../../src/backends/host/criu.ts';
 import { Platform } from '../../src/platform/index.ts';
 import { STORE_DIR, TEST_DATA_ROOT, createTestPlatform } from '../support/platform.ts';
 
@@ -184,4 +189,83 @@ setInterval(() => undefined, 1000);
       await rm(dataDir, { recursive: true, force: true });
     }
   });
+
+  it("keep a hibernated sandbox's namespace its own while a neighbour is created, wakes and forks", async () => {
+    await using test = await createTestPlatform('red-hib-neighbours');
+    const victim = await test.platform.createSandbox({ environment: 'busybox:latest' });
+    const neighbour = await test.platform.createSandbox({ environment: 'busybox:latest' });
+    const namespaceOf = async (sandbox: typeof victim): Promise<string> =>
+      (await sandbox.exec(['readlink', '/proc/self/ns/net'])).stdout;
+    try {
+      const victimNet = await namespaceOf(victim);
+      expect((await victim.hibernate()).state).toBe('hibernated');
+      // the neighbour's own hibernation, wake and fork (CRIU restores that build mount
+      // namespaces beside the victim's kept mount), and a new container (runc's)
+      expect((await neighbour.hibernate()).state).toBe('hibernated');
+      const neighbourNet = await namespaceOf(neighbour);
+      expect(neighbourNet).not.toBe(victimNet);
+      {
+        await using group = await test.platform.fork(neighbour, 1, { depth: 'memory' });
+        expect(await namespaceOf(group.sandboxes[0]!)).not.toBe(victimNet);
+      }
+      const third = await test.platform.createSandbox({ environment: 'busybox:latest' });
+      await third.close();
+      // the victim's namespace is still held, and it wakes in it, the neighbour in its own
+      expect(keptUnder(test.dataDir)).toHaveLength(1);
+      expect(await namespaceOf(victim)).toBe(victimNet);
+      expect(await namespaceOf(neighbour)).toBe(neighbourNet);
+    } finally {
+      await neighbour.close();
+      await victim.close();
+      expect(keptUnder(test.dataDir)).toEqual([]);
+    }
+  });
 });
+
+/** The mounts stacked on CRIU's kernel cache folder, bottom first. */
+function cacheFolderMounts(): string[] {
+  return readFileSync('/proc/self/mountinfo', 'utf8')
+    .split('\n')
+    .filter((line) => line.split(' ')[4] === SANDGYM_CRIU_RUN_DIR);
+}
+
+describe.skipIf(!criu.usable || criuProgram() !== INSTALLED_CRIU)(
+  "CRIU's kernel cache tmpfs, under attack",
+  () => {
+    // OPEN BREAK (minor): node processes that start at once after a reboot each detect CRIU, each
+    // finds no tmpfs on the cache folder and each mounts one: the later hide the earlier, which
+    // stay mounted, empty, on the host until it restarts (a tmpfs of 1 MiB each). The comment in
+    // kernelCacheFolder accepts it; a mount under a lock, or a check of mountinfo after mounting
+    // that unmounts the extra, would not leave them.
+    it.fails('mount one tmpfs on the cache folder when nodes start at once', async () => {
+      try {
+        // a few reboots' worth: the race is lost most times here, not every time
+        const stacked: number[] = [];
+        for (let reboot = 0; reboot < 5; reboot++) {
+          // what a reboot leaves where /run is a disk: the folder, with no tmpfs on it
+          while (cacheFolderMounts().length > 0) execFileSync('umount', [SANDGYM_CRIU_RUN_DIR]);
+          const detected = await Promise.all([detectCriu(), detectCriu(), detectCriu()]);
+          expect(detected.map((d) => d.kernelCacheKept)).toEqual([true, true, true]);
+          stacked.push(cacheFolderMounts().length);
+        }
+        expect(stacked).toEqual([1, 1, 1, 1, 1]);
+      } finally {
+        // one root-only tmpfs again, as other work on this host expects
+        while (cacheFolderMounts().length > 1) execFileSync('umount', [SANDGYM_CRIU_RUN_DIR]);
+        await detectCriu();
+      }
+    });
+
+    it('mount one tmpfs on the cache folder when one node starts', async () => {
+      try {
+        while (cacheFolderMounts().length > 0) execFileSync('umount', [SANDGYM_CRIU_RUN_DIR]);
+        expect(await detectCriu()).toMatchObject({ usable: true, kernelCacheKept: true });
+        expect(await detectCriu()).toMatchObject({ usable: true, kernelCacheKept: true });
+        expect(cacheFolderMounts()).toHaveLength(1);
+      } finally {
+        while (cacheFolderMounts().length > 1) execFileSync('umount', [SANDGYM_CRIU_RUN_DIR]);
+        await detectCriu();
+      }
+    });
+  },
+);
