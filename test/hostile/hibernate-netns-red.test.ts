@@ -60,6 +60,10 @@ function unseizableProgramPath(): string {
   return join(dir, 'vf');
 }
 
+/** Starts a process that holds ~200 MB, for a restore that takes a while; /tmp/held once it does. */
+const HOLD_200MB =
+  'sh -c \'x=$(head -c 200000000 /dev/zero | tr "\\0" a); echo held > /tmp/held; while true; do sleep 1; done\' >/dev/null 2>&1 & while [ ! -e /tmp/held ]; do sleep 0.1; done';
+
 /** Waits until `done` holds, polling; fails naming `what` after many tries. */
 async function until(what: string, done: () => boolean): Promise<void> {
   for (let i = 0; !done(); i++) {
@@ -190,6 +194,74 @@ setInterval(() => undefined, 1000);
     }
   });
 
+  // OPEN BREAK: an owner killed while CRIU restores a hibernated sandbox (the overlay the restore
+  // is rooted at is mounted at <sandbox dir>/rootfs, to be detached once CRIU is done) leaves that
+  // overlay mounted: the successor adopts the restored processes and they work, but close (and
+  // gc) never unmount it, the folder cannot go (EBUSY on rootfs), and the overlay and the layer
+  // mount under it stay on the host after the sandbox is gone. removeContainerResidue lets go of
+  // kept namespaces by mountinfo; the restore's overlay is not in its list. (The kept namespace
+  // itself is let go.)
+  it.fails(
+    'outlive an owner killed mid-wake: the successor adopts what CRIU restored, close releases all',
+    async () => {
+      const dataDir = join(TEST_DATA_ROOT, `red-hib-crash-wake-${process.pid}`);
+      // the owner hibernates a durable sandbox holding memory, then wakes it and is killed while
+      // CRIU restores it into the kept namespace
+      const owner = spawn(
+        process.execPath,
+        [
+          '--input-type=module',
+          '-e',
+          `
+const { Platform } = await import(${JSON.stringify(resolve('dist/src/index.js'))});
+const platform = await Platform.local({ dataDir: process.env.DATA, storeDir: process.env.STORE, durable: true });
+const sandbox = await platform.createSandbox({ environment: 'busybox:latest', resources: { memoryMib: 512 } });
+await sandbox.exec(['sh', '-c', process.env.HOLD]);
+await sandbox.hibernate();
+console.log(JSON.stringify({ id: sandbox.id }));
+await sandbox.exec(['echo', 'woke']);
+setInterval(() => undefined, 1000);
+`,
+        ],
+        {
+          env: { ...process.env, DATA: dataDir, STORE: STORE_DIR, HOLD: HOLD_200MB },
+          stdio: ['ignore', 'pipe', 'inherit'],
+        },
+      );
+      let out = '';
+      owner.stdout.on('data', (chunk: Buffer) => (out += chunk.toString()));
+      let successor: Awaited<ReturnType<typeof Platform.local>> | undefined;
+      let left: string[] = [];
+      try {
+        await until('the owner hibernated its sandbox', () => out.includes('\n'));
+        const { id } = JSON.parse(out) as { id: string };
+        let criuRun: number | undefined;
+        await until('the owner restores', () => {
+          criuRun = childrenOf(owner.pid!).find((pid) =>
+            readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes('restore'),
+          );
+          return criuRun !== undefined;
+        });
+        owner.kill('SIGKILL');
+        await until("the dead owner's CRIU ends", () => !existsSync(`/proc/${criuRun}`));
+        successor = await Platform.local({ dataDir, storeDir: STORE_DIR, durable: true });
+        const adopted = await successor.adoptSandboxes();
+        expect(adopted.map((s) => s.id)).toEqual([id]);
+        expect((await adopted[0]!.exec(['cat', '/tmp/held'])).stdout).toBe('held\n');
+        await adopted[0]!.close();
+        expect(keptUnder(dataDir)).toEqual([]);
+      } finally {
+        owner.kill('SIGKILL');
+        await successor?.gc().catch(() => undefined);
+        left = removeMountsUnder(join(dataDir, 'sandboxes'));
+        await successor?.close().catch(() => undefined);
+        removeMountsUnder(dataDir);
+        await rm(dataDir, { recursive: true, force: true });
+      }
+      expect(left).toEqual([]);
+    },
+  );
+
   it("keep a hibernated sandbox's namespace its own while a neighbour is created, wakes and forks", async () => {
     await using test = await createTestPlatform('red-hib-neighbours');
     const victim = await test.platform.createSandbox({ environment: 'busybox:latest' });
@@ -239,16 +311,16 @@ describe.skipIf(!criu.usable || criuProgram() !== INSTALLED_CRIU)(
     // that unmounts the extra, would not leave them.
     it.fails('mount one tmpfs on the cache folder when nodes start at once', async () => {
       try {
-        // a few reboots' worth: the race is lost most times here, not every time
+        // many reboots' worth: the race is lost most times in a fresh process, less in a warm one
         const stacked: number[] = [];
-        for (let reboot = 0; reboot < 5; reboot++) {
+        for (let reboot = 0; reboot < 20; reboot++) {
           // what a reboot leaves where /run is a disk: the folder, with no tmpfs on it
           while (cacheFolderMounts().length > 0) execFileSync('umount', [SANDGYM_CRIU_RUN_DIR]);
-          const detected = await Promise.all([detectCriu(), detectCriu(), detectCriu()]);
-          expect(detected.map((d) => d.kernelCacheKept)).toEqual([true, true, true]);
+          const detected = await Promise.all([detectCriu(), detectCriu(), detectCriu(), detectCriu()]);
+          expect(detected.every((d) => d.kernelCacheKept)).toBe(true);
           stacked.push(cacheFolderMounts().length);
         }
-        expect(stacked).toEqual([1, 1, 1, 1, 1]);
+        expect(stacked.filter((mounts) => mounts !== 1)).toEqual([]);
       } finally {
         // one root-only tmpfs again, as other work on this host expects
         while (cacheFolderMounts().length > 1) execFileSync('umount', [SANDGYM_CRIU_RUN_DIR]);
