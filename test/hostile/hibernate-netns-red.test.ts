@@ -79,6 +79,64 @@ function childrenOf(pid: number): number[] {
   );
 }
 
+type AdoptedSandboxes = Awaited<ReturnType<Awaited<ReturnType<typeof Platform.local>>['adoptSandboxes']>>;
+
+/**
+ * A durable sandbox's owner in a process of its own runs `owner` (with `platform` defined; it
+ * logs the sandbox's id as JSON) and is SIGKILLed while the CRIU run of its whose command line
+ * holds `verb` runs, once `killWhen` holds. When that run has ended, a successor on the same data
+ * dir adopts what it can and `check` looks at it; then gc reaps the rest, as a node does. Returns
+ * the mounts left under the sandboxes' folder, which it then removes with everything else.
+ */
+async function killOwnerDuringCriu(options: {
+  dataDir: string;
+  owner: string;
+  env: Record<string, string>;
+  verb: 'dump' | 'restore';
+  killWhen?: () => boolean;
+  check: (adopted: AdoptedSandboxes, id: string) => Promise<void>;
+}): Promise<string[]> {
+  const { dataDir } = options;
+  const script = `
+const { Platform } = await import(${JSON.stringify(resolve('dist/src/index.js'))});
+const platform = await Platform.local({ dataDir: process.env.DATA, storeDir: process.env.STORE, durable: true });
+${options.owner}
+setInterval(() => undefined, 1000);
+`;
+  const owner = spawn(process.execPath, ['--input-type=module', '-e', script], {
+    env: { ...process.env, ...options.env, DATA: dataDir, STORE: STORE_DIR },
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
+  let out = '';
+  owner.stdout.on('data', (chunk: Buffer) => (out += chunk.toString()));
+  let successor: Awaited<ReturnType<typeof Platform.local>> | undefined;
+  let left: string[] = [];
+  try {
+    await until('the owner made its sandbox', () => out.includes('\n'));
+    const { id } = JSON.parse(out) as { id: string };
+    let criuRun: number | undefined;
+    await until(`the owner's CRIU ${options.verb}s`, () => {
+      criuRun = childrenOf(owner.pid!).find((pid) =>
+        readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').includes(options.verb),
+      );
+      return criuRun !== undefined && (options.killWhen?.() ?? true);
+    });
+    owner.kill('SIGKILL');
+    // CRIU outlives its caller
+    await until("the dead owner's CRIU ends", () => !existsSync(`/proc/${criuRun}`));
+    successor = await Platform.local({ dataDir, storeDir: STORE_DIR, durable: true });
+    await options.check(await successor.adoptSandboxes(), id);
+  } finally {
+    owner.kill('SIGKILL');
+    await successor?.gc().catch(() => undefined);
+    left = removeMountsUnder(join(dataDir, 'sandboxes'));
+    await successor?.close().catch(() => undefined);
+    removeMountsUnder(dataDir);
+    await rm(dataDir, { recursive: true, force: true });
+  }
+  return left;
+}
+
 describe.skipIf(!criu.usable)('hibernation that keeps the network namespace, under attack', () => {
   // OPEN BREAK: two hibernations of one sandbox at once (a tenant's call beside the node's idle
   // policy or a run's preemption, or two of the tenant's) run two CRIU dumps of the same
@@ -142,56 +200,28 @@ describe.skipIf(!criu.usable)('hibernation that keeps the network namespace, und
 
   it('let go of the namespace a dead owner kept mid-dump: the successor adopts, close releases', async () => {
     const dataDir = join(TEST_DATA_ROOT, `red-hib-crash-${process.pid}`);
-    // the owner hibernates a durable sandbox CRIU cannot seize: its dump spends CRIU's seize
-    // timeout with the namespace already held, and the owner is killed then
-    const owner = spawn(
-      process.execPath,
-      [
-        '--input-type=module',
-        '-e',
-        `
-const { Platform } = await import(${JSON.stringify(resolve('dist/src/index.js'))});
+    // a dump of a sandbox CRIU cannot seize spends CRIU's seize timeout with the namespace
+    // already held: the owner is killed then; CRIU gives up and lets the processes go
+    const left = await killOwnerDuringCriu({
+      dataDir,
+      owner: `
 const { readFileSync } = await import('node:fs');
-const platform = await Platform.local({ dataDir: process.env.DATA, storeDir: process.env.STORE, durable: true });
 const sandbox = await platform.createSandbox({ environment: 'busybox:latest' });
 await sandbox.writeFile('/root/vf', readFileSync(process.env.VF));
 await sandbox.exec(['sh', '-c', 'chmod +x /root/vf; /root/vf >/dev/null 2>&1 &']);
 console.log(JSON.stringify({ id: sandbox.id }));
-await sandbox.hibernate();
-setInterval(() => undefined, 1000);
-`,
-      ],
-      {
-        env: { ...process.env, DATA: dataDir, STORE: STORE_DIR, VF: unseizableProgramPath() },
-        stdio: ['ignore', 'pipe', 'inherit'],
+await sandbox.hibernate();`,
+      env: { VF: unseizableProgramPath() },
+      verb: 'dump',
+      killWhen: () => keptUnder(dataDir).length === 1,
+      check: async (adopted, id) => {
+        expect(adopted.map((s) => [s.id, s.state])).toEqual([[id, 'running']]);
+        expect((await adopted[0]!.exec(['echo', 'adopted'])).stdout).toBe('adopted\n');
+        await adopted[0]!.close();
+        expect(keptUnder(dataDir)).toEqual([]);
       },
-    );
-    let out = '';
-    owner.stdout.on('data', (chunk: Buffer) => (out += chunk.toString()));
-    let successor: Awaited<ReturnType<typeof Platform.local>> | undefined;
-    try {
-      await until('the owner created its sandbox', () => out.includes('\n'));
-      const { id } = JSON.parse(out) as { id: string };
-      await until('the dump holds the namespace', () => keptUnder(dataDir).length === 1);
-      const criuRun = childrenOf(owner.pid!).find((pid) =>
-        readFileSync(`/proc/${pid}/comm`, 'utf8').startsWith('criu'),
-      );
-      owner.kill('SIGKILL');
-      // CRIU outlives its caller, gives up on the process it cannot seize and lets the rest go
-      if (criuRun) await until("the dead owner's CRIU ends", () => !existsSync(`/proc/${criuRun}`));
-      successor = await Platform.local({ dataDir, storeDir: STORE_DIR, durable: true });
-      const adopted = await successor.adoptSandboxes();
-      expect(adopted.map((s) => [s.id, s.state])).toEqual([[id, 'running']]);
-      expect((await adopted[0]!.exec(['echo', 'adopted'])).stdout).toBe('adopted\n');
-      await adopted[0]!.close();
-      expect(keptUnder(dataDir)).toEqual([]);
-    } finally {
-      owner.kill('SIGKILL');
-      await successor?.gc();
-      await successor?.close();
-      expect(keptUnder(dataDir)).toEqual([]);
-      await rm(dataDir, { recursive: true, force: true });
-    }
+    });
+    expect(left).toEqual([]);
   });
 
   // OPEN BREAK: an owner killed while CRIU restores a hibernated sandbox (the overlay the restore
@@ -205,59 +235,23 @@ setInterval(() => undefined, 1000);
     'outlive an owner killed mid-wake: the successor adopts what CRIU restored, close releases all',
     async () => {
       const dataDir = join(TEST_DATA_ROOT, `red-hib-crash-wake-${process.pid}`);
-      // the owner hibernates a durable sandbox holding memory, then wakes it and is killed while
-      // CRIU restores it into the kept namespace
-      const owner = spawn(
-        process.execPath,
-        [
-          '--input-type=module',
-          '-e',
-          `
-const { Platform } = await import(${JSON.stringify(resolve('dist/src/index.js'))});
-const platform = await Platform.local({ dataDir: process.env.DATA, storeDir: process.env.STORE, durable: true });
+      const left = await killOwnerDuringCriu({
+        dataDir,
+        owner: `
 const sandbox = await platform.createSandbox({ environment: 'busybox:latest', resources: { memoryMib: 512 } });
 await sandbox.exec(['sh', '-c', process.env.HOLD]);
 await sandbox.hibernate();
 console.log(JSON.stringify({ id: sandbox.id }));
-await sandbox.exec(['echo', 'woke']);
-setInterval(() => undefined, 1000);
-`,
-        ],
-        {
-          env: { ...process.env, DATA: dataDir, STORE: STORE_DIR, HOLD: HOLD_200MB },
-          stdio: ['ignore', 'pipe', 'inherit'],
+await sandbox.exec(['echo', 'woke']);`,
+        env: { HOLD: HOLD_200MB },
+        verb: 'restore',
+        check: async (adopted, id) => {
+          expect(adopted.map((s) => s.id)).toEqual([id]);
+          expect((await adopted[0]!.exec(['cat', '/tmp/held'])).stdout).toBe('held\n');
+          await adopted[0]!.close();
+          expect(keptUnder(dataDir)).toEqual([]);
         },
-      );
-      let out = '';
-      owner.stdout.on('data', (chunk: Buffer) => (out += chunk.toString()));
-      let successor: Awaited<ReturnType<typeof Platform.local>> | undefined;
-      let left: string[] = [];
-      try {
-        await until('the owner hibernated its sandbox', () => out.includes('\n'));
-        const { id } = JSON.parse(out) as { id: string };
-        let criuRun: number | undefined;
-        await until('the owner restores', () => {
-          criuRun = childrenOf(owner.pid!).find((pid) =>
-            readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes('restore'),
-          );
-          return criuRun !== undefined;
-        });
-        owner.kill('SIGKILL');
-        await until("the dead owner's CRIU ends", () => !existsSync(`/proc/${criuRun}`));
-        successor = await Platform.local({ dataDir, storeDir: STORE_DIR, durable: true });
-        const adopted = await successor.adoptSandboxes();
-        expect(adopted.map((s) => s.id)).toEqual([id]);
-        expect((await adopted[0]!.exec(['cat', '/tmp/held'])).stdout).toBe('held\n');
-        await adopted[0]!.close();
-        expect(keptUnder(dataDir)).toEqual([]);
-      } finally {
-        owner.kill('SIGKILL');
-        await successor?.gc().catch(() => undefined);
-        left = removeMountsUnder(join(dataDir, 'sandboxes'));
-        await successor?.close().catch(() => undefined);
-        removeMountsUnder(dataDir);
-        await rm(dataDir, { recursive: true, force: true });
-      }
+      });
       expect(left).toEqual([]);
     },
   );
@@ -271,57 +265,21 @@ setInterval(() => undefined, 1000);
   it.fails(
     'outlive an owner killed mid-dump: the successor restores the sandbox from its image',
     async () => {
-      const dataDir = join(TEST_DATA_ROOT, `red-hib-crash-dump-${process.pid}`);
-      const owner = spawn(
-        process.execPath,
-        [
-          '--input-type=module',
-          '-e',
-          `
-const { Platform } = await import(${JSON.stringify(resolve('dist/src/index.js'))});
-const platform = await Platform.local({ dataDir: process.env.DATA, storeDir: process.env.STORE, durable: true });
+      const left = await killOwnerDuringCriu({
+        dataDir: join(TEST_DATA_ROOT, `red-hib-crash-dump-${process.pid}`),
+        owner: `
 const sandbox = await platform.createSandbox({ environment: 'busybox:latest', resources: { memoryMib: 512 } });
 await sandbox.exec(['sh', '-c', process.env.HOLD]);
 console.log(JSON.stringify({ id: sandbox.id }));
-await sandbox.hibernate();
-setInterval(() => undefined, 1000);
-`,
-        ],
-        {
-          env: { ...process.env, DATA: dataDir, STORE: STORE_DIR, HOLD: HOLD_200MB },
-          stdio: ['ignore', 'pipe', 'inherit'],
+await sandbox.hibernate();`,
+        env: { HOLD: HOLD_200MB },
+        verb: 'dump',
+        check: async (adopted, id) => {
+          expect(adopted.map((s) => s.id)).toEqual([id]);
+          expect((await adopted[0]!.exec(['cat', '/tmp/held'])).stdout).toBe('held\n');
+          await adopted[0]!.close();
         },
-      );
-      let out = '';
-      owner.stdout.on('data', (chunk: Buffer) => (out += chunk.toString()));
-      let successor: Awaited<ReturnType<typeof Platform.local>> | undefined;
-      let left: string[] = [];
-      try {
-        await until('the owner filled its sandbox', () => out.includes('\n'));
-        const { id } = JSON.parse(out) as { id: string };
-        let criuRun: number | undefined;
-        await until('the owner dumps', () => {
-          criuRun = childrenOf(owner.pid!).find((pid) =>
-            readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes('dump'),
-          );
-          return criuRun !== undefined;
-        });
-        owner.kill('SIGKILL');
-        await until("the dead owner's CRIU ends", () => !existsSync(`/proc/${criuRun}`));
-        successor = await Platform.local({ dataDir, storeDir: STORE_DIR, durable: true });
-        const adopted = await successor.adoptSandboxes();
-        expect(adopted.map((s) => s.id)).toEqual([id]);
-        expect((await adopted[0]!.exec(['cat', '/tmp/held'])).stdout).toBe('held\n');
-        await adopted[0]!.close();
-      } finally {
-        owner.kill('SIGKILL');
-        // what a successor node does next: gc reaps what it could not adopt
-        await successor?.gc().catch(() => undefined);
-        left = removeMountsUnder(join(dataDir, 'sandboxes'));
-        await successor?.close().catch(() => undefined);
-        removeMountsUnder(dataDir);
-        await rm(dataDir, { recursive: true, force: true });
-      }
+      });
       expect(left).toEqual([]);
     },
   );
